@@ -1,0 +1,79 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let strict: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "Shoal",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "Shoal", targets: ["Shoal"]),
+        .executable(name: "shoal", targets: ["shoal"]),
+        .executable(name: "shoal-bench", targets: ["ShoalBench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
+    ],
+    targets: [
+        // Pure logic, no I/O: identities, clocks, version vectors, change records, merge rules, digest.
+        .target(
+            name: "ShoalCore",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict
+        ),
+        // The system SQLite, with the pre-update hook declarations exposed.
+        .systemLibrary(
+            name: "CSQLite",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        // SQLite: metadata tables, change capture, apply, delta queries, digest.
+        .target(
+            name: "ShoalStore",
+            dependencies: [
+                "ShoalCore", "CSQLite",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        // The public facade.
+        .target(
+            name: "Shoal",
+            dependencies: ["ShoalCore", "ShoalStore"],
+            swiftSettings: strict
+        ),
+        // The CLI: parses arguments and calls Shoal.
+        .executableTarget(
+            name: "shoal",
+            dependencies: [
+                "Shoal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "ShoalBench",
+            dependencies: [
+                "Shoal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Tools/ShoalBench",
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalCoreTests",
+            dependencies: ["ShoalCore"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalStoreTests",
+            dependencies: [
+                "ShoalStore", "ShoalCore", "shoal",
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            swiftSettings: strict
+        ),
+    ]
+)

@@ -1,0 +1,3 @@
+// The public facade. Applications import `Shoal` and get the store and the core types.
+@_exported import ShoalCore
+@_exported import ShoalStore

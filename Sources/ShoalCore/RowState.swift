@@ -1,0 +1,138 @@
+/// The replication metadata of one row: its causal length and the clock of every column.
+///
+/// This is where the merge rules live. A row's *life* is its causal length: odd is alive, even is deleted,
+/// 0 is never seen. A higher causal length always wins (so a delete beats concurrent updates, and only an
+/// insert that observed the delete revives the row); within one life each column is a last-writer-wins
+/// register ordered by ``Stamp``, and counter columns are PN-counters with one entry per writing site.
+public struct RowState: Hashable, Sendable {
+    /// The metadata of one column in the current life.
+    public enum Cell: Hashable, Sendable {
+        /// Not written in this life.
+        case empty
+        /// A last-writer-wins value written by `stamp`, which overwrote `previous` where it was made.
+        case value(Stamp, previous: Dot?)
+        /// A PN-counter: each site's total contribution.
+        case counter([SiteID: CounterEntry])
+    }
+
+    /// Odd: alive; even: deleted; 0: never seen.
+    public var causalLength: UInt64
+    /// The change that set the causal length, when known. A row's first life needs none when its columns
+    /// travel anyway, so it is `nil` there.
+    public var lengthStamp: Stamp?
+    /// One cell per non-key column, in table order.
+    public var cells: [Cell]
+
+    /// A row never seen.
+    public init(columnCount: Int) {
+        self.causalLength = 0
+        self.lengthStamp = nil
+        self.cells = Array(repeating: .empty, count: columnCount)
+    }
+
+    public init(causalLength: UInt64, lengthStamp: Stamp?, cells: [Cell]) {
+        self.causalLength = causalLength
+        self.lengthStamp = lengthStamp
+        self.cells = cells
+    }
+
+    /// Whether the row exists.
+    public var isAlive: Bool { causalLength % 2 == 1 }
+
+    /// The value of counter cell `index`: the sum of every site's contribution.
+    public func counterValue(_ index: Int) -> Int64 {
+        guard case .counter(let entries) = cells[index] else { return 0 }
+        return entries.values.reduce(Int64(0)) { $0 &+ $1.net }
+    }
+
+    /// Every stamp this row holds, for the delta query: a change must be sent while its dot is not covered.
+    public var dots: Set<Dot> {
+        var result = Set<Dot>()
+        if let lengthStamp { result.insert(lengthStamp.dot) }
+        for cell in cells {
+            switch cell {
+            case .empty: break
+            case .value(let stamp, _): result.insert(stamp.dot)
+            case .counter(let entries):
+                for (site, entry) in entries { result.insert(Dot(site: site, seq: entry.seq)) }
+            }
+        }
+        return result
+    }
+}
+
+/// What merging one change into a row did.
+public enum MergeOutcome: Hashable, Sendable {
+    /// The row already holds this exact change.
+    case known
+    /// The change lost: the row holds a later life, or a later write of the same column.
+    /// `winner` is the local write that beat it (when it was a column write).
+    case stale(winner: Stamp?, winnerPrevious: Dot?)
+    /// The change took effect. `lifeChanged` says the causal length moved (every cell was reset first);
+    /// `overwritten` is the column write it replaced, if any.
+    case applied(lifeChanged: Bool, overwritten: Stamp?, overwrittenPrevious: Dot?)
+}
+
+extension RowState {
+    /// Moves the row to a later life: every cell starts empty.
+    private mutating func adopt(causalLength: UInt64, stamp: Stamp?) {
+        self.causalLength = causalLength
+        self.lengthStamp = stamp
+        for index in cells.indices { cells[index] = .empty }
+    }
+
+    /// Merges one remote change. `column` is the payload's column index (nil for a row change); the caller
+    /// has checked that the payload kind matches the column's kind.
+    public mutating func merge(_ change: Change, column: Int?) -> MergeOutcome {
+        let incomingLength = change.causalLength
+        if incomingLength < causalLength { return .stale(winner: nil, winnerPrevious: nil) }
+
+        guard let column else {
+            // A row change: the causal length register.
+            if incomingLength > causalLength {
+                adopt(causalLength: incomingLength, stamp: change.stamp)
+                return .applied(lifeChanged: true, overwritten: nil, overwrittenPrevious: nil)
+            }
+            guard let current = lengthStamp else {
+                lengthStamp = change.stamp
+                return .applied(lifeChanged: false, overwritten: nil, overwrittenPrevious: nil)
+            }
+            if current == change.stamp { return .known }
+            if change.stamp < current { return .stale(winner: nil, winnerPrevious: nil) }
+            lengthStamp = change.stamp
+            return .applied(lifeChanged: false, overwritten: nil, overwrittenPrevious: nil)
+        }
+
+        var lifeChanged = false
+        if incomingLength > causalLength {
+            adopt(causalLength: incomingLength, stamp: nil)
+            lifeChanged = true
+        }
+
+        switch change.payload {
+        case .row:
+            preconditionFailure("a row change has no column")
+        case .column:
+            if case .value(let current, let currentPrevious) = cells[column] {
+                if current == change.stamp { return .known }
+                if change.stamp < current { return .stale(winner: current, winnerPrevious: currentPrevious) }
+                cells[column] = .value(change.stamp, previous: change.previous)
+                return .applied(lifeChanged: lifeChanged, overwritten: current, overwrittenPrevious: currentPrevious)
+            }
+            cells[column] = .value(change.stamp, previous: change.previous)
+            return .applied(lifeChanged: lifeChanged, overwritten: nil, overwrittenPrevious: nil)
+        case .counter(_, let increments, let decrements):
+            var entries: [SiteID: CounterEntry] = [:]
+            if case .counter(let current) = cells[column] { entries = current }
+            let site = change.stamp.site
+            if let existing = entries[site] {
+                if existing.seq == change.stamp.seq { return .known }
+                if existing.seq > change.stamp.seq { return .stale(winner: nil, winnerPrevious: nil) }
+            }
+            entries[site] = CounterEntry(
+                increments: increments, decrements: decrements, seq: change.stamp.seq, hlc: change.stamp.hlc)
+            cells[column] = .counter(entries)
+            return .applied(lifeChanged: lifeChanged, overwritten: nil, overwrittenPrevious: nil)
+        }
+    }
+}

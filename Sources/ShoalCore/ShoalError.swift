@@ -1,0 +1,79 @@
+/// Every error Shoal reports: a code to match on, and a message a person can act on.
+public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What kind of error this is. New codes may be added in later releases.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Base: String, Hashable, Sendable {
+            case clockTooFarAhead, corruptMetadata, malformedStream, truncatedStream, unknownTable, unknownColumn
+            case noPrimaryKey, unsupportedSchema, notReplicated, sqlite, streamNotApplicable, siteConflict
+            case invalidArgument, uncapturedCommit
+        }
+
+        private let base: Base
+        private init(_ base: Base) { self.base = base }
+
+        /// A remote clock is further ahead of local time than the configured bound.
+        public static let clockTooFarAhead = Code(.clockTooFarAhead)
+        /// Shoal's own metadata could not be decoded.
+        public static let corruptMetadata = Code(.corruptMetadata)
+        /// A change stream line could not be parsed or is inconsistent.
+        public static let malformedStream = Code(.malformedStream)
+        /// A change stream ended before its trailer.
+        public static let truncatedStream = Code(.truncatedStream)
+        /// A change names a table this database does not replicate.
+        public static let unknownTable = Code(.unknownTable)
+        /// A change names a column the table does not have.
+        public static let unknownColumn = Code(.unknownColumn)
+        /// A table without a primary key cannot be replicated.
+        public static let noPrimaryKey = Code(.noPrimaryKey)
+        /// A table's schema cannot be replicated as it is.
+        public static let unsupportedSchema = Code(.unsupportedSchema)
+        /// The operation needs a replicated table.
+        public static let notReplicated = Code(.notReplicated)
+        /// SQLite reported an error.
+        public static let sqlite = Code(.sqlite)
+        /// A change stream was cut for a version this database does not hold.
+        public static let streamNotApplicable = Code(.streamNotApplicable)
+        /// Changes claim this database's own site id for sequence numbers it never issued.
+        public static let siteConflict = Code(.siteConflict)
+        /// An argument is out of range or malformed.
+        public static let invalidArgument = Code(.invalidArgument)
+        /// A commit would have lost captured changes.
+        public static let uncapturedCommit = Code(.uncapturedCommit)
+
+        public var description: String { base.rawValue }
+    }
+
+    /// The kind of error.
+    public let code: Code
+    /// What happened and what to do about it.
+    public let message: String
+
+    public init(code: Code, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+extension ShoalError {
+    /// A remote clock beyond the drift bound.
+    public static func clockTooFarAhead(remote: HLC, now: UInt64, bound: UInt64) -> ShoalError {
+        let ahead = remote.milliseconds > now ? remote.milliseconds - now : 0
+        return ShoalError(
+            code: .clockTooFarAhead,
+            message: "a remote clock (\(remote)) is \(ahead) ms ahead of local time, beyond the allowed "
+                + "\(bound) ms; the changes were refused, nothing was applied. Check the clocks of the sending node"
+        )
+    }
+
+    /// Shoal's metadata could not be decoded.
+    public static func corruptMetadata(_ detail: String) -> ShoalError {
+        ShoalError(code: .corruptMetadata, message: "Shoal metadata is corrupt: \(detail)")
+    }
+
+    /// A change stream line is malformed.
+    public static func malformedStream(line: Int, _ detail: String) -> ShoalError {
+        ShoalError(code: .malformedStream, message: "line \(line): \(detail); nothing was applied")
+    }
+}

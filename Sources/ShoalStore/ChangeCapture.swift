@@ -1,0 +1,148 @@
+import CSQLite
+import ShoalCore
+
+/// Collects the row changes SQLite reports through its pre-update hook.
+///
+/// Events of the running statement are kept apart until it succeeds (a failed statement is undone by
+/// SQLite, so its events are dropped); then they fold into one net ``PendingWrite`` per row, which the
+/// store turns into metadata before the transaction commits.
+final class ChangeCapture {
+    /// Replicated tables, by name.
+    var tableNumbers: [String: Int] = [:]
+    var tables: [ReplicatedTable] = []
+    /// Set while the store applies remote changes or writes its own metadata: nothing is captured.
+    var isSuspended = false
+    private(set) var statementEvents: [CapturedEvent] = []
+    private(set) var pending: [RowKey: PendingWrite] = [:]
+
+    var hasUncommittedWork: Bool { !statementEvents.isEmpty || !pending.isEmpty }
+
+    func setTables(_ tables: [ReplicatedTable]) {
+        self.tables = tables
+        tableNumbers = Dictionary(uniqueKeysWithValues: tables.enumerated().map { ($0.element.name, $0.offset) })
+    }
+
+    /// The statement finished: keep its events.
+    func statementSucceeded() {
+        for event in statementEvents { fold(event) }
+        statementEvents.removeAll(keepingCapacity: true)
+    }
+
+    /// The statement failed and SQLite undid it: forget its events.
+    func statementFailed() {
+        statementEvents.removeAll(keepingCapacity: true)
+    }
+
+    /// The transaction (or the part since the last savepoint boundary) was rolled back, or was flushed.
+    func discardPending() {
+        statementEvents.removeAll(keepingCapacity: true)
+        pending.removeAll(keepingCapacity: true)
+    }
+
+    /// Hands over the net writes and forgets them.
+    func takePending() -> [RowKey: PendingWrite] {
+        defer { pending.removeAll(keepingCapacity: true) }
+        return pending
+    }
+
+    /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated).
+    func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
+        let columns = tables[table].columns.count
+        pending[RowKey(table: table, key: key)] = PendingWrite(
+            existedBefore: false, existsAfter: true, changed: Array(repeating: true, count: columns),
+            counterDelta: counterValues)
+    }
+
+    private func fold(_ event: CapturedEvent) {
+        let rowKey = RowKey(table: event.table, key: event.key)
+        let columnCount = tables[event.table].columns.count
+        var write =
+            pending[rowKey]
+            ?? PendingWrite(
+                existedBefore: event.kind != .insert, existsAfter: event.kind != .insert,
+                changed: Array(repeating: false, count: columnCount),
+                counterDelta: Array(repeating: 0, count: columnCount))
+        switch event.kind {
+        case .insert:
+            write.existsAfter = true
+            for index in write.changed.indices { write.changed[index] = true }
+        case .delete:
+            write.existsAfter = false
+        case .update:
+            write.existsAfter = true
+            if let changed = event.changed {
+                for (index, flag) in changed.enumerated() where flag { write.changed[index] = true }
+            }
+        }
+        if let delta = event.counterDelta {
+            for index in delta.indices { write.counterDelta[index] &+= delta[index] }
+        }
+        pending[rowKey] = write
+    }
+
+    /// Called from the pre-update hook for every row change on the connection.
+    func record(db: OpaquePointer, operation: Int32, tableName: UnsafePointer<CChar>, oldKey: Int64, newKey: Int64) {
+        if isSuspended { return }
+        guard let number = tableNumbers[String(cString: tableName)] else { return }
+        let table = tables[number]
+        switch operation {
+        case SQLITE_INSERT:
+            let key = table.keyIsRowid ? [SQLValue.integer(newKey)] : values(db, table.keyPositions, new: true)
+            let counters = table.hasCounters ? counterValues(db, table, new: true) : nil
+            statementEvents.append(
+                CapturedEvent(table: number, kind: .insert, key: key, changed: nil, counterDelta: counters))
+        case SQLITE_DELETE:
+            let key = table.keyIsRowid ? [SQLValue.integer(oldKey)] : values(db, table.keyPositions, new: false)
+            let counters = table.hasCounters ? counterValues(db, table, new: false).map { 0 &- $0 } : nil
+            statementEvents.append(
+                CapturedEvent(table: number, kind: .delete, key: key, changed: nil, counterDelta: counters))
+        case SQLITE_UPDATE:
+            let oldRowKey = table.keyIsRowid ? [SQLValue.integer(oldKey)] : values(db, table.keyPositions, new: false)
+            let newRowKey = table.keyIsRowid ? [SQLValue.integer(newKey)] : values(db, table.keyPositions, new: true)
+            let oldValues = values(db, table.columnPositions, new: false)
+            let newValues = values(db, table.columnPositions, new: true)
+            if oldRowKey != newRowKey {
+                // A primary key update is a delete of the old key and an insert of the new one.
+                let oldCounters = table.hasCounters ? counters(table, oldValues).map { 0 &- $0 } : nil
+                let newCounters = table.hasCounters ? counters(table, newValues) : nil
+                statementEvents.append(
+                    CapturedEvent(table: number, kind: .delete, key: oldRowKey, changed: nil, counterDelta: oldCounters))
+                statementEvents.append(
+                    CapturedEvent(table: number, kind: .insert, key: newRowKey, changed: nil, counterDelta: newCounters))
+                return
+            }
+            let changed = zip(oldValues, newValues).map { $0 != $1 }
+            var delta: [Int64]?
+            if table.hasCounters {
+                let before = counters(table, oldValues)
+                let after = counters(table, newValues)
+                delta = zip(after, before).map { $0 &- $1 }
+            }
+            statementEvents.append(
+                CapturedEvent(table: number, kind: .update, key: newRowKey, changed: changed, counterDelta: delta))
+        default:
+            break
+        }
+    }
+
+    private func values(_ db: OpaquePointer, _ positions: [Int32], new: Bool) -> [SQLValue] {
+        positions.map { position in
+            var value: OpaquePointer?
+            if new {
+                sqlite3_preupdate_new(db, position, &value)
+            } else {
+                sqlite3_preupdate_old(db, position, &value)
+            }
+            return sqlValue(value)
+        }
+    }
+
+    private func counterValues(_ db: OpaquePointer, _ table: ReplicatedTable, new: Bool) -> [Int64] {
+        counters(table, values(db, table.columnPositions, new: new))
+    }
+
+    /// Per non-key column: the integer value of counter columns, 0 elsewhere.
+    private func counters(_ table: ReplicatedTable, _ values: [SQLValue]) -> [Int64] {
+        zip(values, table.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
+    }
+}

@@ -1,0 +1,74 @@
+import ShoalCore
+
+/// What the store knows about one replicated table.
+struct ReplicatedTable {
+    /// The table's stable number in this database (names the clock table).
+    let id: Int64
+    let name: String
+    /// Primary key columns, in key order.
+    let keyColumns: [String]
+    /// Positions of the key columns in the table (the pre-update hook's numbering).
+    let keyPositions: [Int32]
+    /// Non-key columns, in table order: the replicated cells.
+    let columns: [String]
+    /// Positions of the non-key columns in the table.
+    let columnPositions: [Int32]
+    /// Per non-key column: a PN-counter rather than last-writer-wins.
+    let isCounter: [Bool]
+    /// Non-key column name → index.
+    let columnIndex: [String: Int]
+    /// The key is a single INTEGER PRIMARY KEY, i.e. the rowid: the hook hands it over without a lookup.
+    let keyIsRowid: Bool
+
+    var clockTable: String { "shoal_clock_\(id)" }
+    var hasCounters: Bool { isCounter.contains(true) }
+
+    /// `k0 = ? AND k1 = ? ...` against the clock table's key columns.
+    var clockKeyPredicate: String {
+        keyColumns.indices.map { "k\($0) = ?" }.joined(separator: " AND ")
+    }
+
+    /// `"id" = ? AND ...` against the data table's key columns.
+    var dataKeyPredicate: String {
+        keyColumns.map { "\(quote($0)) = ?" }.joined(separator: " AND ")
+    }
+
+    /// A description of the replicated schema that two nodes must share.
+    var fingerprintText: String {
+        let cells = zip(columns, isCounter).map { "\($0)\($1 ? ":counter" : "")" }
+        return "\(name)(\(keyColumns.joined(separator: ","))|\(cells.joined(separator: ",")))"
+    }
+}
+
+/// One row's net local change within a transaction, folded from the pre-update hook's events.
+struct PendingWrite {
+    /// Whether the row existed when the transaction (or the flush window) began.
+    var existedBefore: Bool
+    /// Whether it exists now.
+    var existsAfter: Bool
+    /// Which non-key columns were written; all of them after an insert.
+    var changed: [Bool]
+    /// Net movement of each counter column.
+    var counterDelta: [Int64]
+}
+
+/// A raw event from the pre-update hook, kept per statement until the statement succeeds.
+struct CapturedEvent {
+    enum Kind {
+        case insert, delete, update
+    }
+
+    let table: Int
+    let kind: Kind
+    let key: [SQLValue]
+    /// For updates: which non-key columns changed value.
+    let changed: [Bool]?
+    /// Per counter column: new minus old.
+    let counterDelta: [Int64]?
+}
+
+/// Hashable key of a pending row: table number and primary key.
+struct RowKey: Hashable {
+    let table: Int
+    let key: [SQLValue]
+}

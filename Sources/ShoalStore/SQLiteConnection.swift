@@ -1,0 +1,210 @@
+import CSQLite
+import ShoalCore
+
+/// SQLite's "transient" destructor: SQLite copies bound text and blobs before the call returns.
+let SQLITE_TRANSIENT = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+
+/// Owns one SQLite connection handle.
+///
+/// Not `Sendable`: a connection is used from one thread at a time, by its owner (the ``Store``).
+final class SQLiteConnection {
+    let handle: OpaquePointer
+
+    init(path: String) throws(ShoalError) {
+        var handle: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI
+        let code = sqlite3_open_v2(path, &handle, flags, nil)
+        guard code == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let handle { sqlite3_close_v2(handle) }
+            throw ShoalError(code: .sqlite, message: "cannot open database \(path): \(message)")
+        }
+        self.handle = handle
+        sqlite3_extended_result_codes(handle, 1)
+        sqlite3_busy_timeout(handle, 10_000)
+    }
+
+    deinit {
+        sqlite3_close_v2(handle)
+    }
+
+    /// The error for result `code`, with SQLite's message.
+    func error(_ code: Int32, _ context: String? = nil) -> ShoalError {
+        let message = String(cString: sqlite3_errmsg(handle))
+        let prefix = context.map { "\($0): " } ?? ""
+        return ShoalError(code: .sqlite, message: "\(prefix)\(message) (SQLite error \(code))")
+    }
+
+    /// Runs SQL with no parameters and no results (several statements allowed).
+    func exec(_ sql: String) throws(ShoalError) {
+        let code = sqlite3_exec(handle, sql, nil, nil, nil)
+        guard code == SQLITE_OK else { throw error(code) }
+    }
+
+    func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
+        var statement: OpaquePointer?
+        let code = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard code == SQLITE_OK, let statement else { throw error(code) }
+        return SQLiteStatement(statement, connection: self)
+    }
+
+    /// Runs one query and returns all of its rows.
+    func rows(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> [[SQLValue]] {
+        let statement = try prepare(sql)
+        try statement.bind(arguments)
+        var result: [[SQLValue]] = []
+        while try statement.step() { result.append(statement.row()) }
+        return result
+    }
+
+    /// Runs one query and returns the first column of its first row.
+    func scalar(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> SQLValue {
+        try rows(sql, arguments).first?.first ?? .null
+    }
+
+    var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
+}
+
+/// Owns one prepared statement.
+final class SQLiteStatement {
+    let handle: OpaquePointer
+    unowned let connection: SQLiteConnection
+
+    init(_ handle: OpaquePointer, connection: SQLiteConnection) {
+        self.handle = handle
+        self.connection = connection
+    }
+
+    deinit {
+        sqlite3_finalize(handle)
+    }
+
+    var isReadOnly: Bool { sqlite3_stmt_readonly(handle) != 0 }
+    var columnCount: Int { Int(sqlite3_column_count(handle)) }
+    var parameterCount: Int { Int(sqlite3_bind_parameter_count(handle)) }
+    var sql: String { sqlite3_sql(handle).map { String(cString: $0) } ?? "" }
+
+    func columnName(_ index: Int) -> String {
+        sqlite3_column_name(handle, Int32(index)).map { String(cString: $0) } ?? ""
+    }
+
+    func bind(_ arguments: [SQLValue]) throws(ShoalError) {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+        guard arguments.count == parameterCount else {
+            throw ShoalError(
+                code: .invalidArgument,
+                message: "the statement takes \(parameterCount) parameters, \(arguments.count) were given")
+        }
+        for (index, value) in arguments.enumerated() { try bind(value, at: index + 1) }
+    }
+
+    func bind(_ value: SQLValue, at index: Int) throws(ShoalError) {
+        let position = Int32(index)
+        let code: Int32
+        switch value {
+        case .null: code = sqlite3_bind_null(handle, position)
+        case .integer(let integer): code = sqlite3_bind_int64(handle, position, integer)
+        case .real(let real): code = sqlite3_bind_double(handle, position, real)
+        case .text(let text): code = sqlite3_bind_text(handle, position, text, -1, SQLITE_TRANSIENT)
+        case .blob(let bytes):
+            code = bytes.withUnsafeBytes { buffer in
+                sqlite3_bind_blob64(handle, position, buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
+                    sqlite3_uint64(buffer.count), SQLITE_TRANSIENT)
+            }
+        }
+        guard code == SQLITE_OK else { throw connection.error(code) }
+    }
+
+    func bind(_ bytes: [UInt8], at index: Int) throws(ShoalError) {
+        try bind(.blob(bytes), at: index)
+    }
+
+    func bind(_ integer: Int64, at index: Int) {
+        sqlite3_bind_int64(handle, Int32(index), integer)
+    }
+
+    /// Steps once: `true` when a row is available, `false` when done.
+    @discardableResult
+    func step() throws(ShoalError) -> Bool {
+        let code = sqlite3_step(handle)
+        switch code {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default:
+            sqlite3_reset(handle)
+            throw connection.error(code)
+        }
+    }
+
+    /// Steps to completion and resets, for statements run for their effect.
+    func run() throws(ShoalError) {
+        defer { sqlite3_reset(handle) }
+        while try step() {}
+    }
+
+    func reset() {
+        sqlite3_reset(handle)
+    }
+
+    func column(_ index: Int) -> SQLValue {
+        let position = Int32(index)
+        switch sqlite3_column_type(handle, position) {
+        case SQLITE_INTEGER: return .integer(sqlite3_column_int64(handle, position))
+        case SQLITE_FLOAT: return .real(sqlite3_column_double(handle, position))
+        case SQLITE_TEXT:
+            guard let text = sqlite3_column_text(handle, position) else { return .text("") }
+            let count = Int(sqlite3_column_bytes(handle, position))
+            return .text(String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self))
+        case SQLITE_BLOB:
+            let count = Int(sqlite3_column_bytes(handle, position))
+            guard count > 0, let bytes = sqlite3_column_blob(handle, position) else { return .blob([]) }
+            return .blob(Array(UnsafeRawBufferPointer(start: bytes, count: count)))
+        default: return .null
+        }
+    }
+
+    func columnBytes(_ index: Int) -> [UInt8] {
+        let position = Int32(index)
+        let count = Int(sqlite3_column_bytes(handle, position))
+        guard count > 0, let bytes = sqlite3_column_blob(handle, position) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: count))
+    }
+
+    func columnInt64(_ index: Int) -> Int64 {
+        sqlite3_column_int64(handle, Int32(index))
+    }
+
+    func row() -> [SQLValue] {
+        (0..<columnCount).map(column)
+    }
+}
+
+/// Converts an `sqlite3_value` (from the pre-update hook) to a ``SQLValue``.
+func sqlValue(_ value: OpaquePointer?) -> SQLValue {
+    guard let value else { return .null }
+    switch sqlite3_value_type(value) {
+    case SQLITE_INTEGER: return .integer(sqlite3_value_int64(value))
+    case SQLITE_FLOAT: return .real(sqlite3_value_double(value))
+    case SQLITE_TEXT:
+        guard let text = sqlite3_value_text(value) else { return .text("") }
+        let count = Int(sqlite3_value_bytes(value))
+        return .text(String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self))
+    case SQLITE_BLOB:
+        let count = Int(sqlite3_value_bytes(value))
+        guard count > 0, let bytes = sqlite3_value_blob(value) else { return .blob([]) }
+        return .blob(Array(UnsafeRawBufferPointer(start: bytes, count: count)))
+    default: return .null
+    }
+}
+
+/// Quotes an SQL identifier.
+func quote(_ identifier: String) -> String {
+    "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+}
+
+extension String {
+    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
+        split(separator: Character(target), omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}

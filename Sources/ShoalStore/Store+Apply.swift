@@ -1,0 +1,310 @@
+import ShoalCore
+
+/// What applying a set of changes did.
+public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
+    /// Changes that took effect.
+    public var applied = 0
+    /// Changes already held, or beaten by what is held.
+    public var alreadyKnown = 0
+    /// Changes that met a different concurrent value (recorded in the conflict log).
+    public var conflicts = 0
+
+    public init() {}
+
+    public var description: String { "applied \(applied), already known \(alreadyKnown), conflicts \(conflicts)" }
+}
+
+/// One row being merged during an apply.
+private struct RowWork {
+    let table: Int
+    let key: [SQLValue]
+    let original: RowState?
+    var state: RowState
+    /// New value per cell, for last-writer-wins cells won in this apply.
+    var values: [SQLValue?]
+    var countersChanged: [Bool]
+    var lifeChanged = false
+    /// The row's values as stored before the apply, read only when a conflict needs them.
+    var storedValues: [SQLValue]?
+}
+
+extension Store {
+    /// Applies remote changes in one transaction, idempotently, in any order and grouping.
+    ///
+    /// `claim` is what the sender says the receiver holds once these changes (and `since`) are applied; it
+    /// is merged into the version vector only if this database already holds `since`, the version the
+    /// changes were cut for. Everything is validated before anything is written: an unknown table or column,
+    /// a clock beyond the drift bound, or changes claiming this database's own site id for sequence numbers
+    /// it never issued are refused with nothing applied.
+    @discardableResult
+    public func apply(
+        _ changes: [Change], claim: VersionVector = VersionVector(), since: VersionVector? = nil
+    ) throws(ShoalError) -> ApplyReport {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
+        }
+        try refreshSchema()
+        try connection.exec("BEGIN IMMEDIATE")
+        capture.isSuspended = true
+        defer { capture.isSuspended = false }
+        do throws(ShoalError) {
+            let report = try applyInTransaction(changes, claim: claim, since: since)
+            try connection.exec("COMMIT")
+            return report
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    private func validate(_ changes: [Change], claim: VersionVector, since: VersionVector?) throws(ShoalError) -> Int64 {
+        let localSeq = try versionVector()[siteID]
+        let now = options.clock.nowMilliseconds()
+        var maxHLC = HLC.zero
+        for (position, change) in changes.enumerated() {
+            let number = position + 1
+            guard let tableNumber = capture.tableNumbers[change.table] else {
+                throw ShoalError(
+                    code: .unknownTable,
+                    message: "change \(number) is for table \(change.table), which this database does not "
+                        + "replicate; replicate it (shoal replicate) and apply again. Nothing was applied")
+            }
+            let table = capture.tables[tableNumber]
+            guard change.primaryKey.count == table.keyColumns.count else {
+                throw ShoalError(
+                    code: .malformedStream,
+                    message: "change \(number) has a key of \(change.primaryKey.count) values; \(table.name) has "
+                        + "\(table.keyColumns.count) key columns. Nothing was applied")
+            }
+            if let column = change.columnName {
+                guard let index = table.columnIndex[column] else {
+                    throw ShoalError(
+                        code: .unknownColumn,
+                        message: "change \(number) is for column \(table.name).\(column), which this database does "
+                            + "not have. Nothing was applied")
+                }
+                let isCounterPayload = if case .counter = change.payload { true } else { false }
+                guard isCounterPayload == table.isCounter[index] else {
+                    throw ShoalError(
+                        code: .unsupportedSchema,
+                        message: "change \(number) treats \(table.name).\(column) as a "
+                            + "\(isCounterPayload ? "counter" : "plain column"), but here it is "
+                            + "\(table.isCounter[index] ? "a counter" : "a plain column"). Nothing was applied")
+                }
+                guard change.causalLength % 2 == 1 else {
+                    throw ShoalError(
+                        code: .malformedStream,
+                        message: "change \(number) writes a column of a deleted row. Nothing was applied")
+                }
+            }
+            guard change.causalLength > 0, change.stamp.seq > 0 else {
+                throw ShoalError(code: .malformedStream, message: "change \(number) has a zero causal length or seq")
+            }
+            if change.stamp.site == siteID && change.stamp.seq > localSeq {
+                throw ShoalError(
+                    code: .siteConflict,
+                    message: "change \(number) claims this database's own site id with seq \(change.stamp.seq), but "
+                        + "this database has only written up to \(localSeq); was the database file copied? Nothing "
+                        + "was applied")
+            }
+            guard hybridClock.accepts(change.stamp.hlc, now: now) else {
+                options.logger.warning(
+                    "refused changes with a clock too far ahead",
+                    metadata: [
+                        "site": "\(change.stamp.site.hex)", "hlc": "\(change.stamp.hlc)",
+                        "bound_ms": "\(options.maximumClockDriftMilliseconds)",
+                    ])
+                throw ShoalError.clockTooFarAhead(
+                    remote: change.stamp.hlc, now: now, bound: options.maximumClockDriftMilliseconds)
+            }
+            if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
+        }
+        if claim[siteID] > localSeq {
+            throw ShoalError(
+                code: .siteConflict,
+                message: "the sender claims this database's own site id up to seq \(claim[siteID]), but this "
+                    + "database has only written up to \(localSeq); was the database file copied? Nothing was applied")
+        }
+        return Int64(bitPattern: maxHLC.rawValue)
+    }
+
+    private func applyInTransaction(
+        _ changes: [Change], claim: VersionVector, since: VersionVector?
+    ) throws(ShoalError) -> ApplyReport {
+        try refreshSites()
+        let maxHLC = try validate(changes, claim: claim, since: since)
+        let held = try versionVector()
+        if let since, !held.dominatesOrEquals(since) {
+            throw ShoalError(
+                code: .streamNotApplicable,
+                message: "these changes were cut for version \(since), but this database holds \(held); "
+                    + "ask for changes since this database's own version. Nothing was applied")
+        }
+        var report = ApplyReport()
+        var work: [RowKey: RowWork] = [:]
+        var order: [RowKey] = []
+        var logKeys: [LogSlot: [UInt8]] = [:]
+        var lastLogged: [LogSlot: [SQLValue]] = [:]
+        var conflicts: [ConflictRecord] = []
+        for change in changes { _ = sites.index(of: change.stamp.site) }
+        try persistNewSites()
+
+        for change in changes {
+            let tableNumber = capture.tableNumbers[change.table]!
+            let table = capture.tables[tableNumber]
+            let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
+            if work[rowKey] == nil {
+                let original = try loadState(table: table, key: change.primaryKey)
+                work[rowKey] = RowWork(
+                    table: tableNumber, key: change.primaryKey, original: original,
+                    state: original ?? RowState(columnCount: table.columns.count),
+                    values: Array(repeating: nil, count: table.columns.count),
+                    countersChanged: Array(repeating: false, count: table.columns.count))
+                order.append(rowKey)
+            }
+            let column = change.columnName.flatMap { table.columnIndex[$0] }
+            let outcome = work[rowKey]!.state.merge(change, column: column)
+            switch outcome {
+            case .known:
+                report.alreadyKnown += 1
+            case .stale(let winner, let winnerPrevious):
+                report.alreadyKnown += 1
+                if case .column(let name, let incoming) = change.payload, let winner, let column,
+                    winner.site != change.stamp.site, winnerPrevious != change.dot
+                {
+                    let local = try currentValue(&work[rowKey]!, column: column, table: table)
+                    if local != incoming {
+                        conflicts.append(ConflictRecord(
+                            table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
+                            localStamp: winner, remoteValue: incoming, remoteStamp: change.stamp, winner: .local))
+                    }
+                }
+            case .applied(let lifeChanged, let overwritten, _):
+                report.applied += 1
+                if lifeChanged {
+                    work[rowKey]!.lifeChanged = true
+                    work[rowKey]!.values = Array(repeating: nil, count: table.columns.count)
+                    work[rowKey]!.countersChanged = Array(repeating: false, count: table.columns.count)
+                }
+                switch change.payload {
+                case .row:
+                    break
+                case .column(let name, let incoming):
+                    if let overwritten, let column, overwritten.site != change.stamp.site,
+                        change.previous != overwritten.dot
+                    {
+                        let local = try currentValue(&work[rowKey]!, column: column, table: table)
+                        if local != incoming {
+                            conflicts.append(ConflictRecord(
+                                table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
+                                localStamp: overwritten, remoteValue: incoming, remoteStamp: change.stamp,
+                                winner: .remote))
+                        }
+                    }
+                    work[rowKey]!.values[column!] = incoming
+                case .counter:
+                    work[rowKey]!.countersChanged[column!] = true
+                }
+                let slot = LogSlot(dot: change.dot, table: table.id, hlc: change.stamp.hlc)
+                if lastLogged[slot] != change.primaryKey {
+                    appendLogKey(change.primaryKey, to: &logKeys[slot, default: []])
+                    lastLogged[slot] = change.primaryKey
+                }
+            }
+        }
+
+        for rowKey in order {
+            guard let row = work[rowKey], row.original != row.state else { continue }
+            try write(row)
+        }
+        for (slot, keys) in logKeys { try appendLog(dot: slot.dot, table: slot.table, hlc: slot.hlc, keys: keys) }
+        if since != nil || !claim.isEmpty {
+            let upsert = try statement(
+                "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
+                    + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)")
+            for (site, seq) in claim.entries where site != siteID && seq > held[site] {
+                try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
+                try upsert.run()
+            }
+            try persistNewSites()
+        }
+        let raiseHigh = try statement("UPDATE shoal_meta SET value = max(value, ?) WHERE key = 'hlc_high'")
+        try raiseHigh.bind([.integer(maxHLC)])
+        try raiseHigh.run()
+        try? hybridClock.observe(HLC(rawValue: UInt64(bitPattern: maxHLC)), now: options.clock.nowMilliseconds())
+        if !conflicts.isEmpty {
+            try record(conflicts)
+            report.conflicts = conflicts.count
+        }
+        return report
+    }
+
+    /// The value a cell holds now: won earlier in this apply, or as stored.
+    private func currentValue(_ row: inout RowWork, column: Int, table: ReplicatedTable) throws(ShoalError) -> SQLValue {
+        if let value = row.values[column] { return value }
+        if row.storedValues == nil {
+            let select = try statement(
+                "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
+                    + "WHERE \(table.dataKeyPredicate)")
+            try select.bind(row.key)
+            row.storedValues = try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)
+            select.reset()
+        }
+        return row.storedValues![column]
+    }
+
+    /// Writes a merged row: its metadata, and the data row as the merge left it.
+    private func write(_ row: RowWork) throws(ShoalError) {
+        let table = capture.tables[row.table]
+        try saveState(row.state, table: table, key: row.key)
+        let wasAlive = row.original?.isAlive ?? false
+        let deleteSQL = "DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)"
+        if !row.state.isAlive {
+            if wasAlive {
+                let delete = try statement(deleteSQL)
+                try delete.bind(row.key)
+                try delete.run()
+            }
+            return
+        }
+        var names: [String] = []
+        var values: [SQLValue] = []
+        for index in table.columns.indices {
+            if table.isCounter[index] {
+                guard row.countersChanged[index] else { continue }
+                values.append(.integer(row.state.counterValue(index)))
+            } else {
+                guard let value = row.values[index] else { continue }
+                values.append(value)
+            }
+            names.append(quote(table.columns[index]))
+        }
+        if wasAlive && !row.lifeChanged {
+            guard !names.isEmpty else { return }
+            let update = try statement(
+                "UPDATE \(quote(table.name)) SET \(names.map { "\($0) = ?" }.joined(separator: ", ")) "
+                    + "WHERE \(table.dataKeyPredicate)")
+            try update.bind(values + row.key)
+            try update.run()
+            return
+        }
+        if wasAlive {
+            let delete = try statement(deleteSQL)
+            try delete.bind(row.key)
+            try delete.run()
+        }
+        let columns = table.keyColumns.map(quote) + names
+        let marks = Array(repeating: "?", count: columns.count).joined(separator: ", ")
+        let insert = try statement(
+            "INSERT OR REPLACE INTO \(quote(table.name))(\(columns.joined(separator: ", "))) VALUES (\(marks))")
+        try insert.bind(row.key + values)
+        try insert.run()
+    }
+}
+
+/// One change-log row being built: a transaction's rows in one table.
+private struct LogSlot: Hashable {
+    let dot: Dot
+    let table: Int64
+    let hlc: HLC
+}

@@ -1,0 +1,93 @@
+import ShoalCore
+
+extension Store {
+    /// Every held change whose dot `since` does not cover, ordered by (site, seq), in batches of about
+    /// `maxChangesPerBatch` changes cut at transaction boundaries (a larger transaction is one batch).
+    ///
+    /// Only the latest write of each column is held, so superseded changes are not sent; each batch's
+    /// ``ChangeBatch/claim`` says what the receiver holds once it has applied it and the batches before it.
+    /// There is always at least one batch, so the receiver learns the final claim even when nothing is sent.
+    public func changes(since: VersionVector, maxChangesPerBatch: Int = 10_000) throws(ShoalError) -> [ChangeBatch] {
+        try refreshSchema()
+        let held = try versionVector()
+        var batches: [ChangeBatch] = []
+        var current: [Change] = []
+        var claim = since
+        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
+        let select = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? ORDER BY seq, tbl")
+        for (index, site) in sites.all.sorted(by: { $0.site < $1.site }) {
+            let from = since[site]
+            guard held[site] > from else { continue }
+            try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: from))])
+            var rows: [(seq: UInt64, table: Int64, keys: [UInt8])] = []
+            while try select.step() {
+                rows.append((UInt64(select.columnInt64(0)), select.columnInt64(1), select.columnBytes(2)))
+            }
+            select.reset()
+            var position = 0
+            while position < rows.count {
+                let seq = rows[position].seq
+                let dot = Dot(site: site, seq: seq)
+                var dotChanges: [Change] = []
+                while position < rows.count && rows[position].seq == seq {
+                    let row = rows[position]
+                    position += 1
+                    guard let table = tablesByID[row.table] else { continue }
+                    var seen = Set<[SQLValue]>()
+                    for key in try decodeLogKeys(row.keys, keyCount: table.keyColumns.count) where seen.insert(key).inserted {
+                        try collect(dot: dot, table: table, key: key, into: &dotChanges)
+                    }
+                }
+                if !current.isEmpty && current.count + dotChanges.count > maxChangesPerBatch {
+                    batches.append(ChangeBatch(changes: current, claim: claim))
+                    current = []
+                }
+                current.append(contentsOf: dotChanges)
+                claim.advance(site, to: seq)
+            }
+            claim.advance(site, to: held[site])
+        }
+        claim.merge(held)
+        batches.append(ChangeBatch(changes: current, claim: claim))
+        return batches
+    }
+
+    /// The changes of transaction `dot` that row `key` still holds.
+    private func collect(dot: Dot, table: ReplicatedTable, key: [SQLValue], into changes: inout [Change]) throws(ShoalError) {
+        guard let state = try loadState(table: table, key: key) else { return }
+        if let lengthStamp = state.lengthStamp, lengthStamp.dot == dot {
+            changes.append(Change(
+                table: table.name, primaryKey: key, payload: .row, causalLength: state.causalLength, stamp: lengthStamp))
+        }
+        var values: [SQLValue]?
+        for (index, cell) in state.cells.enumerated() {
+            switch cell {
+            case .empty:
+                continue
+            case .value(let stamp, let previous):
+                guard stamp.dot == dot else { continue }
+                if values == nil { values = try dataValues(table: table, key: key) }
+                changes.append(Change(
+                    table: table.name, primaryKey: key, payload: .column(table.columns[index], values![index]),
+                    causalLength: state.causalLength, stamp: stamp, previous: previous))
+            case .counter(let entries):
+                guard let entry = entries[dot.site], entry.seq == dot.seq else { continue }
+                changes.append(Change(
+                    table: table.name, primaryKey: key,
+                    payload: .counter(table.columns[index], increments: entry.increments, decrements: entry.decrements),
+                    causalLength: state.causalLength, stamp: Stamp(hlc: entry.hlc, site: dot.site, seq: dot.seq)))
+            }
+        }
+    }
+
+    /// A row's non-key values as stored (NULLs when the row is missing).
+    func dataValues(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> [SQLValue] {
+        guard !table.columns.isEmpty else { return [] }
+        let select = try statement(
+            "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
+                + "WHERE \(table.dataKeyPredicate)")
+        try select.bind(key)
+        defer { select.reset() }
+        return try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)
+    }
+}

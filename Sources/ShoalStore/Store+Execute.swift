@@ -1,0 +1,251 @@
+import CSQLite
+import ShoalCore
+
+/// A statement prepared once and run many times through the store, with change capture.
+public final class PreparedStatement {
+    private let store: Store
+    private let statement: SQLiteStatement
+
+    init(store: Store, statement: SQLiteStatement) {
+        self.store = store
+        self.statement = statement
+    }
+
+    /// Runs the statement with `arguments` and returns its rows.
+    @discardableResult
+    public func execute(_ arguments: [SQLValue] = []) throws(ShoalError) -> QueryResult {
+        try statement.bind(arguments)
+        return try store.run(statement)
+    }
+}
+
+/// How a statement affects the transaction, which decides when captured changes are written.
+enum TransactionControl {
+    case begin, commit, savepoint, release, rollback, rollbackTo
+
+    /// Reads the statement's leading keyword(s), skipping whitespace and comments.
+    init?(sql: String) {
+        var words: [String] = []
+        var scalars = Substring(sql).unicodeScalars[...]
+        while words.count < 3, let first = scalars.first {
+            if first.properties.isWhitespace || first == ";" {
+                scalars = scalars.dropFirst()
+            } else if scalars.starts(with: "--".unicodeScalars) {
+                scalars = scalars.drop { $0 != "\n" }
+            } else if scalars.starts(with: "/*".unicodeScalars) {
+                scalars = scalars.dropFirst(2)
+                while !scalars.isEmpty && !scalars.starts(with: "*/".unicodeScalars) { scalars = scalars.dropFirst() }
+                scalars = scalars.dropFirst(2)
+            } else if first.properties.isAlphabetic {
+                let word = scalars.prefix { $0.properties.isAlphabetic || $0 == "_" }
+                words.append(String(String.UnicodeScalarView(word)).uppercased())
+                scalars = scalars.dropFirst(word.count)
+            } else {
+                break
+            }
+        }
+        switch words.first {
+        case "BEGIN": self = .begin
+        case "COMMIT", "END": self = .commit
+        case "SAVEPOINT": self = .savepoint
+        case "RELEASE": self = .release
+        case "ROLLBACK": self = words.dropFirst().contains("TO") ? .rollbackTo : .rollback
+        default: return nil
+        }
+    }
+}
+
+extension Store {
+    /// Runs one or more SQL statements and returns the rows of the last one.
+    ///
+    /// `arguments` bind to `?` parameters and are allowed only when `sql` holds a single statement. A write
+    /// outside an explicit transaction is its own transaction, as in SQLite.
+    @discardableResult
+    public func execute(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> QueryResult {
+        try refreshSchemaIfIdle()
+        var result = QueryResult(columns: [], rows: [])
+        var statementCount = 0
+        var remaining = Array(sql.utf8CString)
+        var offset = 0
+        while offset < remaining.count - 1 {
+            var handle: OpaquePointer?
+            var tail: UnsafePointer<CChar>?
+            preparingUserStatement = true
+            authorizerDenial = nil
+            let code = remaining.withUnsafeBufferPointer { buffer in
+                sqlite3_prepare_v2(connection.handle, buffer.baseAddress! + offset, -1, &handle, &tail)
+            }
+            preparingUserStatement = false
+            if code != SQLITE_OK {
+                if let denial = authorizerDenial { throw ShoalError(code: .unsupportedSchema, message: denial) }
+                throw connection.error(code)
+            }
+            let consumed = remaining.withUnsafeBufferPointer { buffer in
+                tail.map { $0 - buffer.baseAddress! } ?? (buffer.count - 1)
+            }
+            offset = consumed
+            guard let handle else { continue }
+            let statement = SQLiteStatement(handle, connection: connection)
+            statementCount += 1
+            if !arguments.isEmpty {
+                guard statementCount == 1, remaining[offset...].allSatisfy({ $0 == 0 || isSpaceOrSemicolon($0) })
+                else {
+                    throw ShoalError(code: .invalidArgument, message: "parameters need a single SQL statement")
+                }
+                try statement.bind(arguments)
+            }
+            result = try run(statement)
+        }
+        remaining.removeAll()
+        return result
+    }
+
+    private func isSpaceOrSemicolon(_ character: CChar) -> Bool {
+        character == 32 || character == 9 || character == 10 || character == 13 || character == 59
+    }
+
+    /// Prepares one statement to run many times (bulk writes bind and run it in a loop).
+    public func prepare(_ sql: String) throws(ShoalError) -> PreparedStatement {
+        try refreshSchemaIfIdle()
+        return PreparedStatement(store: self, statement: try prepareUser(sql))
+    }
+
+    /// Runs `body` in one transaction: every write in it is one change, committed together or not at all.
+    public func transaction<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            if !connection.isAutocommit { try? execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    private func refreshSchemaIfIdle() throws(ShoalError) {
+        if connection.isAutocommit { try refreshSchema() }
+    }
+
+    /// Runs one user statement with capture: flushes captured writes before anything that may end the
+    /// transaction, and wraps a lone write in a transaction of its own so its metadata commits with it.
+    func run(_ statement: SQLiteStatement) throws(ShoalError) -> QueryResult {
+        let control = TransactionControl(sql: statement.sql)
+        switch control {
+        case .commit, .savepoint, .release:
+            try flushCaptured()
+        case .rollback, .rollbackTo:
+            capture.discardPending()
+        case .begin, nil:
+            break
+        }
+        let wrap = control == nil && connection.isAutocommit && !statement.isReadOnly
+        if wrap { try connection.exec("BEGIN IMMEDIATE") }
+        var rows: [[SQLValue]] = []
+        do {
+            defer { statement.reset() }
+            while try statement.step() { rows.append(statement.row()) }
+            capture.statementSucceeded()
+            if wrap {
+                try flushCaptured()
+                try connection.exec("COMMIT")
+            }
+        } catch {
+            capture.statementFailed()
+            if wrap && !connection.isAutocommit { try? connection.exec("ROLLBACK") }
+            if connection.isAutocommit { endTransaction() }
+            throw error
+        }
+        if connection.isAutocommit { endTransaction() }
+        let columns = (0..<statement.columnCount).map(statement.columnName)
+        return QueryResult(columns: columns, rows: rows)
+    }
+
+    func endTransaction() {
+        capture.discardPending()
+        transactionStamp = nil
+    }
+
+    /// The stamp of the open transaction's local changes: the next sequence number, and a clock after
+    /// everything this node has written or observed.
+    private func localStamp() throws(ShoalError) -> Stamp {
+        if let transactionStamp { return transactionStamp }
+        let last = try statement("SELECT seq, hlc FROM shoal_log WHERE site = 1 ORDER BY seq DESC LIMIT 1")
+        var seq: UInt64 = 1
+        var latest = HLC.zero
+        if try last.step() {
+            seq = UInt64(last.columnInt64(0)) + 1
+            latest = HLC(rawValue: UInt64(bitPattern: last.columnInt64(1)))
+        }
+        last.reset()
+        let high = try statement("SELECT value FROM shoal_meta WHERE key = 'hlc_high'")
+        if try high.step() {
+            let observed = HLC(rawValue: UInt64(bitPattern: high.columnInt64(0)))
+            if observed > latest { latest = observed }
+        }
+        high.reset()
+        if hybridClock.latest > latest { latest = hybridClock.latest }
+        hybridClock = HybridClock(latest: latest, maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
+        let stamp = Stamp(hlc: hybridClock.tick(now: options.clock.nowMilliseconds()), site: siteID, seq: seq)
+        transactionStamp = stamp
+        return stamp
+    }
+
+    /// Turns the writes captured so far in this transaction into metadata: clock rows and the change log.
+    func flushCaptured() throws(ShoalError) {
+        guard !connection.isAutocommit else {
+            capture.discardPending()
+            return
+        }
+        let writes = capture.takePending()
+        guard !writes.isEmpty else { return }
+        try refreshSites()
+        let stamp = try localStamp()
+        capture.isSuspended = true
+        defer { capture.isSuspended = false }
+        var logKeys: [Int: [UInt8]] = [:]
+        for (rowKey, write) in writes {
+            let table = capture.tables[rowKey.table]
+            var inserted = false
+            var state = RowState(columnCount: table.columns.count)
+            if !write.existedBefore && write.existsAfter {
+                // Fast path: a brand-new row has no metadata yet.
+                state.recordLocalWrite(
+                    existedBefore: false, existsAfter: write.existsAfter, changed: write.changed,
+                    counterDelta: write.counterDelta, isCounter: table.isCounter, stamp: stamp)
+                inserted = try insertState(state, table: table, key: rowKey.key)
+            }
+            if !inserted {
+                state = try loadState(table: table, key: rowKey.key) ?? RowState(columnCount: table.columns.count)
+                let changed = state.recordLocalWrite(
+                    existedBefore: write.existedBefore, existsAfter: write.existsAfter, changed: write.changed,
+                    counterDelta: write.counterDelta, isCounter: table.isCounter, stamp: stamp)
+                guard changed else { continue }
+                try saveState(state, table: table, key: rowKey.key)
+            }
+            if table.hasCounters && state.isAlive { try normalizeCounters(table: table, key: rowKey.key, state: state) }
+            appendLogKey(rowKey.key, to: &logKeys[rowKey.table, default: []])
+        }
+        for (number, keys) in logKeys {
+            try appendLog(dot: stamp.dot, table: capture.tables[number].id, hlc: stamp.hlc, keys: keys)
+        }
+    }
+
+    /// Counter columns hold the sum of every site's contribution; rewrite a value that is not that integer.
+    private func normalizeCounters(table: ReplicatedTable, key: [SQLValue], state: RowState) throws(ShoalError) {
+        let counters = table.columns.indices.filter { table.isCounter[$0] }
+        let select = try statement(
+            "SELECT \(counters.map { quote(table.columns[$0]) }.joined(separator: ", ")) FROM \(quote(table.name)) "
+                + "WHERE \(table.dataKeyPredicate)")
+        try select.bind(key)
+        guard try select.step() else { return }
+        let current = select.row()
+        select.reset()
+        for (position, index) in counters.enumerated() where current[position] != .integer(state.counterValue(index)) {
+            let update = try statement(
+                "UPDATE \(quote(table.name)) SET \(quote(table.columns[index])) = ? WHERE \(table.dataKeyPredicate)")
+            try update.bind([.integer(state.counterValue(index))] + key)
+            try update.run()
+        }
+    }
+}

@@ -1,0 +1,86 @@
+import CSQLite
+import ShoalCore
+
+extension Store {
+    /// The metadata of one row, or `nil` when the row was never seen.
+    func loadState(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> RowState? {
+        let select = try statement("SELECT meta FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)")
+        try select.bind(key)
+        defer { select.reset() }
+        guard try select.step() else { return nil }
+        return try RowState(encoded: select.columnBytes(0), columnCount: table.columns.count, sites: sites)
+    }
+
+    /// Writes a row's metadata.
+    func saveState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) {
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
+        let upsert = try statement("INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))")
+        try upsert.bind(key + [.blob(state.encoded(sites: &sites))])
+        try upsert.run()
+        try persistNewSites()
+    }
+
+    /// Writes a new row's metadata; `false` if the row already has some.
+    func insertState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
+        let insert = try statement("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))")
+        try insert.bind(key + [.blob(state.encoded(sites: &sites))])
+        try insert.run()
+        try persistNewSites()
+        return sqlite3_changes(connection.handle) > 0
+    }
+
+    /// Adds a length-prefixed encoded key to a change-log key list.
+    func appendLogKey(_ key: [SQLValue], to buffer: inout [UInt8]) {
+        let encoded = SQLValue.encodeKey(key)
+        buffer.appendVarint(UInt64(encoded.count))
+        buffer.append(contentsOf: encoded)
+    }
+
+    /// Records that change `dot` touched the rows in `keys` of table `table`.
+    func appendLog(dot: Dot, table: Int64, hlc: HLC, keys: [UInt8]) throws(ShoalError) {
+        let siteIndex = Int64(sites.index(of: dot.site))
+        try persistNewSites()
+        let upsert = try statement(
+            "INSERT INTO shoal_log(site, seq, tbl, hlc, keys) VALUES (?, ?, ?, ?, ?) "
+                + "ON CONFLICT(site, seq, tbl) DO UPDATE SET keys = keys || excluded.keys")
+        try upsert.bind([
+            .integer(siteIndex), .integer(Int64(bitPattern: dot.seq)), .integer(table),
+            .integer(Int64(bitPattern: hlc.rawValue)), .blob(keys),
+        ])
+        try upsert.run()
+    }
+
+    /// Decodes a change-log key list.
+    func decodeLogKeys(_ bytes: [UInt8], keyCount: Int) throws(ShoalError) -> [[SQLValue]] {
+        var reader = ByteReader(bytes)
+        var keys: [[SQLValue]] = []
+        while !reader.isAtEnd {
+            let length = Int(try reader.readVarint())
+            var keyReader = ByteReader(Array(try reader.readBytes(length)))
+            var key: [SQLValue] = []
+            key.reserveCapacity(keyCount)
+            for _ in 0..<keyCount { key.append(try SQLValue.decode(from: &keyReader)) }
+            keys.append(key)
+        }
+        return keys
+    }
+
+    /// This node's version vector: the highest sequence number held per site.
+    public func versionVector() throws(ShoalError) -> VersionVector {
+        try refreshSites()
+        var vector = VersionVector()
+        for row in try connection.rows("SELECT site, seq FROM shoal_claims") {
+            guard case .integer(let index) = row[0], case .integer(let seq) = row[1] else { continue }
+            vector.advance(try sites.site(at: UInt64(index)), to: UInt64(seq))
+        }
+        // Remote sites count only what a sender claimed (holding one change of a site says nothing about its
+        // earlier ones); the local site's changes are all in the log.
+        let latest = try statement("SELECT max(seq) FROM shoal_log WHERE site = 1")
+        if try latest.step(), case .integer(let seq) = latest.column(0) { vector.advance(siteID, to: UInt64(seq)) }
+        latest.reset()
+        return vector
+    }
+}

@@ -1,0 +1,185 @@
+import CSQLite
+import ShoalCore
+
+extension Store {
+    /// Reads a table's schema as the store needs it.
+    func describeTable(_ name: String, id: Int64, counters: [String]) throws(ShoalError) -> ReplicatedTable {
+        let info = try connection.rows("PRAGMA table_xinfo(\(quote(name)))")
+        guard !info.isEmpty else {
+            throw ShoalError(code: .notReplicated, message: "no table named \(name) in this database")
+        }
+        var keys: [(order: Int64, name: String, position: Int32, type: String)] = []
+        var columns: [(name: String, position: Int32)] = []
+        for row in info {
+            guard case .integer(let cid) = row[0], case .text(let column) = row[1] else {
+                throw ShoalError.corruptMetadata("unexpected table_xinfo row for \(name)")
+            }
+            if case .integer(let hidden) = row[6], hidden != 0 {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "table \(name) has a generated or hidden column (\(column)); such tables cannot be "
+                        + "replicated yet")
+            }
+            let type = if case .text(let declared) = row[2] { declared } else { "" }
+            if case .integer(let order) = row[5], order > 0 {
+                keys.append((order, column, Int32(cid), type))
+            } else {
+                columns.append((column, Int32(cid)))
+            }
+        }
+        guard !keys.isEmpty else {
+            throw ShoalError(
+                code: .noPrimaryKey,
+                message: "table \(name) has no PRIMARY KEY; replicated tables need one so that every node names "
+                    + "the same row the same way")
+        }
+        keys.sort { $0.order < $1.order }
+        var isCounter = Array(repeating: false, count: columns.count)
+        for counter in counters {
+            guard let index = columns.firstIndex(where: { $0.name == counter }) else {
+                let isKey = keys.contains { $0.name == counter }
+                throw ShoalError(
+                    code: .unknownColumn,
+                    message: isKey
+                        ? "column \(counter) is part of the primary key of \(name) and cannot be a counter"
+                        : "table \(name) has no column \(counter) to use as a counter")
+            }
+            isCounter[index] = true
+        }
+        let pkIndexes = try connection.rows("PRAGMA index_list(\(quote(name)))").filter {
+            if case .text(let origin) = $0[3] { origin == "pk" } else { false }
+        }
+        let keyIsRowid = keys.count == 1 && keys[0].type.uppercased() == "INTEGER" && pkIndexes.isEmpty
+        return ReplicatedTable(
+            id: id, name: name, keyColumns: keys.map(\.name), keyPositions: keys.map(\.position),
+            columns: columns.map(\.name), columnPositions: columns.map(\.position), isCounter: isCounter,
+            columnIndex: Dictionary(uniqueKeysWithValues: columns.enumerated().map { ($0.element.name, $0.offset) }),
+            keyIsRowid: keyIsRowid)
+    }
+
+    /// The tables this database replicates, by name.
+    public func replicatedTables() throws(ShoalError) -> [String] {
+        try refreshSchema()
+        return capture.tables.map(\.name)
+    }
+
+    /// Marks `table` replicated. Rows already in it become changes of this node.
+    ///
+    /// The table needs a primary key; non-key `NOT NULL` columns need a default (a row revived by a remote
+    /// change may arrive one column at a time); unique constraints other than the key are refused, since
+    /// two nodes could each write a value the other already holds. `counters` names integer columns that
+    /// merge as PN-counters: an UPDATE that moves such a column by d is this node's increment of d.
+    /// Calling it again with the same counters does nothing.
+    public func replicate(table: String, counters: [String] = []) throws(ShoalError) {
+        try refreshSchema()
+        if let number = capture.tableNumbers[table] {
+            let existing = capture.tables[number]
+            let current = existing.columns.indices.filter { existing.isCounter[$0] }.map { existing.columns[$0] }
+            guard Set(current) == Set(counters) else {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "table \(table) is already replicated with counters [\(current.joined(separator: ", "))]; "
+                        + "counters cannot be changed after the fact")
+            }
+            return
+        }
+        guard !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_") else {
+            throw ShoalError(code: .unsupportedSchema, message: "\(table) is an internal table and cannot be replicated")
+        }
+        guard
+            case .text("table") = try connection.scalar(
+                "SELECT type FROM sqlite_schema WHERE name = ? COLLATE NOCASE", [.text(table)])
+        else {
+            throw ShoalError(code: .notReplicated, message: "no table named \(table) in this database")
+        }
+        guard capture.hasUncommittedWork == false, connection.isAutocommit else {
+            throw ShoalError(code: .invalidArgument, message: "replicate a table outside of any open transaction")
+        }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            let described = try describeTable(table, id: 0, counters: counters)
+            try validateReplicable(described)
+            try connection.rows(
+                "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
+                [.text(table), .text(counters.joined(separator: ","))])
+            let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue!
+            try connection.exec(try clockTableDefinition(described, id: id))
+            try refreshSchema()
+            guard let number = capture.tableNumbers[table] else {
+                throw ShoalError.corruptMetadata("table \(table) vanished while it was being replicated")
+            }
+            let replicated = capture.tables[number]
+            let keys = replicated.keyColumns.map(quote).joined(separator: ", ")
+            let columns = replicated.columns.map(quote)
+            let select = try connection.prepare(
+                "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))")
+            while try select.step() {
+                let row = select.row()
+                let key = Array(row[0..<replicated.keyColumns.count])
+                let values = row[replicated.keyColumns.count...]
+                let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
+                capture.addExistingRow(table: number, key: key, counterValues: counterValues)
+            }
+            try flushCaptured()
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            transactionStamp = nil
+            schemaVersion = -1
+            throw error
+        }
+    }
+
+    private func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
+        for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
+            guard case .text(let column) = row[1], case .integer(let notNull) = row[3], notNull != 0,
+                case .null = row[4], table.columnIndex[column] != nil
+            else { continue }
+            throw ShoalError(
+                code: .unsupportedSchema,
+                message: "column \(table.name).\(column) is NOT NULL without a DEFAULT; give it a default so a "
+                    + "row revived by a remote change can be written one column at a time")
+        }
+        for row in try connection.rows("PRAGMA index_list(\(quote(table.name)))") {
+            guard case .integer(let unique) = row[2], unique != 0, case .text(let origin) = row[3], origin != "pk",
+                case .text(let index) = row[1]
+            else { continue }
+            throw ShoalError(
+                code: .unsupportedSchema,
+                message: "table \(table.name) has a unique constraint (\(index)) besides its primary key; two nodes "
+                    + "could each write a value the other holds, so such tables cannot be replicated")
+        }
+    }
+
+    private func clockTableDefinition(_ table: ReplicatedTable, id: Int64) throws(ShoalError) -> String {
+        let name = "shoal_clock_\(id)"
+        if table.keyIsRowid {
+            return "CREATE TABLE \(name)(k0 INTEGER PRIMARY KEY, meta BLOB NOT NULL)"
+        }
+        var definitions: [String] = []
+        for (index, column) in table.keyColumns.enumerated() {
+            var type: UnsafePointer<CChar>?
+            var collation: UnsafePointer<CChar>?
+            var notNull: Int32 = 0
+            var primaryKey: Int32 = 0
+            var autoincrement: Int32 = 0
+            let code = sqlite3_table_column_metadata(
+                connection.handle, "main", table.name, column, &type, &collation, &notNull, &primaryKey, &autoincrement)
+            guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
+            let declared = type.map { String(cString: $0) } ?? ""
+            let collate = collation.map { " COLLATE \(quote(String(cString: $0)))" } ?? ""
+            definitions.append("k\(index) \(declared.isEmpty ? "ANY" : declared)\(collate)")
+        }
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        return "CREATE TABLE \(name)(\(definitions.joined(separator: ", ")), meta BLOB NOT NULL, "
+            + "PRIMARY KEY(\(keys))) WITHOUT ROWID"
+    }
+
+    /// A fingerprint of the replicated schema: nodes that exchange changes should share it.
+    public func schemaFingerprint() throws(ShoalError) -> String {
+        try refreshSchema()
+        return capture.tables.map(\.fingerprintText).sorted().joined(separator: ";")
+    }
+}

@@ -1,0 +1,302 @@
+import CSQLite
+import Logging
+import ShoalCore
+
+/// Settings of a ``Store``.
+public struct StoreOptions: Sendable {
+    /// Physical time, injectable for tests.
+    public var clock: any WallClock = SystemWallClock()
+    /// How far ahead of local time a remote clock may be before its changes are refused.
+    public var maximumClockDriftMilliseconds: UInt64 = 5 * 60 * 1000
+    /// How many conflicts the conflict log keeps (oldest dropped first).
+    public var conflictLogLimit: Int = 10_000
+    /// Where the store logs (never row payloads).
+    public var logger = Logger(label: "shoal.store")
+    /// A human-readable node name, stored on creation.
+    public var nodeName: String?
+
+    public init() {}
+}
+
+/// The result of one SQL statement: column names and rows.
+public struct QueryResult: Sendable, Hashable {
+    public var columns: [String]
+    public var rows: [[SQLValue]]
+
+    public init(columns: [String], rows: [[SQLValue]]) {
+        self.columns = columns
+        self.rows = rows
+    }
+}
+
+/// A Shoal database: an ordinary SQLite file whose replicated tables are captured, merged and exchanged.
+///
+/// Read and write with plain SQL through ``execute(_:_:)``, ``prepare(_:)`` or ``transaction(_:)``; every
+/// INSERT, UPDATE and DELETE on a replicated table becomes part of one change (one *dot*) per committed
+/// transaction. Other SQLite tools may read the file at any time; writes to replicated tables must go
+/// through a `Store` (or `shoal sql`) to be replicated.
+///
+/// Not `Sendable`: a store owns one SQLite connection and is used from one thread at a time. Several
+/// processes may open the same file; SQLite's locking orders their transactions.
+public final class Store {
+    /// This database's site id.
+    public let siteID: SiteID
+    /// The path it was opened with.
+    public let path: String
+    let options: StoreOptions
+    let connection: SQLiteConnection
+    let capture = ChangeCapture()
+    var sites = SiteTable()
+    var hybridClock: HybridClock
+    /// The stamp of the open transaction's local changes, once it has any.
+    var transactionStamp: Stamp?
+    var schemaVersion: Int64 = -1
+    var statements: [String: SQLiteStatement] = [:]
+    /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
+    var preparingUserStatement = false
+    var authorizerDenial: String?
+
+    /// The local site's index in `shoal_sites`.
+    static let localSiteIndex: Int64 = 1
+
+    /// Opens (creating if needed) the database at `path`. `":memory:"` gives a private in-memory database.
+    public init(path: String, options: StoreOptions = StoreOptions()) throws(ShoalError) {
+        self.path = path
+        self.options = options
+        self.connection = try SQLiteConnection(path: path)
+        self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
+        if path != ":memory:" && !path.isEmpty {
+            _ = try connection.rows("PRAGMA journal_mode = WAL")
+        }
+        try connection.exec("PRAGMA synchronous = NORMAL")
+        self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
+        installHooks()
+        try refreshSchema()
+    }
+
+    deinit {
+        sqlite3_preupdate_hook(connection.handle, nil, nil)
+        sqlite3_commit_hook(connection.handle, nil, nil)
+        sqlite3_rollback_hook(connection.handle, nil, nil)
+        sqlite3_set_authorizer(connection.handle, nil, nil)
+        statements.removeAll()
+    }
+
+    private static func createMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID {
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try connection.exec(
+                """
+                CREATE TABLE IF NOT EXISTS shoal_meta(key TEXT PRIMARY KEY, value ANY) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_sites(idx INTEGER PRIMARY KEY, site BLOB NOT NULL UNIQUE);
+                CREATE TABLE IF NOT EXISTS shoal_tables(
+                    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, counters TEXT NOT NULL DEFAULT '');
+                CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS shoal_log(
+                    site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
+                    keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_conflicts(
+                    id INTEGER PRIMARY KEY, recorded_ms INTEGER NOT NULL, tbl TEXT NOT NULL, pk TEXT NOT NULL,
+                    col TEXT NOT NULL, local_value ANY, local_hlc INTEGER NOT NULL, local_site TEXT NOT NULL,
+                    remote_value ANY, remote_hlc INTEGER NOT NULL, remote_site TEXT NOT NULL, winner TEXT NOT NULL);
+                """)
+            var site: SiteID
+            if case .blob(let bytes) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'site_id'"),
+                let stored = SiteID(bytes: bytes)
+            {
+                site = stored
+            } else {
+                site = SiteID.random()
+                try connection.rows(
+                    "INSERT INTO shoal_meta(key, value) VALUES ('site_id', ?), ('format', 1), ('hlc_high', 0)",
+                    [.blob(site.bytes)])
+                try connection.rows(
+                    "INSERT INTO shoal_sites(idx, site) VALUES (?, ?)", [.integer(localSiteIndex), .blob(site.bytes)])
+            }
+            if let nodeName {
+                try connection.rows(
+                    "INSERT INTO shoal_meta(key, value) VALUES ('node_name', ?) "
+                        + "ON CONFLICT(key) DO UPDATE SET value = excluded.value", [.text(nodeName)])
+            }
+            try connection.exec("COMMIT")
+            return site
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// The node name stored in the database, if any.
+    public func nodeName() throws(ShoalError) -> String? {
+        if case .text(let name) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'node_name'") {
+            return name
+        }
+        return nil
+    }
+
+    // MARK: - Hooks
+
+    private func installHooks() {
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        sqlite3_preupdate_hook(
+            connection.handle,
+            { context, db, operation, _, tableName, oldKey, newKey in
+                guard let context, let db, let tableName else { return }
+                let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
+                store.capture.record(db: db, operation: operation, tableName: tableName, oldKey: oldKey, newKey: newKey)
+            }, context)
+        sqlite3_commit_hook(
+            connection.handle,
+            { context in
+                guard let context else { return 0 }
+                let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
+                // A commit the store did not see coming would lose captured changes: refuse it.
+                return store.capture.hasUncommittedWork ? 1 : 0
+            }, context)
+        sqlite3_rollback_hook(
+            connection.handle,
+            { context in
+                guard let context else { return }
+                let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
+                store.capture.discardPending()
+                store.transactionStamp = nil
+            }, context)
+        sqlite3_set_authorizer(
+            connection.handle,
+            { context, action, first, second, _, _ in
+                guard let context else { return SQLITE_OK }
+                let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
+                return store.authorize(action: action, first: first.map { String(cString: $0) },
+                    second: second.map { String(cString: $0) })
+            }, context)
+    }
+
+    private func authorize(action: Int32, first: String?, second: String?) -> Int32 {
+        guard preparingUserStatement else { return SQLITE_OK }
+        switch action {
+        case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE, SQLITE_ALTER_TABLE:
+            let table = action == SQLITE_ALTER_TABLE ? second : first
+            guard let table else { return SQLITE_OK }
+            if table.lowercased().hasPrefix("shoal_") {
+                authorizerDenial = "table \(table) holds Shoal's replication metadata and cannot be changed with SQL"
+                return SQLITE_DENY
+            }
+            if action != SQLITE_INSERT && action != SQLITE_UPDATE && action != SQLITE_DELETE,
+                capture.tableNumbers[table] != nil
+            {
+                authorizerDenial =
+                    "table \(table) is replicated; dropping or altering it would break replication "
+                    + "(schema changes of replicated tables are not supported yet)"
+                return SQLITE_DENY
+            }
+            return SQLITE_OK
+        default:
+            return SQLITE_OK
+        }
+    }
+
+    // MARK: - Statements
+
+    /// A cached internal statement.
+    func statement(_ sql: String) throws(ShoalError) -> SQLiteStatement {
+        if let cached = statements[sql] { return cached }
+        let statement = try connection.prepare(sql)
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Prepares one user statement, with the authorizer guarding Shoal's tables.
+    func prepareUser(_ sql: String) throws(ShoalError) -> SQLiteStatement {
+        preparingUserStatement = true
+        authorizerDenial = nil
+        defer { preparingUserStatement = false }
+        do {
+            return try connection.prepare(sql)
+        } catch {
+            if let denial = authorizerDenial { throw ShoalError(code: .unsupportedSchema, message: denial) }
+            throw error
+        }
+    }
+
+    /// Reloads the replicated tables if the schema changed (another process may have replicated a table).
+    func refreshSchema() throws(ShoalError) {
+        let version = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+        guard version != schemaVersion else { return }
+        statements.removeAll()
+        var tables: [ReplicatedTable] = []
+        for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
+            guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
+            else { throw ShoalError.corruptMetadata("bad shoal_tables row") }
+            let counterNames = counters.split(separator: ",").map(String.init)
+            tables.append(try describeTable(name, id: id, counters: counterNames))
+        }
+        capture.setTables(tables)
+        schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+    }
+
+    /// Loads the site table again if another process added sites.
+    func refreshSites() throws(ShoalError) {
+        let count = try statement("SELECT count(*) FROM shoal_sites")
+        try count.step()
+        let stored = Int(count.columnInt64(0))
+        count.reset()
+        guard stored != sites.count else { return }
+        var table = SiteTable()
+        for row in try connection.rows("SELECT idx, site FROM shoal_sites ORDER BY idx") {
+            guard case .integer(let index) = row[0], case .blob(let bytes) = row[1], let site = SiteID(bytes: bytes)
+            else { throw ShoalError.corruptMetadata("bad shoal_sites row") }
+            table.load(site, index: UInt64(index))
+        }
+        sites = table
+    }
+
+    /// Writes sites allocated in memory since the last call.
+    func persistNewSites() throws(ShoalError) {
+        let insert = try statement("INSERT INTO shoal_sites(idx, site) VALUES (?, ?)")
+        for (index, site) in sites.takeNew() {
+            try insert.bind([.integer(Int64(index)), .blob(site.bytes)])
+            try insert.run()
+        }
+    }
+}
+
+/// Site ids ↔ the small integers written in metadata.
+struct SiteTable: SiteIndexing {
+    private var byIndex: [SiteID?] = [nil]
+    private var indexes: [SiteID: UInt64] = [:]
+    private var fresh: [(UInt64, SiteID)] = []
+
+    var count: Int { indexes.count }
+
+    mutating func load(_ site: SiteID, index: UInt64) {
+        while byIndex.count <= Int(index) { byIndex.append(nil) }
+        byIndex[Int(index)] = site
+        indexes[site] = index
+    }
+
+    func existingIndex(of site: SiteID) -> UInt64? { indexes[site] }
+
+    mutating func index(of site: SiteID) -> UInt64 {
+        if let index = indexes[site] { return index }
+        let index = UInt64(byIndex.count)
+        load(site, index: index)
+        fresh.append((index, site))
+        return index
+    }
+
+    func site(at index: UInt64) throws(ShoalError) -> SiteID {
+        guard index < byIndex.count, let site = byIndex[Int(index)] else {
+            throw ShoalError.corruptMetadata("unknown site index \(index)")
+        }
+        return site
+    }
+
+    var all: [(index: UInt64, site: SiteID)] {
+        indexes.map { (index: $0.value, site: $0.key) }
+    }
+
+    mutating func takeNew() -> [(UInt64, SiteID)] {
+        defer { fresh.removeAll() }
+        return fresh
+    }
+}

@@ -1,0 +1,82 @@
+import Foundation
+import Shoal
+
+/// Formats results for a terminal or for scripts.
+enum Output {
+    static func table(columns: [String], rows: [[SQLValue]]) -> String {
+        let cells = rows.map { $0.map(\.description) }
+        var widths = columns.map(\.count)
+        for row in cells { for (index, cell) in row.enumerated() { widths[index] = max(widths[index], cell.count) } }
+        func line(_ values: [String]) -> String {
+            zip(values, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: " | ")
+        }
+        var text = line(columns) + "\n" + widths.map { String(repeating: "-", count: $0) }.joined(separator: "-+-") + "\n"
+        for row in cells { text += line(row) + "\n" }
+        return text
+    }
+
+    static func jsonLine(columns: [String], row: [SQLValue]) -> String {
+        var object: [String: Any] = [:]
+        for (column, value) in zip(columns, row) { object[column] = jsonValue(value) }
+        return serialize(object)
+    }
+
+    static func jsonValue(_ value: SQLValue) -> Any {
+        switch value {
+        case .null: NSNull()
+        case .integer(let integer): integer
+        case .real(let real): real.isFinite ? real : String(real)
+        case .text(let text): text
+        case .blob(let bytes): ["blob": Data(bytes).base64EncodedString()]
+        }
+    }
+
+    static func serialize(_ object: Any) -> String {
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    static func json(_ status: StoreStatus) -> String {
+        serialize([
+            "site": status.siteID.hex,
+            "name": status.nodeName.map { $0 as Any } ?? NSNull(),
+            "version_vector": Dictionary(uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }),
+            "tables": status.tables.map { table in
+                ["name": table.name, "rows": table.rows, "tombstones": table.tombstones,
+                 "counters": table.counterColumns] as [String: Any]
+            },
+            "conflicts": status.conflicts,
+            "digest": status.digest.hex,
+        ])
+    }
+
+    static func text(_ status: StoreStatus) -> String {
+        var text = "site:       \(status.siteID.hex)\n"
+        if let name = status.nodeName { text += "name:       \(name)\n" }
+        text += "version:    \(status.versionVector.sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: " "))\n"
+        text += "conflicts:  \(status.conflicts)\n"
+        text += "digest:     \(status.digest.hex)\n"
+        text += "tables:\n"
+        for table in status.tables {
+            let counters = table.counterColumns.isEmpty ? "" : "  counters: \(table.counterColumns.joined(separator: ", "))"
+            text += "  \(table.name): \(table.rows) rows, \(table.tombstones) tombstones\(counters)\n"
+        }
+        return text
+    }
+}
+
+/// Buffered stdout for large streams.
+struct FileHandleOutput {
+    private var buffer = [UInt8]()
+
+    mutating func write(_ line: String) {
+        buffer.append(contentsOf: line.utf8)
+        buffer.append(10)
+        if buffer.count > 1 << 16 { flush() }
+    }
+
+    mutating func flush() {
+        FileHandle.standardOutput.write(Data(buffer))
+        buffer.removeAll(keepingCapacity: true)
+    }
+}

@@ -1,0 +1,195 @@
+import ArgumentParser
+import Foundation
+import Shoal
+
+@main
+struct ShoalCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "shoal",
+        abstract: "Peer-to-peer sync for SQLite databases.",
+        discussion: """
+            Each database is an ordinary SQLite file with a random site id. Mark tables replicated, write with \
+            plain SQL through `shoal sql`, and exchange changes: `shoal changes --db a.db | shoal apply --db b.db`.
+            """,
+        subcommands: [
+            Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
+        ]
+    )
+}
+
+/// The database option every subcommand takes.
+struct DatabaseOptions: ParsableArguments {
+    @Option(name: .long, help: "Path of the SQLite database file.")
+    var db: String
+
+    func open(nodeName: String? = nil) throws -> Store {
+        var options = StoreOptions()
+        options.nodeName = nodeName
+        return try Store(path: db, options: options)
+    }
+}
+
+extension ShoalCommand {
+    struct Init: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create the database and its site id (idempotent); prints the site id.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "A human-readable name for this node.") var name: String?
+
+        func run() throws {
+            let store = try database.open(nodeName: name)
+            print(store.siteID.hex)
+        }
+    }
+
+    struct SQL: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "sql",
+            abstract: "Run SQL statements; the rows of the last one are printed as a table.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Flag(help: "Print rows as JSON lines instead of a table.") var json = false
+        @Argument(help: "The SQL to run (several statements separated by ';').") var sql: String
+
+        func run() throws {
+            let store = try database.open()
+            let result = try store.execute(sql)
+            guard !result.columns.isEmpty else { return }
+            if json {
+                for row in result.rows { print(Output.jsonLine(columns: result.columns, row: row)) }
+            } else {
+                print(Output.table(columns: result.columns, rows: result.rows), terminator: "")
+            }
+        }
+    }
+
+    struct Replicate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Mark a table replicated; rows already in it become changes.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Argument(help: "The table (it must have a PRIMARY KEY).") var table: String
+        @Option(name: .customLong("counter"), help: "A column that merges as a PN-counter (repeatable).")
+        var counters: [String] = []
+
+        func run() throws {
+            let store = try database.open()
+            try store.replicate(table: table, counters: counters)
+            print("replicating \(table)" + (counters.isEmpty ? "" : " (counters: \(counters.joined(separator: ", ")))"))
+        }
+    }
+
+    struct Changes: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Write the changes a version vector lacks to stdout as JSON lines.",
+            discussion: """
+                The first line is a header with this database's site id and version; the last line marks the end \
+                of the stream. Pipe it into `shoal apply`.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(
+            help: ArgumentHelp(
+                "Only changes this version lacks: a JSON version vector, or a file holding one or a stream header.",
+                valueName: "file-or-json"))
+        var since: String?
+
+        func run() throws {
+            let store = try database.open()
+            var vector = VersionVector()
+            if let since {
+                let text = FileManager.default.fileExists(atPath: since)
+                    ? try String(contentsOfFile: since, encoding: .utf8).split(separator: "\n").first.map(String.init) ?? ""
+                    : since
+                vector = try ChangeStream.parseVersionVector(json: text)
+            }
+            let batches = try store.changes(since: vector)
+            let claim = batches.last?.claim ?? VersionVector()
+            var output = FileHandleOutput()
+            output.write(ChangeStream.headerLine(.init(site: store.siteID, since: vector, claim: claim)))
+            var count = 0
+            for batch in batches {
+                for change in batch.changes {
+                    output.write(ChangeStream.line(for: change))
+                    count += 1
+                }
+            }
+            output.write(ChangeStream.trailerLine(count: count))
+            output.flush()
+        }
+    }
+
+    struct Apply: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Apply a change stream from a file or stdin, all or nothing.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Argument(help: "The stream file, or - for stdin.") var file: String = "-"
+
+        func run() throws {
+            let store = try database.open()
+            let data: Data
+            if file == "-" {
+                data = FileHandle.standardInput.readDataToEndOfFile()
+            } else {
+                guard let contents = FileManager.default.contents(atPath: file) else {
+                    throw ValidationError("cannot read \(file)")
+                }
+                data = contents
+            }
+            let text = String(decoding: data, as: UTF8.self)
+            let stream = try ChangeStream.parse(lines: text.split(separator: "\n", omittingEmptySubsequences: false))
+            let report = try store.apply(stream.changes, claim: stream.claim, since: stream.since)
+            print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
+        }
+    }
+
+    struct Digest: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print the state digest; two databases have converged exactly when their digests match.")
+
+        @OptionGroup var database: DatabaseOptions
+
+        func run() throws {
+            let store = try database.open()
+            let digest = try store.digest()
+            print("rows: \(digest.rowCount)")
+            print(digest.hex)
+        }
+    }
+
+    struct Status: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show site id, version vector, replicated tables, tombstones and conflicts.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Flag(help: "Print one JSON object.") var json = false
+
+        func run() throws {
+            let store = try database.open()
+            let status = try store.status()
+            print(json ? Output.json(status) : Output.text(status), terminator: json ? "\n" : "")
+        }
+    }
+
+    struct Conflicts: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the most recent conflicts, newest first.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "How many to show.") var limit = 20
+
+        func run() throws {
+            let store = try database.open()
+            let rows = try store.conflicts(limit: limit).map { conflict in
+                [
+                    SQLValue.text(conflict.table), .text(conflict.primaryKey.map(\.description).joined(separator: ",")),
+                    .text(conflict.column), conflict.localValue, conflict.remoteValue, .text(conflict.winner.rawValue),
+                ]
+            }
+            print(
+                Output.table(columns: ["table", "key", "column", "local", "remote", "winner"], rows: rows),
+                terminator: "")
+        }
+    }
+}
