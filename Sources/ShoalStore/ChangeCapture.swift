@@ -1,4 +1,7 @@
 import CSQLite
+#if canImport(Glibc)
+import Glibc
+#endif
 import ShoalCore
 
 /// Collects the row changes SQLite reports through its pre-update hook.
@@ -17,8 +20,14 @@ final class ChangeCapture {
 
     var hasUncommittedWork: Bool { !statementEvents.isEmpty || !pending.isEmpty }
 
+    /// The last table name the hook saw and its number (-1: not replicated), to skip a lookup per row.
+    private var lastName: [CChar] = []
+    private var lastNumber = -1
+
     func setTables(_ tables: [ReplicatedTable]) {
         self.tables = tables
+        lastName = []
+        lastNumber = -1
         tableNumbers = Dictionary(uniqueKeysWithValues: tables.enumerated().map { ($0.element.name, $0.offset) })
     }
 
@@ -83,7 +92,16 @@ final class ChangeCapture {
     /// Called from the pre-update hook for every row change on the connection.
     func record(db: OpaquePointer, operation: Int32, tableName: UnsafePointer<CChar>, oldKey: Int64, newKey: Int64) {
         if isSuspended { return }
-        guard let number = tableNumbers[String(cString: tableName)] else { return }
+        let sameTable = lastName.withUnsafeBufferPointer { buffer in
+            buffer.count > 0 && strcmp(buffer.baseAddress!, tableName) == 0
+        }
+        if !sameTable {
+            let name = String(cString: tableName)
+            lastName = Array(name.utf8CString)
+            lastNumber = tableNumbers[name] ?? -1
+        }
+        guard lastNumber >= 0 else { return }
+        let number = lastNumber
         let table = tables[number]
         switch operation {
         case SQLITE_INSERT:

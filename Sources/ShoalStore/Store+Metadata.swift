@@ -1,10 +1,29 @@
 import CSQLite
 import ShoalCore
 
+/// The statements that read and write one table's row metadata.
+struct ClockStatements {
+    let select: SQLiteStatement
+    let upsert: SQLiteStatement
+    let insert: SQLiteStatement
+}
+
 extension Store {
+    func clockStatements(_ table: ReplicatedTable) throws(ShoalError) -> ClockStatements {
+        if let cached = clockStatements[table.id] { return cached }
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
+        let prepared = ClockStatements(
+            select: try connection.prepare("SELECT meta FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)"),
+            upsert: try connection.prepare("INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"),
+            insert: try connection.prepare("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"))
+        clockStatements[table.id] = prepared
+        return prepared
+    }
+
     /// The metadata of one row, or `nil` when the row was never seen.
     func loadState(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> RowState? {
-        let select = try statement("SELECT meta FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)")
+        let select = try clockStatements(table).select
         try select.bind(key)
         defer { select.reset() }
         guard try select.step() else { return nil }
@@ -13,9 +32,7 @@ extension Store {
 
     /// Writes a row's metadata.
     func saveState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) {
-        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
-        let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
-        let upsert = try statement("INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))")
+        let upsert = try clockStatements(table).upsert
         try upsert.bind(key + [.blob(state.encoded(sites: &sites))])
         try upsert.run()
         try persistNewSites()
@@ -23,9 +40,7 @@ extension Store {
 
     /// Writes a new row's metadata; `false` if the row already has some.
     func insertState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
-        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
-        let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
-        let insert = try statement("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))")
+        let insert = try clockStatements(table).insert
         try insert.bind(key + [.blob(state.encoded(sites: &sites))])
         try insert.run()
         try persistNewSites()

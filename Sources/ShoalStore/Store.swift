@@ -52,6 +52,8 @@ public final class Store {
     var transactionStamp: Stamp?
     var schemaVersion: Int64 = -1
     var statements: [String: SQLiteStatement] = [:]
+    /// Per replicated table id: its metadata statements, prepared once.
+    var clockStatements: [Int64: ClockStatements] = [:]
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
     var authorizerDenial: String?
@@ -80,6 +82,7 @@ public final class Store {
         sqlite3_rollback_hook(connection.handle, nil, nil)
         sqlite3_set_authorizer(connection.handle, nil, nil)
         statements.removeAll()
+        clockStatements.removeAll()
     }
 
     private static func createMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID {
@@ -223,6 +226,7 @@ public final class Store {
         let version = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
         guard version != schemaVersion else { return }
         statements.removeAll()
+        clockStatements.removeAll()
         var tables: [ReplicatedTable] = []
         for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
             guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
@@ -252,6 +256,7 @@ public final class Store {
 
     /// Writes sites allocated in memory since the last call.
     func persistNewSites() throws(ShoalError) {
+        guard sites.hasNew else { return }
         let insert = try statement("INSERT INTO shoal_sites(idx, site) VALUES (?, ?)")
         for (index, site) in sites.takeNew() {
             try insert.bind([.integer(Int64(index)), .blob(site.bytes)])
@@ -267,6 +272,7 @@ struct SiteTable: SiteIndexing {
     private var fresh: [(UInt64, SiteID)] = []
 
     var count: Int { indexes.count }
+    var hasNew: Bool { !fresh.isEmpty }
 
     mutating func load(_ site: SiteID, index: UInt64) {
         while byIndex.count <= Int(index) { byIndex.append(nil) }

@@ -1,0 +1,119 @@
+import ArgumentParser
+import Foundation
+import Shoal
+
+@main
+struct ShoalBench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "shoal-bench",
+        abstract: "Shoal's benchmarks. Figures are medians of several runs, measured side by side in one process.",
+        subcommands: [StoreBenchmark.self]
+    )
+}
+
+struct StoreBenchmark: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "store",
+        abstract: "Write overhead of change capture, and the speed of applying remote changes.")
+
+    @Flag(help: "Print one JSON object instead of a table.") var json = false
+    @Option(help: "Runs per figure (the median is reported).") var runs = 5
+    @Option(help: "Rows in the bulk transaction.") var rows = 100_000
+    @Option(help: "One-row transactions.") var transactions = 5_000
+
+    func run() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-bench-\(getpid())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var counter = 0
+        func freshStore(replicated: Bool) throws -> Store {
+            counter += 1
+            let store = try Store(path: directory.appendingPathComponent("\(counter).db").path)
+            try store.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER, c REAL)")
+            if replicated { try store.replicate(table: "t") }
+            return store
+        }
+
+        var plainBulk: [Double] = []
+        var replicatedBulk: [Double] = []
+        var plainSingle: [Double] = []
+        var replicatedSingle: [Double] = []
+        var apply: [Double] = []
+        var reapply: [Double] = []
+        var applied = 0
+        for _ in 0..<runs {
+            // Bulk: one transaction of `rows` inserts, plain then replicated, alternating run by run.
+            for replicated in [false, true] {
+                let store = try freshStore(replicated: replicated)
+                let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+                let seconds = try time {
+                    try store.transaction {
+                        for id in 0..<rows {
+                            try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                        }
+                    }
+                }
+                if replicated { replicatedBulk.append(seconds) } else { plainBulk.append(seconds) }
+            }
+            // Single-row transactions.
+            for replicated in [false, true] {
+                let store = try freshStore(replicated: replicated)
+                let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+                let seconds = try time {
+                    for id in 0..<transactions {
+                        try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                    }
+                }
+                if replicated { replicatedSingle.append(seconds) } else { plainSingle.append(seconds) }
+            }
+            // Apply the bulk transaction's changes (rows × 3 column changes) on a fresh replica, then again.
+            let source = try freshStore(replicated: true)
+            let insert = try source.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+            try source.transaction {
+                for id in 0..<rows {
+                    try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                }
+            }
+            let batches = try source.changes(since: VersionVector(), maxChangesPerBatch: 50_000)
+            applied = batches.reduce(0) { $0 + $1.changes.count }
+            let target = try freshStore(replicated: true)
+            apply.append(try time { for batch in batches { try target.apply(batch.changes, claim: batch.claim) } })
+            reapply.append(try time { for batch in batches { try target.apply(batch.changes, claim: batch.claim) } })
+            guard try target.digest() == source.digest() else { throw ValidationError("replicas diverged") }
+        }
+        let figures: [(String, Double)] = [
+            ("write_plain_rows_per_s", Double(rows) / median(plainBulk)),
+            ("write_replicated_rows_per_s", Double(rows) / median(replicatedBulk)),
+            ("write_overhead_ratio", median(replicatedBulk) / median(plainBulk)),
+            ("single_tx_plain_per_s", Double(transactions) / median(plainSingle)),
+            ("single_tx_replicated_per_s", Double(transactions) / median(replicatedSingle)),
+            ("single_tx_overhead_ratio", median(replicatedSingle) / median(plainSingle)),
+            ("apply_changes_per_s", Double(applied) / median(apply)),
+            ("reapply_changes_per_s", Double(applied) / median(reapply)),
+        ]
+        if json {
+            var object: [String: Any] = ["runs": runs, "rows": rows, "transactions": transactions, "changes": applied]
+            for (name, value) in figures { object[name] = (value * 1000).rounded() / 1000 }
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            print("shoal-bench store: \(rows) rows bulk, \(transactions) one-row transactions, \(applied) changes applied; median of \(runs) runs")
+            for (name, value) in figures {
+                let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
+                print(name.padding(toLength: 30, withPad: " ", startingAt: 0) + text)
+            }
+        }
+    }
+}
+
+func time(_ body: () throws -> Void) throws -> Double {
+    let start = DispatchTime.now().uptimeNanoseconds
+    try body()
+    return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+}
+
+func median(_ values: [Double]) -> Double {
+    let sorted = values.sorted()
+    guard !sorted.isEmpty else { return .nan }
+    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+}
