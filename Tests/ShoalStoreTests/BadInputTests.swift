@@ -1,0 +1,119 @@
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+private func code(_ body: () throws -> Void) -> ShoalError.Code? {
+    do {
+        try body()
+        return nil
+    } catch let error as ShoalError {
+        return error.code
+    } catch {
+        return nil
+    }
+}
+
+@Suite struct BadInputTests {
+    @Test func tablesThatCannotBeReplicatedAreRefusedWithTheReason() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE nokey(a, b)")
+        #expect(code { try store.replicate(table: "nokey") } == .noPrimaryKey)
+        try store.execute("CREATE TABLE strict_col(id INTEGER PRIMARY KEY, a TEXT NOT NULL)")
+        #expect(code { try store.replicate(table: "strict_col") } == .unsupportedSchema)
+        try store.execute("CREATE TABLE uniq(id INTEGER PRIMARY KEY, email TEXT UNIQUE)")
+        #expect(code { try store.replicate(table: "uniq") } == .unsupportedSchema)
+        #expect(code { try store.replicate(table: "missing") } == .notReplicated)
+        try store.execute("CREATE TABLE c(id INTEGER PRIMARY KEY, n INTEGER)")
+        #expect(code { try store.replicate(table: "c", counters: ["id"]) } == .unknownColumn)
+        #expect(code { try store.replicate(table: "c", counters: ["nope"]) } == .unknownColumn)
+        #expect(try store.replicatedTables().isEmpty)
+    }
+
+    @Test func unknownTablesAndColumnsAreRefusedWithNothingApplied() throws {
+        let source = try makeStore()
+        try source.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0, extra)")
+        try source.replicate(table: "items", counters: ["hits"])
+        try source.execute("CREATE TABLE other(id INTEGER PRIMARY KEY, v)")
+        try source.replicate(table: "other")
+        try source.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        try source.execute("INSERT INTO other VALUES (1, 'x')")
+        let target = try makeStore()
+        try makeItems(target)
+        let before = try target.digest()
+        let changes = try source.changes(since: VersionVector()).flatMap(\.changes)
+        #expect(code { try target.apply(changes) } == .unknownColumn)
+        #expect(code { try target.apply(changes.filter { $0.columnName != "extra" }) } == .unknownTable)
+        #expect(try target.digest() == before)
+        #expect(try target.versionVector().isEmpty)
+    }
+
+    @Test func aMalformedStreamNamesTheLineAndAppliesNothing() throws {
+        let source = try makeStore()
+        try makeItems(source)
+        try source.execute("INSERT INTO items(id, name) VALUES (1, 'a'), (2, 'b')")
+        var lines = [ChangeStream.headerLine(.init(site: source.siteID, since: VersionVector(), claim: try source.versionVector()))]
+        let changes = try source.changes(since: VersionVector()).flatMap(\.changes)
+        lines += changes.map(ChangeStream.line(for:))
+        lines.append(ChangeStream.trailerLine(count: changes.count))
+        var broken = lines
+        broken[3] = String(broken[3].dropLast(5))
+        #expect {
+            try ChangeStream.parse(lines: broken.map { Substring($0) })
+        } throws: { ($0 as! ShoalError).message.hasPrefix("line 4:") }
+        #expect(code { _ = try ChangeStream.parse(lines: lines.dropLast().map { Substring($0) }) } == .truncatedStream)
+        let parsed = try ChangeStream.parse(lines: lines.map { Substring($0) })
+        let target = try makeStore()
+        try makeItems(target)
+        try target.apply(parsed.changes, claim: parsed.claim, since: parsed.since)
+        #expect(try target.digest() == source.digest())
+    }
+
+    @Test func ourOwnChangesReplayedBackAreHarmlessButForgedOnesAreRefused() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        try store.execute("UPDATE items SET name = 'b' WHERE id = 1")
+        let before = try store.digest()
+        let own = try store.changes(since: VersionVector())
+        for batch in own { try store.apply(batch.changes, claim: batch.claim) }
+        #expect(try store.digest() == before)
+        var forged = own[0].changes[0]
+        forged.stamp.seq = 99
+        #expect(code { try store.apply([forged]) } == .siteConflict)
+        #expect(code { try store.apply([], claim: VersionVector([store.siteID: 50])) } == .siteConflict)
+        #expect(try store.digest() == before)
+    }
+
+    @Test func clocksBeyondTheDriftBoundAreRefusedAndLocalTimeIsNotDragged() throws {
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        let future = ManualWallClock(milliseconds: 1_700_000_000_000 + 3_600_000)
+        let store = try makeStore(clock)
+        let ahead = try makeStore(future)
+        try makeItems(store)
+        try makeItems(ahead)
+        try ahead.execute("INSERT INTO items(id, name) VALUES (1, 'from the future')")
+        #expect(code { try sync(ahead, store) } == .clockTooFarAhead)
+        #expect(try rows(store).isEmpty)
+        try store.execute("INSERT INTO items(id, name) VALUES (2, 'now')")
+        let stamp = try store.changes(since: VersionVector()).flatMap(\.changes).first!.stamp
+        #expect(stamp.hlc.milliseconds == 1_700_000_000_000)
+        // Once local time catches up, the same changes are accepted.
+        clock.advance(by: 3_600_000)
+        try sync(ahead, store)
+        #expect(try rows(store).count == 2)
+    }
+
+    @Test func aStreamCutForAVersionWeDoNotHoldIsRefused() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        try makeItems(a)
+        try makeItems(b)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        try a.execute("INSERT INTO items(id, name) VALUES (2, 'b')")
+        let since = VersionVector([a.siteID: 1])
+        let batches = try a.changes(since: since)
+        #expect(code { try b.apply(batches[0].changes, claim: batches[0].claim, since: since) } == .streamNotApplicable)
+        #expect(try b.versionVector().isEmpty)
+    }
+}

@@ -1,0 +1,139 @@
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+func makeStore(_ clock: ManualWallClock = ManualWallClock(milliseconds: 1_700_000_000_000)) throws -> Store {
+    var options = StoreOptions()
+    options.clock = clock
+    return try Store(path: ":memory:", options: options)
+}
+
+func makeItems(_ store: Store) throws {
+    try store.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0)")
+    try store.replicate(table: "items", counters: ["hits"])
+}
+
+/// Every change `from` holds that `to` lacks, applied as the protocol does: batches in order, with claims.
+@discardableResult
+func sync(_ from: Store, _ to: Store) throws -> ApplyReport {
+    var total = ApplyReport()
+    for batch in try from.changes(since: to.versionVector(), maxChangesPerBatch: 7) {
+        let report = try to.apply(batch.changes, claim: batch.claim)
+        total.applied += report.applied
+        total.alreadyKnown += report.alreadyKnown
+        total.conflicts += report.conflicts
+    }
+    return total
+}
+
+func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") throws -> [[SQLValue]] {
+    try store.execute(sql).rows
+}
+
+@Suite struct CaptureTests {
+    @Test func oneDotPerCommittedTransactionWhateverItHolds() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        let site = store.siteID
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        #expect(try store.versionVector()[site] == 1)
+        try store.execute("BEGIN; UPDATE items SET name = 'x' WHERE id < 3; DELETE FROM items WHERE id = 3; COMMIT")
+        #expect(try store.versionVector()[site] == 2)
+        try store.transaction {
+            try store.execute("INSERT INTO items(id, name) VALUES (4, 'd')")
+            try store.execute("UPDATE items SET qty = 9 WHERE id = 4")
+        }
+        #expect(try store.versionVector()[site] == 3)
+        try store.execute("SELECT * FROM items")
+        try store.execute("UPDATE items SET name = name WHERE id = 1")  // writes nothing new
+        #expect(try store.versionVector()[site] == 3)
+
+        let replica = try makeStore()
+        try makeItems(replica)
+        try sync(store, replica)
+        #expect(try rows(replica) == rows(store))
+        #expect(try replica.digest() == store.digest())
+    }
+
+    @Test func rolledBackWorkIsNeverCaptured() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        try store.execute("BEGIN; INSERT INTO items(id, name) VALUES (1, 'gone'); ROLLBACK")
+        try store.execute(
+            "BEGIN; INSERT INTO items(id, name) VALUES (2, 'kept'); SAVEPOINT s; "
+                + "INSERT INTO items(id, name) VALUES (3, 'undone'); ROLLBACK TO s; RELEASE s; COMMIT")
+        // A failing multi-row statement is undone by SQLite, and its captured rows with it.
+        #expect(throws: ShoalError.self) {
+            try store.execute("INSERT INTO items(id, name) VALUES (4, 'x'), (2, 'duplicate')")
+        }
+        let replica = try makeStore()
+        try makeItems(replica)
+        try sync(store, replica)
+        #expect(try rows(replica, "SELECT id, name FROM items") == [[.integer(2), .text("kept")]])
+        #expect(try replica.digest() == store.digest())
+    }
+
+    @Test func updatingAPrimaryKeyIsADeleteAndAnInsert() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        let replica = try makeStore()
+        try makeItems(replica)
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        try sync(store, replica)
+        try store.execute("UPDATE items SET id = 5 WHERE id = 1")
+        try sync(store, replica)
+        #expect(try rows(replica, "SELECT id, name FROM items") == [[.integer(5), .text("a")]])
+        #expect(try replica.status().tables[0].tombstones == 1)
+        #expect(try replica.digest() == store.digest())
+    }
+
+    @Test func rowsAlreadyThereBecomeChangesAndCompositeKeysWork() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE pairs(a TEXT, b INTEGER, v, PRIMARY KEY(a, b))")
+        try store.execute("INSERT INTO pairs VALUES ('x', 1, 10), ('x', 2, x'00ff'), ('y', 1, NULL)")
+        try store.replicate(table: "pairs")
+        try store.replicate(table: "pairs")  // idempotent
+        try store.execute("UPDATE pairs SET v = 2.5 WHERE a = 'y'")
+        let replica = try makeStore()
+        try replica.execute("CREATE TABLE pairs(a TEXT, b INTEGER, v, PRIMARY KEY(a, b))")
+        try replica.replicate(table: "pairs")
+        try sync(store, replica)
+        #expect(try rows(replica, "SELECT * FROM pairs ORDER BY a, b") == rows(store, "SELECT * FROM pairs ORDER BY a, b"))
+        #expect(try replica.digest() == store.digest())
+    }
+
+    @Test func concurrentCounterIncrementsAddUpAndConflictsAreLogged() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        try makeItems(a)
+        try makeItems(b)
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'a', 1)")
+        try sync(a, b)
+        try a.execute("UPDATE items SET hits = hits + 1, name = 'from a' WHERE id = 1")
+        try b.execute("UPDATE items SET hits = hits + 2, name = 'from b' WHERE id = 1")
+        try b.execute("UPDATE items SET hits = hits + 2 WHERE id = 1")
+        let first = try sync(a, b)
+        try sync(b, a)
+        #expect(try rows(a) == rows(b))
+        #expect(try rows(a, "SELECT hits FROM items") == [[.integer(5)]])
+        #expect(try a.digest() == b.digest())
+        // One of the two sides recorded the name conflict, with both values.
+        let conflicts = try a.conflicts() + b.conflicts()
+        #expect(first.conflicts + (try a.conflictCount()) >= 1)
+        #expect(conflicts.contains { $0.column == "name" && Set([$0.localValue, $0.remoteValue]) == [.text("from a"), .text("from b")] })
+        // A causal successor is not a conflict.
+        try a.execute("UPDATE items SET name = 'settled' WHERE id = 1")
+        #expect(try sync(a, b).conflicts == 0)
+    }
+
+    @Test func schemaChangesOfReplicatedTablesAndWritesToMetadataAreRefused() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        for sql in ["DROP TABLE items", "ALTER TABLE items ADD COLUMN z", "DELETE FROM shoal_log", "DROP TABLE shoal_meta"] {
+            #expect {
+                try store.execute(sql)
+            } throws: { ($0 as! ShoalError).code == .unsupportedSchema }
+        }
+    }
+}
