@@ -140,6 +140,7 @@ extension ShoalCommand {
             }
             let text = String(decoding: data, as: UTF8.self)
             let stream = try ChangeStream.parse(lines: text.split(separator: "\n", omittingEmptySubsequences: false))
+            FileHandle.standardError.write(Data("applying \(stream.changes.count) changes from \(stream.site.hex)\n".utf8))
             let report = try store.apply(stream.changes, claim: stream.claim, since: stream.since)
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
         }

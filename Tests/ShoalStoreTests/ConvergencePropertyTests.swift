@@ -1,0 +1,207 @@
+import PropertyBased
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+/// A small, fast, seeded generator (SplitMix64), so a failing example can be replayed from its seed.
+struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// One replica of a random scenario: a real SQLite store with a skewed clock of its own.
+private struct Replica {
+    let store: Store
+    let clock: ManualWallClock
+}
+
+private let schema = [
+    "CREATE TABLE t(k INTEGER PRIMARY KEY, a, b, n INTEGER DEFAULT 0)",
+    "CREATE TABLE u(name TEXT, part INTEGER, v, PRIMARY KEY(name, part))",
+]
+
+/// Runs one random scenario and checks convergence against a pure model of the merge rules.
+private func runScenario(seed: UInt64) throws {
+    var random = SplitMix(state: seed)
+    let replicaCount = Int.random(in: 3...6, using: &random)
+    let base: UInt64 = 1_700_000_000_000
+    var replicas: [Replica] = []
+    for _ in 0..<replicaCount {
+        // Clocks skewed by up to ±2 minutes, inside the 5-minute drift bound.
+        let clock = ManualWallClock(milliseconds: base + UInt64.random(in: 0...240_000, using: &random))
+        var options = StoreOptions()
+        options.clock = clock
+        let store = try Store(path: ":memory:", options: options)
+        for sql in schema { try store.execute(sql) }
+        try store.replicate(table: "t", counters: ["n"])
+        try store.replicate(table: "u")
+        replicas.append(Replica(store: store, clock: clock))
+    }
+
+    // Every change ever committed anywhere, captured right after its transaction: the model's input.
+    var produced: [Change] = []
+
+    func randomValue() -> SQLValue {
+        switch Int.random(in: 0..<6, using: &random) {
+        case 0: return .null
+        case 1: return .integer(Int64.random(in: -3...3, using: &random))
+        case 2: return .integer(Int64.random(in: .min ... .max, using: &random))
+        case 3:
+            var real = Double(bitPattern: random.next())
+            while real.isNaN { real = Double(bitPattern: random.next()) }
+            return .real(Bool.random(using: &random) ? real : Double(Int.random(in: -5...5, using: &random)) / 4)
+        case 4: return .text(["", "x", "héllo", "a b"].randomElement(using: &random)!)
+        default: return .blob((0..<Int.random(in: 0...3, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) })
+        }
+    }
+
+    func localWrite(_ replica: Replica) throws {
+        let store = replica.store
+        let key = Int64.random(in: 0..<4, using: &random)
+        let exists = try !store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty
+        switch Int.random(in: 0..<8, using: &random) {
+        case 0, 1:
+            if exists {
+                try store.execute("UPDATE t SET a = ? WHERE k = ?", [randomValue(), .integer(key)])
+            } else {
+                try store.execute(
+                    "INSERT INTO t(k, a, b, n) VALUES (?, ?, ?, ?)",
+                    [.integer(key), randomValue(), randomValue(), .integer(Int64.random(in: 0...3, using: &random))])
+            }
+        case 2:
+            try store.execute("UPDATE t SET b = ?, a = ? WHERE k = ?", [randomValue(), randomValue(), .integer(key)])
+        case 3:
+            try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
+        case 4:
+            try store.execute("UPDATE t SET n = n + ? WHERE k = ?", [.integer(Int64.random(in: -2...3, using: &random)), .integer(key)])
+        case 5:
+            try store.execute(
+                "INSERT OR REPLACE INTO u(name, part, v) VALUES (?, ?, ?)",
+                [.text(["p", "q"].randomElement(using: &random)!), .integer(Int64.random(in: 0...1, using: &random)), randomValue()])
+        case 6:
+            try store.execute("DELETE FROM u WHERE part = ?", [.integer(Int64.random(in: 0...1, using: &random))])
+        default:
+            // A multi-statement transaction, sometimes rolled back.
+            try store.execute("BEGIN")
+            try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
+            try store.execute("INSERT INTO t(k, a, b) VALUES (?, ?, ?)", [.integer(key), randomValue(), randomValue()])
+            try store.execute("UPDATE t SET n = n + 1 WHERE k = ?", [.integer((key + 1) % 4)])
+            try store.execute(Bool.random(using: &random) ? "COMMIT" : "ROLLBACK")
+        }
+    }
+
+    func exchange(from source: Replica, to target: Replica) throws {
+        if Bool.random(using: &random) {
+            // As the protocol does: batches in order, each with its claim.
+            let size = Int.random(in: 1...8, using: &random)
+            for batch in try source.store.changes(since: target.store.versionVector(), maxChangesPerBatch: size) {
+                try target.store.apply(batch.changes, claim: batch.claim)
+            }
+        } else {
+            // Chaos: everything (or a stale slice), shuffled, regrouped and duplicated, with no claims.
+            let since = Bool.random(using: &random) ? VersionVector() : try target.store.versionVector()
+            var changes = try source.store.changes(since: since).flatMap(\.changes)
+            changes += changes.filter { _ in Int.random(in: 0..<4, using: &random) == 0 }
+            changes.shuffle(using: &random)
+            while !changes.isEmpty {
+                let count = Int.random(in: 1...max(1, changes.count), using: &random)
+                try target.store.apply(Array(changes.prefix(count)))
+                changes.removeFirst(count)
+            }
+        }
+    }
+
+    let steps = Int.random(in: 10...30, using: &random)
+    for _ in 0..<steps {
+        let replica = replicas.randomElement(using: &random)!
+        replica.clock.advance(by: Int64.random(in: -50...200, using: &random))
+        if Int.random(in: 0..<3, using: &random) < 2 {
+            let before = try replica.store.versionVector()
+            try localWrite(replica)
+            produced += try replica.store.changes(since: before).flatMap(\.changes)
+        } else {
+            let target = replicas.randomElement(using: &random)!
+            if target.store !== replica.store { try exchange(from: replica, to: target) }
+        }
+    }
+
+    // Heal over a random topology: a random spanning order, there and back, then every pair.
+    var order = Array(replicas.indices)
+    order.shuffle(using: &random)
+    for (from, to) in zip(order, order.dropFirst()) { try sync(replicas[from].store, replicas[to].store) }
+    for (from, to) in zip(order.reversed(), order.reversed().dropFirst()) { try sync(replicas[from].store, replicas[to].store) }
+
+    // The model: every produced change merged, in one order, into pure row states.
+    let tables = ["t": (columns: ["a", "b", "n"], counters: [false, false, true]), "u": (columns: ["v"], counters: [false])]
+    var model: [RowKey: RowState] = [:]
+    var winningValue: [String: SQLValue] = [:]
+    for change in produced.shuffled(using: &random) {
+        let table = tables[change.table]!
+        let tableNumber = change.table == "t" ? 0 : 1
+        let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
+        var state = model[rowKey] ?? RowState(columnCount: table.columns.count)
+        let column = change.columnName.flatMap { table.columns.firstIndex(of: $0) }
+        if case .applied = state.merge(change, column: column), case .column(let name, let value) = change.payload {
+            winningValue["\(change.table)|\(change.primaryKey)|\(name)|\(change.stamp)"] = value
+        }
+        model[rowKey] = state
+    }
+
+    let reference = replicas[0].store
+    let referenceDigest = try reference.digest()
+    for replica in replicas {
+        let store = replica.store
+        #expect(try store.digest() == referenceDigest, "seed \(seed): digests differ")
+        #expect(try rows(store, "SELECT * FROM t ORDER BY k") == rows(reference, "SELECT * FROM t ORDER BY k"), "seed \(seed)")
+        #expect(try rows(store, "SELECT * FROM u ORDER BY name, part") == rows(reference, "SELECT * FROM u ORDER BY name, part"), "seed \(seed)")
+        for (rowKey, expected) in model {
+            let tableName = rowKey.table == 0 ? "t" : "u"
+            let table = store.capture.tables[store.capture.tableNumbers[tableName]!]
+            let held = try store.loadState(table: table, key: rowKey.key)
+            let values = try store.dataValues(table: table, key: rowKey.key)
+            let present = try !store.execute(
+                "SELECT 1 FROM \(tableName) WHERE \(table.dataKeyPredicate)", rowKey.key).rows.isEmpty
+            // No deleted row reappears, and no live row is missing.
+            #expect(present == expected.isAlive, "seed \(seed): row \(tableName) \(rowKey.key) presence")
+            #expect(held?.causalLength == expected.causalLength, "seed \(seed): causal length of \(rowKey.key)")
+            guard expected.isAlive, let held else { continue }
+            for (index, cell) in expected.cells.enumerated() {
+                switch cell {
+                case .value(let stamp, _):
+                    // Every cell holds the model's last writer, and that writer's value.
+                    guard case .value(let heldStamp, _) = held.cells[index] else {
+                        Issue.record("seed \(seed): cell \(index) of \(rowKey.key) lost its writer")
+                        continue
+                    }
+                    #expect(heldStamp == stamp, "seed \(seed)")
+                    let key = "\(tableName)|\(rowKey.key)|\(table.columns[index])|\(stamp)"
+                    #expect(winningValue[key] == values[index], "seed \(seed): value of \(rowKey.key).\(index)")
+                case .counter:
+                    #expect(values[index] == .integer(expected.counterValue(index)), "seed \(seed): counter")
+                case .empty:
+                    break
+                }
+            }
+        }
+    }
+}
+
+@Suite struct ConvergencePropertyTests {
+    @Test func randomHistoriesConvergeToTheModelEverywhere() async {
+        await propertyCheck(count: 1000, input: Gen.uint64()) { seed in
+            do {
+                try runScenario(seed: seed)
+            } catch {
+                Issue.record("seed \(seed): \(error)")
+            }
+        }
+    }
+}
