@@ -170,7 +170,7 @@ extension Store {
             guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
             let declared = type.map { String(cString: $0) } ?? ""
             let collate = collation.map { " COLLATE \(quote(String(cString: $0)))" } ?? ""
-            definitions.append("k\(index) \(declared.isEmpty ? "ANY" : declared)\(collate)")
+            definitions.append("k\(index)\(declared.isEmpty ? "" : " " + declared)\(collate)")
         }
         let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
         return "CREATE TABLE \(name)(\(definitions.joined(separator: ", ")), meta BLOB NOT NULL, "

@@ -90,7 +90,7 @@ public final class Store {
         do throws(ShoalError) {
             try connection.exec(
                 """
-                CREATE TABLE IF NOT EXISTS shoal_meta(key TEXT PRIMARY KEY, value ANY) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_sites(idx INTEGER PRIMARY KEY, site BLOB NOT NULL UNIQUE);
                 CREATE TABLE IF NOT EXISTS shoal_tables(
                     id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, counters TEXT NOT NULL DEFAULT '');
@@ -100,8 +100,8 @@ public final class Store {
                     keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_conflicts(
                     id INTEGER PRIMARY KEY, recorded_ms INTEGER NOT NULL, tbl TEXT NOT NULL, pk TEXT NOT NULL,
-                    col TEXT NOT NULL, local_value ANY, local_hlc INTEGER NOT NULL, local_site TEXT NOT NULL,
-                    remote_value ANY, remote_hlc INTEGER NOT NULL, remote_site TEXT NOT NULL, winner TEXT NOT NULL);
+                    col TEXT NOT NULL, local_value, local_hlc INTEGER NOT NULL, local_site TEXT NOT NULL,
+                    remote_value, remote_hlc INTEGER NOT NULL, remote_site TEXT NOT NULL, winner TEXT NOT NULL);
                 """)
             var site: SiteID
             if case .blob(let bytes) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'site_id'"),

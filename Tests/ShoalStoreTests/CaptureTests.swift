@@ -103,6 +103,26 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         #expect(try replica.digest() == store.digest())
     }
 
+    @Test func untypedKeysAndValuesKeepTheirExactType() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE loose(k PRIMARY KEY, v)")
+        try store.replicate(table: "loose")
+        try store.execute("INSERT INTO loose VALUES ('1', 1.0), (1, '1'), (x'01', 2.5)")
+        let replica = try makeStore()
+        try replica.execute("CREATE TABLE loose(k PRIMARY KEY, v)")
+        try replica.replicate(table: "loose")
+        try sync(store, replica)
+        let query = "SELECT k, typeof(k), v, typeof(v) FROM loose ORDER BY typeof(k), k"
+        #expect(try rows(replica, query) == rows(store, query))
+        #expect(try rows(replica, query).count == 3)
+        #expect(try replica.digest() == store.digest())
+        try store.execute("UPDATE loose SET v = 3.0 WHERE k = '1'")
+        try replica.execute("UPDATE loose SET v = 4.0 WHERE k = '1'")
+        try sync(store, replica)
+        let logged = try replica.conflicts() + store.conflicts()
+        #expect(logged.contains { $0.localValue == .real(4.0) || $0.remoteValue == .real(4.0) })
+    }
+
     @Test func concurrentCounterIncrementsAddUpAndConflictsAreLogged() throws {
         let a = try makeStore()
         let b = try makeStore()
