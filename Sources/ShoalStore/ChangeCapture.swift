@@ -56,35 +56,38 @@ final class ChangeCapture {
 
     /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated).
     func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
-        let columns = tables[table].columns.count
         pending[RowKey(table: table, key: key)] = PendingWrite(
-            existedBefore: false, existsAfter: true, changed: Array(repeating: true, count: columns),
-            counterDelta: counterValues)
+            existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)
     }
 
     private func fold(_ event: CapturedEvent) {
         let rowKey = RowKey(table: event.table, key: event.key)
         let columnCount = tables[event.table].columns.count
+        let existing = pending[rowKey]
         var write =
-            pending[rowKey]
+            existing
             ?? PendingWrite(
                 existedBefore: event.kind != .insert, existsAfter: event.kind != .insert,
-                changed: Array(repeating: false, count: columnCount),
-                counterDelta: Array(repeating: 0, count: columnCount))
+                changed: event.kind == .insert ? nil : Array(repeating: false, count: columnCount),
+                counterDelta: nil)
         switch event.kind {
         case .insert:
             write.existsAfter = true
-            for index in write.changed.indices { write.changed[index] = true }
+            write.changed = nil
         case .delete:
             write.existsAfter = false
         case .update:
             write.existsAfter = true
-            if let changed = event.changed {
-                for (index, flag) in changed.enumerated() where flag { write.changed[index] = true }
+            if let changed = event.changed, write.changed != nil {
+                for (index, flag) in changed.enumerated() where flag { write.changed![index] = true }
             }
         }
         if let delta = event.counterDelta {
-            for index in delta.indices { write.counterDelta[index] &+= delta[index] }
+            if write.counterDelta == nil {
+                write.counterDelta = delta
+            } else {
+                for index in delta.indices { write.counterDelta![index] &+= delta[index] }
+            }
         }
         pending[rowKey] = write
     }

@@ -17,10 +17,34 @@ struct ReplicatedTable {
     let isCounter: [Bool]
     /// Non-key column name → index.
     let columnIndex: [String: Int]
+    /// Non-key column names, quoted for SQL.
+    let quotedColumns: [String]
     /// The key is a single INTEGER PRIMARY KEY, i.e. the rowid: the hook hands it over without a lookup.
     let keyIsRowid: Bool
 
     var clockTable: String { "shoal_clock_\(id)" }
+    /// Every column written, for inserts.
+    let allChanged: [Bool]
+    /// No counter movement.
+    let noDelta: [Int64]
+
+    init(
+        id: Int64, name: String, keyColumns: [String], keyPositions: [Int32], columns: [String],
+        columnPositions: [Int32], isCounter: [Bool], keyIsRowid: Bool
+    ) {
+        self.id = id
+        self.name = name
+        self.keyColumns = keyColumns
+        self.keyPositions = keyPositions
+        self.columns = columns
+        self.columnPositions = columnPositions
+        self.isCounter = isCounter
+        self.keyIsRowid = keyIsRowid
+        self.columnIndex = Dictionary(uniqueKeysWithValues: columns.enumerated().map { ($0.element, $0.offset) })
+        self.quotedColumns = columns.map(quote)
+        self.allChanged = Array(repeating: true, count: columns.count)
+        self.noDelta = Array(repeating: 0, count: columns.count)
+    }
     var hasCounters: Bool { isCounter.contains(true) }
 
     /// `k0 = ? AND k1 = ? ...` against the clock table's key columns.
@@ -46,10 +70,10 @@ struct PendingWrite {
     var existedBefore: Bool
     /// Whether it exists now.
     var existsAfter: Bool
-    /// Which non-key columns were written; all of them after an insert.
-    var changed: [Bool]
-    /// Net movement of each counter column.
-    var counterDelta: [Int64]
+    /// Which non-key columns were written; `nil` means all of them (after an insert).
+    var changed: [Bool]?
+    /// Net movement of each counter column; `nil` when none moved.
+    var counterDelta: [Int64]?
 }
 
 /// A raw event from the pre-update hook, kept per statement until the statement succeeds.

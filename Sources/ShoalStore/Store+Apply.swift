@@ -144,26 +144,42 @@ extension Store {
         var work: [RowKey: RowWork] = [:]
         var order: [RowKey] = []
         var logKeys: [LogSlot: [UInt8]] = [:]
-        var lastLogged: [LogSlot: [SQLValue]] = [:]
         var conflicts: [ConflictRecord] = []
         for change in changes { _ = sites.index(of: change.stamp.site) }
         try persistNewSites()
 
+        // Changes of one row usually arrive together: keep the row being merged out of the dictionary.
+        var tableName = ""
+        var tableNumber = -1
+        var currentKey: RowKey?
+        var row = RowWork(table: -1, key: [], original: nil, state: RowState(columnCount: 0), values: [], countersChanged: [])
+        var slot: LogSlot?
+        var slotKeys: [UInt8] = []
+        var slotLastKey: [SQLValue] = []
         for change in changes {
-            let tableNumber = capture.tableNumbers[change.table]!
+            if change.table != tableName {
+                tableName = change.table
+                tableNumber = capture.tableNumbers[change.table]!
+            }
             let table = capture.tables[tableNumber]
-            let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
-            if work[rowKey] == nil {
-                let original = try loadState(table: table, key: change.primaryKey)
-                work[rowKey] = RowWork(
-                    table: tableNumber, key: change.primaryKey, original: original,
-                    state: original ?? RowState(columnCount: table.columns.count),
-                    values: Array(repeating: nil, count: table.columns.count),
-                    countersChanged: Array(repeating: false, count: table.columns.count))
-                order.append(rowKey)
+            if currentKey?.table != tableNumber || currentKey?.key != change.primaryKey {
+                if let currentKey { work[currentKey] = row }
+                let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
+                if let existing = work.removeValue(forKey: rowKey) {
+                    row = existing
+                } else {
+                    let original = try loadState(table: table, key: change.primaryKey)
+                    row = RowWork(
+                        table: tableNumber, key: change.primaryKey, original: original,
+                        state: original ?? RowState(columnCount: table.columns.count),
+                        values: Array(repeating: nil, count: table.columns.count),
+                        countersChanged: Array(repeating: false, count: table.columns.count))
+                    order.append(rowKey)
+                }
+                currentKey = rowKey
             }
             let column = change.columnName.flatMap { table.columnIndex[$0] }
-            let outcome = work[rowKey]!.state.merge(change, column: column)
+            let outcome = row.state.merge(change, column: column)
             switch outcome {
             case .known:
                 report.alreadyKnown += 1
@@ -172,7 +188,7 @@ extension Store {
                 if case .column(let name, let incoming) = change.payload, let winner, let column,
                     winner.site != change.stamp.site, winnerPrevious != change.dot
                 {
-                    let local = try currentValue(&work[rowKey]!, column: column, table: table)
+                    let local = try currentValue(&row, column: column, table: table)
                     if local != incoming {
                         conflicts.append(ConflictRecord(
                             table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
@@ -182,9 +198,9 @@ extension Store {
             case .applied(let lifeChanged, let overwritten, _):
                 report.applied += 1
                 if lifeChanged {
-                    work[rowKey]!.lifeChanged = true
-                    work[rowKey]!.values = Array(repeating: nil, count: table.columns.count)
-                    work[rowKey]!.countersChanged = Array(repeating: false, count: table.columns.count)
+                    row.lifeChanged = true
+                    row.values = Array(repeating: nil, count: table.columns.count)
+                    row.countersChanged = Array(repeating: false, count: table.columns.count)
                 }
                 switch change.payload {
                 case .row:
@@ -193,7 +209,7 @@ extension Store {
                     if let overwritten, let column, overwritten.site != change.stamp.site,
                         change.previous != overwritten.dot
                     {
-                        let local = try currentValue(&work[rowKey]!, column: column, table: table)
+                        let local = try currentValue(&row, column: column, table: table)
                         if local != incoming {
                             conflicts.append(ConflictRecord(
                                 table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
@@ -201,17 +217,25 @@ extension Store {
                                 winner: .remote))
                         }
                     }
-                    work[rowKey]!.values[column!] = incoming
+                    row.values[column!] = incoming
                 case .counter:
-                    work[rowKey]!.countersChanged[column!] = true
+                    row.countersChanged[column!] = true
                 }
-                let slot = LogSlot(dot: change.dot, table: table.id, hlc: change.stamp.hlc)
-                if lastLogged[slot] != change.primaryKey {
-                    appendLogKey(change.primaryKey, to: &logKeys[slot, default: []])
-                    lastLogged[slot] = change.primaryKey
+                let changeSlot = LogSlot(dot: change.dot, table: table.id, hlc: change.stamp.hlc)
+                if slot != changeSlot {
+                    if let slot { logKeys[slot, default: []].append(contentsOf: slotKeys) }
+                    slot = changeSlot
+                    slotKeys.removeAll(keepingCapacity: true)
+                    slotLastKey = []
+                }
+                if slotLastKey != change.primaryKey {
+                    appendLogKey(change.primaryKey, to: &slotKeys)
+                    slotLastKey = change.primaryKey
                 }
             }
         }
+        if let currentKey { work[currentKey] = row }
+        if let slot { logKeys[slot, default: []].append(contentsOf: slotKeys) }
 
         for rowKey in order {
             guard let row = work[rowKey], row.original != row.state else { continue }
@@ -269,6 +293,8 @@ extension Store {
         }
         var names: [String] = []
         var values: [SQLValue] = []
+        names.reserveCapacity(table.columns.count)
+        values.reserveCapacity(table.columns.count)
         for index in table.columns.indices {
             if table.isCounter[index] {
                 guard row.countersChanged[index] else { continue }
@@ -277,13 +303,14 @@ extension Store {
                 guard let value = row.values[index] else { continue }
                 values.append(value)
             }
-            names.append(quote(table.columns[index]))
+            names.append(table.quotedColumns[index])
         }
         if wasAlive && !row.lifeChanged {
             guard !names.isEmpty else { return }
-            let update = try statement(
+            let update = try dataStatement(table: table, names: names, update: true) {
                 "UPDATE \(quote(table.name)) SET \(names.map { "\($0) = ?" }.joined(separator: ", ")) "
-                    + "WHERE \(table.dataKeyPredicate)")
+                    + "WHERE \(table.dataKeyPredicate)"
+            }
             try update.bind(values + row.key)
             try update.run()
             return
@@ -293,12 +320,24 @@ extension Store {
             try delete.bind(row.key)
             try delete.run()
         }
-        let columns = table.keyColumns.map(quote) + names
-        let marks = Array(repeating: "?", count: columns.count).joined(separator: ", ")
-        let insert = try statement(
-            "INSERT OR REPLACE INTO \(quote(table.name))(\(columns.joined(separator: ", "))) VALUES (\(marks))")
+        let insert = try dataStatement(table: table, names: names, update: false) {
+            let columns = table.keyColumns.map(quote) + names
+            let marks = Array(repeating: "?", count: columns.count).joined(separator: ", ")
+            return "INSERT OR REPLACE INTO \(quote(table.name))(\(columns.joined(separator: ", "))) VALUES (\(marks))"
+        }
         try insert.bind(row.key + values)
         try insert.run()
+    }
+
+    /// The INSERT or UPDATE of a table for one set of columns, prepared once.
+    private func dataStatement(
+        table: ReplicatedTable, names: [String], update: Bool, sql: () -> String
+    ) throws(ShoalError) -> SQLiteStatement {
+        let key = DataStatementKey(table: table.id, update: update, columns: names)
+        if let cached = dataStatements[key] { return cached }
+        let prepared = try connection.prepare(sql())
+        dataStatements[key] = prepared
+        return prepared
     }
 }
 
@@ -307,4 +346,11 @@ private struct LogSlot: Hashable {
     let dot: Dot
     let table: Int64
     let hlc: HLC
+}
+
+/// Identifies a cached data-table statement.
+struct DataStatementKey: Hashable {
+    let table: Int64
+    let update: Bool
+    let columns: [String]
 }

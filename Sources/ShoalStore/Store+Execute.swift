@@ -5,17 +5,21 @@ import ShoalCore
 public final class PreparedStatement {
     private let store: Store
     private let statement: SQLiteStatement
+    private let control: TransactionControl?
+    private let columns: [String]
 
     init(store: Store, statement: SQLiteStatement) {
         self.store = store
         self.statement = statement
+        self.control = TransactionControl(sql: statement.sql)
+        self.columns = (0..<statement.columnCount).map(statement.columnName)
     }
 
     /// Runs the statement with `arguments` and returns its rows.
     @discardableResult
     public func execute(_ arguments: [SQLValue] = []) throws(ShoalError) -> QueryResult {
         try statement.bind(arguments)
-        return try store.run(statement)
+        return QueryResult(columns: columns, rows: try store.run(statement, control: control))
     }
 }
 
@@ -94,7 +98,8 @@ extension Store {
                 }
                 try statement.bind(arguments)
             }
-            result = try run(statement)
+            let rows = try run(statement, control: TransactionControl(sql: statement.sql))
+            result = QueryResult(columns: (0..<statement.columnCount).map(statement.columnName), rows: rows)
         }
         remaining.removeAll()
         return result
@@ -129,8 +134,7 @@ extension Store {
 
     /// Runs one user statement with capture: flushes captured writes before anything that may end the
     /// transaction, and wraps a lone write in a transaction of its own so its metadata commits with it.
-    func run(_ statement: SQLiteStatement) throws(ShoalError) -> QueryResult {
-        let control = TransactionControl(sql: statement.sql)
+    func run(_ statement: SQLiteStatement, control: TransactionControl?) throws(ShoalError) -> [[SQLValue]] {
         switch control {
         case .commit, .savepoint, .release:
             try flushCaptured()
@@ -157,8 +161,7 @@ extension Store {
             throw error
         }
         if connection.isAutocommit { endTransaction() }
-        let columns = (0..<statement.columnCount).map(statement.columnName)
-        return QueryResult(columns: columns, rows: rows)
+        return rows
     }
 
     func endTransaction() {
@@ -204,6 +207,8 @@ extension Store {
         capture.isSuspended = true
         defer { capture.isSuspended = false }
         var logKeys: [Int: [UInt8]] = [:]
+        // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
+        var freshTemplates: [Int: [UInt8]] = [:]
         for (rowKey, write) in writes {
             let table = capture.tables[rowKey.table]
             var inserted = false
@@ -211,15 +216,21 @@ extension Store {
             if !write.existedBefore && write.existsAfter {
                 // Fast path: a brand-new row has no metadata yet.
                 state.recordLocalWrite(
-                    existedBefore: false, existsAfter: write.existsAfter, changed: write.changed,
-                    counterDelta: write.counterDelta, isCounter: table.isCounter, stamp: stamp)
-                inserted = try insertState(state, table: table, key: rowKey.key)
+                    existedBefore: false, existsAfter: true, changed: write.changed ?? table.allChanged,
+                    counterDelta: write.counterDelta ?? table.noDelta, isCounter: table.isCounter, stamp: stamp)
+                if table.hasCounters {
+                    inserted = try insertState(state.encoded(sites: &sites), table: table, key: rowKey.key)
+                } else {
+                    if freshTemplates[rowKey.table] == nil { freshTemplates[rowKey.table] = state.encoded(sites: &sites) }
+                    inserted = try insertState(freshTemplates[rowKey.table]!, table: table, key: rowKey.key)
+                }
             }
             if !inserted {
                 state = try loadState(table: table, key: rowKey.key) ?? RowState(columnCount: table.columns.count)
                 let changed = state.recordLocalWrite(
-                    existedBefore: write.existedBefore, existsAfter: write.existsAfter, changed: write.changed,
-                    counterDelta: write.counterDelta, isCounter: table.isCounter, stamp: stamp)
+                    existedBefore: write.existedBefore, existsAfter: write.existsAfter,
+                    changed: write.changed ?? table.allChanged, counterDelta: write.counterDelta ?? table.noDelta,
+                    isCounter: table.isCounter, stamp: stamp)
                 guard changed else { continue }
                 try saveState(state, table: table, key: rowKey.key)
             }

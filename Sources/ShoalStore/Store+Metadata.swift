@@ -33,22 +33,33 @@ extension Store {
     /// Writes a row's metadata.
     func saveState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) {
         let upsert = try clockStatements(table).upsert
-        try upsert.bind(key + [.blob(state.encoded(sites: &sites))])
+        try bindKey(key, meta: state.encoded(sites: &sites), to: upsert)
         try upsert.run()
         try persistNewSites()
     }
 
-    /// Writes a new row's metadata; `false` if the row already has some.
-    func insertState(_ state: RowState, table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
+    /// Writes a new row's encoded metadata; `false` if the row already has some.
+    func insertState(_ meta: [UInt8], table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
         let insert = try clockStatements(table).insert
-        try insert.bind(key + [.blob(state.encoded(sites: &sites))])
+        try bindKey(key, meta: meta, to: insert)
         try insert.run()
         try persistNewSites()
         return sqlite3_changes(connection.handle) > 0
     }
 
+    private func bindKey(_ key: [SQLValue], meta: [UInt8], to statement: SQLiteStatement) throws(ShoalError) {
+        statement.reset()
+        for (index, value) in key.enumerated() { try statement.bind(value, at: index + 1) }
+        try statement.bind(meta, at: key.count + 1)
+    }
+
     /// Adds a length-prefixed encoded key to a change-log key list.
     func appendLogKey(_ key: [SQLValue], to buffer: inout [UInt8]) {
+        if key.count == 1, case .integer = key[0] {
+            buffer.append(9)  // the encoded length of one integer
+            key[0].encode(into: &buffer)
+            return
+        }
         let encoded = SQLValue.encodeKey(key)
         buffer.appendVarint(UInt64(encoded.count))
         buffer.append(contentsOf: encoded)

@@ -53,7 +53,6 @@ extension Store {
         return ReplicatedTable(
             id: id, name: name, keyColumns: keys.map(\.name), keyPositions: keys.map(\.position),
             columns: columns.map(\.name), columnPositions: columns.map(\.position), isCounter: isCounter,
-            columnIndex: Dictionary(uniqueKeysWithValues: columns.enumerated().map { ($0.element.name, $0.offset) }),
             keyIsRowid: keyIsRowid)
     }
 

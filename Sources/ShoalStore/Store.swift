@@ -54,6 +54,8 @@ public final class Store {
     var statements: [String: SQLiteStatement] = [:]
     /// Per replicated table id: its metadata statements, prepared once.
     var clockStatements: [Int64: ClockStatements] = [:]
+    /// Data-table INSERTs and UPDATEs used by apply, by table and column set.
+    var dataStatements: [DataStatementKey: SQLiteStatement] = [:]
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
     var authorizerDenial: String?
@@ -83,6 +85,7 @@ public final class Store {
         sqlite3_set_authorizer(connection.handle, nil, nil)
         statements.removeAll()
         clockStatements.removeAll()
+        dataStatements.removeAll()
     }
 
     private static func createMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID {
@@ -227,6 +230,7 @@ public final class Store {
         guard version != schemaVersion else { return }
         statements.removeAll()
         clockStatements.removeAll()
+        dataStatements.removeAll()
         var tables: [ReplicatedTable] = []
         for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
             guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
