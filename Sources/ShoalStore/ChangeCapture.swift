@@ -16,9 +16,11 @@ final class ChangeCapture {
     /// Set while the store applies remote changes or writes its own metadata: nothing is captured.
     var isSuspended = false
     private(set) var statementEvents: [CapturedEvent] = []
-    private(set) var pending: [RowKey: PendingWrite] = [:]
+    /// Net writes per replicated table (indexed like `tables`).
+    private(set) var pending: [PendingTable] = []
+    private var hasPending = false
 
-    var hasUncommittedWork: Bool { !statementEvents.isEmpty || !pending.isEmpty }
+    var hasUncommittedWork: Bool { !statementEvents.isEmpty || hasPending }
 
     /// The last table name the hook saw and its number (-1: not replicated), to skip a lookup per row.
     private var lastName: [CChar] = []
@@ -26,6 +28,8 @@ final class ChangeCapture {
 
     func setTables(_ tables: [ReplicatedTable]) {
         self.tables = tables
+        pending = Array(repeating: PendingTable(), count: tables.count)
+        hasPending = false
         lastName = []
         lastNumber = -1
         tableNumbers = Dictionary(uniqueKeysWithValues: tables.enumerated().map { ($0.element.name, $0.offset) })
@@ -45,25 +49,34 @@ final class ChangeCapture {
     /// The transaction (or the part since the last savepoint boundary) was rolled back, or was flushed.
     func discardPending() {
         statementEvents.removeAll(keepingCapacity: true)
-        pending.removeAll(keepingCapacity: true)
+        guard hasPending else { return }
+        for index in pending.indices { pending[index] = PendingTable() }
+        hasPending = false
     }
 
     /// Hands over the net writes and forgets them.
-    func takePending() -> [RowKey: PendingWrite] {
-        defer { pending.removeAll(keepingCapacity: true) }
+    func takePending() -> [PendingTable] {
+        guard hasPending else { return [] }
+        defer {
+            pending = Array(repeating: PendingTable(), count: tables.count)
+            hasPending = false
+        }
         return pending
     }
 
     /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated).
     func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
-        pending[RowKey(table: table, key: key)] = PendingWrite(
-            existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)
+        let pendingKey: PendingKey = tables[table].keyIsRowid ? .rowid(key[0].integerValue ?? 0) : .values(key)
+        pending[table].index[pendingKey] = pending[table].rows.count
+        pending[table].rows.append(
+            (pendingKey, PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)))
+        hasPending = true
     }
 
     private func fold(_ event: CapturedEvent) {
-        let rowKey = RowKey(table: event.table, key: event.key)
         let columnCount = tables[event.table].columns.count
-        let existing = pending[rowKey]
+        let position = pending[event.table].index[event.key]
+        let existing = position.map { pending[event.table].rows[$0].write }
         var write =
             existing
             ?? PendingWrite(
@@ -89,7 +102,13 @@ final class ChangeCapture {
                 for index in delta.indices { write.counterDelta![index] &+= delta[index] }
             }
         }
-        pending[rowKey] = write
+        if let position {
+            pending[event.table].rows[position].write = write
+        } else {
+            pending[event.table].index[event.key] = pending[event.table].rows.count
+            pending[event.table].rows.append((event.key, write))
+            hasPending = true
+        }
     }
 
     /// Called from the pre-update hook for every row change on the connection.
@@ -108,18 +127,20 @@ final class ChangeCapture {
         let table = tables[number]
         switch operation {
         case SQLITE_INSERT:
-            let key = table.keyIsRowid ? [SQLValue.integer(newKey)] : values(db, table.keyPositions, new: true)
+            let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
             let counters = table.hasCounters ? counterValues(db, table, new: true) : nil
             statementEvents.append(
                 CapturedEvent(table: number, kind: .insert, key: key, changed: nil, counterDelta: counters))
         case SQLITE_DELETE:
-            let key = table.keyIsRowid ? [SQLValue.integer(oldKey)] : values(db, table.keyPositions, new: false)
+            let key: PendingKey = table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
             let counters = table.hasCounters ? counterValues(db, table, new: false).map { 0 &- $0 } : nil
             statementEvents.append(
                 CapturedEvent(table: number, kind: .delete, key: key, changed: nil, counterDelta: counters))
         case SQLITE_UPDATE:
-            let oldRowKey = table.keyIsRowid ? [SQLValue.integer(oldKey)] : values(db, table.keyPositions, new: false)
-            let newRowKey = table.keyIsRowid ? [SQLValue.integer(newKey)] : values(db, table.keyPositions, new: true)
+            let oldRowKey: PendingKey =
+                table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
+            let newRowKey: PendingKey =
+                table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
             let oldValues = values(db, table.columnPositions, new: false)
             let newValues = values(db, table.columnPositions, new: true)
             if oldRowKey != newRowKey {

@@ -76,6 +76,19 @@ struct PendingWrite {
     var counterDelta: [Int64]?
 }
 
+/// A row's primary key as the capture keeps it: the rowid itself when the key is the rowid.
+enum PendingKey: Hashable {
+    case rowid(Int64)
+    case values([SQLValue])
+
+    var values: [SQLValue] {
+        switch self {
+        case .rowid(let rowid): [.integer(rowid)]
+        case .values(let values): values
+        }
+    }
+}
+
 /// A raw event from the pre-update hook, kept per statement until the statement succeeds.
 struct CapturedEvent {
     enum Kind {
@@ -84,15 +97,24 @@ struct CapturedEvent {
 
     let table: Int
     let kind: Kind
-    let key: [SQLValue]
+    let key: PendingKey
     /// For updates: which non-key columns changed value.
     let changed: [Bool]?
     /// Per counter column: new minus old.
     let counterDelta: [Int64]?
 }
 
-/// Hashable key of a pending row: table number and primary key.
+/// Hashable key of a row: table number and primary key.
 struct RowKey: Hashable {
     let table: Int
     let key: [SQLValue]
+}
+
+/// One table's net writes in the open transaction, in the order the rows were first written (which keeps
+/// metadata inserts in key order when the application writes in key order).
+struct PendingTable {
+    var index: [PendingKey: Int] = [:]
+    var rows: [(key: PendingKey, write: PendingWrite)] = []
+
+    var isEmpty: Bool { rows.isEmpty }
 }

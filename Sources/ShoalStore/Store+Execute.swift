@@ -200,8 +200,8 @@ extension Store {
             capture.discardPending()
             return
         }
-        let writes = capture.takePending()
-        guard !writes.isEmpty else { return }
+        let pending = capture.takePending()
+        guard !pending.isEmpty else { return }
         try refreshSites()
         let stamp = try localStamp()
         capture.isSuspended = true
@@ -209,7 +209,9 @@ extension Store {
         var logKeys: [Int: [UInt8]] = [:]
         // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
         var freshTemplates: [Int: [UInt8]] = [:]
-        for (rowKey, write) in writes {
+        for (tableNumber, pendingTable) in pending.enumerated() {
+          for (pendingKey, write) in pendingTable.rows {
+            let rowKey = RowKey(table: tableNumber, key: pendingKey.values)
             let table = capture.tables[rowKey.table]
             var inserted = false
             var state = RowState(columnCount: table.columns.count)
@@ -236,6 +238,7 @@ extension Store {
             }
             if table.hasCounters && state.isAlive { try normalizeCounters(table: table, key: rowKey.key, state: state) }
             appendLogKey(rowKey.key, to: &logKeys[rowKey.table, default: []])
+          }
         }
         for (number, keys) in logKeys {
             try appendLog(dot: stamp.dot, table: capture.tables[number].id, hlc: stamp.hlc, keys: keys)

@@ -14,6 +14,11 @@ public struct StoreOptions: Sendable {
     public var logger = Logger(label: "shoal.store")
     /// A human-readable node name, stored on creation.
     public var nodeName: String?
+    /// SQLite's page cache for this connection, in KiB. Replication metadata roughly doubles what a
+    /// transaction touches, so the default is larger than SQLite's 2 MiB.
+    public var cacheSizeKiB = 32 * 1024
+    /// How much of the file SQLite may memory-map, in bytes (0 turns it off).
+    public var mmapSize = 256 * 1024 * 1024
 
     public init() {}
 }
@@ -72,7 +77,9 @@ public final class Store {
         if path != ":memory:" && !path.isEmpty {
             _ = try connection.rows("PRAGMA journal_mode = WAL")
         }
-        try connection.exec("PRAGMA synchronous = NORMAL")
+        try connection.exec(
+            "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -\(options.cacheSizeKiB); "
+                + "PRAGMA mmap_size = \(options.mmapSize)")
         self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
         installHooks()
         try refreshSchema()

@@ -20,6 +20,7 @@ struct StoreBenchmark: ParsableCommand {
     @Option(help: "Runs per figure (the median is reported).") var runs = 5
     @Option(help: "Rows in the bulk transaction.") var rows = 100_000
     @Option(help: "One-row transactions.") var transactions = 5_000
+    @Option(help: "Run one phase only, for profiling: write, single or apply.") var only: String?
 
     func run() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-bench-\(getpid())")
@@ -43,7 +44,7 @@ struct StoreBenchmark: ParsableCommand {
         var applied = 0
         for _ in 0..<runs {
             // Bulk: one transaction of `rows` inserts, plain then replicated, alternating run by run.
-            for replicated in [false, true] {
+            for replicated in [false, true] where only == nil || only == "write" {
                 let store = try freshStore(replicated: replicated)
                 let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
                 let seconds = try time {
@@ -56,7 +57,7 @@ struct StoreBenchmark: ParsableCommand {
                 if replicated { replicatedBulk.append(seconds) } else { plainBulk.append(seconds) }
             }
             // Single-row transactions.
-            for replicated in [false, true] {
+            for replicated in [false, true] where only == nil || only == "single" {
                 let store = try freshStore(replicated: replicated)
                 let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
                 let seconds = try time {
@@ -67,6 +68,7 @@ struct StoreBenchmark: ParsableCommand {
                 if replicated { replicatedSingle.append(seconds) } else { plainSingle.append(seconds) }
             }
             // Apply the bulk transaction's changes (rows × 3 column changes) on a fresh replica, then again.
+            guard only == nil || only == "apply" else { continue }
             let source = try freshStore(replicated: true)
             let insert = try source.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
             try source.transaction {
