@@ -67,15 +67,14 @@ final class ChangeCapture {
     /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated).
     func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
         let pendingKey: PendingKey = tables[table].keyIsRowid ? .rowid(key[0].integerValue ?? 0) : .values(key)
-        pending[table].index[pendingKey] = pending[table].rows.count
-        pending[table].rows.append(
-            (pendingKey, PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)))
+        pending[table].append(
+            pendingKey, PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues))
         hasPending = true
     }
 
     private func fold(_ event: CapturedEvent) {
         let columnCount = tables[event.table].columns.count
-        let position = pending[event.table].index[event.key]
+        let position = pending[event.table].position(of: event.key)
         let existing = position.map { pending[event.table].rows[$0].write }
         var write =
             existing
@@ -103,10 +102,9 @@ final class ChangeCapture {
             }
         }
         if let position {
-            pending[event.table].rows[position].write = write
+            pending[event.table].update(at: position, write)
         } else {
-            pending[event.table].index[event.key] = pending[event.table].rows.count
-            pending[event.table].rows.append((event.key, write))
+            pending[event.table].append(event.key, write)
             hasPending = true
         }
     }

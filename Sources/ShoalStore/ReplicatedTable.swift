@@ -112,9 +112,43 @@ struct RowKey: Hashable {
 
 /// One table's net writes in the open transaction, in the order the rows were first written (which keeps
 /// metadata inserts in key order when the application writes in key order).
+///
+/// Bulk inserts usually arrive in increasing rowid order; while they do, a new rowid cannot repeat an
+/// earlier one, so the hash index is only built at the first key out of order.
 struct PendingTable {
-    var index: [PendingKey: Int] = [:]
-    var rows: [(key: PendingKey, write: PendingWrite)] = []
+    private(set) var rows: [(key: PendingKey, write: PendingWrite)] = []
+    private var index: [PendingKey: Int]?
+    private var highestRowid = Int64.min
 
     var isEmpty: Bool { rows.isEmpty }
+
+    /// The position of `key` among the rows, if it was written before.
+    mutating func position(of key: PendingKey) -> Int? {
+        if index == nil {
+            if case .rowid(let rowid) = key, rowid > highestRowid { return nil }
+            buildIndex()
+        }
+        return index![key]
+    }
+
+    mutating func append(_ key: PendingKey, _ write: PendingWrite) {
+        if index == nil, case .rowid(let rowid) = key, rowid > highestRowid {
+            highestRowid = rowid
+        } else {
+            if index == nil { buildIndex() }
+            index![key] = rows.count
+        }
+        rows.append((key, write))
+    }
+
+    mutating func update(at position: Int, _ write: PendingWrite) {
+        rows[position].write = write
+    }
+
+    private mutating func buildIndex() {
+        var built: [PendingKey: Int] = [:]
+        built.reserveCapacity(rows.count * 2)
+        for (position, row) in rows.enumerated() { built[row.key] = position }
+        index = built
+    }
 }

@@ -194,6 +194,9 @@ extension Store {
         return stamp
     }
 
+    /// An insert of a row that did not exist: every column written, no counter.
+    static let freshInsert = PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: nil)
+
     /// Turns the writes captured so far in this transaction into metadata: clock rows and the change log.
     func flushCaptured() throws(ShoalError) {
         guard !connection.isAutocommit else {
@@ -207,38 +210,53 @@ extension Store {
         capture.isSuspended = true
         defer { capture.isSuspended = false }
         var logKeys: [Int: [UInt8]] = [:]
-        // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
-        var freshTemplates: [Int: [UInt8]] = [:]
-        for (tableNumber, pendingTable) in pending.enumerated() {
-          for (pendingKey, write) in pendingTable.rows {
-            let rowKey = RowKey(table: tableNumber, key: pendingKey.values)
-            let table = capture.tables[rowKey.table]
-            var inserted = false
-            var state = RowState(columnCount: table.columns.count)
-            if !write.existedBefore && write.existsAfter {
-                // Fast path: a brand-new row has no metadata yet.
-                state.recordLocalWrite(
-                    existedBefore: false, existsAfter: true, changed: write.changed ?? table.allChanged,
-                    counterDelta: write.counterDelta ?? table.noDelta, isCounter: table.isCounter, stamp: stamp)
-                if table.hasCounters {
-                    inserted = try insertState(state.encoded(sites: &sites), table: table, key: rowKey.key)
+        for (tableNumber, pendingTable) in pending.enumerated() where !pendingTable.isEmpty {
+            let table = capture.tables[tableNumber]
+            var keys: [UInt8] = []
+            // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
+            var freshTemplate: [UInt8]?
+            var fresh: [PendingKey] = []
+            var general: [(key: PendingKey, write: PendingWrite)] = []
+            for (pendingKey, write) in pendingTable.rows {
+                guard !write.existedBefore && write.existsAfter && !table.hasCounters else {
+                    general.append((pendingKey, write))
+                    continue
+                }
+                if freshTemplate == nil {
+                    var state = RowState(columnCount: table.columns.count)
+                    state.recordLocalWrite(
+                        existedBefore: false, existsAfter: true, changed: table.allChanged,
+                        counterDelta: table.noDelta, isCounter: table.isCounter, stamp: stamp)
+                    freshTemplate = state.encoded(sites: &sites)
+                    try persistNewSites()
+                }
+                fresh.append(pendingKey)
+                guard fresh.count == Self.freshBatchSize else { continue }
+                let existing = try insertStates(freshTemplate!, table: table, keys: fresh)
+                for key in fresh where !existing.contains(key) { appendLogKey(key, to: &keys) }
+                general += existing.map { ($0, Self.freshInsert) }
+                fresh.removeAll(keepingCapacity: true)
+            }
+            for pendingKey in fresh {
+                if try insertState(freshTemplate!, table: table, key: pendingKey) {
+                    appendLogKey(pendingKey, to: &keys)
                 } else {
-                    if freshTemplates[rowKey.table] == nil { freshTemplates[rowKey.table] = state.encoded(sites: &sites) }
-                    inserted = try insertState(freshTemplates[rowKey.table]!, table: table, key: rowKey.key)
+                    general.append((pendingKey, Self.freshInsert))
                 }
             }
-            if !inserted {
-                state = try loadState(table: table, key: rowKey.key) ?? RowState(columnCount: table.columns.count)
+            for (pendingKey, write) in general {
+                let key = pendingKey.values
+                var state = try loadState(table: table, key: key) ?? RowState(columnCount: table.columns.count)
                 let changed = state.recordLocalWrite(
                     existedBefore: write.existedBefore, existsAfter: write.existsAfter,
                     changed: write.changed ?? table.allChanged, counterDelta: write.counterDelta ?? table.noDelta,
                     isCounter: table.isCounter, stamp: stamp)
                 guard changed else { continue }
-                try saveState(state, table: table, key: rowKey.key)
+                try saveState(state, table: table, key: key)
+                if table.hasCounters && state.isAlive { try normalizeCounters(table: table, key: key, state: state) }
+                appendLogKey(pendingKey, to: &keys)
             }
-            if table.hasCounters && state.isAlive { try normalizeCounters(table: table, key: rowKey.key, state: state) }
-            appendLogKey(rowKey.key, to: &logKeys[rowKey.table, default: []])
-          }
+            if !keys.isEmpty { logKeys[tableNumber] = keys }
         }
         for (number, keys) in logKeys {
             try appendLog(dot: stamp.dot, table: capture.tables[number].id, hlc: stamp.hlc, keys: keys)

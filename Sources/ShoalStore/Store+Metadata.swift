@@ -6,6 +6,8 @@ struct ClockStatements {
     let select: SQLiteStatement
     let upsert: SQLiteStatement
     let insert: SQLiteStatement
+    /// Inserts ``Store/freshBatchSize`` new rows' metadata at once.
+    let insertBatch: SQLiteStatement
 }
 
 extension Store {
@@ -16,7 +18,10 @@ extension Store {
         let prepared = ClockStatements(
             select: try connection.prepare("SELECT meta FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)"),
             upsert: try connection.prepare("INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"),
-            insert: try connection.prepare("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"))
+            insert: try connection.prepare("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"),
+            insertBatch: try connection.prepare(
+                "INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES "
+                    + Array(repeating: "(\(marks))", count: Self.freshBatchSize).joined(separator: ", ")))
         clockStatements[table.id] = prepared
         return prepared
     }
@@ -38,10 +43,50 @@ extension Store {
         try persistNewSites()
     }
 
+    /// How many new rows' metadata one statement inserts.
+    static let freshBatchSize = 64
+
+    /// Writes the same encoded metadata for ``freshBatchSize`` new rows; returns the keys that already had
+    /// metadata (and so were left alone).
+    func insertStates(_ meta: [UInt8], table: ReplicatedTable, keys: [PendingKey]) throws(ShoalError) -> [PendingKey] {
+        let insert = try clockStatements(table).insertBatch
+        insert.reset()
+        let width = table.keyColumns.count + 1
+        for (row, key) in keys.enumerated() {
+            switch key {
+            case .rowid(let rowid):
+                insert.bind(rowid, at: row * width + 1)
+            case .values(let values):
+                for (index, value) in values.enumerated() { try insert.bind(value, at: row * width + index + 1) }
+            }
+            try insert.bind(meta, at: row * width + width)
+        }
+        try insert.run()
+        guard sqlite3_changes(connection.handle) < keys.count else { return [] }
+        // Some rows had metadata already (a deleted row inserted again): the others now hold `meta`,
+        // which no earlier transaction can have written.
+        var existing: [PendingKey] = []
+        let select = try clockStatements(table).select
+        for key in keys {
+            try select.bind(key.values)
+            let held = try select.step() ? select.columnBytes(0) : []
+            select.reset()
+            if held != meta { existing.append(key) }
+        }
+        return existing
+    }
+
     /// Writes a new row's encoded metadata; `false` if the row already has some.
-    func insertState(_ meta: [UInt8], table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
+    func insertState(_ meta: [UInt8], table: ReplicatedTable, key: PendingKey) throws(ShoalError) -> Bool {
         let insert = try clockStatements(table).insert
-        try bindKey(key, meta: meta, to: insert)
+        switch key {
+        case .rowid(let rowid):
+            insert.reset()
+            insert.bind(rowid, at: 1)
+            try insert.bind(meta, at: 2)
+        case .values(let values):
+            try bindKey(values, meta: meta, to: insert)
+        }
         try insert.run()
         try persistNewSites()
         return sqlite3_changes(connection.handle) > 0
@@ -51,6 +96,17 @@ extension Store {
         statement.reset()
         for (index, value) in key.enumerated() { try statement.bind(value, at: index + 1) }
         try statement.bind(meta, at: key.count + 1)
+    }
+
+    /// Adds a length-prefixed encoded key to a change-log key list.
+    func appendLogKey(_ key: PendingKey, to buffer: inout [UInt8]) {
+        switch key {
+        case .rowid(let rowid):
+            buffer.append(9)  // the encoded length of one integer
+            SQLValue.integer(rowid).encode(into: &buffer)
+        case .values(let values):
+            appendLogKey(values, to: &buffer)
+        }
     }
 
     /// Adds a length-prefixed encoded key to a change-log key list.

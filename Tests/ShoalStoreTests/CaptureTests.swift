@@ -103,6 +103,45 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         #expect(try replica.digest() == store.digest())
     }
 
+    @Test func bulkTransactionsReviveTombstonesAndMixTables() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        try store.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)")
+        try store.replicate(table: "notes")
+        let insertNote = try store.prepare("INSERT INTO notes(id, body) VALUES (?, ?)")
+        let insertItem = try store.prepare("INSERT INTO items(id, name, hits) VALUES (?, ?, ?)")
+        try store.transaction {
+            for id in 0..<150 {
+                try insertNote.execute([.integer(Int64(id)), .text("first \(id)")])
+                try insertItem.execute([.integer(Int64(id)), .text("item"), .integer(2)])
+            }
+        }
+        let replica = try makeStore()
+        try makeItems(replica)
+        try replica.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)")
+        try replica.replicate(table: "notes")
+        try sync(store, replica)
+        try store.execute("DELETE FROM notes WHERE id % 2 = 0")
+        // Re-insert everything in one transaction: tombstones (even ids) sit inside full insert batches,
+        // and keys arrive out of order at the end.
+        try store.transaction {
+            for id in stride(from: 0, to: 140, by: 2) {
+                try insertNote.execute([.integer(Int64(id)), .text("second \(id)")])
+            }
+            for id in [145, 141, 149, 143] { try store.execute("UPDATE notes SET body = 'edited' WHERE id = ?", [.integer(Int64(id))]) }
+            try insertNote.execute([.integer(1_000), .text("late")])
+            try insertNote.execute([.integer(140), .text("back")])
+        }
+        try sync(store, replica)
+        #expect(try rows(replica, "SELECT * FROM notes ORDER BY id") == rows(store, "SELECT * FROM notes ORDER BY id"))
+        #expect(try rows(replica, "SELECT count(*) FROM notes") == [[.integer(147)]])  // 150, less 142...148 still deleted, plus 1000
+        #expect(try replica.digest() == store.digest())
+        let notes = store.capture.tables[store.capture.tableNumbers["notes"]!]
+        #expect(try store.loadState(table: notes, key: [.integer(2)])?.causalLength == 3)
+        #expect(try store.loadState(table: notes, key: [.integer(1)])?.causalLength == 1)
+        #expect(try store.loadState(table: notes, key: [.integer(142)])?.causalLength == 2)
+    }
+
     @Test func untypedKeysAndValuesKeepTheirExactType() throws {
         let store = try makeStore()
         try store.execute("CREATE TABLE loose(k PRIMARY KEY, v)")
