@@ -1,7 +1,8 @@
 import ShoalCore
 
-/// What the store knows about one replicated table.
-struct ReplicatedTable {
+/// What the store knows about one replicated table. Immutable; a class so that passing it around costs one
+/// retain rather than one per field.
+final class ReplicatedTable {
     /// The table's stable number in this database (names the clock table).
     let id: Int64
     let name: String

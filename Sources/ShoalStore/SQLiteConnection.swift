@@ -49,6 +49,7 @@ final class SQLiteConnection {
     }
 
     /// Runs one query and returns all of its rows.
+    @discardableResult
     func rows(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> [[SQLValue]] {
         let statement = try prepare(sql)
         try statement.bind(arguments)
@@ -118,6 +119,19 @@ final class SQLiteStatement {
 
     func bind(_ bytes: [UInt8], at index: Int) throws(ShoalError) {
         try bind(.blob(bytes), at: index)
+    }
+
+    /// Binds bytes without copying them: `bytes` must stay valid until the statement is rebound or its
+    /// bindings are cleared.
+    func bindStatic(_ bytes: UnsafeRawBufferPointer, at index: Int) throws(ShoalError) {
+        let code = sqlite3_bind_blob64(
+            handle, Int32(index), bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1), sqlite3_uint64(bytes.count),
+            nil)
+        guard code == SQLITE_OK else { throw connection.error(code) }
+    }
+
+    func clearBindings() {
+        sqlite3_clear_bindings(handle)
     }
 
     func bind(_ integer: Int64, at index: Int) {

@@ -123,7 +123,7 @@ extension Store {
             try execute("COMMIT")
             return value
         } catch {
-            if !connection.isAutocommit { try? execute("ROLLBACK") }
+            if !connection.isAutocommit { _ = try? execute("ROLLBACK") }
             throw error
         }
     }

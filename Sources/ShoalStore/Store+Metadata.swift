@@ -52,6 +52,12 @@ extension Store {
         let insert = try clockStatements(table).insertBatch
         insert.reset()
         let width = table.keyColumns.count + 1
+        // Every row binds the same bytes, read by SQLite in place during `run`, from a buffer that outlives it.
+        let bytes = UnsafeMutableRawBufferPointer.allocate(byteCount: max(meta.count, 1), alignment: 1)
+        defer { bytes.deallocate() }
+        bytes.copyBytes(from: meta)
+        let stable = UnsafeRawBufferPointer(rebasing: bytes[0..<meta.count])
+        defer { insert.clearBindings() }
         for (row, key) in keys.enumerated() {
             switch key {
             case .rowid(let rowid):
@@ -59,7 +65,7 @@ extension Store {
             case .values(let values):
                 for (index, value) in values.enumerated() { try insert.bind(value, at: row * width + index + 1) }
             }
-            try insert.bind(meta, at: row * width + width)
+            try insert.bindStatic(stable, at: row * width + width)
         }
         try insert.run()
         guard sqlite3_changes(connection.handle) < keys.count else { return [] }
@@ -166,3 +172,4 @@ extension Store {
         return vector
     }
 }
+
