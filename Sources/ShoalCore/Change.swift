@@ -23,7 +23,11 @@ public struct Change: Hashable, Sendable {
     public var previous: Dot?
 
     public init(
-        table: String, primaryKey: [SQLValue], payload: Payload, causalLength: UInt64, stamp: Stamp,
+        table: String,
+        primaryKey: [SQLValue],
+        payload: Payload,
+        causalLength: UInt64,
+        stamp: Stamp,
         previous: Dot? = nil
     ) {
         self.table = table

@@ -90,8 +90,13 @@ public enum ChangeStream {
     /// Encodes one change as a line.
     public static func line(for change: Change) -> String {
         var line = Line(
-            t: change.table, k: change.primaryKey.map(JSONValue.init), cl: change.causalLength,
-            h: change.stamp.hlc.rawValue, s: change.stamp.site.hex, q: change.stamp.seq)
+            t: change.table,
+            k: change.primaryKey.map(JSONValue.init),
+            cl: change.causalLength,
+            h: change.stamp.hlc.rawValue,
+            s: change.stamp.site.hex,
+            q: change.stamp.seq
+        )
         switch change.payload {
         case .row:
             break
@@ -132,8 +137,10 @@ public enum ChangeStream {
                 else { throw ShoalError.malformedStream(line: lineNumber, "expected a shoal-changes header") }
                 guard parsed.version == formatVersion else {
                     throw ShoalError.malformedStream(
-                        line: lineNumber, "stream format version \(parsed.version) is not supported "
-                            + "(this build reads version \(formatVersion))")
+                        line: lineNumber,
+                        "stream format version \(parsed.version) is not supported "
+                            + "(this build reads version \(formatVersion))"
+                    )
                 }
                 header = parsed
                 continue
@@ -141,8 +148,10 @@ public enum ChangeStream {
             if let end = try? decoder.decode(Trailer.self, from: data) {
                 guard end.end, end.count == changes.count else {
                     throw ShoalError.malformedStream(
-                        line: lineNumber, "the end-of-stream line counts \(end.count) changes, the stream has "
-                            + "\(changes.count)")
+                        line: lineNumber,
+                        "the end-of-stream line counts \(end.count) changes, the stream has "
+                            + "\(changes.count)"
+                    )
                 }
                 trailer = end
                 continue
@@ -156,20 +165,27 @@ public enum ChangeStream {
             changes.append(try change(from: line, lineNumber: lineNumber))
         }
         guard let header else {
-            throw ShoalError(code: .truncatedStream, message: "the stream is empty: no header line; nothing was applied")
+            throw ShoalError(
+                code: .truncatedStream,
+                message: "the stream is empty: no header line; nothing was applied"
+            )
         }
         guard trailer != nil else {
             throw ShoalError(
                 code: .truncatedStream,
                 message: "the stream ends after line \(lineNumber) without its end-of-stream line "
-                    + "(was it cut short?); nothing was applied")
+                    + "(was it cut short?); nothing was applied"
+            )
         }
         guard let site = SiteID(hex: header.site) else {
             throw ShoalError.malformedStream(line: 1, "bad site id \"\(header.site)\"")
         }
         return Contents(
-            site: site, since: try vector(header.since, lineNumber: 1), claim: try vector(header.claim, lineNumber: 1),
-            changes: changes)
+            site: site,
+            since: try vector(header.since, lineNumber: 1),
+            claim: try vector(header.claim, lineNumber: 1),
+            changes: changes
+        )
     }
 
     private static func change(from line: Line, lineNumber: Int) throws(ShoalError) -> Change {
@@ -177,7 +193,9 @@ public enum ChangeStream {
             throw ShoalError.malformedStream(line: lineNumber, "bad site id \"\(line.s)\"")
         }
         guard line.q > 0 else { throw ShoalError.malformedStream(line: lineNumber, "seq must be at least 1") }
-        guard line.cl > 0 else { throw ShoalError.malformedStream(line: lineNumber, "causal length must be at least 1") }
+        guard line.cl > 0 else {
+            throw ShoalError.malformedStream(line: lineNumber, "causal length must be at least 1")
+        }
         guard !line.k.isEmpty else { throw ShoalError.malformedStream(line: lineNumber, "empty primary key") }
         let payload: Change.Payload
         switch (line.c, line.v, line.inc, line.dec) {
@@ -189,7 +207,9 @@ public enum ChangeStream {
             payload = .counter(column, increments: increments, decrements: decrements)
         default:
             throw ShoalError.malformedStream(
-                line: lineNumber, "a change sets either nothing (row), a value \"v\", or counter totals \"inc\"/\"dec\"")
+                line: lineNumber,
+                "a change sets either nothing (row), a value \"v\", or counter totals \"inc\"/\"dec\""
+            )
         }
         if line.c != nil, line.cl % 2 == 0 {
             throw ShoalError.malformedStream(line: lineNumber, "a column change for a deleted row (even causal length)")
@@ -203,8 +223,13 @@ public enum ChangeStream {
             previous = Dot(site: site, seq: seq)
         }
         return Change(
-            table: line.t, primaryKey: line.k.map(\.sqlValue), payload: payload, causalLength: line.cl,
-            stamp: Stamp(hlc: HLC(rawValue: line.h), site: site, seq: line.q), previous: previous)
+            table: line.t,
+            primaryKey: line.k.map(\.sqlValue),
+            payload: payload,
+            causalLength: line.cl,
+            stamp: Stamp(hlc: HLC(rawValue: line.h), site: site, seq: line.q),
+            previous: previous
+        )
     }
 
     private static func vector(_ entries: [String: UInt64], lineNumber: Int) throws(ShoalError) -> VersionVector {
@@ -227,7 +252,8 @@ public enum ChangeStream {
         guard let entries = try? JSONDecoder().decode([String: UInt64].self, from: data) else {
             throw ShoalError(
                 code: .invalidArgument,
-                message: "expected a version vector as JSON, like {\"<32 hex digits>\": 12}")
+                message: "expected a version vector as JSON, like {\"<32 hex digits>\": 12}"
+            )
         }
         return try vector(entries, lineNumber: 1)
     }
@@ -296,7 +322,8 @@ struct JSONValue: Codable {
             sqlValue = .blob(Array(data))
         } else {
             throw DecodingError.dataCorrupted(
-                .init(codingPath: decoder.codingPath, debugDescription: "not a SQLite value"))
+                .init(codingPath: decoder.codingPath, debugDescription: "not a SQLite value")
+            )
         }
     }
 

@@ -1,9 +1,10 @@
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Synchronization
 
 /// A hybrid logical clock value: physical milliseconds since the Unix epoch in the high 48 bits, a logical
 /// counter in the low 16 bits.

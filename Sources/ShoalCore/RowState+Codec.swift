@@ -73,7 +73,11 @@ extension RowState {
                     let seq = try reader.readVarint()
                     let hlc = HLC(rawValue: try reader.readBigEndianUInt64())
                     entries[site] = CounterEntry(
-                        increments: try reader.readVarint(), decrements: try reader.readVarint(), seq: seq, hlc: hlc)
+                        increments: try reader.readVarint(),
+                        decrements: try reader.readVarint(),
+                        seq: seq,
+                        hlc: hlc
+                    )
                 }
                 cells.append(.counter(entries))
             case let tag:

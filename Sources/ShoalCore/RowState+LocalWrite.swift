@@ -13,7 +13,11 @@ extension RowState {
     /// Returns whether anything changed.
     @discardableResult
     public mutating func recordLocalWrite(
-        existedBefore: Bool, existsAfter: Bool, changed: [Bool], counterDelta: [Int64], isCounter: [Bool],
+        existedBefore: Bool,
+        existsAfter: Bool,
+        changed: [Bool],
+        counterDelta: [Int64],
+        isCounter: [Bool],
         stamp: Stamp
     ) -> Bool {
         let before = self

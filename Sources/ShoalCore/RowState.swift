@@ -130,7 +130,11 @@ extension RowState {
                 if existing.seq > change.stamp.seq { return .stale(winner: nil, winnerPrevious: nil) }
             }
             entries[site] = CounterEntry(
-                increments: increments, decrements: decrements, seq: change.stamp.seq, hlc: change.stamp.hlc)
+                increments: increments,
+                decrements: decrements,
+                seq: change.stamp.seq,
+                hlc: change.stamp.hlc
+            )
             cells[column] = .counter(entries)
             return .applied(lifeChanged: lifeChanged, overwritten: nil, overwrittenPrevious: nil)
         }

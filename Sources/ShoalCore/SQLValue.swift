@@ -12,10 +12,12 @@ public enum SQLValue: Sendable, CustomStringConvertible {
         case .integer(let value): String(value)
         case .real(let value): String(value)
         case .text(let value): value
-        case .blob(let bytes): "x'" + bytes.map { byte in
-            let digits = String(byte, radix: 16)
-            return digits.count == 1 ? "0" + digits : digits
-        }.joined() + "'"
+        case .blob(let bytes):
+            "x'"
+                + bytes.map { byte in
+                    let digits = String(byte, radix: 16)
+                    return digits.count == 1 ? "0" + digits : digits
+                }.joined() + "'"
         }
     }
 
@@ -45,10 +47,18 @@ extension SQLValue: Hashable {
     public func hash(into hasher: inout Hasher) {
         switch self {
         case .null: hasher.combine(0)
-        case .integer(let value): hasher.combine(1); hasher.combine(value)
-        case .real(let value): hasher.combine(2); hasher.combine(value.bitPattern)
-        case .text(let value): hasher.combine(3); hasher.combine(Array(value.utf8))
-        case .blob(let bytes): hasher.combine(4); hasher.combine(bytes)
+        case .integer(let value):
+            hasher.combine(1)
+            hasher.combine(value)
+        case .real(let value):
+            hasher.combine(2)
+            hasher.combine(value.bitPattern)
+        case .text(let value):
+            hasher.combine(3)
+            hasher.combine(Array(value.utf8))
+        case .blob(let bytes):
+            hasher.combine(4)
+            hasher.combine(bytes)
         }
     }
 }

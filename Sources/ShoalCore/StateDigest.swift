@@ -24,7 +24,11 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
 
     /// Adds one row: its table, key, metadata and the values of its non-key columns.
     public mutating func addRow(
-        table: String, primaryKey: [SQLValue], state: RowState, columns: [String], values: [SQLValue]
+        table: String,
+        primaryKey: [SQLValue],
+        state: RowState,
+        columns: [String],
+        values: [SQLValue]
     ) {
         var bytes = [UInt8]()
         bytes.reserveCapacity(64 + values.count * 24)

@@ -1,8 +1,9 @@
 import CSQLite
+import ShoalCore
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import ShoalCore
 
 /// Collects the row changes SQLite reports through its pre-update hook.
 ///
@@ -68,7 +69,9 @@ final class ChangeCapture {
     func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
         let pendingKey: PendingKey = tables[table].keyIsRowid ? .rowid(key[0].integerValue ?? 0) : .values(key)
         pending[table].append(
-            pendingKey, PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues))
+            pendingKey,
+            PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)
+        )
         hasPending = true
     }
 
@@ -79,9 +82,11 @@ final class ChangeCapture {
         var write =
             existing
             ?? PendingWrite(
-                existedBefore: event.kind != .insert, existsAfter: event.kind != .insert,
+                existedBefore: event.kind != .insert,
+                existsAfter: event.kind != .insert,
                 changed: event.kind == .insert ? nil : Array(repeating: false, count: columnCount),
-                counterDelta: nil)
+                counterDelta: nil
+            )
         switch event.kind {
         case .insert:
             write.existsAfter = true
@@ -128,12 +133,15 @@ final class ChangeCapture {
             let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
             let counters = table.hasCounters ? counterValues(db, table, new: true) : nil
             statementEvents.append(
-                CapturedEvent(table: number, kind: .insert, key: key, changed: nil, counterDelta: counters))
+                CapturedEvent(table: number, kind: .insert, key: key, changed: nil, counterDelta: counters)
+            )
         case SQLITE_DELETE:
-            let key: PendingKey = table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
+            let key: PendingKey =
+                table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
             let counters = table.hasCounters ? counterValues(db, table, new: false).map { 0 &- $0 } : nil
             statementEvents.append(
-                CapturedEvent(table: number, kind: .delete, key: key, changed: nil, counterDelta: counters))
+                CapturedEvent(table: number, kind: .delete, key: key, changed: nil, counterDelta: counters)
+            )
         case SQLITE_UPDATE:
             let oldRowKey: PendingKey =
                 table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
@@ -146,9 +154,11 @@ final class ChangeCapture {
                 let oldCounters = table.hasCounters ? counters(table, oldValues).map { 0 &- $0 } : nil
                 let newCounters = table.hasCounters ? counters(table, newValues) : nil
                 statementEvents.append(
-                    CapturedEvent(table: number, kind: .delete, key: oldRowKey, changed: nil, counterDelta: oldCounters))
+                    CapturedEvent(table: number, kind: .delete, key: oldRowKey, changed: nil, counterDelta: oldCounters)
+                )
                 statementEvents.append(
-                    CapturedEvent(table: number, kind: .insert, key: newRowKey, changed: nil, counterDelta: newCounters))
+                    CapturedEvent(table: number, kind: .insert, key: newRowKey, changed: nil, counterDelta: newCounters)
+                )
                 return
             }
             let changed = zip(oldValues, newValues).map { $0 != $1 }
@@ -159,7 +169,8 @@ final class ChangeCapture {
                 delta = zip(after, before).map { $0 &- $1 }
             }
             statementEvents.append(
-                CapturedEvent(table: number, kind: .update, key: newRowKey, changed: changed, counterDelta: delta))
+                CapturedEvent(table: number, kind: .update, key: newRowKey, changed: changed, counterDelta: delta)
+            )
         default:
             break
         }

@@ -19,8 +19,14 @@ public struct ConflictRecord: Sendable, Hashable {
     public var recordedAt: UInt64 = 0
 
     public init(
-        table: String, primaryKey: [SQLValue], column: String, localValue: SQLValue, localStamp: Stamp,
-        remoteValue: SQLValue, remoteStamp: Stamp, winner: Winner
+        table: String,
+        primaryKey: [SQLValue],
+        column: String,
+        localValue: SQLValue,
+        localStamp: Stamp,
+        remoteValue: SQLValue,
+        remoteStamp: Stamp,
+        winner: Winner
     ) {
         self.table = table
         self.primaryKey = primaryKey
@@ -39,7 +45,8 @@ extension Store {
         let now = Int64(options.clock.nowMilliseconds())
         let insert = try statement(
             "INSERT INTO shoal_conflicts(recorded_ms, tbl, pk, col, local_value, local_hlc, local_site, remote_value, "
-                + "remote_hlc, remote_site, winner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                + "remote_hlc, remote_site, winner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         for conflict in conflicts {
             try insert.bind([
                 .integer(now), .text(conflict.table), .blob(SQLValue.encodeKey(conflict.primaryKey)),
@@ -59,7 +66,9 @@ extension Store {
     public func conflicts(limit: Int = 100) throws(ShoalError) -> [ConflictRecord] {
         let rows = try connection.rows(
             "SELECT recorded_ms, tbl, pk, col, local_value, local_hlc, local_site, remote_value, remote_hlc, "
-                + "remote_site, winner FROM shoal_conflicts ORDER BY id DESC LIMIT ?", [.integer(Int64(limit))])
+                + "remote_site, winner FROM shoal_conflicts ORDER BY id DESC LIMIT ?",
+            [.integer(Int64(limit))]
+        )
         return try rows.map { row throws(ShoalError) in
             guard case .integer(let recorded) = row[0], case .text(let table) = row[1], case .blob(let key) = row[2],
                 case .text(let column) = row[3], case .integer(let localHLC) = row[5],
@@ -72,11 +81,15 @@ extension Store {
             var primaryKey: [SQLValue] = []
             while !reader.isAtEnd { primaryKey.append(try SQLValue.decode(from: &reader)) }
             var record = ConflictRecord(
-                table: table, primaryKey: primaryKey, column: column, localValue: row[4],
+                table: table,
+                primaryKey: primaryKey,
+                column: column,
+                localValue: row[4],
                 localStamp: Stamp(hlc: HLC(rawValue: UInt64(bitPattern: localHLC)), site: localSiteID, seq: 0),
                 remoteValue: row[7],
                 remoteStamp: Stamp(hlc: HLC(rawValue: UInt64(bitPattern: remoteHLC)), site: remoteSiteID, seq: 0),
-                winner: side)
+                winner: side
+            )
             record.recordedAt = UInt64(recorded)
             return record
         }

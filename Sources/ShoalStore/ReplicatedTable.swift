@@ -30,8 +30,14 @@ final class ReplicatedTable {
     let noDelta: [Int64]
 
     init(
-        id: Int64, name: String, keyColumns: [String], keyPositions: [Int32], columns: [String],
-        columnPositions: [Int32], isCounter: [Bool], keyIsRowid: Bool
+        id: Int64,
+        name: String,
+        keyColumns: [String],
+        keyPositions: [Int32],
+        columns: [String],
+        columnPositions: [Int32],
+        isCounter: [Bool],
+        keyIsRowid: Bool
     ) {
         self.id = id
         self.name = name

@@ -95,7 +95,8 @@ final class SQLiteStatement {
         guard arguments.count == parameterCount else {
             throw ShoalError(
                 code: .invalidArgument,
-                message: "the statement takes \(parameterCount) parameters, \(arguments.count) were given")
+                message: "the statement takes \(parameterCount) parameters, \(arguments.count) were given"
+            )
         }
         for (index, value) in arguments.enumerated() { try bind(value, at: index + 1) }
     }
@@ -110,8 +111,13 @@ final class SQLiteStatement {
         case .text(let text): code = sqlite3_bind_text(handle, position, text, -1, SQLITE_TRANSIENT)
         case .blob(let bytes):
             code = bytes.withUnsafeBytes { buffer in
-                sqlite3_bind_blob64(handle, position, buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
-                    sqlite3_uint64(buffer.count), SQLITE_TRANSIENT)
+                sqlite3_bind_blob64(
+                    handle,
+                    position,
+                    buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
+                    sqlite3_uint64(buffer.count),
+                    SQLITE_TRANSIENT
+                )
             }
         }
         guard code == SQLITE_OK else { throw connection.error(code) }
@@ -125,8 +131,12 @@ final class SQLiteStatement {
     /// bindings are cleared.
     func bindStatic(_ bytes: UnsafeRawBufferPointer, at index: Int) throws(ShoalError) {
         let code = sqlite3_bind_blob64(
-            handle, Int32(index), bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1), sqlite3_uint64(bytes.count),
-            nil)
+            handle,
+            Int32(index),
+            bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
+            sqlite3_uint64(bytes.count),
+            nil
+        )
         guard code == SQLITE_OK else { throw connection.error(code) }
     }
 

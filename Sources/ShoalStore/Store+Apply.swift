@@ -38,7 +38,9 @@ extension Store {
     /// it never issued are refused with nothing applied.
     @discardableResult
     public func apply(
-        _ changes: [Change], claim: VersionVector = VersionVector(), since: VersionVector? = nil
+        _ changes: [Change],
+        claim: VersionVector = VersionVector(),
+        since: VersionVector? = nil
     ) throws(ShoalError) -> ApplyReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
@@ -57,7 +59,8 @@ extension Store {
         }
     }
 
-    private func validate(_ changes: [Change], claim: VersionVector, since: VersionVector?) throws(ShoalError) -> Int64 {
+    private func validate(_ changes: [Change], claim: VersionVector, since: VersionVector?) throws(ShoalError) -> Int64
+    {
         let localSeq = try versionVector()[siteID]
         let now = options.clock.nowMilliseconds()
         var maxHLC = HLC.zero
@@ -67,21 +70,24 @@ extension Store {
                 throw ShoalError(
                     code: .unknownTable,
                     message: "change \(number) is for table \(change.table), which this database does not "
-                        + "replicate; replicate it (shoal replicate) and apply again. Nothing was applied")
+                        + "replicate; replicate it (shoal replicate) and apply again. Nothing was applied"
+                )
             }
             let table = capture.tables[tableNumber]
             guard change.primaryKey.count == table.keyColumns.count else {
                 throw ShoalError(
                     code: .malformedStream,
                     message: "change \(number) has a key of \(change.primaryKey.count) values; \(table.name) has "
-                        + "\(table.keyColumns.count) key columns. Nothing was applied")
+                        + "\(table.keyColumns.count) key columns. Nothing was applied"
+                )
             }
             if let column = change.columnName {
                 guard let index = table.columnIndex[column] else {
                     throw ShoalError(
                         code: .unknownColumn,
                         message: "change \(number) is for column \(table.name).\(column), which this database does "
-                            + "not have. Nothing was applied")
+                            + "not have. Nothing was applied"
+                    )
                 }
                 let isCounterPayload = if case .counter = change.payload { true } else { false }
                 guard isCounterPayload == table.isCounter[index] else {
@@ -89,12 +95,14 @@ extension Store {
                         code: .unsupportedSchema,
                         message: "change \(number) treats \(table.name).\(column) as a "
                             + "\(isCounterPayload ? "counter" : "plain column"), but here it is "
-                            + "\(table.isCounter[index] ? "a counter" : "a plain column"). Nothing was applied")
+                            + "\(table.isCounter[index] ? "a counter" : "a plain column"). Nothing was applied"
+                    )
                 }
                 guard change.causalLength % 2 == 1 else {
                     throw ShoalError(
                         code: .malformedStream,
-                        message: "change \(number) writes a column of a deleted row. Nothing was applied")
+                        message: "change \(number) writes a column of a deleted row. Nothing was applied"
+                    )
                 }
             }
             guard change.causalLength > 0, change.stamp.seq > 0 else {
@@ -105,7 +113,8 @@ extension Store {
                     code: .siteConflict,
                     message: "change \(number) claims this database's own site id with seq \(change.stamp.seq), but "
                         + "this database has only written up to \(localSeq); was the database file copied? Nothing "
-                        + "was applied")
+                        + "was applied"
+                )
             }
             guard hybridClock.accepts(change.stamp.hlc, now: now) else {
                 options.logger.warning(
@@ -113,9 +122,13 @@ extension Store {
                     metadata: [
                         "site": "\(change.stamp.site.hex)", "hlc": "\(change.stamp.hlc)",
                         "bound_ms": "\(options.maximumClockDriftMilliseconds)",
-                    ])
+                    ]
+                )
                 throw ShoalError.clockTooFarAhead(
-                    remote: change.stamp.hlc, now: now, bound: options.maximumClockDriftMilliseconds)
+                    remote: change.stamp.hlc,
+                    now: now,
+                    bound: options.maximumClockDriftMilliseconds
+                )
             }
             if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
         }
@@ -123,13 +136,16 @@ extension Store {
             throw ShoalError(
                 code: .siteConflict,
                 message: "the sender claims this database's own site id up to seq \(claim[siteID]), but this "
-                    + "database has only written up to \(localSeq); was the database file copied? Nothing was applied")
+                    + "database has only written up to \(localSeq); was the database file copied? Nothing was applied"
+            )
         }
         return Int64(bitPattern: maxHLC.rawValue)
     }
 
     private func applyInTransaction(
-        _ changes: [Change], claim: VersionVector, since: VersionVector?
+        _ changes: [Change],
+        claim: VersionVector,
+        since: VersionVector?
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
         let maxHLC = try validate(changes, claim: claim, since: since)
@@ -138,7 +154,8 @@ extension Store {
             throw ShoalError(
                 code: .streamNotApplicable,
                 message: "these changes were cut for version \(since), but this database holds \(held); "
-                    + "ask for changes since this database's own version. Nothing was applied")
+                    + "ask for changes since this database's own version. Nothing was applied"
+            )
         }
         var report = ApplyReport()
         var work: [RowKey: RowWork] = [:]
@@ -152,7 +169,14 @@ extension Store {
         var tableName = ""
         var tableNumber = -1
         var currentKey: RowKey?
-        var row = RowWork(table: -1, key: [], original: nil, state: RowState(columnCount: 0), values: [], countersChanged: [])
+        var row = RowWork(
+            table: -1,
+            key: [],
+            original: nil,
+            state: RowState(columnCount: 0),
+            values: [],
+            countersChanged: []
+        )
         var slot: LogSlot?
         var slotKeys: [UInt8] = []
         var slotLastKey: [SQLValue] = []
@@ -170,10 +194,13 @@ extension Store {
                 } else {
                     let original = try loadState(table: table, key: change.primaryKey)
                     row = RowWork(
-                        table: tableNumber, key: change.primaryKey, original: original,
+                        table: tableNumber,
+                        key: change.primaryKey,
+                        original: original,
                         state: original ?? RowState(columnCount: table.columns.count),
                         values: Array(repeating: nil, count: table.columns.count),
-                        countersChanged: Array(repeating: false, count: table.columns.count))
+                        countersChanged: Array(repeating: false, count: table.columns.count)
+                    )
                     order.append(rowKey)
                 }
                 currentKey = rowKey
@@ -190,9 +217,18 @@ extension Store {
                 {
                     let local = try currentValue(&row, column: column, table: table)
                     if local != incoming {
-                        conflicts.append(ConflictRecord(
-                            table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
-                            localStamp: winner, remoteValue: incoming, remoteStamp: change.stamp, winner: .local))
+                        conflicts.append(
+                            ConflictRecord(
+                                table: table.name,
+                                primaryKey: change.primaryKey,
+                                column: name,
+                                localValue: local,
+                                localStamp: winner,
+                                remoteValue: incoming,
+                                remoteStamp: change.stamp,
+                                winner: .local
+                            )
+                        )
                     }
                 }
             case .applied(let lifeChanged, let overwritten, _):
@@ -211,10 +247,18 @@ extension Store {
                     {
                         let local = try currentValue(&row, column: column, table: table)
                         if local != incoming {
-                            conflicts.append(ConflictRecord(
-                                table: table.name, primaryKey: change.primaryKey, column: name, localValue: local,
-                                localStamp: overwritten, remoteValue: incoming, remoteStamp: change.stamp,
-                                winner: .remote))
+                            conflicts.append(
+                                ConflictRecord(
+                                    table: table.name,
+                                    primaryKey: change.primaryKey,
+                                    column: name,
+                                    localValue: local,
+                                    localStamp: overwritten,
+                                    remoteValue: incoming,
+                                    remoteStamp: change.stamp,
+                                    winner: .remote
+                                )
+                            )
                         }
                     }
                     row.values[column!] = incoming
@@ -245,7 +289,8 @@ extension Store {
         if since != nil || !claim.isEmpty {
             let upsert = try statement(
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
-                    + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)")
+                    + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
+            )
             for (site, seq) in claim.entries where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
                 try upsert.run()
@@ -264,12 +309,14 @@ extension Store {
     }
 
     /// The value a cell holds now: won earlier in this apply, or as stored.
-    private func currentValue(_ row: inout RowWork, column: Int, table: ReplicatedTable) throws(ShoalError) -> SQLValue {
+    private func currentValue(_ row: inout RowWork, column: Int, table: ReplicatedTable) throws(ShoalError) -> SQLValue
+    {
         if let value = row.values[column] { return value }
         if row.storedValues == nil {
             let select = try statement(
                 "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
-                    + "WHERE \(table.dataKeyPredicate)")
+                    + "WHERE \(table.dataKeyPredicate)"
+            )
             try select.bind(row.key)
             row.storedValues = try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)
             select.reset()
@@ -331,7 +378,10 @@ extension Store {
 
     /// The INSERT or UPDATE of a table for one set of columns, prepared once.
     private func dataStatement(
-        table: ReplicatedTable, names: [String], update: Bool, sql: () -> String
+        table: ReplicatedTable,
+        names: [String],
+        update: Bool,
+        sql: () -> String
     ) throws(ShoalError) -> SQLiteStatement {
         let key = DataStatementKey(table: table.id, update: update, columns: names)
         if let cached = dataStatements[key] { return cached }

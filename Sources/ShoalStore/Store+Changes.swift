@@ -34,7 +34,8 @@ extension Store {
                     position += 1
                     guard let table = tablesByID[row.table] else { continue }
                     var seen = Set<[SQLValue]>()
-                    for key in try decodeLogKeys(row.keys, keyCount: table.keyColumns.count) where seen.insert(key).inserted {
+                    for key in try decodeLogKeys(row.keys, keyCount: table.keyColumns.count)
+                    where seen.insert(key).inserted {
                         try collect(dot: dot, table: table, key: key, into: &dotChanges)
                     }
                 }
@@ -53,11 +54,23 @@ extension Store {
     }
 
     /// The changes of transaction `dot` that row `key` still holds.
-    private func collect(dot: Dot, table: ReplicatedTable, key: [SQLValue], into changes: inout [Change]) throws(ShoalError) {
+    private func collect(
+        dot: Dot,
+        table: ReplicatedTable,
+        key: [SQLValue],
+        into changes: inout [Change]
+    ) throws(ShoalError) {
         guard let state = try loadState(table: table, key: key) else { return }
         if let lengthStamp = state.lengthStamp, lengthStamp.dot == dot {
-            changes.append(Change(
-                table: table.name, primaryKey: key, payload: .row, causalLength: state.causalLength, stamp: lengthStamp))
+            changes.append(
+                Change(
+                    table: table.name,
+                    primaryKey: key,
+                    payload: .row,
+                    causalLength: state.causalLength,
+                    stamp: lengthStamp
+                )
+            )
         }
         var values: [SQLValue]?
         for (index, cell) in state.cells.enumerated() {
@@ -67,15 +80,31 @@ extension Store {
             case .value(let stamp, let previous):
                 guard stamp.dot == dot else { continue }
                 if values == nil { values = try dataValues(table: table, key: key) }
-                changes.append(Change(
-                    table: table.name, primaryKey: key, payload: .column(table.columns[index], values![index]),
-                    causalLength: state.causalLength, stamp: stamp, previous: previous))
+                changes.append(
+                    Change(
+                        table: table.name,
+                        primaryKey: key,
+                        payload: .column(table.columns[index], values![index]),
+                        causalLength: state.causalLength,
+                        stamp: stamp,
+                        previous: previous
+                    )
+                )
             case .counter(let entries):
                 guard let entry = entries[dot.site], entry.seq == dot.seq else { continue }
-                changes.append(Change(
-                    table: table.name, primaryKey: key,
-                    payload: .counter(table.columns[index], increments: entry.increments, decrements: entry.decrements),
-                    causalLength: state.causalLength, stamp: Stamp(hlc: entry.hlc, site: dot.site, seq: dot.seq)))
+                changes.append(
+                    Change(
+                        table: table.name,
+                        primaryKey: key,
+                        payload: .counter(
+                            table.columns[index],
+                            increments: entry.increments,
+                            decrements: entry.decrements
+                        ),
+                        causalLength: state.causalLength,
+                        stamp: Stamp(hlc: entry.hlc, site: dot.site, seq: dot.seq)
+                    )
+                )
             }
         }
     }
@@ -85,7 +114,8 @@ extension Store {
         guard !table.columns.isEmpty else { return [] }
         let select = try statement(
             "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
-                + "WHERE \(table.dataKeyPredicate)")
+                + "WHERE \(table.dataKeyPredicate)"
+        )
         try select.bind(key)
         defer { select.reset() }
         return try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)

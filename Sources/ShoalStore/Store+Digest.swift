@@ -32,15 +32,22 @@ extension Store {
             let join = table.keyColumns.enumerated().map { "d.\(quote($0.element)) = c.k\($0.offset)" }
             let select = try connection.prepare(
                 "SELECT \((keys + ["c.meta"] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
-                    + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))")
+                    + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
+            )
             let keyCount = table.keyColumns.count
             while try select.step() {
                 let row = select.row()
-                guard case .blob(let meta) = row[keyCount] else { throw ShoalError.corruptMetadata("missing row metadata") }
+                guard case .blob(let meta) = row[keyCount] else {
+                    throw ShoalError.corruptMetadata("missing row metadata")
+                }
                 let state = try RowState(encoded: meta, columnCount: table.columns.count, sites: sites)
                 digest.addRow(
-                    table: table.name, primaryKey: Array(row[0..<keyCount]), state: state, columns: table.columns,
-                    values: Array(row[(keyCount + 1)...]))
+                    table: table.name,
+                    primaryKey: Array(row[0..<keyCount]),
+                    state: state,
+                    columns: table.columns,
+                    values: Array(row[(keyCount + 1)...])
+                )
             }
         }
         return digest
@@ -53,12 +60,22 @@ extension Store {
         for table in capture.tables {
             let rows = Int(try connection.scalar("SELECT count(*) FROM \(quote(table.name))").integerValue ?? 0)
             let tracked = Int(try connection.scalar("SELECT count(*) FROM \(table.clockTable)").integerValue ?? 0)
-            tables.append(TableStatus(
-                name: table.name, rows: rows, tombstones: max(0, tracked - rows),
-                counterColumns: table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }))
+            tables.append(
+                TableStatus(
+                    name: table.name,
+                    rows: rows,
+                    tombstones: max(0, tracked - rows),
+                    counterColumns: table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }
+                )
+            )
         }
         return StoreStatus(
-            siteID: siteID, nodeName: try nodeName(), versionVector: try versionVector(), tables: tables,
-            conflicts: try conflictCount(), digest: try digest())
+            siteID: siteID,
+            nodeName: try nodeName(),
+            versionVector: try versionVector(),
+            tables: tables,
+            conflicts: try conflictCount(),
+            digest: try digest()
+        )
     }
 }

@@ -225,8 +225,13 @@ extension Store {
                 if freshTemplate == nil {
                     var state = RowState(columnCount: table.columns.count)
                     state.recordLocalWrite(
-                        existedBefore: false, existsAfter: true, changed: table.allChanged,
-                        counterDelta: table.noDelta, isCounter: table.isCounter, stamp: stamp)
+                        existedBefore: false,
+                        existsAfter: true,
+                        changed: table.allChanged,
+                        counterDelta: table.noDelta,
+                        isCounter: table.isCounter,
+                        stamp: stamp
+                    )
                     freshTemplate = state.encoded(sites: &sites)
                     try persistNewSites()
                 }
@@ -248,9 +253,13 @@ extension Store {
                 let key = pendingKey.values
                 var state = try loadState(table: table, key: key) ?? RowState(columnCount: table.columns.count)
                 let changed = state.recordLocalWrite(
-                    existedBefore: write.existedBefore, existsAfter: write.existsAfter,
-                    changed: write.changed ?? table.allChanged, counterDelta: write.counterDelta ?? table.noDelta,
-                    isCounter: table.isCounter, stamp: stamp)
+                    existedBefore: write.existedBefore,
+                    existsAfter: write.existsAfter,
+                    changed: write.changed ?? table.allChanged,
+                    counterDelta: write.counterDelta ?? table.noDelta,
+                    isCounter: table.isCounter,
+                    stamp: stamp
+                )
                 guard changed else { continue }
                 try saveState(state, table: table, key: key)
                 if table.hasCounters && state.isAlive { try normalizeCounters(table: table, key: key, state: state) }
@@ -268,14 +277,16 @@ extension Store {
         let counters = table.columns.indices.filter { table.isCounter[$0] }
         let select = try statement(
             "SELECT \(counters.map { quote(table.columns[$0]) }.joined(separator: ", ")) FROM \(quote(table.name)) "
-                + "WHERE \(table.dataKeyPredicate)")
+                + "WHERE \(table.dataKeyPredicate)"
+        )
         try select.bind(key)
         guard try select.step() else { return }
         let current = select.row()
         select.reset()
         for (position, index) in counters.enumerated() where current[position] != .integer(state.counterValue(index)) {
             let update = try statement(
-                "UPDATE \(quote(table.name)) SET \(quote(table.columns[index])) = ? WHERE \(table.dataKeyPredicate)")
+                "UPDATE \(quote(table.name)) SET \(quote(table.columns[index])) = ? WHERE \(table.dataKeyPredicate)"
+            )
             try update.bind([.integer(state.counterValue(index))] + key)
             try update.run()
         }

@@ -17,11 +17,17 @@ extension Store {
         let marks = Array(repeating: "?", count: table.keyColumns.count + 1).joined(separator: ", ")
         let prepared = ClockStatements(
             select: try connection.prepare("SELECT meta FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)"),
-            upsert: try connection.prepare("INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"),
-            insert: try connection.prepare("INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"),
+            upsert: try connection.prepare(
+                "INSERT OR REPLACE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"
+            ),
+            insert: try connection.prepare(
+                "INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES (\(marks))"
+            ),
             insertBatch: try connection.prepare(
                 "INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES "
-                    + Array(repeating: "(\(marks))", count: Self.freshBatchSize).joined(separator: ", ")))
+                    + Array(repeating: "(\(marks))", count: Self.freshBatchSize).joined(separator: ", ")
+            )
+        )
         clockStatements[table.id] = prepared
         return prepared
     }
@@ -133,7 +139,8 @@ extension Store {
         try persistNewSites()
         let upsert = try statement(
             "INSERT INTO shoal_log(site, seq, tbl, hlc, keys) VALUES (?, ?, ?, ?, ?) "
-                + "ON CONFLICT(site, seq, tbl) DO UPDATE SET keys = keys || excluded.keys")
+                + "ON CONFLICT(site, seq, tbl) DO UPDATE SET keys = keys || excluded.keys"
+        )
         try upsert.bind([
             .integer(siteIndex), .integer(Int64(bitPattern: dot.seq)), .integer(table),
             .integer(Int64(bitPattern: hlc.rawValue)), .blob(keys),
@@ -172,4 +179,3 @@ extension Store {
         return vector
     }
 }
-

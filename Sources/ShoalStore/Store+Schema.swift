@@ -18,7 +18,8 @@ extension Store {
                 throw ShoalError(
                     code: .unsupportedSchema,
                     message: "table \(name) has a generated or hidden column (\(column)); such tables cannot be "
-                        + "replicated yet")
+                        + "replicated yet"
+                )
             }
             let type = if case .text(let declared) = row[2] { declared } else { "" }
             if case .integer(let order) = row[5], order > 0 {
@@ -31,7 +32,8 @@ extension Store {
             throw ShoalError(
                 code: .noPrimaryKey,
                 message: "table \(name) has no PRIMARY KEY; replicated tables need one so that every node names "
-                    + "the same row the same way")
+                    + "the same row the same way"
+            )
         }
         keys.sort { $0.order < $1.order }
         var isCounter = Array(repeating: false, count: columns.count)
@@ -42,7 +44,8 @@ extension Store {
                     code: .unknownColumn,
                     message: isKey
                         ? "column \(counter) is part of the primary key of \(name) and cannot be a counter"
-                        : "table \(name) has no column \(counter) to use as a counter")
+                        : "table \(name) has no column \(counter) to use as a counter"
+                )
             }
             isCounter[index] = true
         }
@@ -51,9 +54,15 @@ extension Store {
         }
         let keyIsRowid = keys.count == 1 && keys[0].type.uppercased() == "INTEGER" && pkIndexes.isEmpty
         return ReplicatedTable(
-            id: id, name: name, keyColumns: keys.map(\.name), keyPositions: keys.map(\.position),
-            columns: columns.map(\.name), columnPositions: columns.map(\.position), isCounter: isCounter,
-            keyIsRowid: keyIsRowid)
+            id: id,
+            name: name,
+            keyColumns: keys.map(\.name),
+            keyPositions: keys.map(\.position),
+            columns: columns.map(\.name),
+            columnPositions: columns.map(\.position),
+            isCounter: isCounter,
+            keyIsRowid: keyIsRowid
+        )
     }
 
     /// The tables this database replicates, by name.
@@ -78,16 +87,22 @@ extension Store {
                 throw ShoalError(
                     code: .unsupportedSchema,
                     message: "table \(table) is already replicated with counters [\(current.joined(separator: ", "))]; "
-                        + "counters cannot be changed after the fact")
+                        + "counters cannot be changed after the fact"
+                )
             }
             return
         }
         guard !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_") else {
-            throw ShoalError(code: .unsupportedSchema, message: "\(table) is an internal table and cannot be replicated")
+            throw ShoalError(
+                code: .unsupportedSchema,
+                message: "\(table) is an internal table and cannot be replicated"
+            )
         }
         guard
             case .text("table") = try connection.scalar(
-                "SELECT type FROM sqlite_schema WHERE name = ? COLLATE NOCASE", [.text(table)])
+                "SELECT type FROM sqlite_schema WHERE name = ? COLLATE NOCASE",
+                [.text(table)]
+            )
         else {
             throw ShoalError(code: .notReplicated, message: "no table named \(table) in this database")
         }
@@ -100,7 +115,8 @@ extension Store {
             try validateReplicable(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
-                [.text(table), .text(counters.joined(separator: ","))])
+                [.text(table), .text(counters.joined(separator: ","))]
+            )
             let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue!
             try connection.exec(try clockTableDefinition(described, id: id))
             try refreshSchema()
@@ -111,7 +127,8 @@ extension Store {
             let keys = replicated.keyColumns.map(quote).joined(separator: ", ")
             let columns = replicated.columns.map(quote)
             let select = try connection.prepare(
-                "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))")
+                "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))"
+            )
             while try select.step() {
                 let row = select.row()
                 let key = Array(row[0..<replicated.keyColumns.count])
@@ -139,7 +156,8 @@ extension Store {
             throw ShoalError(
                 code: .unsupportedSchema,
                 message: "column \(table.name).\(column) is NOT NULL without a DEFAULT; give it a default so a "
-                    + "row revived by a remote change can be written one column at a time")
+                    + "row revived by a remote change can be written one column at a time"
+            )
         }
         for row in try connection.rows("PRAGMA index_list(\(quote(table.name)))") {
             guard case .integer(let unique) = row[2], unique != 0, case .text(let origin) = row[3], origin != "pk",
@@ -148,7 +166,8 @@ extension Store {
             throw ShoalError(
                 code: .unsupportedSchema,
                 message: "table \(table.name) has a unique constraint (\(index)) besides its primary key; two nodes "
-                    + "could each write a value the other holds, so such tables cannot be replicated")
+                    + "could each write a value the other holds, so such tables cannot be replicated"
+            )
         }
     }
 
@@ -165,7 +184,16 @@ extension Store {
             var primaryKey: Int32 = 0
             var autoincrement: Int32 = 0
             let code = sqlite3_table_column_metadata(
-                connection.handle, "main", table.name, column, &type, &collation, &notNull, &primaryKey, &autoincrement)
+                connection.handle,
+                "main",
+                table.name,
+                column,
+                &type,
+                &collation,
+                &notNull,
+                &primaryKey,
+                &autoincrement
+            )
             guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
             let declared = type.map { String(cString: $0) } ?? ""
             let collate = collation.map { " COLLATE \(quote(String(cString: $0)))" } ?? ""

@@ -79,7 +79,8 @@ public final class Store {
         }
         try connection.exec(
             "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -\(options.cacheSizeKiB); "
-                + "PRAGMA mmap_size = \(options.mmapSize)")
+                + "PRAGMA mmap_size = \(options.mmapSize)"
+        )
         self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
         installHooks()
         try refreshSchema()
@@ -112,7 +113,8 @@ public final class Store {
                     id INTEGER PRIMARY KEY, recorded_ms INTEGER NOT NULL, tbl TEXT NOT NULL, pk TEXT NOT NULL,
                     col TEXT NOT NULL, local_value, local_hlc INTEGER NOT NULL, local_site TEXT NOT NULL,
                     remote_value, remote_hlc INTEGER NOT NULL, remote_site TEXT NOT NULL, winner TEXT NOT NULL);
-                """)
+                """
+            )
             var site: SiteID
             if case .blob(let bytes) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'site_id'"),
                 let stored = SiteID(bytes: bytes)
@@ -122,14 +124,19 @@ public final class Store {
                 site = SiteID.random()
                 try connection.rows(
                     "INSERT INTO shoal_meta(key, value) VALUES ('site_id', ?), ('format', 1), ('hlc_high', 0)",
-                    [.blob(site.bytes)])
+                    [.blob(site.bytes)]
+                )
                 try connection.rows(
-                    "INSERT INTO shoal_sites(idx, site) VALUES (?, ?)", [.integer(localSiteIndex), .blob(site.bytes)])
+                    "INSERT INTO shoal_sites(idx, site) VALUES (?, ?)",
+                    [.integer(localSiteIndex), .blob(site.bytes)]
+                )
             }
             if let nodeName {
                 try connection.rows(
                     "INSERT INTO shoal_meta(key, value) VALUES ('node_name', ?) "
-                        + "ON CONFLICT(key) DO UPDATE SET value = excluded.value", [.text(nodeName)])
+                        + "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    [.text(nodeName)]
+                )
             }
             try connection.exec("COMMIT")
             return site
@@ -157,7 +164,9 @@ public final class Store {
                 guard let context, let db, let tableName else { return }
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.record(db: db, operation: operation, tableName: tableName, oldKey: oldKey, newKey: newKey)
-            }, context)
+            },
+            context
+        )
         sqlite3_commit_hook(
             connection.handle,
             { context in
@@ -165,7 +174,9 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 // A commit the store did not see coming would lose captured changes: refuse it.
                 return store.capture.hasUncommittedWork ? 1 : 0
-            }, context)
+            },
+            context
+        )
         sqlite3_rollback_hook(
             connection.handle,
             { context in
@@ -173,15 +184,22 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.discardPending()
                 store.transactionStamp = nil
-            }, context)
+            },
+            context
+        )
         sqlite3_set_authorizer(
             connection.handle,
             { context, action, first, second, _, _ in
                 guard let context else { return SQLITE_OK }
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
-                return store.authorize(action: action, first: first.map { String(cString: $0) },
-                    second: second.map { String(cString: $0) })
-            }, context)
+                return store.authorize(
+                    action: action,
+                    first: first.map { String(cString: $0) },
+                    second: second.map { String(cString: $0) }
+                )
+            },
+            context
+        )
     }
 
     private func authorize(action: Int32, first: String?, second: String?) -> Int32 {

@@ -10,7 +10,8 @@ enum Output {
         func line(_ values: [String]) -> String {
             zip(values, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: " | ")
         }
-        var text = line(columns) + "\n" + widths.map { String(repeating: "-", count: $0) }.joined(separator: "-+-") + "\n"
+        var text =
+            line(columns) + "\n" + widths.map { String(repeating: "-", count: $0) }.joined(separator: "-+-") + "\n"
         for row in cells { text += line(row) + "\n" }
         return text
     }
@@ -40,10 +41,14 @@ enum Output {
         serialize([
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
-            "version_vector": Dictionary(uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }),
+            "version_vector": Dictionary(
+                uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }
+            ),
             "tables": status.tables.map { table in
-                ["name": table.name, "rows": table.rows, "tombstones": table.tombstones,
-                 "counters": table.counterColumns] as [String: Any]
+                [
+                    "name": table.name, "rows": table.rows, "tombstones": table.tombstones,
+                    "counters": table.counterColumns,
+                ] as [String: Any]
             },
             "conflicts": status.conflicts,
             "digest": status.digest.hex,
@@ -53,12 +58,14 @@ enum Output {
     static func text(_ status: StoreStatus) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let name = status.nodeName { text += "name:       \(name)\n" }
-        text += "version:    \(status.versionVector.sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: " "))\n"
+        text +=
+            "version:    \(status.versionVector.sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: " "))\n"
         text += "conflicts:  \(status.conflicts)\n"
         text += "digest:     \(status.digest.hex)\n"
         text += "tables:\n"
         for table in status.tables {
-            let counters = table.counterColumns.isEmpty ? "" : "  counters: \(table.counterColumns.joined(separator: ", "))"
+            let counters =
+                table.counterColumns.isEmpty ? "" : "  counters: \(table.counterColumns.joined(separator: ", "))"
             text += "  \(table.name): \(table.rows) rows, \(table.tombstones) tombstones\(counters)\n"
         }
         return text

@@ -32,7 +32,8 @@ struct DatabaseOptions: ParsableArguments {
 extension ShoalCommand {
     struct Init: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Create the database and its site id (idempotent); prints the site id.")
+            abstract: "Create the database and its site id (idempotent); prints the site id."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "A human-readable name for this node.") var name: String?
@@ -46,7 +47,8 @@ extension ShoalCommand {
     struct SQL: ParsableCommand {
         static let configuration = CommandConfiguration(
             commandName: "sql",
-            abstract: "Run SQL statements; the rows of the last one are printed as a table.")
+            abstract: "Run SQL statements; the rows of the last one are printed as a table."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Flag(help: "Print rows as JSON lines instead of a table.") var json = false
@@ -66,7 +68,8 @@ extension ShoalCommand {
 
     struct Replicate: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Mark a table replicated; rows already in it become changes.")
+            abstract: "Mark a table replicated; rows already in it become changes."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Argument(help: "The table (it must have a PRIMARY KEY).") var table: String
@@ -86,21 +89,26 @@ extension ShoalCommand {
             discussion: """
                 The first line is a header with this database's site id and version; the last line marks the end \
                 of the stream. Pipe it into `shoal apply`.
-                """)
+                """
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Option(
             help: ArgumentHelp(
                 "Only changes this version lacks: a JSON version vector, or a file holding one or a stream header.",
-                valueName: "file-or-json"))
+                valueName: "file-or-json"
+            )
+        )
         var since: String?
 
         func run() throws {
             let store = try database.open()
             var vector = VersionVector()
             if let since {
-                let text = FileManager.default.fileExists(atPath: since)
-                    ? try String(contentsOfFile: since, encoding: .utf8).split(separator: "\n").first.map(String.init) ?? ""
+                let text =
+                    FileManager.default.fileExists(atPath: since)
+                    ? try String(contentsOfFile: since, encoding: .utf8).split(separator: "\n").first.map(String.init)
+                        ?? ""
                     : since
                 vector = try ChangeStream.parseVersionVector(json: text)
             }
@@ -122,7 +130,8 @@ extension ShoalCommand {
 
     struct Apply: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Apply a change stream from a file or stdin, all or nothing.")
+            abstract: "Apply a change stream from a file or stdin, all or nothing."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Argument(help: "The stream file, or - for stdin.") var file: String = "-"
@@ -140,7 +149,9 @@ extension ShoalCommand {
             }
             let text = String(decoding: data, as: UTF8.self)
             let stream = try ChangeStream.parse(lines: text.split(separator: "\n", omittingEmptySubsequences: false))
-            FileHandle.standardError.write(Data("applying \(stream.changes.count) changes from \(stream.site.hex)\n".utf8))
+            FileHandle.standardError.write(
+                Data("applying \(stream.changes.count) changes from \(stream.site.hex)\n".utf8)
+            )
             let report = try store.apply(stream.changes, claim: stream.claim, since: stream.since)
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
         }
@@ -148,7 +159,8 @@ extension ShoalCommand {
 
     struct Digest: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Print the state digest; two databases have converged exactly when their digests match.")
+            abstract: "Print the state digest; two databases have converged exactly when their digests match."
+        )
 
         @OptionGroup var database: DatabaseOptions
 
@@ -162,7 +174,8 @@ extension ShoalCommand {
 
     struct Status: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Show site id, version vector, replicated tables, tombstones and conflicts.")
+            abstract: "Show site id, version vector, replicated tables, tombstones and conflicts."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Flag(help: "Print one JSON object.") var json = false
@@ -190,7 +203,8 @@ extension ShoalCommand {
             }
             print(
                 Output.table(columns: ["table", "key", "column", "local", "remote", "winner"], rows: rows),
-                terminator: "")
+                terminator: ""
+            )
         }
     }
 }

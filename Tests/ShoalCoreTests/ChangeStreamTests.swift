@@ -6,7 +6,9 @@ import Testing
     private let site = SiteID(high: 0xABCD, low: 42)
 
     private func stream(_ changes: [Change]) -> [Substring] {
-        var lines = [ChangeStream.headerLine(.init(site: site, since: VersionVector(), claim: VersionVector([site: 3])))]
+        var lines = [
+            ChangeStream.headerLine(.init(site: site, since: VersionVector(), claim: VersionVector([site: 3])))
+        ]
         lines += changes.map(ChangeStream.line(for:))
         lines.append(ChangeStream.trailerLine(count: changes.count))
         return lines.map { Substring($0) }
@@ -18,17 +20,32 @@ import Testing
             .real(Double(bitPattern: 0x3FF0_0000_0000_0001)), .real(1e300), .text(""), .text("héllo \"q\" \n"),
             .blob([]), .blob([0, 255, 10, 13]),
         ]
-        let changes = values.enumerated().map { index, value in
-            Change(
-                table: "t", primaryKey: [.text("k"), .integer(Int64(index))], payload: .column("c", value),
-                causalLength: 1, stamp: Stamp(hlc: HLC(rawValue: .max - 5), site: site, seq: UInt64(index + 1)),
-                previous: index.isMultiple(of: 2) ? Dot(site: site, seq: 9) : nil)
-        } + [
-            Change(table: "t", primaryKey: [.blob([1])], payload: .row, causalLength: 4,
-                stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1)),
-            Change(table: "t", primaryKey: [.real(2.5)], payload: .counter("n", increments: .max, decrements: 3),
-                causalLength: 1, stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 2)),
-        ]
+        let changes =
+            values.enumerated().map { index, value in
+                Change(
+                    table: "t",
+                    primaryKey: [.text("k"), .integer(Int64(index))],
+                    payload: .column("c", value),
+                    causalLength: 1,
+                    stamp: Stamp(hlc: HLC(rawValue: .max - 5), site: site, seq: UInt64(index + 1)),
+                    previous: index.isMultiple(of: 2) ? Dot(site: site, seq: 9) : nil
+                )
+            } + [
+                Change(
+                    table: "t",
+                    primaryKey: [.blob([1])],
+                    payload: .row,
+                    causalLength: 4,
+                    stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1)
+                ),
+                Change(
+                    table: "t",
+                    primaryKey: [.real(2.5)],
+                    payload: .counter("n", increments: .max, decrements: 3),
+                    causalLength: 1,
+                    stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 2)
+                ),
+            ]
         let parsed = try ChangeStream.parse(lines: stream(changes))
         #expect(parsed.changes == changes)
         #expect(parsed.site == site && parsed.claim == VersionVector([site: 3]))
@@ -36,8 +53,13 @@ import Testing
 
     @Test func aMalformedLineIsNamed() {
         var lines = stream([
-            Change(table: "t", primaryKey: [.integer(1)], payload: .row, causalLength: 2,
-                stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1))
+            Change(
+                table: "t",
+                primaryKey: [.integer(1)],
+                payload: .row,
+                causalLength: 2,
+                stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1)
+            )
         ])
         lines.insert("{\"t\": \"x\", \"k\": [1]}", at: 2)
         #expect {
@@ -59,8 +81,13 @@ import Testing
     }
 
     @Test func aColumnWriteOnADeletedRowIsRefused() {
-        let change = Change(table: "t", primaryKey: [.integer(1)], payload: .column("c", .null), causalLength: 2,
-            stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1))
+        let change = Change(
+            table: "t",
+            primaryKey: [.integer(1)],
+            payload: .column("c", .null),
+            causalLength: 2,
+            stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1)
+        )
         #expect {
             try ChangeStream.parse(lines: stream([change]))
         } throws: { ($0 as! ShoalError).code == .malformedStream }

@@ -11,8 +11,14 @@ private func stamp(_ ms: UInt64, _ site: SiteID, _ seq: UInt64, logical: UInt16 
 }
 
 private func column(_ value: SQLValue, cl: UInt64 = 1, _ stamp: Stamp, previous: Dot? = nil) -> Change {
-    Change(table: "t", primaryKey: [.integer(1)], payload: .column("v", value), causalLength: cl, stamp: stamp,
-        previous: previous)
+    Change(
+        table: "t",
+        primaryKey: [.integer(1)],
+        payload: .column("v", value),
+        causalLength: cl,
+        stamp: stamp,
+        previous: previous
+    )
 }
 
 private func row(cl: UInt64, _ stamp: Stamp) -> Change {
@@ -20,8 +26,13 @@ private func row(cl: UInt64, _ stamp: Stamp) -> Change {
 }
 
 private func counter(_ increments: UInt64, _ decrements: UInt64, _ stamp: Stamp) -> Change {
-    Change(table: "t", primaryKey: [.integer(1)], payload: .counter("n", increments: increments, decrements: decrements),
-        causalLength: 1, stamp: stamp)
+    Change(
+        table: "t",
+        primaryKey: [.integer(1)],
+        payload: .counter("n", increments: increments, decrements: decrements),
+        causalLength: 1,
+        stamp: stamp
+    )
 }
 
 /// Merges `changes` into a fresh one-column row in the given order.
@@ -51,7 +62,9 @@ private func merged(_ changes: [Change]) -> RowState {
     @Test func reapplyingAChangeIsKnownAndChangesNothing() {
         var state = RowState(columnCount: 1)
         let change = column(.integer(1), stamp(100, siteA, 1))
-        #expect(state.merge(change, column: 0) == .applied(lifeChanged: true, overwritten: nil, overwrittenPrevious: nil))
+        #expect(
+            state.merge(change, column: 0) == .applied(lifeChanged: true, overwritten: nil, overwrittenPrevious: nil)
+        )
         let snapshot = state
         #expect(state.merge(change, column: 0) == .known)
         #expect(state == snapshot)
@@ -121,21 +134,43 @@ private func merged(_ changes: [Change]) -> RowState {
         var state = RowState(columnCount: 2)
         let isCounter = [false, true]
         state.recordLocalWrite(
-            existedBefore: false, existsAfter: true, changed: [true, true], counterDelta: [0, 5], isCounter: isCounter,
-            stamp: stamp(100, siteA, 1))
+            existedBefore: false,
+            existsAfter: true,
+            changed: [true, true],
+            counterDelta: [0, 5],
+            isCounter: isCounter,
+            stamp: stamp(100, siteA, 1)
+        )
         #expect(state.causalLength == 1 && state.lengthStamp == nil && state.counterValue(1) == 5)
         state.recordLocalWrite(
-            existedBefore: true, existsAfter: true, changed: [true, false], counterDelta: [0, -2], isCounter: isCounter,
-            stamp: stamp(110, siteA, 2))
+            existedBefore: true,
+            existsAfter: true,
+            changed: [true, false],
+            counterDelta: [0, -2],
+            isCounter: isCounter,
+            stamp: stamp(110, siteA, 2)
+        )
         #expect(state.cells[0] == .value(stamp(110, siteA, 2), previous: Dot(site: siteA, seq: 1)))
         #expect(state.counterValue(1) == 3)
         state.recordLocalWrite(
-            existedBefore: true, existsAfter: false, changed: [false, false], counterDelta: [0, -3],
-            isCounter: isCounter, stamp: stamp(120, siteA, 3))
-        #expect(state.causalLength == 2 && state.lengthStamp == stamp(120, siteA, 3) && state.cells == [.empty, .empty])
+            existedBefore: true,
+            existsAfter: false,
+            changed: [false, false],
+            counterDelta: [0, -3],
+            isCounter: isCounter,
+            stamp: stamp(120, siteA, 3)
+        )
+        #expect(
+            state.causalLength == 2 && state.lengthStamp == stamp(120, siteA, 3) && state.cells == [.empty, .empty]
+        )
         state.recordLocalWrite(
-            existedBefore: false, existsAfter: true, changed: [true, true], counterDelta: [0, 1], isCounter: isCounter,
-            stamp: stamp(130, siteA, 4))
+            existedBefore: false,
+            existsAfter: true,
+            changed: [true, true],
+            counterDelta: [0, 1],
+            isCounter: isCounter,
+            stamp: stamp(130, siteA, 4)
+        )
         #expect(state.causalLength == 3 && state.lengthStamp == stamp(130, siteA, 4) && state.counterValue(1) == 1)
     }
 
@@ -151,16 +186,20 @@ private func merged(_ changes: [Change]) -> RowState {
         }
         var sites = Sites()
         let state = RowState(
-            causalLength: 3, lengthStamp: stamp(5, siteC, 9),
+            causalLength: 3,
+            lengthStamp: stamp(5, siteC, 9),
             cells: [
                 .value(stamp(10, siteA, 1), previous: Dot(site: siteB, seq: 4)), .empty,
                 .counter([siteA: CounterEntry(increments: 7, decrements: 2, seq: 3, hlc: HLC(rawValue: 77))]),
                 .value(stamp(11, siteB, 2, logical: 3), previous: nil),
-            ])
+            ]
+        )
         let bytes = state.encoded(sites: &sites)
         #expect(try RowState(encoded: bytes, columnCount: 4, sites: sites) == state)
         #expect(throws: ShoalError.self) { try RowState(encoded: bytes, columnCount: 3, sites: sites) }
-        #expect(throws: ShoalError.self) { try RowState(encoded: Array(bytes.dropLast()), columnCount: 4, sites: sites) }
+        #expect(throws: ShoalError.self) {
+            try RowState(encoded: Array(bytes.dropLast()), columnCount: 4, sites: sites)
+        }
     }
 
     @Test func theDigestIgnoresOrderButSeesEveryDifference() {

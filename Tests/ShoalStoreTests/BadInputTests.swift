@@ -32,7 +32,9 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
 
     @Test func unknownTablesAndColumnsAreRefusedWithNothingApplied() throws {
         let source = try makeStore()
-        try source.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0, extra)")
+        try source.execute(
+            "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0, extra)"
+        )
         try source.replicate(table: "items", counters: ["hits"])
         try source.execute("CREATE TABLE other(id INTEGER PRIMARY KEY, v)")
         try source.replicate(table: "other")
@@ -52,7 +54,11 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         let source = try makeStore()
         try makeItems(source)
         try source.execute("INSERT INTO items(id, name) VALUES (1, 'a'), (2, 'b')")
-        var lines = [ChangeStream.headerLine(.init(site: source.siteID, since: VersionVector(), claim: try source.versionVector()))]
+        var lines = [
+            ChangeStream.headerLine(
+                .init(site: source.siteID, since: VersionVector(), claim: try source.versionVector())
+            )
+        ]
         let changes = try source.changes(since: VersionVector()).flatMap(\.changes)
         lines += changes.map(ChangeStream.line(for:))
         lines.append(ChangeStream.trailerLine(count: changes.count))

@@ -10,7 +10,9 @@ func makeStore(_ clock: ManualWallClock = ManualWallClock(milliseconds: 1_700_00
 }
 
 func makeItems(_ store: Store) throws {
-    try store.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0)")
+    try store.execute(
+        "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0, hits INTEGER DEFAULT 0)"
+    )
     try store.replicate(table: "items", counters: ["hits"])
 }
 
@@ -62,7 +64,8 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         try store.execute("BEGIN; INSERT INTO items(id, name) VALUES (1, 'gone'); ROLLBACK")
         try store.execute(
             "BEGIN; INSERT INTO items(id, name) VALUES (2, 'kept'); SAVEPOINT s; "
-                + "INSERT INTO items(id, name) VALUES (3, 'undone'); ROLLBACK TO s; RELEASE s; COMMIT")
+                + "INSERT INTO items(id, name) VALUES (3, 'undone'); ROLLBACK TO s; RELEASE s; COMMIT"
+        )
         // A failing multi-row statement is undone by SQLite, and its captured rows with it.
         #expect(throws: ShoalError.self) {
             try store.execute("INSERT INTO items(id, name) VALUES (4, 'x'), (2, 'duplicate')")
@@ -99,7 +102,9 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         try replica.execute("CREATE TABLE pairs(a TEXT, b INTEGER, v, PRIMARY KEY(a, b))")
         try replica.replicate(table: "pairs")
         try sync(store, replica)
-        #expect(try rows(replica, "SELECT * FROM pairs ORDER BY a, b") == rows(store, "SELECT * FROM pairs ORDER BY a, b"))
+        #expect(
+            try rows(replica, "SELECT * FROM pairs ORDER BY a, b") == rows(store, "SELECT * FROM pairs ORDER BY a, b")
+        )
         #expect(try replica.digest() == store.digest())
     }
 
@@ -128,7 +133,9 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
             for id in stride(from: 0, to: 140, by: 2) {
                 try insertNote.execute([.integer(Int64(id)), .text("second \(id)")])
             }
-            for id in [145, 141, 149, 143] { try store.execute("UPDATE notes SET body = 'edited' WHERE id = ?", [.integer(Int64(id))]) }
+            for id in [145, 141, 149, 143] {
+                try store.execute("UPDATE notes SET body = 'edited' WHERE id = ?", [.integer(Int64(id))])
+            }
             try insertNote.execute([.integer(1_000), .text("late")])
             try insertNote.execute([.integer(140), .text("back")])
         }
@@ -180,7 +187,11 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         // One of the two sides recorded the name conflict, with both values.
         let conflicts = try a.conflicts() + b.conflicts()
         #expect(first.conflicts + (try a.conflictCount()) >= 1)
-        #expect(conflicts.contains { $0.column == "name" && Set([$0.localValue, $0.remoteValue]) == [.text("from a"), .text("from b")] })
+        #expect(
+            conflicts.contains {
+                $0.column == "name" && Set([$0.localValue, $0.remoteValue]) == [.text("from a"), .text("from b")]
+            }
+        )
         // A causal successor is not a conflict.
         try a.execute("UPDATE items SET name = 'settled' WHERE id = 1")
         #expect(try sync(a, b).conflicts == 0)
@@ -189,7 +200,9 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
     @Test func schemaChangesOfReplicatedTablesAndWritesToMetadataAreRefused() throws {
         let store = try makeStore()
         try makeItems(store)
-        for sql in ["DROP TABLE items", "ALTER TABLE items ADD COLUMN z", "DELETE FROM shoal_log", "DROP TABLE shoal_meta"] {
+        for sql in [
+            "DROP TABLE items", "ALTER TABLE items ADD COLUMN z", "DELETE FROM shoal_log", "DROP TABLE shoal_meta",
+        ] {
             #expect {
                 try store.execute(sql)
             } throws: { ($0 as! ShoalError).code == .unsupportedSchema }

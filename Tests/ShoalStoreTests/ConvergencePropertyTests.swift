@@ -59,7 +59,10 @@ private func runScenario(seed: UInt64) throws {
             while real.isNaN { real = Double(bitPattern: random.next()) }
             return .real(Bool.random(using: &random) ? real : Double(Int.random(in: -5...5, using: &random)) / 4)
         case 4: return .text(["", "x", "héllo", "a b"].randomElement(using: &random)!)
-        default: return .blob((0..<Int.random(in: 0...3, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) })
+        default:
+            return .blob(
+                (0..<Int.random(in: 0...3, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+            )
         }
     }
 
@@ -74,18 +77,26 @@ private func runScenario(seed: UInt64) throws {
             } else {
                 try store.execute(
                     "INSERT INTO t(k, a, b, n) VALUES (?, ?, ?, ?)",
-                    [.integer(key), randomValue(), randomValue(), .integer(Int64.random(in: 0...3, using: &random))])
+                    [.integer(key), randomValue(), randomValue(), .integer(Int64.random(in: 0...3, using: &random))]
+                )
             }
         case 2:
             try store.execute("UPDATE t SET b = ?, a = ? WHERE k = ?", [randomValue(), randomValue(), .integer(key)])
         case 3:
             try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
         case 4:
-            try store.execute("UPDATE t SET n = n + ? WHERE k = ?", [.integer(Int64.random(in: -2...3, using: &random)), .integer(key)])
+            try store.execute(
+                "UPDATE t SET n = n + ? WHERE k = ?",
+                [.integer(Int64.random(in: -2...3, using: &random)), .integer(key)]
+            )
         case 5:
             try store.execute(
                 "INSERT OR REPLACE INTO u(name, part, v) VALUES (?, ?, ?)",
-                [.text(["p", "q"].randomElement(using: &random)!), .integer(Int64.random(in: 0...1, using: &random)), randomValue()])
+                [
+                    .text(["p", "q"].randomElement(using: &random)!), .integer(Int64.random(in: 0...1, using: &random)),
+                    randomValue(),
+                ]
+            )
         case 6:
             try store.execute("DELETE FROM u WHERE part = ?", [.integer(Int64.random(in: 0...1, using: &random))])
         default:
@@ -137,10 +148,14 @@ private func runScenario(seed: UInt64) throws {
     var order = Array(replicas.indices)
     order.shuffle(using: &random)
     for (from, to) in zip(order, order.dropFirst()) { try sync(replicas[from].store, replicas[to].store) }
-    for (from, to) in zip(order.reversed(), order.reversed().dropFirst()) { try sync(replicas[from].store, replicas[to].store) }
+    for (from, to) in zip(order.reversed(), order.reversed().dropFirst()) {
+        try sync(replicas[from].store, replicas[to].store)
+    }
 
     // The model: every produced change merged, in one order, into pure row states.
-    let tables = ["t": (columns: ["a", "b", "n"], counters: [false, false, true]), "u": (columns: ["v"], counters: [false])]
+    let tables = [
+        "t": (columns: ["a", "b", "n"], counters: [false, false, true]), "u": (columns: ["v"], counters: [false]),
+    ]
     var model: [RowKey: RowState] = [:]
     var winningValue: [String: SQLValue] = [:]
     for change in produced.shuffled(using: &random) {
@@ -160,15 +175,24 @@ private func runScenario(seed: UInt64) throws {
     for replica in replicas {
         let store = replica.store
         #expect(try store.digest() == referenceDigest, "seed \(seed): digests differ")
-        #expect(try rows(store, "SELECT * FROM t ORDER BY k") == rows(reference, "SELECT * FROM t ORDER BY k"), "seed \(seed)")
-        #expect(try rows(store, "SELECT * FROM u ORDER BY name, part") == rows(reference, "SELECT * FROM u ORDER BY name, part"), "seed \(seed)")
+        #expect(
+            try rows(store, "SELECT * FROM t ORDER BY k") == rows(reference, "SELECT * FROM t ORDER BY k"),
+            "seed \(seed)"
+        )
+        #expect(
+            try rows(store, "SELECT * FROM u ORDER BY name, part")
+                == rows(reference, "SELECT * FROM u ORDER BY name, part"),
+            "seed \(seed)"
+        )
         for (rowKey, expected) in model {
             let tableName = rowKey.table == 0 ? "t" : "u"
             let table = store.capture.tables[store.capture.tableNumbers[tableName]!]
             let held = try store.loadState(table: table, key: rowKey.key)
             let values = try store.dataValues(table: table, key: rowKey.key)
             let present = try !store.execute(
-                "SELECT 1 FROM \(tableName) WHERE \(table.dataKeyPredicate)", rowKey.key).rows.isEmpty
+                "SELECT 1 FROM \(tableName) WHERE \(table.dataKeyPredicate)",
+                rowKey.key
+            ).rows.isEmpty
             // No deleted row reappears, and no live row is missing.
             #expect(present == expected.isAlive, "seed \(seed): row \(tableName) \(rowKey.key) presence")
             #expect(held?.causalLength == expected.causalLength, "seed \(seed): causal length of \(rowKey.key)")

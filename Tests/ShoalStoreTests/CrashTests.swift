@@ -9,7 +9,9 @@ func shoalExecutable() throws -> URL {
     let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
     var directory = bundle.deletingLastPathComponent()
     // On Linux the test binary sits in the build folder; on macOS inside an .xctest bundle.
-    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path) && directory.path != "/" {
+    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path)
+        && directory.path != "/"
+    {
         directory = directory.deletingLastPathComponent()
     }
     let url = directory.appendingPathComponent("shoal")
@@ -20,7 +22,9 @@ func shoalExecutable() throws -> URL {
 }
 
 func temporaryDirectory(_ name: String) throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "shoal-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    )
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     return url
 }

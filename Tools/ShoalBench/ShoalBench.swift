@@ -14,7 +14,8 @@ struct ShoalBench: ParsableCommand {
 struct StoreBenchmark: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Write overhead of change capture, and the speed of applying remote changes.")
+        abstract: "Write overhead of change capture, and the speed of applying remote changes."
+    )
 
     @Flag(help: "Print one JSON object instead of a table.") var json = false
     @Option(help: "Runs per figure (the median is reported).") var runs = 5
@@ -50,7 +51,9 @@ struct StoreBenchmark: ParsableCommand {
                 let seconds = try time {
                     try store.transaction {
                         for id in 0..<rows {
-                            try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                            try insert.execute([
+                                .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
+                            ])
                         }
                     }
                 }
@@ -62,7 +65,9 @@ struct StoreBenchmark: ParsableCommand {
                 let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
                 let seconds = try time {
                     for id in 0..<transactions {
-                        try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                        try insert.execute([
+                            .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
+                        ])
                     }
                 }
                 if replicated { replicatedSingle.append(seconds) } else { plainSingle.append(seconds) }
@@ -73,7 +78,9 @@ struct StoreBenchmark: ParsableCommand {
             let insert = try source.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
             try source.transaction {
                 for id in 0..<rows {
-                    try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3)])
+                    try insert.execute([
+                        .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
+                    ])
                 }
             }
             let batches = try source.changes(since: VersionVector(), maxChangesPerBatch: 50_000)
@@ -99,7 +106,9 @@ struct StoreBenchmark: ParsableCommand {
             let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
             print(String(decoding: data, as: UTF8.self))
         } else {
-            print("shoal-bench store: \(rows) rows bulk, \(transactions) one-row transactions, \(applied) changes applied; median of \(runs) runs")
+            print(
+                "shoal-bench store: \(rows) rows bulk, \(transactions) one-row transactions, \(applied) changes applied; median of \(runs) runs"
+            )
             for (name, value) in figures {
                 let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
                 print(name.padding(toLength: 30, withPad: " ", startingAt: 0) + text)
@@ -117,5 +126,6 @@ func time(_ body: () throws -> Void) throws -> Double {
 func median(_ values: [Double]) -> Double {
     let sorted = values.sorted()
     guard !sorted.isEmpty else { return .nan }
-    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+    return sorted.count % 2 == 1
+        ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
 }
