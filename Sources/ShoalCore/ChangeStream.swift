@@ -118,7 +118,9 @@ public enum ChangeStream {
     }
 
     /// Parses a whole stream; throws ``ShoalError`` naming the first bad line. Blank lines are ignored.
-    public static func parse(lines: some Sequence<Substring>) throws(ShoalError) -> Contents {
+    public static func parse(lines: [Substring]) throws(ShoalError) -> Contents {
+        // The last line that holds anything: a stream cut inside it is truncated, not malformed.
+        let lastContentLine = (lines.lastIndex { !$0.allSatisfy(\.isWhitespace) } ?? -1) + 1
         let decoder = JSONDecoder()
         var header: Header?
         var changes: [Change] = []
@@ -160,6 +162,12 @@ public enum ChangeStream {
             do {
                 line = try decoder.decode(Line.self, from: data)
             } catch {
+                if lineNumber == lastContentLine, (try? JSONSerialization.jsonObject(with: data)) == nil {
+                    throw ShoalError(
+                        code: .truncatedStream,
+                        message: "the stream ends in the middle of line \(lineNumber) (was it cut short?); nothing "
+                            + "was applied")
+                }
                 throw ShoalError.malformedStream(line: lineNumber, "not a change: \(describe(error))")
             }
             changes.append(try change(from: line, lineNumber: lineNumber))
@@ -246,16 +254,18 @@ public enum ChangeStream {
     /// Parses a version vector given as JSON (`{"<site hex>": seq, ...}`) or as a stream header.
     public static func parseVersionVector(json: String) throws(ShoalError) -> VersionVector {
         let data = Data(json.utf8)
+        let invalid = ShoalError(
+            code: .invalidArgument,
+            message: "expected a version vector as JSON, like {\"<site id: 32 hex digits>\": 12}, or a stream header"
+        )
         if let header = try? JSONDecoder().decode(Header.self, from: data) {
-            return try vector(header.claim, lineNumber: 1)
+            guard let vector = try? vector(header.claim, lineNumber: 1) else { throw invalid }
+            return vector
         }
-        guard let entries = try? JSONDecoder().decode([String: UInt64].self, from: data) else {
-            throw ShoalError(
-                code: .invalidArgument,
-                message: "expected a version vector as JSON, like {\"<32 hex digits>\": 12}"
-            )
-        }
-        return try vector(entries, lineNumber: 1)
+        guard let entries = try? JSONDecoder().decode([String: UInt64].self, from: data),
+            let vector = try? vector(entries, lineNumber: 1)
+        else { throw invalid }
+        return vector
     }
 
     /// The JSON form of a version vector.

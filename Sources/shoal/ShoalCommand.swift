@@ -143,7 +143,7 @@ extension ShoalCommand {
                 data = FileHandle.standardInput.readDataToEndOfFile()
             } else {
                 guard let contents = FileManager.default.contents(atPath: file) else {
-                    throw ValidationError("cannot read \(file)")
+                    throw ShoalError(code: .invalidArgument, message: "cannot read \(file): no such readable file")
                 }
                 data = contents
             }

@@ -63,7 +63,7 @@ import Testing
         ])
         lines.insert("{\"t\": \"x\", \"k\": [1]}", at: 2)
         #expect {
-            try ChangeStream.parse(lines: lines)
+            try ChangeStream.parse(lines: Array(lines))
         } throws: { error in
             let error = error as! ShoalError
             return error.code == .malformedStream && error.message.hasPrefix("line 3:")
@@ -73,11 +73,25 @@ import Testing
     @Test func aStreamWithoutItsTrailerIsTruncated() {
         let lines = stream([]).dropLast()
         #expect {
-            try ChangeStream.parse(lines: lines)
+            try ChangeStream.parse(lines: Array(lines))
         } throws: { ($0 as! ShoalError).code == .truncatedStream }
         #expect {
             try ChangeStream.parse(lines: [])
         } throws: { ($0 as! ShoalError).code == .truncatedStream }
+    }
+
+    @Test func aStreamCutInsideALineIsTruncated() {
+        let change = Change(
+            table: "t", primaryKey: [.integer(1)], payload: .column("c", .text("x")), causalLength: 1,
+            stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1))
+        var lines = stream([change, change]).dropLast()
+        lines[lines.index(before: lines.endIndex)] = lines.last!.dropLast(7)
+        #expect {
+            try ChangeStream.parse(lines: Array(lines))
+        } throws: { error in
+            let error = error as! ShoalError
+            return error.code == .truncatedStream && error.message.contains("middle of line 3")
+        }
     }
 
     @Test func aColumnWriteOnADeletedRowIsRefused() {
