@@ -212,26 +212,21 @@ extension Store {
                 report.alreadyKnown += 1
             case .stale(let winner, let winnerPrevious):
                 report.alreadyKnown += 1
-                if case .column(let name, let incoming) = change.payload, let winner, let column,
-                    winner.site != change.stamp.site, winnerPrevious != change.dot
-                {
-                    let local = try currentValue(&row, column: column, table: table)
-                    if local != incoming {
-                        conflicts.append(
-                            ConflictRecord(
-                                table: table.name,
-                                primaryKey: change.primaryKey,
-                                column: name,
-                                localValue: local,
-                                localStamp: winner,
-                                remoteValue: incoming,
-                                remoteStamp: change.stamp,
-                                winner: .local
-                            )
-                        )
-                    }
+                if case .column(let name, let incoming) = change.payload, let winner, let column {
+                    try noteConflict(
+                        change,
+                        column: name,
+                        incoming: incoming,
+                        local: winner,
+                        localPrevious: winnerPrevious,
+                        winner: .local,
+                        row: &row,
+                        index: column,
+                        table: table,
+                        into: &conflicts
+                    )
                 }
-            case .applied(let lifeChanged, let overwritten, _):
+            case .applied(let lifeChanged, let overwritten, let overwrittenPrevious):
                 report.applied += 1
                 if lifeChanged {
                     row.lifeChanged = true
@@ -242,24 +237,19 @@ extension Store {
                 case .row:
                     break
                 case .column(let name, let incoming):
-                    if let overwritten, let column, overwritten.site != change.stamp.site,
-                        change.previous != overwritten.dot
-                    {
-                        let local = try currentValue(&row, column: column, table: table)
-                        if local != incoming {
-                            conflicts.append(
-                                ConflictRecord(
-                                    table: table.name,
-                                    primaryKey: change.primaryKey,
-                                    column: name,
-                                    localValue: local,
-                                    localStamp: overwritten,
-                                    remoteValue: incoming,
-                                    remoteStamp: change.stamp,
-                                    winner: .remote
-                                )
-                            )
-                        }
+                    if let overwritten, let column {
+                        try noteConflict(
+                            change,
+                            column: name,
+                            incoming: incoming,
+                            local: overwritten,
+                            localPrevious: overwrittenPrevious,
+                            winner: .remote,
+                            row: &row,
+                            index: column,
+                            table: table,
+                            into: &conflicts
+                        )
                     }
                     row.values[column!] = incoming
                 case .counter:
@@ -306,6 +296,37 @@ extension Store {
             report.conflicts = conflicts.count
         }
         return report
+    }
+
+    /// Records a conflict when an incoming column write met a concurrent one with a different value:
+    /// written on another site, and neither write overwrote the other directly.
+    private func noteConflict(
+        _ change: Change,
+        column name: String,
+        incoming: SQLValue,
+        local: Stamp,
+        localPrevious: Dot?,
+        winner: ConflictRecord.Winner,
+        row: inout RowWork,
+        index: Int,
+        table: ReplicatedTable,
+        into conflicts: inout [ConflictRecord]
+    ) throws(ShoalError) {
+        guard local.site != change.stamp.site, change.previous != local.dot, localPrevious != change.dot else { return }
+        let localValue = try currentValue(&row, column: index, table: table)
+        guard localValue != incoming else { return }
+        conflicts.append(
+            ConflictRecord(
+                table: table.name,
+                primaryKey: change.primaryKey,
+                column: name,
+                localValue: localValue,
+                localStamp: local,
+                remoteValue: incoming,
+                remoteStamp: change.stamp,
+                winner: winner
+            )
+        )
     }
 
     /// The value a cell holds now: won earlier in this apply, or as stored.
