@@ -15,6 +15,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
@@ -38,10 +39,19 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Message types, the binary codec, and the frame decoder/encoder of the wire protocol.
+        .target(
+            name: "ShoalWire",
+            dependencies: [
+                "ShoalCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore"],
+            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire"],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.
@@ -65,6 +75,16 @@ let package = Package(
         .testTarget(
             name: "ShoalCoreTests",
             dependencies: ["ShoalCore"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalWireTests",
+            dependencies: [
+                "ShoalWire", "ShoalCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOTestUtils", package: "swift-nio"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

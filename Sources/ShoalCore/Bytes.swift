@@ -21,6 +21,9 @@ public struct ByteReader {
     /// The next position to read.
     public private(set) var offset: Int
 
+    /// How many bytes there are in all.
+    public var count: Int { bytes.count }
+
     public init(_ bytes: [UInt8]) {
         self.bytes = bytes
         self.offset = 0

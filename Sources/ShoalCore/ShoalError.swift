@@ -6,6 +6,8 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case clockTooFarAhead, corruptMetadata, malformedStream, truncatedStream, unknownTable, unknownColumn
             case noPrimaryKey, unsupportedSchema, notReplicated, sqlite, streamNotApplicable, siteConflict
             case invalidArgument, uncapturedCommit
+            case malformedMessage, frameTooLarge, unknownMessageType, versionMismatch, clusterMismatch, selfConnection
+            case timeout, rejected
         }
 
         private let base: Base
@@ -39,6 +41,22 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidArgument = Code(.invalidArgument)
         /// A commit would have lost captured changes.
         public static let uncapturedCommit = Code(.uncapturedCommit)
+        /// A wire message could not be decoded.
+        public static let malformedMessage = Code(.malformedMessage)
+        /// A frame is longer than the enforced maximum.
+        public static let frameTooLarge = Code(.frameTooLarge)
+        /// A frame carries a message type this build does not know.
+        public static let unknownMessageType = Code(.unknownMessageType)
+        /// The two nodes share no protocol version.
+        public static let versionMismatch = Code(.versionMismatch)
+        /// The peer belongs to another cluster.
+        public static let clusterMismatch = Code(.clusterMismatch)
+        /// The peer has this node's own site id.
+        public static let selfConnection = Code(.selfConnection)
+        /// The peer did not answer in time.
+        public static let timeout = Code(.timeout)
+        /// The peer refused us, with a reason.
+        public static let rejected = Code(.rejected)
 
         public var description: String { base.rawValue }
     }

@@ -1,0 +1,93 @@
+import NIOCore
+import ShoalCore
+
+/// Splits the inbound byte stream into frames and decodes each frame's message.
+///
+/// A frame is a 4-byte big-endian payload length, then the payload. A length beyond `maximumFrameLength`
+/// is refused as soon as the 4 bytes arrive, before any of the payload is buffered. The reader index only
+/// moves once a whole frame is there.
+public struct WireMessageDecoder: ByteToMessageDecoder {
+    public typealias InboundOut = WireMessage
+
+    public let maximumFrameLength: Int
+
+    public init(maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength) {
+        self.maximumFrameLength = maximumFrameLength
+    }
+
+    public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let message = try Self.nextMessage(from: &buffer, maximumFrameLength: maximumFrameLength) else {
+            return .needMoreData
+        }
+        context.fireChannelRead(Self.wrapInboundOut(message))
+        return .continue
+    }
+
+    public mutating func decodeLast(
+        context: ChannelHandlerContext,
+        buffer: inout ByteBuffer,
+        seenEOF: Bool
+    ) throws -> DecodingState {
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        if seenEOF && buffer.readableBytes > 0 {
+            throw ShoalError(
+                code: .malformedMessage,
+                message: "the connection closed in the middle of a frame (\(buffer.readableBytes) bytes left over)"
+            )
+        }
+        return .needMoreData
+    }
+
+    /// The next whole message in `buffer`, or `nil` when more bytes are needed (the buffer is then untouched).
+    public static func nextMessage(
+        from buffer: inout ByteBuffer,
+        maximumFrameLength: Int
+    ) throws(ShoalError) -> WireMessage? {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return nil }
+        guard length <= maximumFrameLength else {
+            throw ShoalError(
+                code: .frameTooLarge,
+                message: "a frame of \(length) bytes exceeds the maximum of \(maximumFrameLength)"
+            )
+        }
+        guard length > 0 else {
+            throw ShoalError(code: .malformedMessage, message: "malformed message: an empty frame")
+        }
+        guard buffer.readableBytes >= 4 + Int(length) else { return nil }
+        buffer.moveReaderIndex(forwardBy: 4)
+        let payload = buffer.readBytes(length: Int(length))!
+        return try WireMessage.decode(payload)
+    }
+}
+
+/// Encodes outbound messages as frames.
+public struct WireMessageEncoder: MessageToByteEncoder {
+    public typealias OutboundIn = WireMessage
+
+    public let maximumFrameLength: Int
+
+    public init(maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength) {
+        self.maximumFrameLength = maximumFrameLength
+    }
+
+    public func encode(data: WireMessage, out: inout ByteBuffer) throws {
+        try Self.write(data, to: &out, maximumFrameLength: maximumFrameLength)
+    }
+
+    /// Appends one frame to `buffer`; a message larger than the maximum is refused, not sent.
+    public static func write(
+        _ message: WireMessage,
+        to buffer: inout ByteBuffer,
+        maximumFrameLength: Int
+    ) throws(ShoalError) {
+        let payload = message.encoded()
+        guard payload.count <= maximumFrameLength else {
+            throw ShoalError(
+                code: .frameTooLarge,
+                message: "a \(payload.count)-byte message exceeds the maximum frame of \(maximumFrameLength) bytes"
+            )
+        }
+        buffer.writeInteger(UInt32(payload.count))
+        buffer.writeBytes(payload)
+    }
+}

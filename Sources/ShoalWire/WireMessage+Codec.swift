@@ -1,0 +1,319 @@
+import ShoalCore
+
+extension WireMessage {
+    /// Encodes the message as a frame payload: a type byte, then its fields.
+    public func encoded() -> [UInt8] {
+        var bytes: [UInt8] = []
+        switch self {
+        case .hello(let hello):
+            bytes.append(Kind.hello.rawValue)
+            bytes.appendBigEndian32(WireProtocol.magic)
+            bytes.appendBigEndian16(hello.versions.lowerBound)
+            bytes.appendBigEndian16(hello.versions.upperBound)
+            bytes.appendString(hello.clusterID)
+            bytes.append(contentsOf: hello.siteID.bytes)
+            bytes.appendString(hello.nodeName)
+            bytes.appendString(hello.schemaFingerprint)
+            bytes.appendBigEndian16(hello.listenPort)
+        case .syncRequest(let request):
+            bytes.append(Kind.syncRequest.rawValue)
+            bytes.appendBigEndian(request.requestID)
+            bytes.appendVersionVector(request.versionVector)
+        case .changeBatch(let message):
+            bytes.append(Kind.changeBatch.rawValue)
+            bytes.appendBigEndian(message.requestID)
+            bytes.append(message.isLast ? 1 : 0)
+            bytes.appendVersionVector(message.batch.claim)
+            Self.encode(message.batch.changes, into: &bytes)
+        case .ack(let ack):
+            bytes.append(Kind.ack.rawValue)
+            bytes.appendBigEndian(ack.requestID)
+            bytes.appendVersionVector(ack.versionVector)
+            if let digest = ack.digest {
+                bytes.append(1)
+                bytes.appendVarint(UInt64(digest.count))
+                bytes.append(contentsOf: digest)
+            } else {
+                bytes.append(0)
+            }
+        case .ping(let nonce):
+            bytes.append(Kind.ping.rawValue)
+            bytes.appendBigEndian(nonce)
+        case .pong(let nonce):
+            bytes.append(Kind.pong.rawValue)
+            bytes.appendBigEndian(nonce)
+        case .reject(let rejection):
+            bytes.append(Kind.reject.rawValue)
+            bytes.appendBigEndian16(rejection.reason.rawValue)
+            bytes.appendString(rejection.message)
+        }
+        return bytes
+    }
+
+    /// Decodes one frame payload; throws ``ShoalError`` (`.unknownMessageType`, `.malformedMessage`) and
+    /// never reads past `payload`.
+    public static func decode(_ payload: [UInt8]) throws(ShoalError) -> WireMessage {
+        var reader = ByteReader(payload)
+        do throws(ShoalError) {
+            let message = try decodeFields(&reader)
+            guard reader.isAtEnd else { throw malformed("\(payload.count - reader.offset) unexpected trailing bytes") }
+            return message
+        } catch {
+            // The byte reader reports truncation as corrupt metadata; on the wire it is a malformed message.
+            guard error.code == .corruptMetadata else { throw error }
+            throw malformed(error.message.replacingPrefix("Shoal metadata is corrupt: ", with: ""))
+        }
+    }
+
+    private static func decodeFields(_ reader: inout ByteReader) throws(ShoalError) -> WireMessage {
+        let type = try reader.readByte()
+        guard let kind = Kind(rawValue: type) else {
+            throw ShoalError(code: .unknownMessageType, message: "unknown message type \(type)")
+        }
+        switch kind {
+        case .hello:
+            guard try reader.readBigEndian32() == WireProtocol.magic else {
+                throw malformed("hello without the SHOL magic")
+            }
+            let minimum = try reader.readBigEndian16()
+            let maximum = try reader.readBigEndian16()
+            guard minimum <= maximum else { throw malformed("hello with an empty version range") }
+            let cluster = try reader.readString()
+            guard let site = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
+            return .hello(
+                Hello(
+                    versions: minimum...maximum,
+                    clusterID: cluster,
+                    siteID: site,
+                    nodeName: try reader.readString(),
+                    schemaFingerprint: try reader.readString(),
+                    listenPort: try reader.readBigEndian16()
+                )
+            )
+        case .syncRequest:
+            return .syncRequest(
+                SyncRequest(requestID: try reader.readBigEndianUInt64(), versionVector: try reader.readVersionVector())
+            )
+        case .changeBatch:
+            let requestID = try reader.readBigEndianUInt64()
+            let flags = try reader.readByte()
+            guard flags <= 1 else { throw malformed("unknown batch flags \(flags)") }
+            let claim = try reader.readVersionVector()
+            let changes = try decodeChanges(&reader)
+            return .changeBatch(
+                ChangeBatchMessage(
+                    requestID: requestID,
+                    isLast: flags == 1,
+                    batch: ChangeBatch(changes: changes, claim: claim)
+                )
+            )
+        case .ack:
+            let requestID = try reader.readBigEndianUInt64()
+            let vector = try reader.readVersionVector()
+            var digest: [UInt8]?
+            switch try reader.readByte() {
+            case 0: break
+            case 1:
+                let count = try reader.readVarint()
+                guard count <= 64 else { throw malformed("digest of \(count) bytes") }
+                digest = Array(try reader.readBytes(Int(count)))
+            default: throw malformed("bad digest flag")
+            }
+            return .ack(Ack(requestID: requestID, versionVector: vector, digest: digest))
+        case .ping:
+            return .ping(try reader.readBigEndianUInt64())
+        case .pong:
+            return .pong(try reader.readBigEndianUInt64())
+        case .reject:
+            let code = try reader.readBigEndian16()
+            return .reject(Rejection(Rejection.Reason(rawValue: code) ?? .other, try reader.readString()))
+        }
+    }
+
+    /// Changes: a table of the site ids they mention, then each change with sites as indexes into it.
+    private static func encode(_ changes: [Change], into bytes: inout [UInt8]) {
+        var sites: [SiteID] = []
+        var indexes: [SiteID: UInt64] = [:]
+        func index(_ site: SiteID) -> UInt64 {
+            if let index = indexes[site] { return index }
+            indexes[site] = UInt64(sites.count)
+            sites.append(site)
+            return UInt64(sites.count - 1)
+        }
+        var body: [UInt8] = []
+        var lastTable = ""
+        for change in changes {
+            // Consecutive changes of one table name it once: an empty name means "the same table".
+            body.appendString(change.table == lastTable ? "" : change.table)
+            lastTable = change.table
+            body.appendVarint(UInt64(change.primaryKey.count))
+            for value in change.primaryKey { value.encode(into: &body) }
+            switch change.payload {
+            case .row:
+                body.append(0)
+            case .column(let name, let value):
+                body.append(1)
+                body.appendString(name)
+                value.encode(into: &body)
+            case .counter(let name, let increments, let decrements):
+                body.append(2)
+                body.appendString(name)
+                body.appendVarint(increments)
+                body.appendVarint(decrements)
+            }
+            body.appendVarint(change.causalLength)
+            body.appendBigEndian(change.stamp.hlc.rawValue)
+            body.appendVarint(index(change.stamp.site))
+            body.appendVarint(change.stamp.seq)
+            if let previous = change.previous {
+                body.append(1)
+                body.appendVarint(index(previous.site))
+                body.appendVarint(previous.seq)
+            } else {
+                body.append(0)
+            }
+        }
+        bytes.appendVarint(UInt64(sites.count))
+        for site in sites { bytes.append(contentsOf: site.bytes) }
+        bytes.appendVarint(UInt64(changes.count))
+        bytes.append(contentsOf: body)
+    }
+
+    private static func decodeChanges(_ reader: inout ByteReader) throws(ShoalError) -> [Change] {
+        let siteCount = try reader.readVarint()
+        guard siteCount <= UInt64(reader.remaining / 16) else { throw malformed("site table longer than the frame") }
+        var sites: [SiteID] = []
+        for _ in 0..<siteCount { sites.append(SiteID(bytes: try reader.readBytes(16))!) }
+        func site(_ index: UInt64) throws(ShoalError) -> SiteID {
+            guard index < sites.count else { throw malformed("site index \(index) outside the site table") }
+            return sites[Int(index)]
+        }
+        let count = try reader.readVarint()
+        // Every change takes at least 13 bytes: a bound before reserving anything.
+        guard count <= UInt64(reader.remaining / 13) else {
+            throw malformed("\(count) changes cannot fit in the frame")
+        }
+        var changes: [Change] = []
+        changes.reserveCapacity(Int(count))
+        var table = ""
+        for _ in 0..<count {
+            let name = try reader.readString()
+            if !name.isEmpty { table = name }
+            guard !table.isEmpty else { throw malformed("a change without a table") }
+            let keyCount = try reader.readVarint()
+            guard keyCount > 0, keyCount <= 64 else { throw malformed("a primary key of \(keyCount) values") }
+            var key: [SQLValue] = []
+            for _ in 0..<keyCount { key.append(try SQLValue.decode(from: &reader)) }
+            let payload: Change.Payload
+            switch try reader.readByte() {
+            case 0: payload = .row
+            case 1: payload = .column(try reader.readString(), try SQLValue.decode(from: &reader))
+            case 2:
+                payload = .counter(
+                    try reader.readString(),
+                    increments: try reader.readVarint(),
+                    decrements: try reader.readVarint()
+                )
+            case let kind: throw malformed("unknown change kind \(kind)")
+            }
+            let causalLength = try reader.readVarint()
+            let hlc = HLC(rawValue: try reader.readBigEndianUInt64())
+            let stampSite = try site(try reader.readVarint())
+            let seq = try reader.readVarint()
+            var previous: Dot?
+            switch try reader.readByte() {
+            case 0: break
+            case 1: previous = Dot(site: try site(try reader.readVarint()), seq: try reader.readVarint())
+            default: throw malformed("bad previous-write flag")
+            }
+            guard causalLength > 0, seq > 0 else { throw malformed("a change with a zero causal length or seq") }
+            if case .row = payload {
+            } else if causalLength % 2 == 0 {
+                throw malformed("a column change for a deleted row")
+            }
+            changes.append(
+                Change(
+                    table: table,
+                    primaryKey: key,
+                    payload: payload,
+                    causalLength: causalLength,
+                    stamp: Stamp(hlc: hlc, site: stampSite, seq: seq),
+                    previous: previous
+                )
+            )
+        }
+        return changes
+    }
+
+    private static func malformed(_ detail: String) -> ShoalError {
+        ShoalError(code: .malformedMessage, message: "malformed message: \(detail)")
+    }
+}
+
+extension Array where Element == UInt8 {
+    mutating func appendBigEndian16(_ value: UInt16) {
+        append(UInt8(value >> 8))
+        append(UInt8(truncatingIfNeeded: value))
+    }
+
+    mutating func appendBigEndian32(_ value: UInt32) {
+        for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
+    }
+
+    mutating func appendString(_ string: String) {
+        appendVarint(UInt64(string.utf8.count))
+        append(contentsOf: string.utf8)
+    }
+
+    mutating func appendVersionVector(_ vector: VersionVector) {
+        let entries = vector.sorted
+        appendVarint(UInt64(entries.count))
+        for (site, seq) in entries {
+            append(contentsOf: site.bytes)
+            appendVarint(seq)
+        }
+    }
+}
+
+extension ByteReader {
+    var remaining: Int { count - offset }
+
+    mutating func readBigEndian16() throws(ShoalError) -> UInt16 {
+        UInt16(try readByte()) << 8 | UInt16(try readByte())
+    }
+
+    mutating func readBigEndian32() throws(ShoalError) -> UInt32 {
+        var value: UInt32 = 0
+        for _ in 0..<4 { value = value << 8 | UInt32(try readByte()) }
+        return value
+    }
+
+    mutating func readString() throws(ShoalError) -> String {
+        let count = try readVarint()
+        guard count <= UInt64(remaining) else { throw ShoalError.corruptMetadata("string longer than the frame") }
+        let bytes = try readBytes(Int(count))
+        guard let string = String(validating: bytes, as: UTF8.self) else {
+            throw ShoalError.corruptMetadata("a string that is not UTF-8")
+        }
+        return string
+    }
+
+    mutating func readVersionVector() throws(ShoalError) -> VersionVector {
+        let count = try readVarint()
+        guard count <= UInt64(remaining / 17) else {
+            throw ShoalError.corruptMetadata("version vector longer than the frame")
+        }
+        var vector = VersionVector()
+        for _ in 0..<count {
+            guard let site = SiteID(bytes: try readBytes(16)) else { throw ShoalError.corruptMetadata("bad site id") }
+            vector.advance(site, to: try readVarint())
+        }
+        return vector
+    }
+}
+
+extension String {
+    fileprivate func replacingPrefix(_ prefix: String, with replacement: String) -> String {
+        hasPrefix(prefix) ? replacement + dropFirst(prefix.count) : self
+    }
+}

@@ -1,0 +1,146 @@
+import ShoalCore
+
+/// The protocol versions this build speaks.
+public enum WireProtocol {
+    /// The oldest version this build accepts.
+    public static let minimumVersion: UInt16 = 1
+    /// The newest version this build speaks.
+    public static let maximumVersion: UInt16 = 1
+    /// The first four bytes of every hello: "SHOL".
+    public static let magic: UInt32 = 0x5348_4F4C
+    /// The default largest frame accepted, in bytes (16 MiB).
+    public static let defaultMaximumFrameLength = 16 * 1024 * 1024
+
+    /// The version two nodes use: the highest both speak, or `nil` when their ranges do not meet.
+    public static func negotiate(_ local: ClosedRange<UInt16>, _ remote: ClosedRange<UInt16>) -> UInt16? {
+        let high = min(local.upperBound, remote.upperBound)
+        return high >= max(local.lowerBound, remote.lowerBound) ? high : nil
+    }
+}
+
+/// Every message of the wire protocol. The byte layout is specified in the ShoalWire documentation.
+public enum WireMessage: Hashable, Sendable {
+    /// The first message each side sends.
+    case hello(Hello)
+    /// "Send me everything this version vector lacks."
+    case syncRequest(SyncRequest)
+    /// Changes answering a request, cut at transaction boundaries.
+    case changeBatch(ChangeBatchMessage)
+    /// The receiver applied a batch.
+    case ack(Ack)
+    /// Liveness probe; answered by `pong` with the same nonce.
+    case ping(UInt64)
+    case pong(UInt64)
+    /// A typed refusal; the sender closes the connection after it.
+    case reject(Rejection)
+
+    /// The type byte of each message.
+    enum Kind: UInt8 {
+        case hello = 1
+        case syncRequest = 2
+        case changeBatch = 3
+        case ack = 4
+        case ping = 5
+        case pong = 6
+        case reject = 7
+    }
+}
+
+/// The handshake: who the sender is and what it speaks.
+public struct Hello: Hashable, Sendable {
+    public var versions: ClosedRange<UInt16>
+    /// Nodes of different clusters refuse each other.
+    public var clusterID: String
+    public var siteID: SiteID
+    public var nodeName: String
+    /// A fingerprint of the replicated tables' schema.
+    public var schemaFingerprint: String
+    /// The port the sender accepts connections on (0: none), so a peer can dial back later.
+    public var listenPort: UInt16
+
+    public init(
+        versions: ClosedRange<UInt16> = WireProtocol.minimumVersion...WireProtocol.maximumVersion,
+        clusterID: String,
+        siteID: SiteID,
+        nodeName: String,
+        schemaFingerprint: String,
+        listenPort: UInt16
+    ) {
+        self.versions = versions
+        self.clusterID = clusterID
+        self.siteID = siteID
+        self.nodeName = nodeName
+        self.schemaFingerprint = schemaFingerprint
+        self.listenPort = listenPort
+    }
+}
+
+/// A request for the changes a version vector lacks.
+public struct SyncRequest: Hashable, Sendable {
+    public var requestID: UInt64
+    public var versionVector: VersionVector
+
+    public init(requestID: UInt64, versionVector: VersionVector) {
+        self.requestID = requestID
+        self.versionVector = versionVector
+    }
+}
+
+/// One batch of changes answering a ``SyncRequest``.
+public struct ChangeBatchMessage: Hashable, Sendable {
+    public var requestID: UInt64
+    /// Whether this is the last batch of the answer.
+    public var isLast: Bool
+    public var batch: ChangeBatch
+
+    public init(requestID: UInt64, isLast: Bool, batch: ChangeBatch) {
+        self.requestID = requestID
+        self.isLast = isLast
+        self.batch = batch
+    }
+}
+
+/// Acknowledges applied batches.
+public struct Ack: Hashable, Sendable {
+    public var requestID: UInt64
+    /// The receiver's version vector after applying.
+    public var versionVector: VersionVector
+    /// The receiver's state digest, when it computed one (after the last batch).
+    public var digest: [UInt8]?
+
+    public init(requestID: UInt64, versionVector: VersionVector, digest: [UInt8]? = nil) {
+        self.requestID = requestID
+        self.versionVector = versionVector
+        self.digest = digest
+    }
+}
+
+/// Why a peer was refused.
+public struct Rejection: Hashable, Sendable, CustomStringConvertible {
+    /// The kind of refusal; unknown values from newer peers decode as `.other`.
+    public enum Reason: UInt16, Sendable {
+        case other = 0
+        case versionMismatch = 1
+        case clusterMismatch = 2
+        case selfConnection = 3
+        case malformedMessage = 4
+        case frameTooLarge = 5
+        case unknownMessageType = 6
+        case timeout = 7
+        case tooManyConnections = 8
+        case duplicateConnection = 9
+        case schemaMismatch = 10
+        case applyFailed = 11
+    }
+
+    public var reason: Reason
+    /// For a person to read.
+    public var message: String
+
+    public init(_ reason: Reason, _ message: String) {
+        self.reason = reason
+        self.message = message
+    }
+
+    public var description: String { "\(reason): \(message)" }
+}
