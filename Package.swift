@@ -90,7 +90,7 @@ let package = Package(
         .testTarget(
             name: "ShoalStoreTests",
             dependencies: [
-                "ShoalStore", "ShoalCore", "shoal",
+                "ShoalStore", "ShoalCore", "ShoalWire", "shoal",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict

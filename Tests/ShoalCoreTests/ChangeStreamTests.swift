@@ -82,8 +82,12 @@ import Testing
 
     @Test func aStreamCutInsideALineIsTruncated() {
         let change = Change(
-            table: "t", primaryKey: [.integer(1)], payload: .column("c", .text("x")), causalLength: 1,
-            stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1))
+            table: "t",
+            primaryKey: [.integer(1)],
+            payload: .column("c", .text("x")),
+            causalLength: 1,
+            stamp: Stamp(hlc: HLC(rawValue: 1), site: site, seq: 1)
+        )
         var lines = stream([change, change]).dropLast()
         lines[lines.index(before: lines.endIndex)] = lines.last!.dropLast(7)
         #expect {

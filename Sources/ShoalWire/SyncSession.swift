@@ -1,0 +1,237 @@
+import ShoalCore
+
+/// One anti-entropy conversation with one peer, as a pure state machine.
+///
+/// The session does no I/O and reads no clock: the shell that owns the connection feeds it messages,
+/// the current time and the results of store operations, and carries out the ``Action``s it returns.
+/// Each side pulls: it sends a ``SyncRequest`` with its version vector, applies the batches that answer
+/// it, and acknowledges the last one. A pull from the peer prompts a pull of our own, so both directions
+/// run in the same round.
+public struct SyncSession: Sendable {
+    /// Time limits, in milliseconds.
+    public struct Configuration: Sendable, Hashable {
+        /// How long the peer may take to say hello.
+        public var handshakeTimeout: UInt64 = 5_000
+        /// How long the connection may stay silent before a ping is sent.
+        public var keepaliveInterval: UInt64 = 5_000
+        /// How long the peer may stay silent before the connection is closed.
+        public var idleTimeout: UInt64 = 15_000
+
+        public init() {}
+    }
+
+    /// What the shell must do.
+    public enum Action: Hashable, Sendable {
+        /// Send this message.
+        case send(WireMessage)
+        /// The handshake succeeded: the peer and the protocol version in use.
+        case established(Hello, version: UInt16)
+        /// Answer the peer's request: send every change its vector lacks as `changeBatch`es, the last one
+        /// flagged (``SyncSession/batches(for:_:)`` builds them).
+        case serve(SyncRequest)
+        /// Apply a batch that answers our request, then call ``SyncSession/applied(_:versionVector:digest:now:)``.
+        case apply(ChangeBatchMessage)
+        /// Start a pull: call ``SyncSession/startRound(versionVector:now:)`` with the local version vector.
+        case wantRound
+        /// Our pull finished: we hold everything the peer held when it answered.
+        case roundFinished(requestID: UInt64)
+        /// The peer applied our changes and now holds this (and, when given, has this digest).
+        case peerAcknowledged(Ack)
+        /// Close the connection (after sending whatever came before).
+        case close(ShoalError)
+    }
+
+    public enum Phase: Hashable, Sendable {
+        case handshaking, established, closed
+    }
+
+    public let local: Hello
+    public let configuration: Configuration
+    public private(set) var phase: Phase = .handshaking
+    public private(set) var peer: Hello?
+    public private(set) var version: UInt16?
+    /// The request id of our pull in progress.
+    public private(set) var outstandingRequest: UInt64?
+    private var roundRequested = false
+    private var nextRequestID: UInt64 = 1
+    private var startedAt: UInt64
+    private var lastHeard: UInt64
+    private var pingNonce: UInt64?
+
+    public init(local: Hello, configuration: Configuration = Configuration(), now: UInt64) {
+        self.local = local
+        self.configuration = configuration
+        self.startedAt = now
+        self.lastHeard = now
+    }
+
+    /// Opens the conversation: both sides send hello at once.
+    public mutating func start() -> [Action] {
+        [.send(.hello(local))]
+    }
+
+    /// Handles one message from the peer.
+    public mutating func receive(_ message: WireMessage, now: UInt64) -> [Action] {
+        guard phase != .closed else { return [] }
+        lastHeard = now
+        if case .reject(let rejection) = message {
+            phase = .closed
+            return [
+                .close(ShoalError(code: .rejected, message: "the peer refused this connection: \(rejection.message)"))
+            ]
+        }
+        switch phase {
+        case .closed:
+            return []
+        case .handshaking:
+            guard case .hello(let hello) = message else {
+                return refuse(.malformedMessage, "expected hello before anything else", code: .malformedMessage)
+            }
+            return handshake(hello)
+        case .established:
+            return converse(message)
+        }
+    }
+
+    private mutating func handshake(_ hello: Hello) -> [Action] {
+        guard let version = WireProtocol.negotiate(local.versions, hello.versions) else {
+            return refuse(
+                .versionMismatch,
+                "this node speaks protocol versions \(local.versions.lowerBound)-\(local.versions.upperBound), "
+                    + "the peer \(hello.versions.lowerBound)-\(hello.versions.upperBound)",
+                code: .versionMismatch
+            )
+        }
+        guard hello.clusterID == local.clusterID else {
+            return refuse(
+                .clusterMismatch,
+                "this node belongs to cluster \"\(local.clusterID)\", the peer to \"\(hello.clusterID)\"",
+                code: .clusterMismatch
+            )
+        }
+        guard hello.siteID != local.siteID else {
+            return refuse(
+                .selfConnection,
+                "the peer has this node's own site id \(local.siteID.hex)",
+                code: .selfConnection
+            )
+        }
+        guard hello.schemaFingerprint == local.schemaFingerprint else {
+            return refuse(
+                .schemaMismatch,
+                "replicated schemas differ: here \"\(local.schemaFingerprint)\", there \"\(hello.schemaFingerprint)\"",
+                code: .unsupportedSchema
+            )
+        }
+        phase = .established
+        peer = hello
+        self.version = version
+        return [.established(hello, version: version), .wantRound]
+    }
+
+    private mutating func converse(_ message: WireMessage) -> [Action] {
+        switch message {
+        case .hello:
+            return refuse(.malformedMessage, "a second hello", code: .malformedMessage)
+        case .syncRequest(let request):
+            // The peer pulls; pull in the same round unless we already are.
+            return outstandingRequest == nil ? [.serve(request), .wantRound] : [.serve(request)]
+        case .changeBatch(let batch):
+            guard batch.requestID == outstandingRequest else {
+                return refuse(
+                    .malformedMessage,
+                    "a change batch for request \(batch.requestID), which is not outstanding",
+                    code: .malformedMessage
+                )
+            }
+            return [.apply(batch)]
+        case .ack(let ack):
+            return [.peerAcknowledged(ack)]
+        case .ping(let nonce):
+            return [.send(.pong(nonce))]
+        case .pong(let nonce):
+            if nonce == pingNonce { pingNonce = nil }
+            return []
+        case .reject:
+            return []  // handled in receive
+        }
+    }
+
+    /// Starts a pull with the local version vector, unless one is running (then one more follows it).
+    public mutating func startRound(versionVector: VersionVector, now: UInt64) -> [Action] {
+        guard phase == .established else { return [] }
+        guard outstandingRequest == nil else {
+            roundRequested = true
+            return []
+        }
+        let requestID = nextRequestID
+        nextRequestID += 1
+        outstandingRequest = requestID
+        return [.send(.syncRequest(SyncRequest(requestID: requestID, versionVector: versionVector)))]
+    }
+
+    /// The shell applied a batch of our pull. After the last one the pull is acknowledged and finished.
+    public mutating func applied(
+        _ batch: ChangeBatchMessage,
+        versionVector: VersionVector,
+        digest: [UInt8]?,
+        now: UInt64
+    ) -> [Action] {
+        guard phase == .established, batch.requestID == outstandingRequest, batch.isLast else { return [] }
+        outstandingRequest = nil
+        var actions: [Action] = [
+            .send(.ack(Ack(requestID: batch.requestID, versionVector: versionVector, digest: digest))),
+            .roundFinished(requestID: batch.requestID),
+        ]
+        if roundRequested {
+            roundRequested = false
+            actions.append(.wantRound)
+        }
+        return actions
+    }
+
+    /// Time passed: enforces the handshake and idle timeouts and keeps a quiet connection alive.
+    public mutating func tick(now: UInt64) -> [Action] {
+        switch phase {
+        case .closed:
+            return []
+        case .handshaking:
+            guard now >= startedAt + configuration.handshakeTimeout else { return [] }
+            return refuse(
+                .timeout,
+                "no hello within \(configuration.handshakeTimeout) ms",
+                code: .timeout
+            )
+        case .established:
+            if now >= lastHeard + configuration.idleTimeout {
+                return refuse(.timeout, "the peer was silent for \(now - lastHeard) ms", code: .timeout)
+            }
+            if now >= lastHeard + configuration.keepaliveInterval && pingNonce == nil {
+                pingNonce = now
+                return [.send(.ping(now))]
+            }
+            return []
+        }
+    }
+
+    /// Something failed in the shell (a store error, a bad write): refuse and close.
+    public mutating func fail(_ error: ShoalError, reason: Rejection.Reason = .other) -> [Action] {
+        guard phase != .closed else { return [] }
+        phase = .closed
+        return [.send(.reject(Rejection(reason, error.message))), .close(error)]
+    }
+
+    private mutating func refuse(_ reason: Rejection.Reason, _ message: String, code: ShoalError.Code) -> [Action] {
+        phase = .closed
+        return [.send(.reject(Rejection(reason, message))), .close(ShoalError(code: code, message: message))]
+    }
+
+    /// Wraps the answer to `request` as messages: one per batch, the last one flagged.
+    public static func batches(for request: SyncRequest, _ batches: [ChangeBatch]) -> [WireMessage] {
+        batches.enumerated().map { index, batch in
+            .changeBatch(
+                ChangeBatchMessage(requestID: request.requestID, isLast: index == batches.count - 1, batch: batch)
+            )
+        }
+    }
+}

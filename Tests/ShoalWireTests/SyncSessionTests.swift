@@ -1,0 +1,107 @@
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalWire
+
+private let siteA = SiteID(high: 1, low: 1)
+private let siteB = SiteID(high: 2, low: 2)
+
+private func hello(
+    _ site: SiteID,
+    cluster: String = "lab",
+    versions: ClosedRange<UInt16> = 1...1,
+    schema: String = "t"
+)
+    -> Hello
+{
+    Hello(versions: versions, clusterID: cluster, siteID: site, nodeName: "n", schemaFingerprint: schema, listenPort: 0)
+}
+
+/// The reason a session refused the peer, if its last actions are a reject and a close.
+private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, ShoalError.Code)? {
+    guard actions.count == 2, case .send(.reject(let rejection)) = actions[0], case .close(let error) = actions[1]
+    else { return nil }
+    return (rejection.reason, error.code)
+}
+
+@Suite struct SyncSessionTests {
+    @Test func aGoodHelloEstablishesAndStartsARound() {
+        var session = SyncSession(local: hello(siteA), now: 0)
+        #expect(session.start() == [.send(.hello(hello(siteA)))])
+        let actions = session.receive(.hello(hello(siteB)), now: 10)
+        #expect(actions == [.established(hello(siteB), version: 1), .wantRound])
+        #expect(session.phase == .established)
+    }
+
+    @Test func badHellosAreRefusedWithTheirReason() {
+        let cases: [(Hello, Rejection.Reason, ShoalError.Code)] = [
+            (hello(siteB, versions: 2...3), .versionMismatch, .versionMismatch),
+            (hello(siteB, cluster: "other"), .clusterMismatch, .clusterMismatch),
+            (hello(siteA), .selfConnection, .selfConnection),
+            (hello(siteB, schema: "u"), .schemaMismatch, .unsupportedSchema),
+        ]
+        for (peer, reason, code) in cases {
+            var session = SyncSession(local: hello(siteA), now: 0)
+            let result = refusal(session.receive(.hello(peer), now: 1))
+            #expect(result?.0 == reason && result?.1 == code)
+            #expect(session.phase == .closed)
+            #expect(session.receive(.ping(1), now: 2).isEmpty)
+        }
+    }
+
+    @Test func anythingBeforeHelloIsRefused() {
+        var session = SyncSession(local: hello(siteA), now: 0)
+        #expect(refusal(session.receive(.ping(3), now: 1))?.0 == .malformedMessage)
+    }
+
+    @Test func aSilentPeerTimesOutOnInjectedTime() {
+        var configuration = SyncSession.Configuration()
+        configuration.handshakeTimeout = 100
+        configuration.keepaliveInterval = 50
+        configuration.idleTimeout = 200
+        var waiting = SyncSession(local: hello(siteA), configuration: configuration, now: 1_000)
+        #expect(waiting.tick(now: 1_099).isEmpty)
+        #expect(refusal(waiting.tick(now: 1_100))?.1 == .timeout)
+
+        var session = SyncSession(local: hello(siteA), configuration: configuration, now: 0)
+        _ = session.receive(.hello(hello(siteB)), now: 0)
+        #expect(session.tick(now: 49).isEmpty)
+        #expect(session.tick(now: 50) == [.send(.ping(50))])
+        #expect(session.tick(now: 60).isEmpty)  // one ping at a time
+        #expect(session.receive(.pong(50), now: 70).isEmpty)
+        #expect(refusal(session.tick(now: 270))?.1 == .timeout)
+    }
+
+    @Test func roundsDoNotOverlapAndAStrayBatchIsRefused() {
+        var session = SyncSession(local: hello(siteA), now: 0)
+        _ = session.receive(.hello(hello(siteB)), now: 0)
+        let vector = VersionVector([siteA: 2])
+        #expect(
+            session.startRound(versionVector: vector, now: 1) == [
+                .send(.syncRequest(SyncRequest(requestID: 1, versionVector: vector)))
+            ]
+        )
+        #expect(session.startRound(versionVector: vector, now: 2).isEmpty)
+        // The peer pulls while our pull runs: serve it, without starting another pull now.
+        let request = SyncRequest(requestID: 9, versionVector: VersionVector())
+        #expect(session.receive(.syncRequest(request), now: 3) == [.serve(request)])
+        let last = ChangeBatchMessage(requestID: 1, isLast: true, batch: ChangeBatch(changes: [], claim: vector))
+        #expect(session.receive(.changeBatch(last), now: 4) == [.apply(last)])
+        let done = session.applied(last, versionVector: vector, digest: nil, now: 5)
+        #expect(
+            done == [.send(.ack(Ack(requestID: 1, versionVector: vector))), .roundFinished(requestID: 1), .wantRound]
+        )
+        let stray = ChangeBatchMessage(requestID: 1, isLast: true, batch: ChangeBatch(changes: [], claim: vector))
+        #expect(refusal(session.receive(.changeBatch(stray), now: 6))?.0 == .malformedMessage)
+    }
+
+    @Test func aRejectFromThePeerClosesWithItsReason() {
+        var session = SyncSession(local: hello(siteA), now: 0)
+        let actions = session.receive(.reject(Rejection(.tooManyConnections, "full")), now: 1)
+        guard case .close(let error) = actions.first else {
+            Issue.record("expected a close")
+            return
+        }
+        #expect(error.code == .rejected && error.message.contains("full"))
+    }
+}
