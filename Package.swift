@@ -48,10 +48,21 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // SwiftNIO TCP server and client driving sync sessions.
+        .target(
+            name: "ShoalTransport",
+            dependencies: [
+                "ShoalCore", "ShoalStore", "ShoalWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire"],
+            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire", "ShoalTransport"],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.
@@ -84,6 +95,15 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalTransportTests",
+            dependencies: [
+                "ShoalTransport", "ShoalStore", "ShoalWire", "ShoalCore", "shoal",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),

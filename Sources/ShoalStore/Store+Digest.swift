@@ -79,3 +79,10 @@ extension Store {
         )
     }
 }
+
+extension Store {
+    /// SQLite's data version: it changes whenever another connection commits to the file.
+    public func dataVersion() throws(ShoalError) -> Int64 {
+        try connection.scalar("PRAGMA data_version").integerValue ?? 0
+    }
+}

@@ -3,7 +3,7 @@ import Foundation
 import Shoal
 
 @main
-struct ShoalCommand: ParsableCommand {
+struct ShoalCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "shoal",
         abstract: "Peer-to-peer sync for SQLite databases.",
@@ -13,6 +13,7 @@ struct ShoalCommand: ParsableCommand {
             """,
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
+            Serve.self,
         ]
     )
 }

@@ -1,0 +1,85 @@
+import Logging
+import ShoalCore
+import ShoalStore
+import ShoalWire
+
+/// A host and port to dial.
+public struct PeerAddress: Hashable, Sendable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// Parses `host:port` or `[ipv6]:port`.
+    public init?(parsing text: String) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
+            (0...65_535).contains(port)
+        else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self.init(host: host, port: port)
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+/// How a ``SyncNode`` runs.
+public struct NodeConfiguration: Sendable {
+    public var databasePath: String
+    /// Nodes of different clusters refuse each other. Until peers authenticate, this is the only gate.
+    public var clusterID = "default"
+    public var nodeName: String?
+    public var listenHost = "127.0.0.1"
+    /// 0 picks a free port.
+    public var listenPort = 0
+    public var staticPeers: [PeerAddress] = []
+    /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
+    public var roundIntervalMilliseconds: UInt64 = 2_000
+    /// How often the node looks for commits made by other processes.
+    public var localChangePollMilliseconds: UInt64 = 20
+    public var maxChangesPerBatch = 5_000
+    public var maximumConnections = 64
+    public var maximumFrameLength = WireProtocol.defaultMaximumFrameLength
+    /// Reconnection backoff after failures: from the first delay, doubling to the cap, with jitter.
+    public var backoffInitialMilliseconds: UInt64 = 100
+    public var backoffMaximumMilliseconds: UInt64 = 30_000
+    public var session = SyncSession.Configuration()
+    public var storeOptions = StoreOptions()
+    public var logger = Logger(label: "shoal.node")
+
+    public init(databasePath: String) {
+        self.databasePath = databasePath
+    }
+}
+
+/// What a node reports as it runs.
+public enum NodeEvent: Sendable, Hashable {
+    case listening(port: Int)
+    case peerConnected(SiteID, name: String, address: String)
+    case peerDisconnected(SiteID, reason: String)
+    /// A pull from `peer` finished; `applied` changes took effect.
+    case roundFinished(peer: SiteID, applied: Int)
+    /// A connection failed before or during the handshake.
+    case connectionFailed(address: String, reason: String)
+}
+
+/// One peer as the node sees it.
+public struct PeerStatus: Sendable, Hashable {
+    public var siteID: SiteID
+    public var name: String
+    public var address: String
+    public var isConnected: Bool
+    /// Milliseconds since the Unix epoch, of the last pull that finished.
+    public var lastSuccessfulSync: UInt64?
+    public var consecutiveFailures: Int
+    public var roundsFinished: Int
+    public var roundsFailed: Int
+    /// Durations of recent pulls, in milliseconds (most recent last, bounded).
+    public var recentRoundMilliseconds: [UInt64]
+    /// What the peer last acknowledged holding.
+    public var versionVector: VersionVector
+}

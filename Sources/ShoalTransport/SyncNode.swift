@@ -1,0 +1,304 @@
+import Logging
+import NIOCore
+import NIOPosix
+import ShoalCore
+import ShoalStore
+import ShoalWire
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A Shoal node: listens for peers, dials static peers, and keeps every connected peer in sync.
+///
+/// ``run()`` does the work until its task is cancelled. Every commit to the database, by this node or by
+/// another process, starts a round with every connected peer within ``NodeConfiguration/localChangePollMilliseconds``.
+public actor SyncNode {
+    public let configuration: NodeConfiguration
+    let worker: StoreWorker
+    /// Events as they happen, for observers and tests.
+    public nonisolated let events: AsyncStream<NodeEvent>
+    private let eventSink: AsyncStream<NodeEvent>.Continuation
+    private var connections: [Int: ConnectionEntry] = [:]
+    private var nextConnectionID = 0
+    private var peers: [SiteID: PeerStatus] = [:]
+    /// The port the node listens on, once ``run()`` has bound it.
+    public private(set) var listeningPort: Int?
+    public nonisolated let siteID: SiteID
+
+    struct ConnectionEntry {
+        let dialed: Bool
+        var peer: SiteID?
+        let inbox: AsyncStream<ConnectionEvent>.Continuation
+    }
+
+    public init(configuration: NodeConfiguration) async throws {
+        self.configuration = configuration
+        let worker = try StoreWorker(path: configuration.databasePath, options: configuration.storeOptions)
+        self.worker = worker
+        self.siteID = await worker.siteID
+        (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
+    }
+
+    /// Peers seen since start, connected or not.
+    public func peerStatuses() -> [PeerStatus] {
+        peers.values.sorted { $0.siteID < $1.siteID }
+    }
+
+    /// Runs SQL through the node's own connection and starts rounds at once.
+    @discardableResult
+    public func execute(_ sql: String, _ arguments: [SQLValue] = []) async throws -> QueryResult {
+        let result = try await worker.withStore { try $0.execute(sql, arguments) }
+        broadcast(.localChange)
+        return result
+    }
+
+    /// The state digest of the node's database.
+    public func digest() async throws -> StateDigest {
+        try await worker.digest()
+    }
+
+    /// Listens, dials, and syncs until cancelled.
+    public func run() async throws {
+        let maximumFrame = configuration.maximumFrameLength
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(.backlog, value: 256)
+            .bind(host: configuration.listenHost, port: configuration.listenPort) { channel in
+                Self.wrap(channel, maximumFrame: maximumFrame)
+            }
+        listeningPort = server.channel.localAddress?.port
+        if let listeningPort { eventSink.yield(.listening(port: listeningPort)) }
+        configuration.logger.info(
+            "listening",
+            metadata: ["address": "\(configuration.listenHost):\(listeningPort ?? 0)", "site": "\(siteID.hex)"]
+        )
+        defer { eventSink.finish() }
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask {
+                try await server.executeThenClose { inbound in
+                    try await withThrowingDiscardingTaskGroup { connections in
+                        for try await child in inbound {
+                            let address = child.channel.remoteAddress.map { "\($0)" } ?? "unknown"
+                            connections.addTask { _ = await self.handle(child, dialed: false, address: address) }
+                        }
+                    }
+                }
+            }
+            for peer in configuration.staticPeers {
+                group.addTask { await self.dialLoop(peer) }
+            }
+            group.addTask { try await self.watchLocalChanges() }
+            group.addTask { try await self.periodicRounds() }
+        }
+    }
+
+    private static func wrap(
+        _ channel: Channel,
+        maximumFrame: Int
+    ) -> EventLoopFuture<NIOAsyncChannel<WireMessage, WireMessage>> {
+        channel.eventLoop.makeCompletedFuture {
+            try channel.pipeline.syncOperations.addHandler(
+                ByteToMessageHandler(WireMessageDecoder(maximumFrameLength: maximumFrame))
+            )
+            try channel.pipeline.syncOperations.addHandler(
+                MessageToByteHandler(WireMessageEncoder(maximumFrameLength: maximumFrame))
+            )
+            return try NIOAsyncChannel<WireMessage, WireMessage>(wrappingChannelSynchronously: channel)
+        }
+    }
+
+    // MARK: - Dialling
+
+    private func dialLoop(_ address: PeerAddress) async {
+        var backoff = configuration.backoffInitialMilliseconds
+        let maximumFrame = configuration.maximumFrameLength
+        while !Task.isCancelled {
+            var established = false
+            do {
+                let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .connectTimeout(.seconds(3))
+                    .connect(host: address.host, port: address.port) { channel in
+                        Self.wrap(channel, maximumFrame: maximumFrame)
+                    }
+                established = await handle(channel, dialed: true, address: address.description)
+            } catch {
+                eventSink.yield(.connectionFailed(address: address.description, reason: "\(error)"))
+                configuration.logger.debug("dial failed", metadata: ["peer": "\(address)", "error": "\(error)"])
+            }
+            if established { backoff = configuration.backoffInitialMilliseconds }
+            let jittered = UInt64(Double(backoff) * Double.random(in: 0.8...1.2))
+            try? await Task.sleep(for: .milliseconds(jittered))
+            backoff = min(backoff * 2, configuration.backoffMaximumMilliseconds)
+        }
+    }
+
+    // MARK: - Triggers
+
+    private func watchLocalChanges() async throws {
+        _ = try await worker.changedElsewhere()
+        while !Task.isCancelled {
+            try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
+            if try await worker.changedElsewhere() { broadcast(.localChange) }
+        }
+    }
+
+    private func periodicRounds() async throws {
+        while !Task.isCancelled {
+            let interval = Double(configuration.roundIntervalMilliseconds) * Double.random(in: 0.8...1.2)
+            try await Task.sleep(for: .milliseconds(UInt64(interval)))
+            broadcast(.localChange)
+        }
+    }
+
+    private func broadcast(_ event: ConnectionEvent) {
+        for entry in connections.values { entry.inbox.yield(event) }
+    }
+
+    // MARK: - Connections
+
+    private func register(dialed: Bool, inbox: AsyncStream<ConnectionEvent>.Continuation) -> Int? {
+        guard connections.count < configuration.maximumConnections else { return nil }
+        nextConnectionID += 1
+        connections[nextConnectionID] = ConnectionEntry(dialed: dialed, peer: nil, inbox: inbox)
+        return nextConnectionID
+    }
+
+    /// Records an established connection; `false` when it duplicates a live one and must close.
+    ///
+    /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
+    private func established(_ id: Int, peer hello: Hello, address: String) -> Bool {
+        guard var entry = connections[id] else { return false }
+        if let (otherID, other) = connections.first(where: { $0.key != id && $0.value.peer == hello.siteID }) {
+            let keepDialled = siteID < hello.siteID
+            let keepThis = entry.dialed == keepDialled
+            if !keepThis { return false }
+            other.inbox.yield(.duplicate)
+            connections[otherID]?.peer = nil
+        }
+        entry.peer = hello.siteID
+        connections[id] = entry
+        var status =
+            peers[hello.siteID]
+            ?? PeerStatus(
+                siteID: hello.siteID,
+                name: hello.nodeName,
+                address: address,
+                isConnected: true,
+                lastSuccessfulSync: nil,
+                consecutiveFailures: 0,
+                roundsFinished: 0,
+                roundsFailed: 0,
+                recentRoundMilliseconds: [],
+                versionVector: VersionVector()
+            )
+        status.isConnected = true
+        status.name = hello.nodeName
+        status.address = address
+        peers[hello.siteID] = status
+        eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+        return true
+    }
+
+    private func closed(_ id: Int, error: ShoalError?) {
+        guard let entry = connections.removeValue(forKey: id) else { return }
+        guard let peer = entry.peer else { return }
+        if !connections.values.contains(where: { $0.peer == peer }) { peers[peer]?.isConnected = false }
+        if let error, error.code != .rejected { peers[peer]?.consecutiveFailures += 1 }
+        eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
+    }
+
+    private func roundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
+        peers[peer]?.lastSuccessfulSync = SystemWallClock().nowMilliseconds()
+        peers[peer]?.consecutiveFailures = 0
+        peers[peer]?.roundsFinished += 1
+        peers[peer]?.recentRoundMilliseconds.append(milliseconds)
+        if let count = peers[peer]?.recentRoundMilliseconds.count, count > 1_000 {
+            peers[peer]?.recentRoundMilliseconds.removeFirst(count - 1_000)
+        }
+        eventSink.yield(.roundFinished(peer: peer, applied: applied))
+    }
+
+    private func acknowledged(peer: SiteID, _ ack: Ack) {
+        peers[peer]?.versionVector = ack.versionVector
+    }
+
+    /// Runs one connection to its end; returns whether the handshake succeeded.
+    private func handle(
+        _ channel: NIOAsyncChannel<WireMessage, WireMessage>,
+        dialed: Bool,
+        address: String
+    ) async
+        -> Bool
+    {
+        let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
+        guard let id = register(dialed: dialed, inbox: continuation) else {
+            try? await channel.executeThenClose { _, outbound in
+                try await outbound.write(
+                    .reject(Rejection(.tooManyConnections, "this node is at its connection limit"))
+                )
+            }
+            return false
+        }
+        var connection = PeerConnection(
+            id: id,
+            node: self,
+            worker: worker,
+            configuration: configuration,
+            address: address
+        )
+        let outcome: PeerConnection.Outcome
+        do {
+            let hello = try await worker.hello(
+                clusterID: configuration.clusterID,
+                nodeName: configuration.nodeName,
+                listenPort: UInt16(listeningPort ?? 0)
+            )
+            outcome = try await channel.executeThenClose { inbound, outbound in
+                try await connection.run(
+                    hello: hello,
+                    inbound: inbound,
+                    outbound: outbound,
+                    inbox: inbox,
+                    events: continuation
+                )
+            }
+        } catch {
+            outcome = PeerConnection.Outcome(established: false, error: ShoalError(code: .sqlite, message: "\(error)"))
+        }
+        if !outcome.established, let error = outcome.error {
+            eventSink.yield(.connectionFailed(address: address, reason: error.message))
+        }
+        closed(id, error: outcome.error)
+        return outcome.established
+    }
+
+    // Entry points for PeerConnection.
+    func connectionEstablished(_ id: Int, peer: Hello, address: String) -> Bool {
+        established(id, peer: peer, address: address)
+    }
+
+    func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
+        roundFinished(peer: peer, applied: applied, milliseconds: milliseconds)
+    }
+
+    func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
+        acknowledged(peer: peer, ack)
+    }
+
+    func connectionRoundFailed(peer: SiteID) {
+        peers[peer]?.roundsFailed += 1
+        peers[peer]?.consecutiveFailures += 1
+    }
+}
+
+/// What reaches a connection's loop.
+enum ConnectionEvent: Sendable {
+    case message(WireMessage)
+    case ended(ShoalError?)
+    case tick
+    /// Something changed locally (or a periodic round is due): pull, so the peer pulls too.
+    case localChange
+    /// Another connection to the same peer won.
+    case duplicate
+}

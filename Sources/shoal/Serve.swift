@@ -1,0 +1,98 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import Shoal
+
+extension ShoalCommand {
+    struct Serve: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Run a node: listen for peers, dial static peers, and keep them in sync until stopped.",
+            discussion: """
+                Prints `listening on HOST:PORT` once bound (port 0 picks a free port). Writes made to the same \
+                database by other processes (for example `shoal sql`) reach the peers within milliseconds. \
+                Stop it with SIGINT or SIGTERM. Peers are not authenticated yet: the cluster id is the only gate, \
+                so listen on addresses only trusted machines can reach.
+                """
+        )
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "Address to listen on.") var listen = "127.0.0.1:0"
+        @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
+        @Option(help: "Cluster id: nodes of other clusters are refused.") var cluster = "default"
+        @Option(help: "Node name shown to peers.") var name: String?
+        @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
+
+        func run() async throws {
+            guard let address = PeerAddress(parsing: listen) else {
+                throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
+            }
+            var configuration = NodeConfiguration(databasePath: database.db)
+            configuration.listenHost = address.host
+            configuration.listenPort = address.port
+            configuration.clusterID = cluster
+            configuration.nodeName = name
+            configuration.roundIntervalMilliseconds = roundInterval
+            configuration.staticPeers = try peers.map { text in
+                guard let peer = PeerAddress(parsing: text) else {
+                    throw ShoalError(code: .invalidArgument, message: "--peer wants HOST:PORT, got \"\(text)\"")
+                }
+                return peer
+            }
+            let node = try await SyncNode(configuration: configuration)
+            let running = Task { try await node.run() }
+            let stop = SignalWatcher { running.cancel() }
+            defer { stop.cancel() }
+            let reporter = Task {
+                for await event in node.events {
+                    switch event {
+                    case .listening(let port):
+                        // Written in one call, unbuffered, so a script reading the pipe sees it at once.
+                        FileHandle.standardOutput.write(
+                            Data("listening on \(PeerAddress(host: address.host, port: port))\n".utf8)
+                        )
+                    case .peerConnected(let site, let name, let peerAddress):
+                        log("peer connected: \(name) \(site.hex.prefix(8)) at \(peerAddress)")
+                    case .peerDisconnected(let site, let reason):
+                        log("peer disconnected: \(site.hex.prefix(8)): \(reason)")
+                    case .roundFinished(let peer, let applied) where applied > 0:
+                        log("synced \(applied) changes from \(peer.hex.prefix(8))")
+                    case .connectionFailed(let peerAddress, let reason):
+                        log("connection to \(peerAddress) failed: \(reason)")
+                    case .roundFinished:
+                        break
+                    }
+                }
+            }
+            do {
+                try await running.value
+            } catch is CancellationError {
+                // Stopped by a signal.
+            }
+            reporter.cancel()
+            log("stopped")
+        }
+
+        private func log(_ line: String) {
+            FileHandle.standardError.write(Data("shoal: \(line)\n".utf8))
+        }
+    }
+}
+
+/// Calls `stop` once on SIGINT or SIGTERM.
+final class SignalWatcher {
+    private let sources: [any DispatchSourceSignal]
+
+    init(stop: @escaping @Sendable () -> Void) {
+        sources = [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler(handler: stop)
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        for source in sources { source.cancel() }
+    }
+}
