@@ -1,0 +1,100 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+@testable import ShoalWire
+
+@Suite struct SyncNodeTests {
+    @Test func twoNodesSyncBothWaysIncludingWritesFromAnotherProcess() async throws {
+        let directory = try temporaryDirectory("nodes")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.next(within: 10) { if case .peerConnected = $0 { true } else { false } })
+
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from a', 1)")
+        try await b.node.execute("INSERT INTO kv(k, v, n) VALUES ('from b', x'00ff', 2)")
+        #expect(try await converge(a, b))
+
+        // A write by another process (shoal sql) on a's file reaches b through a.
+        let process = Process()
+        process.executableURL = try shoalExecutable()
+        process.arguments = ["sql", "--db", a.path, "UPDATE kv SET n = n + 5 WHERE k = 'from b'"]
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        #expect(try await converge(a, b))
+        let rows = try await b.node.execute("SELECT k, n FROM kv ORDER BY k").rows
+        #expect(rows == [[.text("from a"), .integer(0)], [.text("from b"), .integer(7)]])
+
+        let peersOfB = await b.node.peerStatuses()
+        #expect(peersOfB.count == 1 && peersOfB[0].isConnected && peersOfB[0].roundsFinished > 0)
+        #expect(peersOfB[0].siteID == a.node.siteID)
+        await b.stop()
+        await a.stop()
+    }
+
+    @Test func misbehavingPeersGetTypedRejectionsAndTheNodeKeepsServing() async throws {
+        let directory = try temporaryDirectory("bad")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { configuration in
+            configuration.session.handshakeTimeout = 300
+            configuration.maximumFrameLength = 1 << 20
+        }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.next(within: 10) { if case .peerConnected = $0 { true } else { false } })
+
+        func rejection(_ messages: [WireMessage]) -> Rejection.Reason? {
+            for case .reject(let rejection) in messages { return rejection.reason }
+            return nil
+        }
+        let fingerprint = try Store(path: a.path).schemaFingerprint()
+        func hello(cluster: String = "test", site: SiteID = .random(), versions: ClosedRange<UInt16> = 1...1) -> [UInt8]
+        {
+            frame(
+                .hello(
+                    Hello(
+                        versions: versions,
+                        clusterID: cluster,
+                        siteID: site,
+                        nodeName: "intruder",
+                        schemaFingerprint: fingerprint,
+                        listenPort: 0
+                    )
+                )
+            )
+        }
+
+        // Garbage (an HTTP request read as a frame length) and an oversized frame.
+        #expect(
+            rejection(try await rawExchange(port: a.port, sending: Array("GET / HTTP/1.1\r\n\r\n".utf8)))
+                == .frameTooLarge
+        )
+        #expect(rejection(try await rawExchange(port: a.port, sending: [0x7F, 0, 0, 0, 1])) == .frameTooLarge)
+        // Another cluster, our own site id, a protocol version we do not speak.
+        #expect(rejection(try await rawExchange(port: a.port, sending: hello(cluster: "other"))) == .clusterMismatch)
+        #expect(rejection(try await rawExchange(port: a.port, sending: hello(site: a.node.siteID))) == .selfConnection)
+        #expect(rejection(try await rawExchange(port: a.port, sending: hello(versions: 7...9))) == .versionMismatch)
+        // An unknown message type after a good hello, and a malformed one.
+        #expect(
+            rejection(try await rawExchange(port: a.port, sending: hello() + [0, 0, 0, 1, 99])) == .unknownMessageType
+        )
+        #expect(
+            rejection(try await rawExchange(port: a.port, sending: hello() + [0, 0, 0, 2, 5, 1])) == .malformedMessage
+        )
+        // A truncated frame followed by the end of the connection.
+        let truncated = try await rawExchange(port: a.port, sending: [0, 0, 0, 9, 5, 1], finish: true)
+        #expect(truncated.allSatisfy { if case .hello = $0 { true } else if case .reject = $0 { true } else { false } })
+        // A peer that connects and never says hello is dropped after the handshake timeout.
+        #expect(rejection(try await rawExchange(port: a.port, sending: [])) == .timeout)
+
+        // Through all of that, the good peer keeps syncing.
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('still', 'here')")
+        #expect(try await converge(a, b))
+        #expect(await a.node.peerStatuses().filter(\.isConnected).count == 1)
+        await b.stop()
+        await a.stop()
+    }
+}

@@ -1,0 +1,157 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+@testable import ShoalWire
+
+/// Collects a node's events so tests can wait for one (with a deadline) instead of sleeping.
+actor EventLog {
+    private(set) var events: [NodeEvent] = []
+    private var waiters:
+        [(id: Int, matches: @Sendable (NodeEvent) -> Bool, continuation: CheckedContinuation<Bool, Never>)] = []
+    private var nextWaiter = 0
+
+    func append(_ event: NodeEvent) {
+        events.append(event)
+        for waiter in waiters where waiter.matches(event) { waiter.continuation.resume(returning: true) }
+        waiters.removeAll { $0.matches(event) }
+    }
+
+    /// Waits for the next event matching `matches`; `false` if none came within `seconds`.
+    func next(within seconds: Double, _ matches: @escaping @Sendable (NodeEvent) -> Bool) async -> Bool {
+        nextWaiter += 1
+        let id = nextWaiter
+        return await withCheckedContinuation { continuation in
+            waiters.append((id, matches, continuation))
+            Task {
+                try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
+                self.expire(id)
+            }
+        }
+    }
+
+    private func expire(_ id: Int) {
+        guard let index = waiters.firstIndex(where: { $0.id == id }) else { return }
+        waiters.remove(at: index).continuation.resume(returning: false)
+    }
+}
+
+/// A running node on loopback, with its database and its event log.
+struct RunningNode {
+    let node: SyncNode
+    let task: Task<Void, any Error>
+    let log: EventLog
+    let port: Int
+    let path: String
+
+    func stop() async {
+        task.cancel()
+        _ = try? await task.value
+    }
+}
+
+func startNode(
+    in directory: URL,
+    name: String,
+    peers: [Int] = [],
+    configure: (inout NodeConfiguration) -> Void = { _ in }
+) async throws -> RunningNode {
+    let path = directory.appendingPathComponent("\(name).db").path
+    do {
+        var options = StoreOptions()
+        options.nodeName = name
+        let store = try Store(path: path, options: options)
+        if try store.replicatedTables().isEmpty {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v, n INTEGER DEFAULT 0)")
+            try store.replicate(table: "kv", counters: ["n"])
+        }
+    }
+    var configuration = NodeConfiguration(databasePath: path)
+    configuration.clusterID = "test"
+    configuration.staticPeers = peers.map { PeerAddress(host: "127.0.0.1", port: $0) }
+    configuration.roundIntervalMilliseconds = 60_000  // rounds here come from writes, not the timer
+    configure(&configuration)
+    let node = try await SyncNode(configuration: configuration)
+    let log = EventLog()
+    Task { for await event in node.events { await log.append(event) } }
+    let task = Task { try await node.run() }
+    guard await log.next(within: 10, { if case .listening = $0 { true } else { false } }),
+        let port = await node.listeningPort
+    else { throw ShoalError(code: .timeout, message: "node \(name) did not start listening") }
+    return RunningNode(node: node, task: task, log: log, port: port, path: path)
+}
+
+/// Waits until the two nodes' digests match, re-checking after each finished round; `false` on deadline.
+func converge(_ a: RunningNode, _ b: RunningNode, within seconds: Double = 15) async throws -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try await a.node.digest() == b.node.digest() { return true }
+        _ = await b.log.next(within: 0.5) { if case .roundFinished = $0 { true } else { false } }
+    }
+    return try await a.node.digest() == b.node.digest()
+}
+
+func temporaryDirectory(_ name: String) throws -> URL {
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "shoal-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    )
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    return url
+}
+
+/// The `shoal` executable built beside the tests.
+func shoalExecutable() throws -> URL {
+    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path)
+        && directory.path != "/"
+    {
+        directory = directory.deletingLastPathComponent()
+    }
+    return directory.appendingPathComponent("shoal")
+}
+
+/// Connects to `port` with raw bytes, sends `bytes` (then closes its side if `finish`), and returns every
+/// message the node sends back before it closes the connection (or `seconds` pass).
+func rawExchange(
+    port: Int,
+    sending bytes: [UInt8],
+    finish: Bool = false,
+    within seconds: Double = 10
+) async throws
+    -> [WireMessage]
+{
+    let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        .connect(host: "127.0.0.1", port: port) { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+            }
+        }
+    return try await channel.executeThenClose { inbound, outbound in
+        if !bytes.isEmpty { try await outbound.write(ByteBuffer(bytes: bytes)) }
+        if finish { outbound.finish() }
+        var received = ByteBuffer()
+        let deadline = Task {
+            try await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
+            channel.channel.close(promise: nil)
+        }
+        defer { deadline.cancel() }
+        do {
+            for try await chunk in inbound { received.writeImmutableBuffer(chunk) }
+        } catch {}
+        var messages: [WireMessage] = []
+        while let message = try? WireMessageDecoder.nextMessage(from: &received, maximumFrameLength: 1 << 24) {
+            messages.append(message)
+        }
+        return messages
+    }
+}
+
+func frame(_ message: WireMessage) -> [UInt8] {
+    var buffer = ByteBuffer()
+    try! WireMessageEncoder.write(message, to: &buffer, maximumFrameLength: 1 << 24)
+    return Array(buffer.readableBytesView)
+}
