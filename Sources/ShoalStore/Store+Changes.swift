@@ -8,53 +8,14 @@ extension Store {
     /// ``ChangeBatch/claim`` says what the receiver holds once it has applied it and the batches before it.
     /// There is always at least one batch, so the receiver learns the final claim even when nothing is sent.
     public func changes(since: VersionVector, maxChangesPerBatch: Int = 10_000) throws(ShoalError) -> [ChangeBatch] {
-        try refreshSchema()
-        let held = try versionVector()
+        let cursor = try deltaCursor(since: since)
         var batches: [ChangeBatch] = []
-        var current: [Change] = []
-        var claim = since
-        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        let select = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? ORDER BY seq, tbl")
-        for (index, site) in sites.all.sorted(by: { $0.site < $1.site }) {
-            let from = since[site]
-            guard held[site] > from else { continue }
-            try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: from))])
-            var rows: [(seq: UInt64, table: Int64, keys: [UInt8])] = []
-            while try select.step() {
-                rows.append((UInt64(select.columnInt64(0)), select.columnInt64(1), select.columnBytes(2)))
-            }
-            select.reset()
-            var position = 0
-            while position < rows.count {
-                let seq = rows[position].seq
-                let dot = Dot(site: site, seq: seq)
-                var dotChanges: [Change] = []
-                while position < rows.count && rows[position].seq == seq {
-                    let row = rows[position]
-                    position += 1
-                    guard let table = tablesByID[row.table] else { continue }
-                    var seen = Set<[SQLValue]>()
-                    for key in try decodeLogKeys(row.keys, keyCount: table.keyColumns.count)
-                    where seen.insert(key).inserted {
-                        try collect(dot: dot, table: table, key: key, into: &dotChanges)
-                    }
-                }
-                if !current.isEmpty && current.count + dotChanges.count > maxChangesPerBatch {
-                    batches.append(ChangeBatch(changes: current, claim: claim))
-                    current = []
-                }
-                current.append(contentsOf: dotChanges)
-                claim.advance(site, to: seq)
-            }
-            claim.advance(site, to: held[site])
-        }
-        claim.merge(held)
-        batches.append(ChangeBatch(changes: current, claim: claim))
+        while let batch = try nextBatch(cursor, maxChanges: maxChangesPerBatch) { batches.append(batch) }
         return batches
     }
 
     /// The changes of transaction `dot` that row `key` still holds.
-    private func collect(
+    func collect(
         dot: Dot,
         table: ReplicatedTable,
         key: [SQLValue],

@@ -131,11 +131,24 @@ struct PeerConnection {
                     }
                     actions += session.startRound(versionVector: try await worker.versionVector(), now: Self.now())
                 case .serve(let request):
-                    let batches = try await worker.changes(
-                        since: request.versionVector,
-                        maxChangesPerBatch: configuration.maxChangesPerBatch
-                    )
-                    for message in SyncSession.batches(for: request, batches) { try await write(message, to: outbound) }
+                    // One bounded batch at a time: memory stays flat however much the peer lacks.
+                    let cursor = try await worker.openCursor(since: request.versionVector)
+                    do {
+                        while let (batch, isLast) = try await worker.nextBatch(
+                            cursor,
+                            maxChanges: configuration.maxChangesPerBatch
+                        ) {
+                            try await write(
+                                .changeBatch(
+                                    ChangeBatchMessage(requestID: request.requestID, isLast: isLast, batch: batch)
+                                ),
+                                to: outbound
+                            )
+                        }
+                    } catch {
+                        await worker.closeCursor(cursor)
+                        throw error
+                    }
                 case .apply(let message):
                     let result = try await worker.apply(message.batch)
                     appliedThisRound += result.applied

@@ -29,8 +29,28 @@ actor StoreWorker {
         try store.versionVector()
     }
 
-    func changes(since: VersionVector, maxChangesPerBatch: Int) throws(ShoalError) -> [ChangeBatch] {
-        try store.changes(since: since, maxChangesPerBatch: maxChangesPerBatch)
+    private var cursors: [Int: DeltaCursor] = [:]
+    private var nextCursor = 0
+
+    /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:)``.
+    func openCursor(since: VersionVector) throws(ShoalError) -> Int {
+        nextCursor += 1
+        cursors[nextCursor] = try store.deltaCursor(since: since)
+        return nextCursor
+    }
+
+    /// The next batch of an answer and whether it is the last; the cursor is dropped after the last one.
+    func nextBatch(_ cursor: Int, maxChanges: Int) throws(ShoalError) -> (batch: ChangeBatch, isLast: Bool)? {
+        guard let delta = cursors[cursor], let batch = try store.nextBatch(delta, maxChanges: maxChanges) else {
+            cursors[cursor] = nil
+            return nil
+        }
+        if delta.isFinished { cursors[cursor] = nil }
+        return (batch, delta.isFinished)
+    }
+
+    func closeCursor(_ cursor: Int) {
+        cursors[cursor] = nil
     }
 
     /// Applies a batch unless it holds nothing new (an idle round writes nothing); returns the version vector.

@@ -1,0 +1,141 @@
+import ShoalCore
+
+/// A position in the answer to "what does this version vector lack": the store hands out one bounded
+/// batch at a time from it (``Store/nextBatch(_:maxChanges:)``), so a catch-up of any size needs memory
+/// for one batch only.
+///
+/// Batches are cut at transaction boundaries. A transaction larger than a batch on its own is split; its
+/// earlier parts claim nothing for it, so an interrupted catch-up sends it again from its start.
+public final class DeltaCursor {
+    let since: VersionVector
+    let held: VersionVector
+    let sites: [(index: UInt64, site: SiteID)]
+    var siteIndex = 0
+    /// The highest seq of the current site already sent whole.
+    var floor: UInt64 = 0
+    var claim: VersionVector
+    /// The transaction being sent: its log rows, and how far through them.
+    var dot: Dot?
+    var dotRows: [(table: Int64, keys: [UInt8])] = []
+    var rowPosition = 0
+    var keyOffset = 0
+    var seenKeys = Set<[SQLValue]>()
+    var dotStartedInBatch = false
+    /// Whether the last batch (the one with the final claim) was handed out.
+    public internal(set) var isFinished = false
+
+    init(since: VersionVector, held: VersionVector, sites: [(index: UInt64, site: SiteID)]) {
+        self.since = since
+        self.held = held
+        self.sites = sites.sorted { $0.site < $1.site }
+        self.claim = since
+        if let first = self.sites.first { floor = since[first.site] }
+    }
+}
+
+extension Store {
+    /// Starts answering "what does `since` lack".
+    public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
+        try refreshSchema()
+        let held = try versionVector()
+        return DeltaCursor(since: since, held: held, sites: sites.all)
+    }
+
+    /// The next batch of about `maxChanges` changes (it ends after the row that reaches the limit), or `nil`
+    /// once the final batch was handed out.
+    public func nextBatch(_ cursor: DeltaCursor, maxChanges: Int) throws(ShoalError) -> ChangeBatch? {
+        guard !cursor.isFinished else { return nil }
+        try refreshSchema()
+        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
+        var changes: [Change] = []
+        var dotStart = 0
+        while true {
+            if let dot = cursor.dot {
+                // Continue the transaction in progress.
+                if cursor.dotStartedInBatch == false { dotStart = changes.count }
+                while cursor.rowPosition < cursor.dotRows.count {
+                    let row = cursor.dotRows[cursor.rowPosition]
+                    guard let table = tablesByID[row.table] else {
+                        cursor.rowPosition += 1
+                        cursor.keyOffset = 0
+                        cursor.seenKeys.removeAll()
+                        continue
+                    }
+                    var reader = ByteReader(row.keys)
+                    _ = try reader.readBytes(cursor.keyOffset)
+                    while !reader.isAtEnd {
+                        let length = Int(try reader.readVarint())
+                        var keyReader = ByteReader(Array(try reader.readBytes(length)))
+                        var key: [SQLValue] = []
+                        for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                        cursor.keyOffset = reader.offset
+                        guard cursor.seenKeys.insert(key).inserted else { continue }
+                        try collect(dot: dot, table: table, key: key, into: &changes)
+                        if changes.count >= maxChanges && !reader.isAtEnd {
+                            if dotStart > 0 && cursor.dotStartedInBatch {
+                                // The batch holds whole transactions before this one: end it there, and send
+                                // this transaction from its start next time.
+                                changes.removeSubrange(dotStart...)
+                                restart(cursor)
+                                return ChangeBatch(changes: changes, claim: cursor.claim)
+                            }
+                            // This transaction alone exceeds a batch: send a part, claiming nothing for it.
+                            cursor.dotStartedInBatch = false
+                            return ChangeBatch(changes: changes, claim: cursor.claim)
+                        }
+                    }
+                    cursor.rowPosition += 1
+                    cursor.keyOffset = 0
+                    cursor.seenKeys.removeAll()  // keys repeat only within one table's list
+                }
+                // The transaction is complete.
+                cursor.claim.advance(dot.site, to: dot.seq)
+                cursor.floor = dot.seq
+                cursor.dot = nil
+                if changes.count >= maxChanges { return ChangeBatch(changes: changes, claim: cursor.claim) }
+            }
+            // The next transaction of the current site, or the next site.
+            guard cursor.siteIndex < cursor.sites.count else {
+                cursor.isFinished = true
+                cursor.claim.merge(cursor.held)
+                return ChangeBatch(changes: changes, claim: cursor.claim)
+            }
+            let (index, site) = cursor.sites[cursor.siteIndex]
+            guard let seq = try nextLoggedSeq(site: index, after: cursor.floor), seq <= cursor.held[site] else {
+                cursor.claim.advance(site, to: cursor.held[site])
+                cursor.siteIndex += 1
+                if cursor.siteIndex < cursor.sites.count {
+                    cursor.floor = cursor.since[cursor.sites[cursor.siteIndex].site]
+                }
+                continue
+            }
+            let select = try statement("SELECT tbl, keys FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl")
+            try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: seq))])
+            var rows: [(table: Int64, keys: [UInt8])] = []
+            while try select.step() { rows.append((select.columnInt64(0), select.columnBytes(1))) }
+            select.reset()
+            cursor.dot = Dot(site: site, seq: seq)
+            cursor.dotRows = rows
+            cursor.rowPosition = 0
+            cursor.keyOffset = 0
+            cursor.seenKeys.removeAll()
+            cursor.dotStartedInBatch = true
+            dotStart = changes.count
+        }
+    }
+
+    private func restart(_ cursor: DeltaCursor) {
+        cursor.rowPosition = 0
+        cursor.keyOffset = 0
+        cursor.seenKeys.removeAll()
+        cursor.dotStartedInBatch = true
+    }
+
+    private func nextLoggedSeq(site index: UInt64, after floor: UInt64) throws(ShoalError) -> UInt64? {
+        let select = try statement("SELECT min(seq) FROM shoal_log WHERE site = ? AND seq > ?")
+        try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: floor))])
+        defer { select.reset() }
+        guard try select.step(), case .integer(let seq) = select.column(0) else { return nil }
+        return UInt64(seq)
+    }
+}

@@ -1,0 +1,45 @@
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+@Suite struct DeltaCursorTests {
+    @Test func aLargeTransactionIsSplitAndAnInterruptedCatchUpResumes() throws {
+        let source = try makeStore()
+        try makeItems(source)
+        try source.execute("INSERT INTO items(id, name) VALUES (10000, 'before')")
+        let insert = try source.prepare("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)")
+        try source.transaction {
+            for id in 0..<1_000 { try insert.execute([.integer(Int64(id)), .text("n\(id)"), .integer(Int64(id))]) }
+        }
+        try source.execute("INSERT INTO items(id, name) VALUES (20000, 'after')")
+        let big = Dot(site: source.siteID, seq: 2)
+
+        let batches = try source.changes(since: VersionVector(), maxChangesPerBatch: 100)
+        #expect(batches.count > 25)
+        // A batch ends once it reaches the limit, after the row in progress (items has 3 non-key columns).
+        #expect(batches.allSatisfy { $0.changes.count < 100 + 3 })
+        // Parts of the big transaction claim nothing for it until its last part.
+        let parts = batches.filter { $0.changes.contains { $0.dot == big } }
+        #expect(parts.dropLast().allSatisfy { !$0.claim.covers(big) })
+        #expect(parts.last!.claim.covers(big))
+
+        // Apply part of the catch-up, then resume from what the receiver claims.
+        let target = try makeStore()
+        try makeItems(target)
+        for batch in batches.prefix(batches.count / 2) { try target.apply(batch.changes, claim: batch.claim) }
+        #expect(!(try target.versionVector().covers(big)))
+        try sync(source, target)
+        #expect(try target.digest() == source.digest())
+        #expect(try target.versionVector() == source.versionVector())
+    }
+
+    @Test func anUpToDatePeerGetsOneEmptyBatch() throws {
+        let source = try makeStore()
+        try makeItems(source)
+        try source.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        let batches = try source.changes(since: source.versionVector())
+        #expect(batches.count == 1 && batches[0].changes.isEmpty)
+        #expect(batches[0].claim == (try source.versionVector()))
+    }
+}
