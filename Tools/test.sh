@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs every Shoal test: installs what is missing, builds, runs the offline demo as a smoke test, then the suite.
+# Runs every Shoal test: installs what is missing, builds, runs both demos as smoke tests, then the suite.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/Tools/setup.sh"
 swift build --build-tests 2>&1 | tail -n 3
-SHOAL_DEMO_QUIET=1 "$root/Tools/demo.sh"
+SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
+"$root/.build/debug/shoal" demo --nodes 3 --writes 50
 swift test --skip-build

@@ -37,8 +37,12 @@ enum Output {
         return String(decoding: data, as: UTF8.self)
     }
 
-    static func json(_ status: StoreStatus) -> String {
-        serialize([
+    static func json(_ status: StoreStatus, live: LiveStatus?) -> String {
+        let peers: Any =
+            live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
+        return serialize([
+            "running": live != nil,
+            "peers": peers,
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
             "version_vector": Dictionary(
@@ -55,7 +59,7 @@ enum Output {
         ])
     }
 
-    static func text(_ status: StoreStatus) -> String {
+    static func text(_ status: StoreStatus, live: LiveStatus?) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let name = status.nodeName { text += "name:       \(name)\n" }
         text +=
@@ -67,6 +71,22 @@ enum Output {
             let counters =
                 table.counterColumns.isEmpty ? "" : "  counters: \(table.counterColumns.joined(separator: ", "))"
             text += "  \(table.name): \(table.rows) rows, \(table.tombstones) tombstones\(counters)\n"
+        }
+        guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
+        text += "peers:\n"
+        if live.peers.isEmpty { text += "  none yet\n" }
+        let now = SystemWallClock().nowMilliseconds()
+        for peer in live.peers {
+            let state = peer.connected ? "live" : (peer.consecutiveFailures > 0 ? "failing" : "gone")
+            let last = peer.lastSuccessfulSyncMs.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
+            let total = peer.roundsFinished + peer.roundsFailed
+            let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"
+            let durations = peer.roundP50Ms.map { "p50 \($0) ms, p99 \(peer.roundP99Ms ?? $0) ms" } ?? "no rounds"
+            let inSync = peer.versionVector == Dictionary(
+                uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) })
+            text += "  \(peer.name) \(peer.site.prefix(8)) \(peer.address): \(state), last sync \(last), "
+                + "failures \(peer.consecutiveFailures), success \(rate), \(durations)"
+                + (inSync ? ", in sync\n" : ", behind or ahead\n")
         }
         return text
     }

@@ -40,6 +40,17 @@ extension ShoalCommand {
             }
             let node = try await SyncNode(configuration: configuration)
             let running = Task { try await node.run() }
+            let statusFile = LiveStatus.path(forDatabase: database.db)
+            let statusWriter = Task {
+                while !Task.isCancelled {
+                    try? LiveStatus(node: node.siteID, peers: await node.peerStatuses()).write(to: statusFile)
+                    try? await Task.sleep(for: .milliseconds(250))
+                }
+            }
+            defer {
+                statusWriter.cancel()
+                try? FileManager.default.removeItem(atPath: statusFile)
+            }
             let stop = SignalWatcher { running.cancel() }
             defer { stop.cancel() }
             let reporter = Task {

@@ -13,7 +13,7 @@ struct ShoalCommand: AsyncParsableCommand {
             """,
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
-            Serve.self,
+            Serve.self, Demo.self,
         ]
     )
 }
@@ -184,7 +184,8 @@ extension ShoalCommand {
         func run() throws {
             let store = try database.open()
             let status = try store.status()
-            print(json ? Output.json(status) : Output.text(status), terminator: json ? "\n" : "")
+            let live = LiveStatus.read(forDatabase: database.db)
+            print(json ? Output.json(status, live: live) : Output.text(status, live: live), terminator: json ? "\n" : "")
         }
     }
 

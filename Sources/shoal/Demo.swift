@@ -1,0 +1,169 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import Shoal
+
+extension ShoalCommand {
+    struct Demo: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Run N live nodes on this machine, write on all at once, and watch them converge.",
+            discussion: """
+                Starts N `shoal serve` processes on loopback, each with its own database, connected as a full \
+                mesh. Every node then writes at the same time: rows of its own, conflicting edits of shared rows, \
+                deletes, and counter increments. The table shows each node's rows, version vector, digest and \
+                live peers; the demo ends when all digests match (exit 0) or after a timeout (exit 1).
+                """)
+
+        @Option(help: "How many nodes.") var nodes = 5
+        @Option(help: "Writes per node.") var writes = 200
+        @Option(help: "Folder for the databases (default: a new temporary folder).") var dir: String?
+        @Option(help: "Seconds to wait for convergence.") var timeout: Double = 30
+
+        func run() async throws {
+            guard (2...32).contains(nodes) else {
+                throw ShoalError(code: .invalidArgument, message: "--nodes must be between 2 and 32")
+            }
+            let directory = dir ?? NSTemporaryDirectory() + "shoal-demo-\(getpid())"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let paths = (0..<nodes).map { "\(directory)/node\($0).db" }
+            for (index, path) in paths.enumerated() {
+                for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+                var options = StoreOptions()
+                options.nodeName = "node\(index)"
+                let store = try Store(path: path, options: options)
+                try store.execute(
+                    "CREATE TABLE stock(sku TEXT PRIMARY KEY, owner TEXT, price REAL, note TEXT, sold INTEGER DEFAULT 0)")
+                try store.replicate(table: "stock", counters: ["sold"])
+            }
+            print("Shoal demo: \(nodes) nodes in \(directory), mode: static peers on loopback (full mesh)")
+
+            var children: [Process] = []
+            defer {
+                for child in children where child.isRunning { child.terminate() }
+                for child in children { child.waitUntilExit() }
+            }
+            var ports: [Int] = []
+            for (index, path) in paths.enumerated() {
+                let peers = ports.flatMap { ["--peer", "127.0.0.1:\($0)"] }
+                let (child, port) = try startServe(path: path, name: "node\(index)", peers: peers)
+                children.append(child)
+                ports.append(port)
+                print("  node\(index) listening on 127.0.0.1:\(port)")
+            }
+
+            // Shared rows everyone will fight over, created on node 0 and spread by sync.
+            let seed = try Store(path: paths[0])
+            try seed.transaction {
+                for index in 0..<10 {
+                    try seed.execute(
+                        "INSERT INTO stock(sku, owner, price, note) VALUES (?, 'node0', 1.0, 'shared')",
+                        [.text("shared-\(index)")])
+                }
+            }
+            guard try await waitForConvergence(paths, seconds: timeout, show: false) != nil else {
+                print("the nodes did not converge on the shared rows in time")
+                throw ExitCode(1)
+            }
+
+            print("\nAll \(nodes) nodes now write at once: own rows, conflicting edits, deletes, counters.")
+            let started = Date()
+            let writeCount = writes
+            let nodeCount = nodes
+            DispatchQueue.concurrentPerform(iterations: nodes) { index in
+                Self.write(path: paths[index], node: index, nodes: nodeCount, writes: writeCount)
+            }
+            let lastWrite = Date()
+            print(String(format: "writes done in %.2f s; waiting for convergence\n", lastWrite.timeIntervalSince(started)))
+            guard let converged = try await waitForConvergence(paths, seconds: timeout, show: true) else {
+                print("NOT converged after \(Int(timeout)) s")
+                throw ExitCode(1)
+            }
+            let digest = try Store(path: paths[0]).digest().hex
+            print(String(format: "\nconverged %.0f ms after the last write: all %d digests are %@",
+                converged.timeIntervalSince(lastWrite) * 1000, nodes, String(digest.prefix(16))))
+        }
+
+        private func startServe(path: String, name: String, peers: [String]) throws -> (Process, Int) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+            process.arguments = ["serve", "--db", path, "--name", name, "--listen", "127.0.0.1:0", "--round-interval", "1000"]
+                + peers
+            let output = Pipe()
+            process.standardOutput = output
+            // Each node's log goes to a file beside its database.
+            _ = FileManager.default.createFile(atPath: path + ".log", contents: nil)
+            process.standardError = FileHandle(forWritingAtPath: path + ".log") ?? FileHandle.nullDevice
+            try process.run()
+            var said = ""
+            while !said.contains("\n") {
+                let chunk = output.fileHandleForReading.availableData
+                if chunk.isEmpty { break }
+                said += String(decoding: chunk, as: UTF8.self)
+            }
+            guard let port = said.split(separator: ":").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+            else { throw ShoalError(code: .invalidArgument, message: "\(name) did not start: \(said)") }
+            return (process, port)
+        }
+
+        /// One node's share of the writes, through its own database file (the node picks them up at once).
+        private static func write(path: String, node: Int, nodes: Int, writes: Int) {
+            guard let store = try? Store(path: path) else { return }
+            var random = SystemRandomNumberGenerator()
+            for step in 0..<writes {
+                let shared = SQLValue.text("shared-\(Int.random(in: 0..<10, using: &random))")
+                switch step % 5 {
+                case 0:
+                    _ = try? store.execute(
+                        "INSERT OR REPLACE INTO stock(sku, owner, price, note) VALUES (?, ?, ?, 'own')",
+                        [.text("node\(node)-\(step)"), .text("node\(node)"), .real(Double(step))])
+                case 1:
+                    _ = try? store.execute(
+                        "UPDATE stock SET price = ?, owner = ? WHERE sku = ?",
+                        [.real(Double(node * 1_000 + step)), .text("node\(node)"), shared])
+                case 2:
+                    _ = try? store.execute("UPDATE stock SET sold = sold + 1 WHERE sku = ?", [shared])
+                case 3:
+                    _ = try? store.execute("UPDATE stock SET note = ? WHERE sku = ?", [.text("edited by node\(node)"), shared])
+                default:
+                    if step % 25 == 4 {
+                        _ = try? store.execute("DELETE FROM stock WHERE sku = ?", [.text("node\((node + 1) % nodes)-\(step - 4)")])
+                    } else {
+                        _ = try? store.execute("UPDATE stock SET sold = sold + 2 WHERE sku = ?", [shared])
+                    }
+                }
+            }
+        }
+
+        /// Polls every node until all digests match; returns when, or `nil` after `seconds`.
+        private func waitForConvergence(_ paths: [String], seconds: Double, show: Bool) async throws -> Date? {
+            let deadline = Date().addingTimeInterval(seconds)
+            var lastShown = Date.distantPast
+            while Date() < deadline {
+                var rows: [(name: String, rows: Int, vector: VersionVector, digest: String, peers: Int)] = []
+                for (index, path) in paths.enumerated() {
+                    let store = try Store(path: path)
+                    let status = try store.status()
+                    let live = LiveStatus.read(forDatabase: path)?.peers.filter(\.connected).count ?? 0
+                    rows.append(("node\(index)", status.tables.first?.rows ?? 0, status.versionVector, status.digest.hex, live))
+                }
+                let converged = Set(rows.map(\.digest)).count == 1
+                if show && (converged || Date().timeIntervalSince(lastShown) > 0.5) {
+                    lastShown = Date()
+                    print("node    rows  changes seen  digest            live peers")
+                    for row in rows {
+                        let seen = row.vector.entries.values.reduce(0, +)
+                        print(
+                            row.name.padding(toLength: 8, withPad: " ", startingAt: 0)
+                                + String(row.rows).padding(toLength: 6, withPad: " ", startingAt: 0)
+                                + String(seen).padding(toLength: 14, withPad: " ", startingAt: 0)
+                                + String(row.digest.prefix(16)) + "  " + String(row.peers))
+                    }
+                    print(converged ? "all digests match" : "not yet converged")
+                }
+                if converged { return Date() }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            return nil
+        }
+    }
+}

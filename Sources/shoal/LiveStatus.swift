@@ -1,0 +1,57 @@
+import Foundation
+import Shoal
+
+/// What a running `shoal serve` publishes beside its database, once a second, for `shoal status`.
+struct LiveStatus: Codable {
+    struct Peer: Codable {
+        var site: String
+        var name: String
+        var address: String
+        var connected: Bool
+        var lastSuccessfulSyncMs: UInt64?
+        var consecutiveFailures: Int
+        var roundsFinished: Int
+        var roundsFailed: Int
+        var roundP50Ms: UInt64?
+        var roundP99Ms: UInt64?
+        var versionVector: [String: UInt64]
+    }
+
+    var node: String
+    var writtenAtMs: UInt64
+    var peers: [Peer]
+
+    static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
+
+    init(node: SiteID, peers: [PeerStatus]) {
+        self.node = node.hex
+        self.writtenAtMs = SystemWallClock().nowMilliseconds()
+        self.peers = peers.map { peer in
+            let sorted = peer.recentRoundMilliseconds.sorted()
+            func percentile(_ fraction: Double) -> UInt64? {
+                sorted.isEmpty ? nil : sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
+            }
+            return Peer(
+                site: peer.siteID.hex, name: peer.name, address: peer.address, connected: peer.isConnected,
+                lastSuccessfulSyncMs: peer.lastSuccessfulSync, consecutiveFailures: peer.consecutiveFailures,
+                roundsFinished: peer.roundsFinished, roundsFailed: peer.roundsFailed, roundP50Ms: percentile(0.5),
+                roundP99Ms: percentile(0.99),
+                versionVector: Dictionary(uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }))
+        }
+    }
+
+    func write(to path: String) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        try encoder.encode(self).write(to: URL(fileURLWithPath: path), options: .atomic)
+    }
+
+    /// The status of a node running on `database`, if one published it in the last few seconds.
+    static func read(forDatabase database: String) -> LiveStatus? {
+        guard let data = FileManager.default.contents(atPath: path(forDatabase: database)),
+            let status = try? JSONDecoder().decode(LiveStatus.self, from: data),
+            SystemWallClock().nowMilliseconds() - status.writtenAtMs < 5_000
+        else { return nil }
+        return status
+    }
+}
