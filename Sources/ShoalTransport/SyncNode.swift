@@ -40,6 +40,9 @@ public actor SyncNode {
         (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
     }
 
+    /// Open connections (handshaking or established).
+    public var connectionCount: Int { connections.count }
+
     /// Peers seen since start, connected or not.
     public func peerStatuses() -> [PeerStatus] {
         peers.values.sorted { $0.siteID < $1.siteID }

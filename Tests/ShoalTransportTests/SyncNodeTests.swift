@@ -98,3 +98,27 @@ import Testing
         await a.stop()
     }
 }
+
+@Suite struct ConnectionPolicyTests {
+    @Test func twoNodesDiallingEachOtherKeepOneConnection() async throws {
+        let directory = try temporaryDirectory("pair")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (portA, portB) = (try await freePort(), try await freePort())
+        let a = try await startNode(in: directory, name: "a", peers: [portB]) { $0.listenPort = portA }
+        let b = try await startNode(in: directory, name: "b", peers: [portA]) { $0.listenPort = portB }
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('x', 1)")
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('y', 2)")
+        #expect(try await converge(a, b))
+        // Each side dialled the other; both keep the connection dialled by the smaller site id, and only it.
+        for _ in 0..<3 {
+            try await a.node.execute("UPDATE kv SET n = n + 1 WHERE k = 'x'")
+            #expect(try await converge(a, b))
+        }
+        #expect(await a.node.peerStatuses().filter(\.isConnected).count == 1)
+        #expect(await b.node.peerStatuses().filter(\.isConnected).count == 1)
+        #expect(await a.node.connectionCount == 1)
+        #expect(await b.node.connectionCount == 1)
+        await b.stop()
+        await a.stop()
+    }
+}

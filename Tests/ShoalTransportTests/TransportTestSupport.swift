@@ -79,9 +79,14 @@ func startNode(
     let log = EventLog()
     Task { for await event in node.events { await log.append(event) } }
     let task = Task { try await node.run() }
-    guard await log.next(within: 10, { if case .listening = $0 { true } else { false } }),
+    // A deadline, not a synchronisation: the listening event is what we wait for.
+    guard await log.next(within: 60, { if case .listening = $0 { true } else { false } }),
         let port = await node.listeningPort
-    else { throw ShoalError(code: .timeout, message: "node \(name) did not start listening") }
+    else {
+        task.cancel()
+        let outcome = await task.result
+        throw ShoalError(code: .timeout, message: "node \(name) did not start listening: \(outcome)")
+    }
     return RunningNode(node: node, task: task, log: log, port: port, path: path)
 }
 
@@ -154,4 +159,13 @@ func frame(_ message: WireMessage) -> [UInt8] {
     var buffer = ByteBuffer()
     try! WireMessageEncoder.write(message, to: &buffer, maximumFrameLength: 1 << 24)
     return Array(buffer.readableBytesView)
+}
+
+/// A port free right now on 127.0.0.1.
+func freePort() async throws -> Int {
+    let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        .bind(host: "127.0.0.1", port: 0).get()
+    let port = channel.localAddress!.port!
+    try await channel.close()
+    return port
 }
