@@ -12,7 +12,7 @@ import Testing
         defer { try? FileManager.default.removeItem(at: directory) }
         let a = try await startNode(in: directory, name: "a")
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
-        #expect(await b.log.next(within: 10) { if case .peerConnected = $0 { true } else { false } })
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
 
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from a', 1)")
         try await b.node.execute("INSERT INTO kv(k, v, n) VALUES ('from b', x'00ff', 2)")
@@ -44,7 +44,7 @@ import Testing
             configuration.maximumFrameLength = 1 << 20
         }
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
-        #expect(await b.log.next(within: 10) { if case .peerConnected = $0 { true } else { false } })
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
 
         func rejection(_ messages: [WireMessage]) -> Rejection.Reason? {
             for case .reject(let rejection) in messages { return rejection.reason }

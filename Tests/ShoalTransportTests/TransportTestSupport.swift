@@ -21,6 +21,12 @@ actor EventLog {
         waiters.removeAll { $0.matches(event) }
     }
 
+    /// Whether an event matching `matches` happened already, or happens within `seconds`.
+    func seen(within seconds: Double, _ matches: @escaping @Sendable (NodeEvent) -> Bool) async -> Bool {
+        if events.contains(where: matches) { return true }
+        return await next(within: seconds, matches)
+    }
+
     /// Waits for the next event matching `matches`; `false` if none came within `seconds`.
     func next(within seconds: Double, _ matches: @escaping @Sendable (NodeEvent) -> Bool) async -> Bool {
         nextWaiter += 1
@@ -80,7 +86,7 @@ func startNode(
     Task { for await event in node.events { await log.append(event) } }
     let task = Task { try await node.run() }
     // A deadline, not a synchronisation: the listening event is what we wait for.
-    guard await log.next(within: 60, { if case .listening = $0 { true } else { false } }),
+    guard await log.seen(within: 60, { if case .listening = $0 { true } else { false } }),
         let port = await node.listeningPort
     else {
         task.cancel()
