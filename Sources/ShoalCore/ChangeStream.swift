@@ -166,7 +166,8 @@ public enum ChangeStream {
                     throw ShoalError(
                         code: .truncatedStream,
                         message: "the stream ends in the middle of line \(lineNumber) (was it cut short?); nothing "
-                            + "was applied")
+                            + "was applied"
+                    )
                 }
                 throw ShoalError.malformedStream(line: lineNumber, "not a change: \(describe(error))")
             }

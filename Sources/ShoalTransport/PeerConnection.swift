@@ -1,6 +1,7 @@
 import NIOCore
 import ShoalCore
 import ShoalWire
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -17,6 +18,8 @@ struct PeerConnection {
     }
 
     let id: Int
+    /// The underlying channel, closed when a write cannot finish in time.
+    let channel: Channel
     let node: SyncNode
     let worker: StoreWorker
     let configuration: NodeConfiguration
@@ -25,8 +28,16 @@ struct PeerConnection {
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
 
-    init(id: Int, node: SyncNode, worker: StoreWorker, configuration: NodeConfiguration, address: String) {
+    init(
+        id: Int,
+        channel: Channel,
+        node: SyncNode,
+        worker: StoreWorker,
+        configuration: NodeConfiguration,
+        address: String
+    ) {
         self.id = id
+        self.channel = channel
         self.node = node
         self.worker = worker
         self.configuration = configuration
@@ -112,6 +123,9 @@ struct PeerConnection {
             let action = actions.removeFirst()
             do throws(ShoalError) {
                 switch action {
+                case .send(.reject(let rejection)):
+                    // Best effort: the connection is closing anyway, and its reason must not be replaced.
+                    try? await write(.reject(rejection), to: outbound)
                 case .send(let message):
                     try await write(message, to: outbound)
                 case .established(let hello, _):
@@ -179,13 +193,27 @@ struct PeerConnection {
         return nil
     }
 
+    /// Sends one message; a peer that stops reading makes the write wait, and after the idle timeout the
+    /// connection is closed rather than left hanging.
     private func write(
         _ message: WireMessage,
         to outbound: NIOAsyncChannelOutboundWriter<WireMessage>
     ) async throws(ShoalError) {
+        let limit = configuration.session.idleTimeout
+        let channel = self.channel
+        let fired = Flag()
+        let watchdog = Task {
+            try await Task.sleep(for: .milliseconds(limit))
+            fired.set()
+            channel.close(promise: nil)
+        }
+        defer { watchdog.cancel() }
         do {
             try await outbound.write(message)
         } catch {
+            if fired.isSet {
+                throw ShoalError(code: .timeout, message: "the peer stopped reading: a write waited \(limit) ms")
+            }
             throw ShoalError(code: .timeout, message: "could not send to the peer: \(error)")
         }
     }
@@ -199,4 +227,12 @@ struct PeerConnection {
         default: .other
         }
     }
+}
+
+/// A flag set once, from any thread.
+final class Flag: Sendable {
+    private let value = Mutex(false)
+
+    func set() { value.withLock { $0 = true } }
+    var isSet: Bool { value.withLock { $0 } }
 }

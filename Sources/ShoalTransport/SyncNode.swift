@@ -245,6 +245,7 @@ public actor SyncNode {
         }
         var connection = PeerConnection(
             id: id,
+            channel: channel.channel,
             node: self,
             worker: worker,
             configuration: configuration,

@@ -12,7 +12,8 @@ extension ShoalCommand {
                 mesh. Every node then writes at the same time: rows of its own, conflicting edits of shared rows, \
                 deletes, and counter increments. The table shows each node's rows, version vector, digest and \
                 live peers; the demo ends when all digests match (exit 0) or after a timeout (exit 1).
-                """)
+                """
+        )
 
         @Option(help: "How many nodes.") var nodes = 5
         @Option(help: "Writes per node.") var writes = 200
@@ -32,7 +33,8 @@ extension ShoalCommand {
                 options.nodeName = "node\(index)"
                 let store = try Store(path: path, options: options)
                 try store.execute(
-                    "CREATE TABLE stock(sku TEXT PRIMARY KEY, owner TEXT, price REAL, note TEXT, sold INTEGER DEFAULT 0)")
+                    "CREATE TABLE stock(sku TEXT PRIMARY KEY, owner TEXT, price REAL, note TEXT, sold INTEGER DEFAULT 0)"
+                )
                 try store.replicate(table: "stock", counters: ["sold"])
             }
             print("Shoal demo: \(nodes) nodes in \(directory), mode: static peers on loopback (full mesh)")
@@ -57,7 +59,8 @@ extension ShoalCommand {
                 for index in 0..<10 {
                     try seed.execute(
                         "INSERT INTO stock(sku, owner, price, note) VALUES (?, 'node0', 1.0, 'shared')",
-                        [.text("shared-\(index)")])
+                        [.text("shared-\(index)")]
+                    )
                 }
             }
             guard try await waitForConvergence(paths, seconds: timeout, show: false) != nil else {
@@ -73,20 +76,29 @@ extension ShoalCommand {
                 Self.write(path: paths[index], node: index, nodes: nodeCount, writes: writeCount)
             }
             let lastWrite = Date()
-            print(String(format: "writes done in %.2f s; waiting for convergence\n", lastWrite.timeIntervalSince(started)))
+            print(
+                String(format: "writes done in %.2f s; waiting for convergence\n", lastWrite.timeIntervalSince(started))
+            )
             guard let converged = try await waitForConvergence(paths, seconds: timeout, show: true) else {
                 print("NOT converged after \(Int(timeout)) s")
                 throw ExitCode(1)
             }
             let digest = try Store(path: paths[0]).digest().hex
-            print(String(format: "\nconverged %.0f ms after the last write: all %d digests are %@",
-                converged.timeIntervalSince(lastWrite) * 1000, nodes, String(digest.prefix(16))))
+            print(
+                String(
+                    format: "\nconverged %.0f ms after the last write: all %d digests are %@",
+                    converged.timeIntervalSince(lastWrite) * 1000,
+                    nodes,
+                    String(digest.prefix(16))
+                )
+            )
         }
 
         private func startServe(path: String, name: String, peers: [String]) throws -> (Process, Int) {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-            process.arguments = ["serve", "--db", path, "--name", name, "--listen", "127.0.0.1:0", "--round-interval", "1000"]
+            process.arguments =
+                ["serve", "--db", path, "--name", name, "--listen", "127.0.0.1:0", "--round-interval", "1000"]
                 + peers
             let output = Pipe()
             process.standardOutput = output
@@ -100,7 +112,10 @@ extension ShoalCommand {
                 if chunk.isEmpty { break }
                 said += String(decoding: chunk, as: UTF8.self)
             }
-            guard let port = said.split(separator: ":").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+            guard
+                let port = said.split(separator: ":").last.flatMap({
+                    Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+                })
             else { throw ShoalError(code: .invalidArgument, message: "\(name) did not start: \(said)") }
             return (process, port)
         }
@@ -115,18 +130,26 @@ extension ShoalCommand {
                 case 0:
                     _ = try? store.execute(
                         "INSERT OR REPLACE INTO stock(sku, owner, price, note) VALUES (?, ?, ?, 'own')",
-                        [.text("node\(node)-\(step)"), .text("node\(node)"), .real(Double(step))])
+                        [.text("node\(node)-\(step)"), .text("node\(node)"), .real(Double(step))]
+                    )
                 case 1:
                     _ = try? store.execute(
                         "UPDATE stock SET price = ?, owner = ? WHERE sku = ?",
-                        [.real(Double(node * 1_000 + step)), .text("node\(node)"), shared])
+                        [.real(Double(node * 1_000 + step)), .text("node\(node)"), shared]
+                    )
                 case 2:
                     _ = try? store.execute("UPDATE stock SET sold = sold + 1 WHERE sku = ?", [shared])
                 case 3:
-                    _ = try? store.execute("UPDATE stock SET note = ? WHERE sku = ?", [.text("edited by node\(node)"), shared])
+                    _ = try? store.execute(
+                        "UPDATE stock SET note = ? WHERE sku = ?",
+                        [.text("edited by node\(node)"), shared]
+                    )
                 default:
                     if step % 25 == 4 {
-                        _ = try? store.execute("DELETE FROM stock WHERE sku = ?", [.text("node\((node + 1) % nodes)-\(step - 4)")])
+                        _ = try? store.execute(
+                            "DELETE FROM stock WHERE sku = ?",
+                            [.text("node\((node + 1) % nodes)-\(step - 4)")]
+                        )
                     } else {
                         _ = try? store.execute("UPDATE stock SET sold = sold + 2 WHERE sku = ?", [shared])
                     }
@@ -144,7 +167,9 @@ extension ShoalCommand {
                     let store = try Store(path: path)
                     let status = try store.status()
                     let live = LiveStatus.read(forDatabase: path)?.peers.filter(\.connected).count ?? 0
-                    rows.append(("node\(index)", status.tables.first?.rows ?? 0, status.versionVector, status.digest.hex, live))
+                    rows.append(
+                        ("node\(index)", status.tables.first?.rows ?? 0, status.versionVector, status.digest.hex, live)
+                    )
                 }
                 let converged = Set(rows.map(\.digest)).count == 1
                 if show && (converged || Date().timeIntervalSince(lastShown) > 0.5) {
@@ -156,7 +181,8 @@ extension ShoalCommand {
                             row.name.padding(toLength: 8, withPad: " ", startingAt: 0)
                                 + String(row.rows).padding(toLength: 6, withPad: " ", startingAt: 0)
                                 + String(seen).padding(toLength: 14, withPad: " ", startingAt: 0)
-                                + String(row.digest.prefix(16)) + "  " + String(row.peers))
+                                + String(row.digest.prefix(16)) + "  " + String(row.peers)
+                        )
                     }
                     print(converged ? "all digests match" : "not yet converged")
                 }

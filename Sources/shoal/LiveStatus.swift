@@ -32,11 +32,20 @@ struct LiveStatus: Codable {
                 sorted.isEmpty ? nil : sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
             }
             return Peer(
-                site: peer.siteID.hex, name: peer.name, address: peer.address, connected: peer.isConnected,
-                lastSuccessfulSyncMs: peer.lastSuccessfulSync, consecutiveFailures: peer.consecutiveFailures,
-                roundsFinished: peer.roundsFinished, roundsFailed: peer.roundsFailed, roundP50Ms: percentile(0.5),
+                site: peer.siteID.hex,
+                name: peer.name,
+                address: peer.address,
+                connected: peer.isConnected,
+                lastSuccessfulSyncMs: peer.lastSuccessfulSync,
+                consecutiveFailures: peer.consecutiveFailures,
+                roundsFinished: peer.roundsFinished,
+                roundsFailed: peer.roundsFailed,
+                roundP50Ms: percentile(0.5),
                 roundP99Ms: percentile(0.99),
-                versionVector: Dictionary(uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }))
+                versionVector: Dictionary(
+                    uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }
+                )
+            )
         }
     }
 

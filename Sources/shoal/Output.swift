@@ -82,9 +82,13 @@ enum Output {
             let total = peer.roundsFinished + peer.roundsFailed
             let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"
             let durations = peer.roundP50Ms.map { "p50 \($0) ms, p99 \(peer.roundP99Ms ?? $0) ms" } ?? "no rounds"
-            let inSync = peer.versionVector == Dictionary(
-                uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) })
-            text += "  \(peer.name) \(peer.site.prefix(8)) \(peer.address): \(state), last sync \(last), "
+            let inSync =
+                peer.versionVector
+                == Dictionary(
+                    uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }
+                )
+            text +=
+                "  \(peer.name) \(peer.site.prefix(8)) \(peer.address): \(state), last sync \(last), "
                 + "failures \(peer.consecutiveFailures), success \(rate), \(durations)"
                 + (inSync ? ", in sync\n" : ", behind or ahead\n")
         }

@@ -185,7 +185,10 @@ extension ShoalCommand {
             let store = try database.open()
             let status = try store.status()
             let live = LiveStatus.read(forDatabase: database.db)
-            print(json ? Output.json(status, live: live) : Output.text(status, live: live), terminator: json ? "\n" : "")
+            print(
+                json ? Output.json(status, live: live) : Output.text(status, live: live),
+                terminator: json ? "\n" : ""
+            )
         }
     }
 

@@ -122,3 +122,50 @@ import Testing
         await a.stop()
     }
 }
+
+@Suite struct StalledPeerTests {
+    @Test func aPeerThatStopsReadingIsDroppedWhileOthersKeepSyncing() async throws {
+        let directory = try temporaryDirectory("stall")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { configuration in
+            configuration.session.idleTimeout = 1_500
+            configuration.session.keepaliveInterval = 500
+            configuration.maxChangesPerBatch = 1_000
+        }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        // About 20 MB: more than the socket buffers between a and a peer that does not read.
+        try await a.node.execute(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 20000) "
+                + "INSERT INTO kv(k, v) SELECT 'row' || i, randomblob(1000) FROM c"
+        )
+        #expect(try await converge(a, b, within: 120))
+
+        let fingerprint = try Store(path: a.path).schemaFingerprint()
+        let hello = Hello(
+            clusterID: "test",
+            siteID: .random(),
+            nodeName: "stalled",
+            schemaFingerprint: fingerprint,
+            listenPort: 0
+        )
+        let request = SyncRequest(requestID: 1, versionVector: VersionVector())
+        let stalled = try await stalledClient(
+            port: a.port,
+            sending: frame(.hello(hello)) + frame(.syncRequest(request))
+        )
+        let dropped = await a.log.seen(within: 60) { event in
+            if case .peerDisconnected(let site, let reason) = event {
+                return site == hello.siteID && reason.contains("stopped reading")
+            }
+            return false
+        }
+        #expect(dropped)
+        try? await stalled.channel.close()
+
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('after', 1)")
+        #expect(try await converge(a, b))
+        await b.stop()
+        await a.stop()
+    }
+}

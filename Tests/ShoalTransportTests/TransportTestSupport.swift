@@ -175,3 +175,16 @@ func freePort() async throws -> Int {
     try await channel.close()
     return port
 }
+
+/// Connects, sends `bytes`, and never reads: the returned channel must be closed by the caller.
+func stalledClient(port: Int, sending bytes: [UInt8]) async throws -> NIOAsyncChannel<ByteBuffer, ByteBuffer> {
+    let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        .channelOption(.socketOption(.so_rcvbuf), value: 4096)
+        .connect(host: "127.0.0.1", port: port) { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+            }
+        }
+    try await channel.channel.writeAndFlush(ByteBuffer(bytes: bytes))
+    return channel
+}
