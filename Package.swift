@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "Shoal", targets: ["Shoal"]),
         .executable(name: "shoal", targets: ["shoal"]),
         .executable(name: "shoal-bench", targets: ["ShoalBench"]),
+        .executable(name: "shoal-chaos", targets: ["ShoalChaos"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -81,6 +82,17 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tools/ShoalBench",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "ShoalChaos",
+            dependencies: [
+                "Shoal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Tools/ShoalChaos",
             swiftSettings: strict
         ),
         .testTarget(

@@ -147,6 +147,7 @@ struct PeerConnection {
                 case .serve(let request):
                     // One bounded batch at a time: memory stays flat however much the peer lacks.
                     let cursor = try await worker.openCursor(since: request.versionVector)
+                    var sequence: UInt32 = 0
                     do {
                         while let (batch, isLast) = try await worker.nextBatch(
                             cursor,
@@ -154,10 +155,16 @@ struct PeerConnection {
                         ) {
                             try await write(
                                 .changeBatch(
-                                    ChangeBatchMessage(requestID: request.requestID, isLast: isLast, batch: batch)
+                                    ChangeBatchMessage(
+                                        requestID: request.requestID,
+                                        sequence: sequence,
+                                        isLast: isLast,
+                                        batch: batch
+                                    )
                                 ),
                                 to: outbound
                             )
+                            sequence += 1
                         }
                     } catch {
                         await worker.closeCursor(cursor)

@@ -52,6 +52,8 @@ public struct SyncSession: Sendable {
     public private(set) var version: UInt16?
     /// The request id of our pull in progress.
     public private(set) var outstandingRequest: UInt64?
+    /// The sequence number the next batch of our pull must carry.
+    private var expectedBatch: UInt32 = 0
     private var roundRequested = false
     private var nextRequestID: UInt64 = 1
     private var startedAt: UInt64
@@ -137,13 +139,14 @@ public struct SyncSession: Sendable {
             // The peer pulls; pull in the same round unless we already are.
             return outstandingRequest == nil ? [.serve(request), .wantRound] : [.serve(request)]
         case .changeBatch(let batch):
-            guard batch.requestID == outstandingRequest else {
+            guard batch.requestID == outstandingRequest, batch.sequence == expectedBatch else {
                 return refuse(
                     .malformedMessage,
-                    "a change batch for request \(batch.requestID), which is not outstanding",
+                    "a change batch (request \(batch.requestID), number \(batch.sequence)) that is not the next one expected",
                     code: .malformedMessage
                 )
             }
+            expectedBatch += 1
             return [.apply(batch)]
         case .ack(let ack):
             return [.peerAcknowledged(ack)]
@@ -167,6 +170,7 @@ public struct SyncSession: Sendable {
         let requestID = nextRequestID
         nextRequestID += 1
         outstandingRequest = requestID
+        expectedBatch = 0
         return [.send(.syncRequest(SyncRequest(requestID: requestID, versionVector: versionVector)))]
     }
 
@@ -230,7 +234,12 @@ public struct SyncSession: Sendable {
     public static func batches(for request: SyncRequest, _ batches: [ChangeBatch]) -> [WireMessage] {
         batches.enumerated().map { index, batch in
             .changeBatch(
-                ChangeBatchMessage(requestID: request.requestID, isLast: index == batches.count - 1, batch: batch)
+                ChangeBatchMessage(
+                    requestID: request.requestID,
+                    sequence: UInt32(index),
+                    isLast: index == batches.count - 1,
+                    batch: batch
+                )
             )
         }
     }

@@ -22,6 +22,7 @@ extension WireMessage {
         case .changeBatch(let message):
             bytes.append(Kind.changeBatch.rawValue)
             bytes.appendBigEndian(message.requestID)
+            bytes.appendBigEndian32(message.sequence)
             bytes.append(message.isLast ? 1 : 0)
             bytes.appendVersionVector(message.batch.claim)
             Self.encode(message.batch.changes, into: &bytes)
@@ -96,6 +97,7 @@ extension WireMessage {
             )
         case .changeBatch:
             let requestID = try reader.readBigEndianUInt64()
+            let sequence = try reader.readBigEndian32()
             let flags = try reader.readByte()
             guard flags <= 1 else { throw malformed("unknown batch flags \(flags)") }
             let claim = try reader.readVersionVector()
@@ -103,6 +105,7 @@ extension WireMessage {
             return .changeBatch(
                 ChangeBatchMessage(
                     requestID: requestID,
+                    sequence: sequence,
                     isLast: flags == 1,
                     batch: ChangeBatch(changes: changes, claim: claim)
                 )

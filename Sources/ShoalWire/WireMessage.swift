@@ -89,12 +89,16 @@ public struct SyncRequest: Hashable, Sendable {
 /// One batch of changes answering a ``SyncRequest``.
 public struct ChangeBatchMessage: Hashable, Sendable {
     public var requestID: UInt64
+    /// The batch's position in the answer, from 0: batches must be applied in order, since each one's claim
+    /// assumes the ones before it.
+    public var sequence: UInt32
     /// Whether this is the last batch of the answer.
     public var isLast: Bool
     public var batch: ChangeBatch
 
-    public init(requestID: UInt64, isLast: Bool, batch: ChangeBatch) {
+    public init(requestID: UInt64, sequence: UInt32 = 0, isLast: Bool, batch: ChangeBatch) {
         self.requestID = requestID
+        self.sequence = sequence
         self.isLast = isLast
         self.batch = batch
     }

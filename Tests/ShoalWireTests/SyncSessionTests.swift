@@ -95,6 +95,18 @@ private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, Shoa
         #expect(refusal(session.receive(.changeBatch(stray), now: 6))?.0 == .malformedMessage)
     }
 
+    @Test func batchesOutOfOrderAreRefused() {
+        var session = SyncSession(local: hello(siteA), now: 0)
+        _ = session.receive(.hello(hello(siteB)), now: 0)
+        _ = session.startRound(versionVector: VersionVector(), now: 1)
+        let empty = ChangeBatch(changes: [], claim: VersionVector([siteB: 5]))
+        let first = ChangeBatchMessage(requestID: 1, sequence: 0, isLast: false, batch: empty)
+        #expect(session.receive(.changeBatch(first), now: 2) == [.apply(first)])
+        // The third batch arrives before the second: its claim would cover changes not yet applied.
+        let third = ChangeBatchMessage(requestID: 1, sequence: 2, isLast: true, batch: empty)
+        #expect(refusal(session.receive(.changeBatch(third), now: 3))?.0 == .malformedMessage)
+    }
+
     @Test func aRejectFromThePeerClosesWithItsReason() {
         var session = SyncSession(local: hello(siteA), now: 0)
         let actions = session.receive(.reject(Rejection(.tooManyConnections, "full")), now: 1)

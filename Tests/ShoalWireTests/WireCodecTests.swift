@@ -126,7 +126,8 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
         #expect(decodeError([0, 0, 0, 5, 7, 0, 1, 0x7F, 0x41])?.code == .malformedMessage)
         #expect(decodeError([0, 0, 0, 6, 7, 0, 1, 2, 0xC3, 0x28])?.code == .malformedMessage)
         // A change batch announcing a billion changes in a few bytes is refused before anything is reserved.
-        let billion = decodeError([0, 0, 0, 17, 3, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0x80, 0x94, 0xEB, 0xDC, 0x03])
+        let billion = decodeError(
+            [0, 0, 0, 21, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0x80, 0x94, 0xEB, 0xDC, 0x03])
         #expect(billion?.code == .malformedMessage)
         #expect(billion?.message.contains("1000000000 changes cannot fit") == true)
     }

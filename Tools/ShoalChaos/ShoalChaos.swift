@@ -1,0 +1,327 @@
+import ArgumentParser
+import Foundation
+import Shoal
+
+/// SplitMix64: seeded, so a run is reproducible from the seed it prints.
+struct SeededRandom: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// A write the harness committed on a node, with the stamp it got there.
+struct AcknowledgedWrite {
+    enum Kind {
+        case value(column: String, value: SQLValue)
+        case delete
+    }
+    let node: Int
+    let key: Int64
+    let kind: Kind
+    let causalLength: UInt64
+    let stamp: Stamp
+}
+
+@main
+struct ShoalChaos: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "shoal-chaos",
+        abstract: "Run shoal serve nodes through faults (kill -9, partitions, delayed, duplicated and reordered "
+            + "frames), then heal and check convergence against a log of acknowledged writes."
+    )
+
+    @Option(help: "Seed (printed; pass it again to replay the same faults and writes).") var seed: UInt64?
+    @Option(help: "How many nodes.") var nodes = 4
+    @Option(help: "Seconds of chaos before healing.") var seconds: Double = 8
+    @Option(help: "Seconds allowed to converge after healing.") var convergeTimeout: Double = 90
+    @Option(help: "Folder for the databases and logs.") var dir: String?
+
+    func run() async throws {
+        let seed = seed ?? UInt64.random(in: 0...UInt64.max)
+        print("shoal-chaos seed \(seed): \(nodes) nodes, \(seconds) s of chaos")
+        var random = SeededRandom(state: seed)
+        let directory = dir ?? NSTemporaryDirectory() + "shoal-chaos-\(seed)"
+        try? FileManager.default.removeItem(atPath: directory)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let paths = (0..<nodes).map { "\(directory)/node\($0).db" }
+        var stores: [Store] = []
+        for (index, path) in paths.enumerated() {
+            var options = StoreOptions()
+            options.nodeName = "node\(index)"
+            let store = try Store(path: path, options: options)
+            try store.execute("CREATE TABLE t(k INTEGER PRIMARY KEY, a, b, n INTEGER DEFAULT 0)")
+            try store.replicate(table: "t", counters: ["n"])
+            stores.append(store)
+        }
+
+        // Every pair talks through a proxy: node i dials node j (j < i) via proxy (i, j).
+        let faults = Faults()
+        var peerPorts: [[Int]] = Array(repeating: [], count: nodes)
+        let proxies = Task {
+            try await withThrowingDiscardingTaskGroup { group in
+                for i in 0..<nodes {
+                    for j in 0..<i {
+                        let ready = AsyncStream.makeStream(of: Int.self)
+                        group.addTask {
+                            try await FaultProxy(from: i, to: j, faults: faults).run { ready.continuation.yield($0) }
+                        }
+                        for await port in ready.stream {
+                            await MainActorBox.shared.record(i, port)
+                            break
+                        }
+                    }
+                }
+            }
+        }
+        defer { proxies.cancel() }
+        while await MainActorBox.shared.count < nodes * (nodes - 1) / 2 { try await Task.sleep(for: .milliseconds(10)) }
+        for (i, port) in await MainActorBox.shared.ports { peerPorts[i].append(port) }
+
+        var cluster = Cluster(paths: paths, peerPorts: peerPorts, faults: faults)
+        defer { cluster.stopAll() }
+        for node in 0..<nodes { try await cluster.start(node) }
+
+        var log: [AcknowledgedWrite] = []
+        var restarts: [(node: Int, at: Date)] = []
+        var heals: [(pair: (Int, Int), at: Date)] = []
+        var counts = [String: Int]()
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let now = Date()
+            for restart in restarts where restart.at <= now { try await cluster.start(restart.node) }
+            restarts.removeAll { $0.at <= now }
+            for heal in heals where heal.at <= now { await faults.heal(heal.pair.0, heal.pair.1) }
+            heals.removeAll { $0.at <= now }
+
+            let roll = Int.random(in: 0..<100, using: &random)
+            let node = Int.random(in: 0..<nodes, using: &random)
+            switch roll {
+            case 0..<75:
+                if let write = try write(on: node, store: stores[node], random: &random) { log.append(write) }
+                counts["writes", default: 0] += 1
+            case 75..<80 where cluster.isRunning(node) && restarts.count < nodes - 1:
+                cluster.kill(node)
+                restarts.append((node, now.addingTimeInterval(Double.random(in: 0.2...1.5, using: &random))))
+                counts["kill -9", default: 0] += 1
+            case 80..<85:
+                let other = (node + Int.random(in: 1..<nodes, using: &random)) % nodes
+                await faults.partition(node, other)
+                heals.append(((node, other), now.addingTimeInterval(Double.random(in: 0.2...2, using: &random))))
+                counts["partitions", default: 0] += 1
+            case 85..<90:
+                let on = Bool.random(using: &random)
+                await faults.set(
+                    delay: on ? UInt64.random(in: 1...40, using: &random) : 0,
+                    duplicate: on ? Double.random(in: 0...0.05, using: &random) : 0,
+                    reorder: on ? Double.random(in: 0...0.05, using: &random) : 0
+                )
+                counts["frame faults", default: 0] += 1
+            case 90..<91:
+                // Every node dies at once: no version vector may claim what its node does not hold.
+                for index in 0..<nodes { cluster.kill(index) }
+                try checkClaims(stores: stores, log: log)
+                for index in 0..<nodes { try await cluster.start(index) }
+                restarts = []
+                counts["crash-all checks", default: 0] += 1
+            default:
+                break
+            }
+            try await Task.sleep(for: .milliseconds(Int.random(in: 5...30, using: &random)))  // pacing the load
+        }
+
+        print("chaos: " + counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "))
+        await faults.healAll()
+        for node in 0..<nodes where !cluster.isRunning(node) { try await cluster.start(node) }
+        let healed = Date()
+        var converged = false
+        while Date().timeIntervalSince(healed) < convergeTimeout {
+            if try Set(stores.map { try $0.digest() }).count == 1 {
+                converged = true
+                break
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        guard converged else {
+            print("FAILED: digests still differ \(Int(convergeTimeout)) s after healing (logs in \(directory))")
+            throw ExitCode(1)
+        }
+        print(String(format: "converged %.2f s after healing", Date().timeIntervalSince(healed)))
+        try checkClaims(stores: stores, log: log)
+        try checkAcknowledged(stores: stores, log: log)
+        print(
+            "checked \(log.count) acknowledged writes on \(nodes) nodes: all present or overwritten by a later write; "
+                + "no deleted row reappeared; no version vector claims what its node lacks"
+        )
+        print("0 failed, 1 passed")
+    }
+
+    /// One random write through node `node`'s own file; returns it if it committed a change.
+    private func write(on node: Int, store: Store, random: inout SeededRandom) throws -> AcknowledgedWrite? {
+        let key = Int64.random(in: 0..<12, using: &random)
+        let before = try store.versionVector()[store.siteID]
+        var kind: AcknowledgedWrite.Kind?
+        switch Int.random(in: 0..<6, using: &random) {
+        case 0, 1:
+            let value = SQLValue.integer(Int64.random(in: 0...1_000_000, using: &random))
+            if try store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty {
+                try store.execute("INSERT INTO t(k, a, b) VALUES (?, ?, 'new')", [.integer(key), value])
+            } else {
+                try store.execute("UPDATE t SET a = ? WHERE k = ?", [value, .integer(key)])
+            }
+            kind = .value(column: "a", value: value)
+        case 2:
+            let value = SQLValue.text("node\(node)-\(Int.random(in: 0...9999, using: &random))")
+            try store.execute("UPDATE t SET b = ? WHERE k = ?", [value, .integer(key)])
+            kind = .value(column: "b", value: value)
+        case 3:
+            try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
+            kind = .delete
+        default:
+            try store.execute("UPDATE t SET n = n + 1 WHERE k = ?", [.integer(key)])
+        }
+        guard let kind, try store.versionVector()[store.siteID] > before,
+            let state = try store.rowState(table: "t", primaryKey: [.integer(key)])
+        else { return nil }
+        switch kind {
+        case .value(let column, _):
+            guard case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1] else { return nil }
+            return AcknowledgedWrite(node: node, key: key, kind: kind, causalLength: state.causalLength, stamp: stamp)
+        case .delete:
+            guard let stamp = state.lengthStamp, !state.isAlive else { return nil }
+            return AcknowledgedWrite(node: node, key: key, kind: kind, causalLength: state.causalLength, stamp: stamp)
+        }
+    }
+
+    /// A version vector covering a write's dot must hold that write or something that beat it.
+    private func checkClaims(stores: [Store], log: [AcknowledgedWrite]) throws {
+        for (index, store) in stores.enumerated() {
+            let vector = try store.versionVector()
+            for write in log where vector.covers(write.stamp.dot) {
+                let state = try store.rowState(table: "t", primaryKey: [.integer(write.key)])
+                guard let state, holds(state, write) else {
+                    print("FAILED: node\(index) claims \(write.stamp.dot) but lacks its write to key \(write.key)")
+                    throw ExitCode(1)
+                }
+            }
+        }
+    }
+
+    /// Every acknowledged write is present, unless a later write (by the merge rules) replaced it; a deleted
+    /// row stays deleted unless re-inserted after the delete.
+    private func checkAcknowledged(stores: [Store], log: [AcknowledgedWrite]) throws {
+        for store in stores {
+            for write in log {
+                let state = try store.rowState(table: "t", primaryKey: [.integer(write.key)])
+                guard let state, holds(state, write) else {
+                    print("FAILED: the write to key \(write.key) by node\(write.node) at \(write.stamp) is lost")
+                    throw ExitCode(1)
+                }
+                let present = try !store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(write.key)]).rows.isEmpty
+                if present != state.isAlive {
+                    print(
+                        "FAILED: key \(write.key) is \(present ? "present" : "absent") but its causal length is "
+                            + "\(state.causalLength)"
+                    )
+                    throw ExitCode(1)
+                }
+                if case .value(let column, let value) = write.kind, state.causalLength == write.causalLength,
+                    case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1], stamp == write.stamp
+                {
+                    let stored = try store.execute("SELECT \(column) FROM t WHERE k = ?", [.integer(write.key)]).rows
+                    guard stored.first?.first == value else {
+                        print("FAILED: key \(write.key).\(column) holds the winning stamp but not its value")
+                        throw ExitCode(1)
+                    }
+                }
+            }
+        }
+    }
+
+    private func holds(_ state: RowState, _ write: AcknowledgedWrite) -> Bool {
+        if state.causalLength > write.causalLength { return true }
+        guard state.causalLength == write.causalLength else { return false }
+        switch write.kind {
+        case .delete:
+            return true
+        case .value(let column, _):
+            guard case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1] else { return false }
+            return stamp >= write.stamp
+        }
+    }
+}
+
+/// Collects the proxies' ports as they bind.
+actor MainActorBox {
+    static let shared = MainActorBox()
+    private(set) var ports: [(Int, Int)] = []
+    var count: Int { ports.count }
+    func record(_ node: Int, _ port: Int) { ports.append((node, port)) }
+}
+
+/// The node processes.
+struct Cluster {
+    let paths: [String]
+    let peerPorts: [[Int]]
+    let faults: Faults
+    private var processes: [Int: Process] = [:]
+
+    init(paths: [String], peerPorts: [[Int]], faults: Faults) {
+        self.paths = paths
+        self.peerPorts = peerPorts
+        self.faults = faults
+    }
+
+    func isRunning(_ node: Int) -> Bool { processes[node]?.isRunning ?? false }
+
+    mutating func start(_ node: Int) async throws {
+        guard !isRunning(node) else { return }
+        let process = Process()
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+            .appendingPathComponent("shoal")
+        process.executableURL = executable
+        process.arguments =
+            [
+                "serve", "--db", paths[node], "--name", "node\(node)", "--listen", "127.0.0.1:0", "--round-interval",
+                "500",
+            ]
+            + peerPorts[node].flatMap { ["--peer", "127.0.0.1:\($0)"] }
+        let output = Pipe()
+        process.standardOutput = output
+        if !FileManager.default.fileExists(atPath: paths[node] + ".log") {
+            _ = FileManager.default.createFile(atPath: paths[node] + ".log", contents: nil)
+        }
+        let log = FileHandle(forWritingAtPath: paths[node] + ".log")
+        log?.seekToEndOfFile()
+        process.standardError = log ?? FileHandle.nullDevice
+        try process.run()
+        var said = ""
+        while !said.contains("\n") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+        guard let port = Int(said.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
+        else { throw ExitCode(1) }
+        processes[node] = process
+        await faults.setTarget(node, port: port)
+    }
+
+    mutating func kill(_ node: Int) {
+        guard let process = processes[node], process.isRunning else { return }
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        processes[node] = nil
+    }
+
+    func stopAll() {
+        for process in processes.values where process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+}
