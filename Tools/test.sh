@@ -7,4 +7,5 @@ cd "$root"
 swift build --build-tests 2>&1 | tail -n 3
 SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 "$root/.build/debug/shoal" demo --nodes 3 --writes 50
+"$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
 swift test --skip-build
