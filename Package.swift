@@ -70,7 +70,7 @@ let package = Package(
         .executableTarget(
             name: "shoal",
             dependencies: [
-                "Shoal",
+                "Shoal", "ShoalToolSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict
@@ -78,16 +78,24 @@ let package = Package(
         .executableTarget(
             name: "ShoalBench",
             dependencies: [
-                "Shoal",
+                "Shoal", "ShoalToolSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tools/ShoalBench",
             swiftSettings: strict
         ),
+        // Process helpers shared by the demo, the chaos harness and the benchmarks.
+        .target(
+            name: "ShoalToolSupport",
+            path: "Tools/ShoalToolSupport",
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "ShoalChaos",
             dependencies: [
-                "Shoal",
+                "Shoal", "ShoalToolSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import Foundation
 import Shoal
+import ShoalToolSupport
 
 extension ShoalCommand {
     struct Demo: AsyncParsableCommand {
@@ -39,18 +40,17 @@ extension ShoalCommand {
             }
             print("Shoal demo: \(nodes) nodes in \(directory), mode: static peers on loopback (full mesh)")
 
-            var children: [Process] = []
-            defer {
-                for child in children where child.isRunning { child.terminate() }
-                for child in children { child.waitUntilExit() }
-            }
-            var ports: [Int] = []
+            var children: [ServeProcess] = []
+            defer { for child in children { child.stop() } }
             for (index, path) in paths.enumerated() {
-                let peers = ports.flatMap { ["--peer", "127.0.0.1:\($0)"] }
-                let (child, port) = try startServe(path: path, name: "node\(index)", peers: peers)
+                let child = try ServeProcess.start(
+                    database: path,
+                    name: "node\(index)",
+                    peers: children.map(\.port),
+                    extra: ["--round-interval", "1000"]
+                )
                 children.append(child)
-                ports.append(port)
-                print("  node\(index) listening on 127.0.0.1:\(port)")
+                print("  node\(index) listening on 127.0.0.1:\(child.port)")
             }
 
             // Shared rows everyone will fight over, created on node 0 and spread by sync.
@@ -92,32 +92,6 @@ extension ShoalCommand {
                     String(digest.prefix(16))
                 )
             )
-        }
-
-        private func startServe(path: String, name: String, peers: [String]) throws -> (Process, Int) {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-            process.arguments =
-                ["serve", "--db", path, "--name", name, "--listen", "127.0.0.1:0", "--round-interval", "1000"]
-                + peers
-            let output = Pipe()
-            process.standardOutput = output
-            // Each node's log goes to a file beside its database.
-            _ = FileManager.default.createFile(atPath: path + ".log", contents: nil)
-            process.standardError = FileHandle(forWritingAtPath: path + ".log") ?? FileHandle.nullDevice
-            try process.run()
-            var said = ""
-            while !said.contains("\n") {
-                let chunk = output.fileHandleForReading.availableData
-                if chunk.isEmpty { break }
-                said += String(decoding: chunk, as: UTF8.self)
-            }
-            guard
-                let port = said.split(separator: ":").last.flatMap({
-                    Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
-                })
-            else { throw ShoalError(code: .invalidArgument, message: "\(name) did not start: \(said)") }
-            return (process, port)
         }
 
         /// One node's share of the writes, through its own database file (the node picks them up at once).

@@ -3,11 +3,11 @@ import Foundation
 import Shoal
 
 @main
-struct ShoalBench: ParsableCommand {
+struct ShoalBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "shoal-bench",
         abstract: "Shoal's benchmarks. Figures are medians of several runs, measured side by side in one process.",
-        subcommands: [StoreBenchmark.self]
+        subcommands: [StoreBenchmark.self, SyncBenchmark.self]
     )
 }
 

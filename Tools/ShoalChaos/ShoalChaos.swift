@@ -1,18 +1,7 @@
 import ArgumentParser
 import Foundation
 import Shoal
-
-/// SplitMix64: seeded, so a run is reproducible from the seed it prints.
-struct SeededRandom: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+import ShoalToolSupport
 
 /// A write the harness committed on a node, with the stamp it got there.
 struct AcknowledgedWrite {
@@ -268,7 +257,7 @@ struct Cluster {
     let paths: [String]
     let peerPorts: [[Int]]
     let faults: Faults
-    private var processes: [Int: Process] = [:]
+    private var processes: [Int: ServeProcess] = [:]
 
     init(paths: [String], peerPorts: [[Int]], faults: Faults) {
         self.paths = paths
@@ -280,48 +269,22 @@ struct Cluster {
 
     mutating func start(_ node: Int) async throws {
         guard !isRunning(node) else { return }
-        let process = Process()
-        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
-            .appendingPathComponent("shoal")
-        process.executableURL = executable
-        process.arguments =
-            [
-                "serve", "--db", paths[node], "--name", "node\(node)", "--listen", "127.0.0.1:0", "--round-interval",
-                "500",
-            ]
-            + peerPorts[node].flatMap { ["--peer", "127.0.0.1:\($0)"] }
-        let output = Pipe()
-        process.standardOutput = output
-        if !FileManager.default.fileExists(atPath: paths[node] + ".log") {
-            _ = FileManager.default.createFile(atPath: paths[node] + ".log", contents: nil)
-        }
-        let log = FileHandle(forWritingAtPath: paths[node] + ".log")
-        log?.seekToEndOfFile()
-        process.standardError = log ?? FileHandle.nullDevice
-        try process.run()
-        var said = ""
-        while !said.contains("\n") {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            said += String(decoding: chunk, as: UTF8.self)
-        }
-        guard let port = Int(said.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
-        else { throw ExitCode(1) }
-        processes[node] = process
-        await faults.setTarget(node, port: port)
+        let serve = try ServeProcess.start(
+            database: paths[node],
+            name: "node\(node)",
+            peers: peerPorts[node],
+            extra: ["--round-interval", "500"]
+        )
+        processes[node] = serve
+        await faults.setTarget(node, port: serve.port)
     }
 
     mutating func kill(_ node: Int) {
-        guard let process = processes[node], process.isRunning else { return }
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        processes[node]?.kill()
         processes[node] = nil
     }
 
     func stopAll() {
-        for process in processes.values where process.isRunning {
-            process.terminate()
-            process.waitUntilExit()
-        }
+        for serve in processes.values { serve.stop() }
     }
 }

@@ -1,0 +1,306 @@
+import ArgumentParser
+import Foundation
+import NIOCore
+import NIOPosix
+import Shoal
+import ShoalToolSupport
+
+struct SyncBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sync",
+        abstract: "Catch-up, propagation latency, idle-round cost and convergence of real shoal serve processes."
+    )
+
+    @Flag(help: "Print one JSON object instead of a table.") var json = false
+    @Option(help: "Rows for the catch-up (3 non-key columns each).") var rows = 1_000_000
+    @Option(help: "Nodes for the propagation figure.") var propagationNodes = 8
+    @Option(help: "Writes per second on one node, for propagation.") var writeRate = 200
+    @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
+    @Option(help: "Nodes for the convergence figure.") var convergeNodes = 16
+    @Option(help: "Concurrent writes per node for convergence.") var convergeWrites = 1_000
+    @Option(help: "Run one part only: catchup, propagation, idle or converge.") var only: String?
+
+    func run() async throws {
+        let directory = NSTemporaryDirectory() + "shoal-sync-bench-\(getpid())"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var figures: [(String, Double)] = []
+        if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
+        if only == nil || only == "propagation" { figures += try await propagation(directory + "/propagation") }
+        if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
+        if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
+        if json {
+            var object: [String: Any] = [:]
+            for (name, value) in figures { object[name] = (value * 1000).rounded() / 1000 }
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            for (name, value) in figures {
+                let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
+                print(name.padding(toLength: 26, withPad: " ", startingAt: 0) + text)
+            }
+        }
+    }
+
+    private func makeDatabase(_ path: String, name: String) throws -> Store {
+        try? FileManager.default.createDirectory(
+            atPath: (path as NSString).deletingLastPathComponent,
+            withIntermediateDirectories: true
+        )
+        var options = StoreOptions()
+        options.nodeName = name
+        let store = try Store(path: path, options: options)
+        try store.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER, c REAL)")
+        try store.replicate(table: "t")
+        return store
+    }
+
+    /// A fresh node catches up `rows` rows from another over loopback.
+    private func catchUp(_ directory: String) throws -> [(String, Double)] {
+        let source = try makeDatabase(directory + "/source.db", name: "source")
+        let insert = try source.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+        var id = 0
+        while id < rows {
+            // Bounded transactions, as an application filling a database would make them.
+            try source.transaction {
+                for _ in 0..<min(50_000, rows - id) {
+                    try insert.execute([
+                        .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
+                    ])
+                    id += 1
+                }
+            }
+        }
+        let target = try makeDatabase(directory + "/target.db", name: "target")
+        let goal = try source.versionVector()
+        let serving = try ServeProcess.start(database: directory + "/source.db", name: "source", peers: [])
+        defer { serving.stop() }
+        let started = Date()
+        let catching = try ServeProcess.start(database: directory + "/target.db", name: "target", peers: [serving.port])
+        defer { catching.stop() }
+        var peak = 0.0
+        while try !target.versionVector().dominatesOrEquals(goal) {
+            peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+            Thread.sleep(forTimeInterval: 0.05)  // sampling, not synchronisation
+        }
+        let seconds = Date().timeIntervalSince(started)
+        peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+        guard try target.digest() == source.digest() else { throw ServeError(message: "catch-up diverged") }
+        return [
+            ("catchup_seconds", seconds), ("catchup_rows_per_s", Double(rows) / seconds), ("catchup_peak_rss_mb", peak),
+        ]
+    }
+
+    /// Writes on one node at a steady rate; the time until each write is visible on every other node.
+    private func propagation(_ directory: String) async throws -> [(String, Double)] {
+        var nodes: [ServeProcess] = []
+        defer { for node in nodes { node.stop() } }
+        for index in 0..<propagationNodes {
+            _ = try makeDatabase(directory + "/n\(index).db", name: "n\(index)")
+            nodes.append(
+                try ServeProcess.start(
+                    database: directory + "/n\(index).db",
+                    name: "n\(index)",
+                    peers: nodes.map(\.port),
+                    extra: ["--round-interval", "1000"]
+                )
+            )
+        }
+        let writer = try Store(path: directory + "/n0.db")
+        // Readers on the other nodes' files, each noting when it first sees every id.
+        let total = writeRate * propagationSeconds
+        let written = Clock.Times(count: total)
+        let seen = (1..<propagationNodes).map { _ in Clock.Times(count: total) }
+        let stop = Clock.Times(count: 1)
+        let watchers = (1..<propagationNodes).map { index in
+            Thread {
+                guard let reader = try? Store(path: directory + "/n\(index).db") else { return }
+                var next = 0
+                while next < total && stop.get(0) == 0 {
+                    let highest = (try? reader.execute("SELECT max(id) FROM t").rows.first?.first?.integerValue) ?? nil
+                    if let highest, highest >= Int64(next) {
+                        let now = Clock.now()
+                        while next <= Int(highest) && next < total {
+                            seen[index - 1].set(next, now)
+                            next += 1
+                        }
+                    }
+                    usleep(500)  // sampling at 2 kHz
+                }
+            }
+        }
+        for watcher in watchers { watcher.start() }
+        let interval = 1.0 / Double(writeRate)
+        let start = Clock.now()
+        for id in 0..<total {
+            let due = start + Double(id) * interval
+            let wait = due - Clock.now()
+            if wait > 0 { usleep(useconds_t(wait * 1_000_000)) }
+            try writer.execute("INSERT INTO t(id, a, b, c) VALUES (?, 'p', 1, 1.0)", [.integer(Int64(id))])
+            written.set(id, Clock.now())
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline && seen.contains(where: { $0.get(total - 1) == 0 }) {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        stop.set(0, 1)
+        var latencies: [Double] = []
+        for node in seen {
+            for id in 0..<total where node.get(id) > 0 { latencies.append((node.get(id) - written.get(id)) * 1000) }
+        }
+        latencies.sort()
+        guard !latencies.isEmpty else { throw ServeError(message: "no write propagated") }
+        func percentile(_ fraction: Double) -> Double {
+            latencies[min(latencies.count - 1, Int(Double(latencies.count) * fraction))]
+        }
+        let missing = (propagationNodes - 1) * total - latencies.count
+        guard missing == 0 else { throw ServeError(message: "\(missing) writes never arrived") }
+        return [("propagation_p50_ms", percentile(0.5)), ("propagation_p99_ms", percentile(0.99))]
+    }
+
+    /// Two nodes already in sync: bytes per round, through a counting proxy.
+    private func idleRound(_ directory: String) async throws -> [(String, Double)] {
+        _ = try makeDatabase(directory + "/a.db", name: "a")
+        let b = try makeDatabase(directory + "/b.db", name: "b")
+        let a = try ServeProcess.start(
+            database: directory + "/a.db",
+            name: "a",
+            peers: [],
+            extra: ["--round-interval", "200"]
+        )
+        defer { a.stop() }
+        let counter = ByteCounter()
+        let proxy = try await CountingProxy.start(to: a.port, counter: counter)
+        let node = try ServeProcess.start(
+            database: directory + "/b.db",
+            name: "b",
+            peers: [proxy],
+            extra: ["--round-interval", "200"]
+        )
+        defer { node.stop() }
+        try b.execute("INSERT INTO t(id, a) VALUES (1, 'x')")
+        // Let the first (non-idle) exchange finish, then count only idle rounds.
+        try await Task.sleep(for: .seconds(2))
+        let before = await counter.total
+        let window = 5.0
+        try await Task.sleep(for: .seconds(window))
+        let bytes = Double(await counter.total - before)
+        // Each node starts a round every 200 ms ± 20%; both directions of a round travel together.
+        let rounds = window / 0.2 * 2
+        return [("idle_round_bytes", bytes / rounds)]
+    }
+
+    /// Many nodes write at once; the time from the last write until every digest matches.
+    private func converge(_ directory: String) async throws -> [(String, Double)] {
+        var nodes: [ServeProcess] = []
+        defer { for node in nodes { node.stop() } }
+        var paths: [String] = []
+        for index in 0..<convergeNodes {
+            let path = directory + "/n\(index).db"
+            _ = try makeDatabase(path, name: "n\(index)")
+            paths.append(path)
+            // A sparse mesh: each node dials up to 3 earlier ones.
+            let peers = nodes.suffix(3).map(\.port)
+            nodes.append(
+                try ServeProcess.start(
+                    database: path,
+                    name: "n\(index)",
+                    peers: peers,
+                    extra: ["--round-interval", "1000"]
+                )
+            )
+        }
+        let writes = convergeWrites
+        let databases = paths
+        DispatchQueue.concurrentPerform(iterations: convergeNodes) { index in
+            guard let store = try? Store(path: databases[index]) else { return }
+            for step in 0..<writes {
+                let key = Int64(index * 1_000_000 + step % 200)
+                _ = try? store.execute(
+                    "INSERT OR REPLACE INTO t(id, a, b, c) VALUES (?, ?, ?, 0.5)",
+                    [.integer(key), .text("n\(index)"), .integer(Int64(step))]
+                )
+            }
+        }
+        let lastWrite = Date()
+        let stores = try paths.map { try Store(path: $0) }
+        while try Set(stores.map { try $0.digest() }).count > 1 {
+            guard Date().timeIntervalSince(lastWrite) < 120 else { throw ServeError(message: "no convergence") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return [("converge_seconds", Date().timeIntervalSince(lastWrite))]
+    }
+}
+
+/// Monotonic seconds, and a thread-safe table of them.
+enum Clock {
+    static func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+
+    final class Times: @unchecked Sendable {
+        // @unchecked: every access holds `lock`.
+        private let lock = NSLock()
+        private var values: [Double]
+
+        init(count: Int) { values = Array(repeating: 0, count: count) }
+
+        func set(_ index: Int, _ value: Double) { lock.withLock { if values[index] == 0 { values[index] = value } } }
+        func get(_ index: Int) -> Double { lock.withLock { values[index] } }
+    }
+}
+
+actor ByteCounter {
+    private(set) var total = 0
+    func add(_ count: Int) { total += count }
+}
+
+/// Forwards one port to another, counting the bytes both ways.
+enum CountingProxy {
+    static func start(to port: Int, counter: ByteCounter) async throws -> Int {
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(host: "127.0.0.1", port: 0) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                }
+            }
+        let listening = server.channel.localAddress!.port!
+        Task {
+            try await withThrowingDiscardingTaskGroup { group in
+                try await server.executeThenClose { inbound in
+                    for try await client in inbound {
+                        group.addTask {
+                            let upstream = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                                .connect(host: "127.0.0.1", port: port) { channel in
+                                    channel.eventLoop.makeCompletedFuture {
+                                        try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
+                                            wrappingChannelSynchronously: channel
+                                        )
+                                    }
+                                }
+                            try await client.executeThenClose { clientIn, clientOut in
+                                try await upstream.executeThenClose { upIn, upOut in
+                                    try await withThrowingTaskGroup(of: Void.self) { pumps in
+                                        pumps.addTask {
+                                            for try await chunk in clientIn {
+                                                await counter.add(chunk.readableBytes)
+                                                try await upOut.write(chunk)
+                                            }
+                                        }
+                                        pumps.addTask {
+                                            for try await chunk in upIn {
+                                                await counter.add(chunk.readableBytes)
+                                                try await clientOut.write(chunk)
+                                            }
+                                        }
+                                        try await pumps.next()
+                                        pumps.cancelAll()
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        return listening
+    }
+}

@@ -1,0 +1,96 @@
+import Foundation
+
+/// A `shoal serve` child process, for the demo, the chaos harness and the benchmarks.
+public struct ServeProcess {
+    public let process: Process
+    /// The port it listens on.
+    public let port: Int
+
+    /// The `shoal` executable beside the running one.
+    public static func executable() -> URL {
+        let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        return me.lastPathComponent == "shoal" ? me : me.deletingLastPathComponent().appendingPathComponent("shoal")
+    }
+
+    /// Starts `shoal serve` on `database` and returns once it prints the port it listens on. Its log is
+    /// appended to `database.log`.
+    public static func start(database: String, name: String, peers: [Int], extra: [String] = []) throws -> ServeProcess
+    {
+        let process = Process()
+        process.executableURL = executable()
+        process.arguments =
+            ["serve", "--db", database, "--name", name, "--listen", "127.0.0.1:0"] + extra
+            + peers.flatMap { ["--peer", "127.0.0.1:\($0)"] }
+        let output = Pipe()
+        process.standardOutput = output
+        let logPath = database + ".log"
+        if !FileManager.default.fileExists(atPath: logPath) {
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        }
+        let log = FileHandle(forWritingAtPath: logPath)
+        log?.seekToEndOfFile()
+        process.standardError = log ?? FileHandle.nullDevice
+        try process.run()
+        var said = ""
+        while !said.contains("\n") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+        guard said.hasPrefix("listening on"),
+            let port = Int(said.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
+        else {
+            process.terminate()
+            throw ServeError(message: "\(name) did not start (see \(logPath)): \(said)")
+        }
+        return ServeProcess(process: process, port: port)
+    }
+
+    public var isRunning: Bool { process.isRunning }
+
+    /// SIGKILL, and wait.
+    public func kill() {
+        guard process.isRunning else { return }
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// SIGTERM, and wait.
+    public func stop() {
+        guard process.isRunning else { return }
+        process.terminate()
+        process.waitUntilExit()
+    }
+
+    /// Peak resident memory so far, in MiB (from /proc).
+    public var peakResidentMiB: Double? {
+        Self.peakResidentMiB(pid: process.processIdentifier)
+    }
+
+    public static func peakResidentMiB(pid: Int32) -> Double? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+            let kib = Double(line.split(whereSeparator: { $0 == " " || $0 == "\t" })[1])
+        else { return nil }
+        return kib / 1024
+    }
+}
+
+public struct ServeError: Error, CustomStringConvertible {
+    public let message: String
+    public init(message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// SplitMix64: seeded, so runs replay from the seed they print.
+public struct SeededRandom: RandomNumberGenerator {
+    public var state: UInt64
+    public init(state: UInt64) { self.state = state }
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
