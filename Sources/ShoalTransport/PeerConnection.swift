@@ -170,6 +170,9 @@ struct PeerConnection {
                         await worker.closeCursor(cursor)
                         throw error
                     }
+                    // The peer holds something we lack: pull in the same round.
+                    let local = try await worker.versionVector()
+                    if !local.dominatesOrEquals(request.versionVector) { actions.append(.wantRound) }
                 case .apply(let message):
                     let result = try await worker.apply(message.batch)
                     appliedThisRound += result.applied

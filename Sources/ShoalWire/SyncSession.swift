@@ -5,8 +5,9 @@ import ShoalCore
 /// The session does no I/O and reads no clock: the shell that owns the connection feeds it messages,
 /// the current time and the results of store operations, and carries out the ``Action``s it returns.
 /// Each side pulls: it sends a ``SyncRequest`` with its version vector, applies the batches that answer
-/// it, and acknowledges the last one. A pull from the peer prompts a pull of our own, so both directions
-/// run in the same round.
+/// it, and acknowledges the last one. A pull from a peer whose version vector shows changes we lack
+/// prompts a pull of our own (the shell decides, see ``Action/serve(_:)``), so both directions run in the
+/// same round.
 public struct SyncSession: Sendable {
     /// Time limits, in milliseconds.
     public struct Configuration: Sendable, Hashable {
@@ -27,7 +28,8 @@ public struct SyncSession: Sendable {
         /// The handshake succeeded: the peer and the protocol version in use.
         case established(Hello, version: UInt16)
         /// Answer the peer's request: send every change its vector lacks as `changeBatch`es, the last one
-        /// flagged (``SyncSession/batches(for:_:)`` builds them).
+        /// flagged (``SyncSession/batches(for:_:)`` builds them). When the request's vector holds something
+        /// the local one lacks, pull too (call ``SyncSession/startRound(versionVector:now:)``).
         case serve(SyncRequest)
         /// Apply a batch that answers our request, then call ``SyncSession/applied(_:versionVector:digest:now:)``.
         case apply(ChangeBatchMessage)
@@ -136,8 +138,10 @@ public struct SyncSession: Sendable {
         case .hello:
             return refuse(.malformedMessage, "a second hello", code: .malformedMessage)
         case .syncRequest(let request):
-            // The peer pulls; pull in the same round unless we already are.
-            return outstandingRequest == nil ? [.serve(request), .wantRound] : [.serve(request)]
+            // The shell serves it, and pulls in the same round when the request shows the peer holds
+            // something we lack (pulling back unconditionally would make two idle peers prompt each other
+            // forever).
+            return [.serve(request)]
         case .changeBatch(let batch):
             guard batch.requestID == outstandingRequest, batch.sequence == expectedBatch else {
                 return refuse(

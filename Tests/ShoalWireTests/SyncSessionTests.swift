@@ -82,7 +82,7 @@ private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, Shoa
             ]
         )
         #expect(session.startRound(versionVector: vector, now: 2).isEmpty)
-        // The peer pulls while our pull runs: serve it, without starting another pull now.
+        // The peer pulls while our pull runs: serve it (pulling back is the shell's call).
         let request = SyncRequest(requestID: 9, versionVector: VersionVector())
         #expect(session.receive(.syncRequest(request), now: 3) == [.serve(request)])
         let last = ChangeBatchMessage(requestID: 1, isLast: true, batch: ChangeBatch(changes: [], claim: vector))

@@ -181,13 +181,13 @@ struct SyncBenchmark: AsyncParsableCommand {
         try b.execute("INSERT INTO t(id, a) VALUES (1, 'x')")
         // Let the first (non-idle) exchange finish, then count only idle rounds.
         try await Task.sleep(for: .seconds(2))
-        let before = await counter.total
-        let window = 5.0
-        try await Task.sleep(for: .seconds(window))
-        let bytes = Double(await counter.total - before)
-        // Each node starts a round every 200 ms ± 20%; both directions of a round travel together.
-        let rounds = window / 0.2 * 2
-        return [("idle_round_bytes", bytes / rounds)]
+        let (bytesBefore, pullsBefore) = (await counter.total, await counter.pulls)
+        try await Task.sleep(for: .seconds(5))
+        let bytes = Double(await counter.total - bytesBefore)
+        let pulls = Double(await counter.pulls - pullsBefore)
+        guard pulls > 0 else { throw ServeError(message: "no idle rounds happened") }
+        // A round in both directions is two pulls: request, (empty) answer and acknowledgement each way.
+        return [("idle_round_bytes", 2 * bytes / pulls), ("idle_pulls_per_s", pulls / 5)]
     }
 
     /// Many nodes write at once; the time from the last write until every digest matches.
@@ -248,9 +248,29 @@ enum Clock {
     }
 }
 
+/// Bytes through the proxy, and how many pulls (sync requests) they carried.
 actor ByteCounter {
     private(set) var total = 0
+    private(set) var pulls = 0
     func add(_ count: Int) { total += count }
+    func pull() { pulls += 1 }
+}
+
+/// Counts sync requests in one direction of a connection by following its frames.
+struct FrameCounter {
+    private var pending = ByteBuffer()
+
+    mutating func feed(_ chunk: ByteBuffer, counter: ByteCounter) async {
+        pending.writeImmutableBuffer(chunk)
+        while let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self),
+            pending.readableBytes >= 4 + Int(length)
+        {
+            let type = pending.getInteger(at: pending.readerIndex + 4, as: UInt8.self)
+            pending.moveReaderIndex(forwardBy: 4 + Int(length))
+            if type == 2 { await counter.pull() }
+        }
+        pending.discardReadBytes()
+    }
 }
 
 /// Forwards one port to another, counting the bytes both ways.
@@ -280,14 +300,18 @@ enum CountingProxy {
                                 try await upstream.executeThenClose { upIn, upOut in
                                     try await withThrowingTaskGroup(of: Void.self) { pumps in
                                         pumps.addTask {
+                                            var frames = FrameCounter()
                                             for try await chunk in clientIn {
                                                 await counter.add(chunk.readableBytes)
+                                                await frames.feed(chunk, counter: counter)
                                                 try await upOut.write(chunk)
                                             }
                                         }
                                         pumps.addTask {
+                                            var frames = FrameCounter()
                                             for try await chunk in upIn {
                                                 await counter.add(chunk.readableBytes)
+                                                await frames.feed(chunk, counter: counter)
                                                 try await clientOut.write(chunk)
                                             }
                                         }
