@@ -176,6 +176,13 @@ struct PeerConnection {
                 case .apply(let message):
                     let result = try await worker.apply(message.batch)
                     appliedThisRound += result.applied
+                    if !message.isLast, let peer {
+                        await node.connectionProgress(
+                            peer: peer,
+                            changes: appliedThisRound,
+                            milliseconds: Self.now() - roundStarted
+                        )
+                    }
                     actions += session.applied(
                         message,
                         versionVector: result.versionVector,

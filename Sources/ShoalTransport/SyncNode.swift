@@ -56,6 +56,18 @@ public actor SyncNode {
         return result
     }
 
+    /// The node's version vector.
+    public func versionVector() async throws -> VersionVector {
+        try await worker.versionVector()
+    }
+
+    /// Local transactions that no peer has acknowledged holding yet.
+    public func pendingLocalChanges() async throws -> UInt64 {
+        let local = try await worker.versionVector()[siteID]
+        let seen = peers.values.map { $0.versionVector[siteID] }.max() ?? 0
+        return local > seen ? local - seen : 0
+    }
+
     /// The state digest of the node's database.
     public func digest() async throws -> StateDigest {
         try await worker.digest()
@@ -82,7 +94,9 @@ public actor SyncNode {
                 try await server.executeThenClose { inbound in
                     try await withThrowingDiscardingTaskGroup { connections in
                         for try await child in inbound {
-                            let address = child.channel.remoteAddress.map { "\($0)" } ?? "unknown"
+                            let address =
+                                child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
+                                ?? "unknown"
                             connections.addTask { _ = await self.handle(child, dialed: false, address: address) }
                         }
                     }
@@ -284,6 +298,10 @@ public actor SyncNode {
 
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
         roundFinished(peer: peer, applied: applied, milliseconds: milliseconds)
+    }
+
+    func connectionProgress(peer: SiteID, changes: Int, milliseconds: UInt64) {
+        eventSink.yield(.catchUpProgress(peer: peer, changes: changes, milliseconds: milliseconds))
     }
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {

@@ -19,12 +19,15 @@ struct LiveStatus: Codable {
 
     var node: String
     var writtenAtMs: UInt64
+    /// Local transactions no peer has acknowledged holding yet.
+    var pendingLocalChanges: UInt64
     var peers: [Peer]
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
 
-    init(node: SiteID, peers: [PeerStatus]) {
+    init(node: SiteID, pendingLocalChanges: UInt64, peers: [PeerStatus]) {
         self.node = node.hex
+        self.pendingLocalChanges = pendingLocalChanges
         self.writtenAtMs = SystemWallClock().nowMilliseconds()
         self.peers = peers.map { peer in
             let sorted = peer.recentRoundMilliseconds.sorted()

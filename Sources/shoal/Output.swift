@@ -42,6 +42,7 @@ enum Output {
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
         return serialize([
             "running": live != nil,
+            "pending_local_changes": live.map { $0.pendingLocalChanges as Any } ?? NSNull(),
             "peers": peers,
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
@@ -73,6 +74,7 @@ enum Output {
             text += "  \(table.name): \(table.rows) rows, \(table.tombstones) tombstones\(counters)\n"
         }
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
+        text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
         text += "peers:\n"
         if live.peers.isEmpty { text += "  none yet\n" }
         let now = SystemWallClock().nowMilliseconds()

@@ -43,7 +43,11 @@ extension ShoalCommand {
             let statusFile = LiveStatus.path(forDatabase: database.db)
             let statusWriter = Task {
                 while !Task.isCancelled {
-                    try? LiveStatus(node: node.siteID, peers: await node.peerStatuses()).write(to: statusFile)
+                    try? LiveStatus(
+                        node: node.siteID,
+                        pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
+                        peers: await node.peerStatuses()
+                    ).write(to: statusFile)
                     try? await Task.sleep(for: .milliseconds(250))
                 }
             }
@@ -54,8 +58,19 @@ extension ShoalCommand {
             let stop = SignalWatcher { running.cancel() }
             defer { stop.cancel() }
             let reporter = Task {
+                let terminal = isatty(STDERR_FILENO) != 0
+                var lastProgressLine = Date.distantPast
                 for await event in node.events {
                     switch event {
+                    case .catchUpProgress(let peer, let changes, let milliseconds):
+                        let rate = milliseconds > 0 ? Double(changes) * 1000 / Double(milliseconds) : 0
+                        let line = "catching up from \(peer.hex.prefix(8)): \(changes) changes, \(Int(rate)) changes/s"
+                        if terminal {
+                            FileHandle.standardError.write(Data("\r\u{1B}[2K\(line)".utf8))
+                        } else if Date().timeIntervalSince(lastProgressLine) >= 5 {
+                            lastProgressLine = Date()
+                            log(line)
+                        }
                     case .listening(let port):
                         // Written in one call, unbuffered, so a script reading the pipe sees it at once.
                         FileHandle.standardOutput.write(
@@ -66,6 +81,7 @@ extension ShoalCommand {
                     case .peerDisconnected(let site, let reason):
                         log("peer disconnected: \(site.hex.prefix(8)): \(reason)")
                     case .roundFinished(let peer, let applied) where applied > 0:
+                        if terminal { FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8)) }
                         log("synced \(applied) changes from \(peer.hex.prefix(8))")
                     case .connectionFailed(let peerAddress, let reason):
                         log("connection to \(peerAddress) failed: \(reason)")
