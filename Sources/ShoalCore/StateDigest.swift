@@ -89,6 +89,13 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         bytes.appendVarint(stamp.seq)
     }
 
+    /// The 32 bytes (big-endian sum), as sent to peers.
+    public var bytes: [UInt8] {
+        var result: [UInt8] = []
+        for limb in [limbs.0, limbs.1, limbs.2, limbs.3] { result.appendBigEndian(limb) }
+        return result
+    }
+
     /// 64 hexadecimal digits.
     public var hex: String {
         [limbs.0, limbs.1, limbs.2, limbs.3].map { limb in

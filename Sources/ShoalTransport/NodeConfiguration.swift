@@ -84,4 +84,6 @@ public struct PeerStatus: Sendable, Hashable {
     public var recentRoundMilliseconds: [UInt64]
     /// What the peer last acknowledged holding.
     public var versionVector: VersionVector
+    /// The state digest the peer last reported (with an acknowledgement), hex.
+    public var digest: String?
 }

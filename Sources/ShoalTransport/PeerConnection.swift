@@ -186,7 +186,7 @@ struct PeerConnection {
                     actions += session.applied(
                         message,
                         versionVector: result.versionVector,
-                        digest: nil,
+                        digest: message.isLast ? await worker.currentDigest()?.bytes : nil,
                         now: Self.now()
                     )
                 case .roundFinished:

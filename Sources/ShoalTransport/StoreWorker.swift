@@ -7,6 +7,10 @@ import ShoalWire
 actor StoreWorker {
     private let store: Store
     private var lastDataVersion: Int64 = 0
+    /// Bumped whenever the data may have changed; the cached digest is valid for one value of it.
+    private var stateVersion = 0
+    private var cachedDigest: (version: Int, digest: StateDigest)?
+    private var digestComputedAt: UInt64 = 0
 
     init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
@@ -58,6 +62,7 @@ actor StoreWorker {
         let held = try store.versionVector()
         if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held) }
         let report = try store.apply(batch.changes, claim: batch.claim)
+        if report.applied > 0 { stateVersion += 1 }
         return (report.applied, try store.versionVector())
     }
 
@@ -69,11 +74,32 @@ actor StoreWorker {
     func changedElsewhere() throws(ShoalError) -> Bool {
         let version = try store.dataVersion()
         defer { lastDataVersion = version }
-        return lastDataVersion != 0 && version != lastDataVersion
+        let changed = lastDataVersion != 0 && version != lastDataVersion
+        if changed { stateVersion += 1 }
+        return changed
     }
 
     /// Runs a closure against the store (for the node's own writes).
     func withStore<T: Sendable>(_ body: (Store) throws -> T) throws -> T {
-        try body(store)
+        stateVersion += 1
+        return try body(store)
+    }
+
+    /// The digest, if the cached one is still current (cheap: for acknowledgements).
+    func currentDigest() -> StateDigest? {
+        guard let cachedDigest, cachedDigest.version == stateVersion else { return nil }
+        return cachedDigest.digest
+    }
+
+    /// Recomputes the digest if it is stale and the last computation is at least `interval` ms old.
+    @discardableResult
+    func refreshDigest(minimumIntervalMilliseconds interval: UInt64, now: UInt64) throws(ShoalError) -> StateDigest? {
+        if let current = currentDigest() { return current }
+        guard now >= digestComputedAt + interval else { return nil }
+        let version = stateVersion
+        let digest = try store.digest()
+        cachedDigest = (version, digest)
+        digestComputedAt = now
+        return digest
     }
 }

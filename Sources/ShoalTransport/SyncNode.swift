@@ -1,6 +1,7 @@
 import Logging
 import NIOCore
 import NIOPosix
+import ServiceLifecycle
 import ShoalCore
 import ShoalStore
 import ShoalWire
@@ -13,7 +14,7 @@ import Glibc
 ///
 /// ``run()`` does the work until its task is cancelled. Every commit to the database, by this node or by
 /// another process, starts a round with every connected peer within ``NodeConfiguration/localChangePollMilliseconds``.
-public actor SyncNode {
+public actor SyncNode: Service {
     public let configuration: NodeConfiguration
     let worker: StoreWorker
     /// Events as they happen, for observers and tests.
@@ -68,13 +69,22 @@ public actor SyncNode {
         return local > seen ? local - seen : 0
     }
 
+    /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports).
+    public func refreshDigest(minimumIntervalMilliseconds interval: UInt64 = 2_000) async throws -> StateDigest? {
+        try await worker.refreshDigest(minimumIntervalMilliseconds: interval, now: SystemWallClock().nowMilliseconds())
+    }
+
     /// The state digest of the node's database.
     public func digest() async throws -> StateDigest {
         try await worker.digest()
     }
 
-    /// Listens, dials, and syncs until cancelled.
+    /// Listens, dials, and syncs until cancelled, or until a graceful shutdown (run it in a `ServiceGroup`).
     public func run() async throws {
+        try await cancelWhenGracefulShutdown { try await self.serve() }
+    }
+
+    private func serve() async throws {
         let maximumFrame = configuration.maximumFrameLength
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -238,6 +248,9 @@ public actor SyncNode {
 
     private func acknowledged(peer: SiteID, _ ack: Ack) {
         peers[peer]?.versionVector = ack.versionVector
+        if let digest = ack.digest {
+            peers[peer]?.digest = digest.map { String($0, radix: 16) }.map { $0.count == 1 ? "0" + $0 : $0 }.joined()
+        }
     }
 
     /// Runs one connection to its end; returns whether the handshake succeeded.

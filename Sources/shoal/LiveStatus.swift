@@ -15,19 +15,24 @@ struct LiveStatus: Codable {
         var roundP50Ms: UInt64?
         var roundP99Ms: UInt64?
         var versionVector: [String: UInt64]
+        /// The state digest the peer last reported.
+        var digest: String? = nil
     }
 
     var node: String
     var writtenAtMs: UInt64
     /// Local transactions no peer has acknowledged holding yet.
     var pendingLocalChanges: UInt64
+    /// This node's digest as last computed (nil while stale).
+    var digest: String?
     var peers: [Peer]
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
 
-    init(node: SiteID, pendingLocalChanges: UInt64, peers: [PeerStatus]) {
+    init(node: SiteID, pendingLocalChanges: UInt64, digest: StateDigest?, peers: [PeerStatus]) {
         self.node = node.hex
         self.pendingLocalChanges = pendingLocalChanges
+        self.digest = digest?.hex
         self.writtenAtMs = SystemWallClock().nowMilliseconds()
         self.peers = peers.map { peer in
             let sorted = peer.recentRoundMilliseconds.sorted()
@@ -47,7 +52,8 @@ struct LiveStatus: Codable {
                 roundP99Ms: percentile(0.99),
                 versionVector: Dictionary(
                     uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }
-                )
+                ),
+                digest: peer.digest
             )
         }
     }

@@ -89,10 +89,16 @@ enum Output {
                 == Dictionary(
                     uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }
                 )
+            let digest =
+                switch (peer.digest, status.digest.hex) {
+                case (nil, _): "digest not reported yet"
+                case (let theirs?, let ours) where theirs == ours: "digest matches"
+                default: "digest differs"
+                }
             text +=
                 "  \(peer.name) \(peer.site.prefix(8)) \(peer.address): \(state), last sync \(last), "
-                + "failures \(peer.consecutiveFailures), success \(rate), \(durations)"
-                + (inSync ? ", in sync\n" : ", behind or ahead\n")
+                + "failures \(peer.consecutiveFailures), success \(rate), \(durations), "
+                + (inSync ? "same version" : "different version") + ", \(digest)\n"
         }
         return text
     }

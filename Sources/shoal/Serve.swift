@@ -1,6 +1,8 @@
 import ArgumentParser
 import Dispatch
 import Foundation
+import Logging
+import ServiceLifecycle
 import Shoal
 
 extension ShoalCommand {
@@ -39,13 +41,22 @@ extension ShoalCommand {
                 return peer
             }
             let node = try await SyncNode(configuration: configuration)
-            let running = Task { try await node.run() }
+            // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
+            let services = ServiceGroup(
+                configuration: ServiceGroupConfiguration(
+                    services: [.init(service: node)],
+                    gracefulShutdownSignals: [.sigterm, .sigint],
+                    logger: Logger(label: "shoal.serve")
+                )
+            )
+            let running = Task { try await services.run() }
             let statusFile = LiveStatus.path(forDatabase: database.db)
             let statusWriter = Task {
                 while !Task.isCancelled {
                     try? LiveStatus(
                         node: node.siteID,
                         pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
+                        digest: try? await node.refreshDigest(),
                         peers: await node.peerStatuses()
                     ).write(to: statusFile)
                     try? await Task.sleep(for: .milliseconds(250))
@@ -55,8 +66,6 @@ extension ShoalCommand {
                 statusWriter.cancel()
                 try? FileManager.default.removeItem(atPath: statusFile)
             }
-            let stop = SignalWatcher { running.cancel() }
-            defer { stop.cancel() }
             let reporter = Task {
                 let terminal = isatty(STDERR_FILENO) != 0
                 var lastProgressLine = Date.distantPast
@@ -102,24 +111,5 @@ extension ShoalCommand {
         private func log(_ line: String) {
             FileHandle.standardError.write(Data("shoal: \(line)\n".utf8))
         }
-    }
-}
-
-/// Calls `stop` once on SIGINT or SIGTERM.
-final class SignalWatcher {
-    private let sources: [any DispatchSourceSignal]
-
-    init(stop: @escaping @Sendable () -> Void) {
-        sources = [SIGINT, SIGTERM].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler(handler: stop)
-            source.resume()
-            return source
-        }
-    }
-
-    func cancel() {
-        for source in sources { source.cancel() }
     }
 }

@@ -169,3 +169,26 @@ import Testing
         await a.stop()
     }
 }
+
+@Suite struct DigestReportTests {
+    @Test func peersReportTheirDigestsOnceCurrent() async throws {
+        let directory = try temporaryDirectory("digest")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { $0.roundIntervalMilliseconds = 100 }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port]) { $0.roundIntervalMilliseconds = 100 }
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('d', 1)")
+        #expect(try await converge(a, b))
+        let digestA = try await a.node.refreshDigest(minimumIntervalMilliseconds: 0)
+        let digestB = try await b.node.refreshDigest(minimumIntervalMilliseconds: 0)
+        #expect(digestA != nil && digestA == digestB)
+        // The next rounds carry the now-current digests in their acknowledgements.
+        for _ in 0..<5 {
+            _ = await a.log.next(within: 5) { if case .roundFinished = $0 { true } else { false } }
+            _ = await b.log.next(within: 5) { if case .roundFinished = $0 { true } else { false } }
+        }
+        #expect(await a.node.peerStatuses().first?.digest == digestB?.hex)
+        #expect(await b.node.peerStatuses().first?.digest == digestA?.hex)
+        await b.stop()
+        await a.stop()
+    }
+}
