@@ -21,6 +21,11 @@ public final class DeltaCursor {
     var keyOffset = 0
     var seenKeys = Set<[SQLValue]>()
     var dotStartedInBatch = false
+    /// About how many changes the whole answer holds (from the change log's size), and how many were sent.
+    public internal(set) var estimatedChanges: UInt64 = 0
+    public internal(set) var sentChanges: UInt64 = 0
+    /// About how many changes are left to send.
+    public var estimatedRemaining: UInt64 { estimatedChanges > sentChanges ? estimatedChanges - sentChanges : 0 }
     /// Whether the last batch (the one with the final claim) was handed out.
     public internal(set) var isFinished = false
 
@@ -38,13 +43,30 @@ extension Store {
     public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
         let held = try versionVector()
-        return DeltaCursor(since: since, held: held, sites: sites.all)
+        let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
+        // Integer keys take 10 bytes in the log; each row listed carries about one change per column.
+        let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
+        let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ?")
+        for (index, site) in cursor.sites where held[site] > since[site] {
+            try size.bind([.integer(Int64(index)), .integer(Int64(bitPattern: since[site]))])
+            if try size.step(), case .integer(let bytes) = size.column(0) {
+                cursor.estimatedChanges += UInt64(bytes) / 10 * UInt64(columns)
+            }
+            size.reset()
+        }
+        return cursor
     }
 
     /// The next batch of about `maxChanges` changes (it ends after the row that reaches the limit), or `nil`
     /// once the final batch was handed out.
     public func nextBatch(_ cursor: DeltaCursor, maxChanges: Int) throws(ShoalError) -> ChangeBatch? {
         guard !cursor.isFinished else { return nil }
+        let batch = try nextBatchBody(cursor, maxChanges: maxChanges)
+        cursor.sentChanges += UInt64(batch.changes.count)
+        return batch
+    }
+
+    private func nextBatchBody(_ cursor: DeltaCursor, maxChanges: Int) throws(ShoalError) -> ChangeBatch {
         try refreshSchema()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         var changes: [Change] = []

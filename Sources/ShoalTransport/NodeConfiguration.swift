@@ -63,8 +63,9 @@ public enum NodeEvent: Sendable, Hashable {
     case peerDisconnected(SiteID, reason: String)
     /// A pull from `peer` finished; `applied` changes took effect.
     case roundFinished(peer: SiteID, applied: Int)
-    /// A pull spanning several batches is under way: `changes` applied so far, in `milliseconds`.
-    case catchUpProgress(peer: SiteID, changes: Int, milliseconds: UInt64)
+    /// A pull spanning several batches is under way: `changes` applied so far, in `milliseconds`; the
+    /// sender estimates `remaining` more.
+    case catchUpProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64)
     /// A connection failed before or during the handshake.
     case connectionFailed(address: String, reason: String)
 }

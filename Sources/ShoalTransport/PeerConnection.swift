@@ -149,7 +149,7 @@ struct PeerConnection {
                     let cursor = try await worker.openCursor(since: request.versionVector)
                     var sequence: UInt32 = 0
                     do {
-                        while let (batch, isLast) = try await worker.nextBatch(
+                        while let (batch, isLast, remaining) = try await worker.nextBatch(
                             cursor,
                             maxChanges: configuration.maxChangesPerBatch
                         ) {
@@ -159,6 +159,7 @@ struct PeerConnection {
                                         requestID: request.requestID,
                                         sequence: sequence,
                                         isLast: isLast,
+                                        estimatedRemaining: remaining,
                                         batch: batch
                                     )
                                 ),
@@ -180,6 +181,7 @@ struct PeerConnection {
                         await node.connectionProgress(
                             peer: peer,
                             changes: appliedThisRound,
+                            remaining: message.estimatedRemaining,
                             milliseconds: Self.now() - roundStarted
                         )
                     }

@@ -44,13 +44,16 @@ actor StoreWorker {
     }
 
     /// The next batch of an answer and whether it is the last; the cursor is dropped after the last one.
-    func nextBatch(_ cursor: Int, maxChanges: Int) throws(ShoalError) -> (batch: ChangeBatch, isLast: Bool)? {
+    func nextBatch(
+        _ cursor: Int,
+        maxChanges: Int
+    ) throws(ShoalError) -> (batch: ChangeBatch, isLast: Bool, remaining: UInt64)? {
         guard let delta = cursors[cursor], let batch = try store.nextBatch(delta, maxChanges: maxChanges) else {
             cursors[cursor] = nil
             return nil
         }
         if delta.isFinished { cursors[cursor] = nil }
-        return (batch, delta.isFinished)
+        return (batch, delta.isFinished, delta.isFinished ? 0 : delta.estimatedRemaining)
     }
 
     func closeCursor(_ cursor: Int) {

@@ -313,8 +313,10 @@ public actor SyncNode: Service {
         roundFinished(peer: peer, applied: applied, milliseconds: milliseconds)
     }
 
-    func connectionProgress(peer: SiteID, changes: Int, milliseconds: UInt64) {
-        eventSink.yield(.catchUpProgress(peer: peer, changes: changes, milliseconds: milliseconds))
+    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) {
+        eventSink.yield(
+            .catchUpProgress(peer: peer, changes: changes, remaining: remaining, milliseconds: milliseconds)
+        )
     }
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {

@@ -24,6 +24,7 @@ extension WireMessage {
             bytes.appendBigEndian(message.requestID)
             bytes.appendBigEndian32(message.sequence)
             bytes.append(message.isLast ? 1 : 0)
+            bytes.appendVarint(message.estimatedRemaining)
             bytes.appendVersionVector(message.batch.claim)
             Self.encode(message.batch.changes, into: &bytes)
         case .ack(let ack):
@@ -100,6 +101,7 @@ extension WireMessage {
             let sequence = try reader.readBigEndian32()
             let flags = try reader.readByte()
             guard flags <= 1 else { throw malformed("unknown batch flags \(flags)") }
+            let remaining = try reader.readVarint()
             let claim = try reader.readVersionVector()
             let changes = try decodeChanges(&reader)
             return .changeBatch(
@@ -107,6 +109,7 @@ extension WireMessage {
                     requestID: requestID,
                     sequence: sequence,
                     isLast: flags == 1,
+                    estimatedRemaining: remaining,
                     batch: ChangeBatch(changes: changes, claim: claim)
                 )
             )

@@ -94,12 +94,21 @@ public struct ChangeBatchMessage: Hashable, Sendable {
     public var sequence: UInt32
     /// Whether this is the last batch of the answer.
     public var isLast: Bool
+    /// The sender's estimate of how many changes of the answer are still to come (for progress and ETA).
+    public var estimatedRemaining: UInt64
     public var batch: ChangeBatch
 
-    public init(requestID: UInt64, sequence: UInt32 = 0, isLast: Bool, batch: ChangeBatch) {
+    public init(
+        requestID: UInt64,
+        sequence: UInt32 = 0,
+        isLast: Bool,
+        estimatedRemaining: UInt64 = 0,
+        batch: ChangeBatch
+    ) {
         self.requestID = requestID
         self.sequence = sequence
         self.isLast = isLast
+        self.estimatedRemaining = estimatedRemaining
         self.batch = batch
     }
 }

@@ -71,9 +71,12 @@ extension ShoalCommand {
                 var lastProgressLine = Date.distantPast
                 for await event in node.events {
                     switch event {
-                    case .catchUpProgress(let peer, let changes, let milliseconds):
+                    case .catchUpProgress(let peer, let changes, let remaining, let milliseconds):
                         let rate = milliseconds > 0 ? Double(changes) * 1000 / Double(milliseconds) : 0
-                        let line = "catching up from \(peer.hex.prefix(8)): \(changes) changes, \(Int(rate)) changes/s"
+                        let eta = rate > 0 ? " ETA \(Int((Double(remaining) / rate).rounded(.up))) s" : ""
+                        let line =
+                            "catching up from \(peer.hex.prefix(8)): \(changes) changes, \(Int(rate)) changes/s,"
+                            + " about \(remaining) to go\(eta)"
                         if terminal {
                             FileHandle.standardError.write(Data("\r\u{1B}[2K\(line)".utf8))
                         } else if Date().timeIntervalSince(lastProgressLine) >= 5 {

@@ -63,7 +63,13 @@ private let messages: [WireMessage] = [
         )
     ),
     .changeBatch(
-        ChangeBatchMessage(requestID: 8, isLast: false, batch: ChangeBatch(changes: [], claim: VersionVector()))
+        ChangeBatchMessage(
+            requestID: 8,
+            sequence: 3,
+            isLast: false,
+            estimatedRemaining: 12_345,
+            batch: ChangeBatch(changes: [], claim: VersionVector())
+        )
     ),
     .ack(Ack(requestID: 7, versionVector: VersionVector([siteB: 2]), digest: Array(repeating: 0xAB, count: 32))),
     .ack(Ack(requestID: 8, versionVector: VersionVector())),
@@ -127,7 +133,7 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
         #expect(decodeError([0, 0, 0, 6, 7, 0, 1, 2, 0xC3, 0x28])?.code == .malformedMessage)
         // A change batch announcing a billion changes in a few bytes is refused before anything is reserved.
         let billion = decodeError(
-            [0, 0, 0, 21, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0x80, 0x94, 0xEB, 0xDC, 0x03])
+            [0, 0, 0, 22, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0x80, 0x94, 0xEB, 0xDC, 0x03])
         #expect(billion?.code == .malformedMessage)
         #expect(billion?.message.contains("1000000000 changes cannot fit") == true)
     }
