@@ -100,6 +100,24 @@ import Testing
 }
 
 @Suite struct ConnectionPolicyTests {
+    @Test func connectionsBeyondTheCapAreRefused() async throws {
+        let directory = try temporaryDirectory("cap")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { $0.maximumConnections = 1 }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        let refused = try await rawExchange(port: a.port, sending: [])
+        #expect(
+            refused.contains {
+                if case .reject(let rejection) = $0 { rejection.reason == .tooManyConnections } else { false }
+            }
+        )
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('capped', 1)")
+        #expect(try await converge(a, b))
+        await b.stop()
+        await a.stop()
+    }
+
     @Test func twoNodesDiallingEachOtherKeepOneConnection() async throws {
         let directory = try temporaryDirectory("pair")
         defer { try? FileManager.default.removeItem(at: directory) }
