@@ -210,3 +210,27 @@ import Testing
         await a.stop()
     }
 }
+
+@Suite struct IdleRoundTests {
+    @Test func roundsBetweenNodesInSyncWriteNothing() async throws {
+        let directory = try temporaryDirectory("idle")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { $0.roundIntervalMilliseconds = 50 }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port]) { $0.roundIntervalMilliseconds = 50 }
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('i', 1)")
+        #expect(try await converge(a, b))
+        // Another connection sees SQLite's data version move on any commit by the nodes.
+        let watchA = try Store(path: a.path)
+        let watchB = try Store(path: b.path)
+        let before = (try watchA.dataVersion(), try watchB.dataVersion())
+        var rounds = 0
+        for _ in 0..<10 where await b.log.next(within: 5, { if case .roundFinished = $0 { true } else { false } }) {
+            rounds += 1
+        }
+        #expect(rounds == 10)
+        #expect(try watchA.dataVersion() == before.0)
+        #expect(try watchB.dataVersion() == before.1)
+        await b.stop()
+        await a.stop()
+    }
+}
