@@ -275,6 +275,18 @@ struct FrameCounter {
 
 /// Forwards one port to another, counting the bytes both ways.
 enum CountingProxy {
+    private static func pump(
+        _ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
+        counter: ByteCounter
+    ) async throws {
+        var frames = FrameCounter()
+        for try await chunk in inbound {
+            await counter.add(chunk.readableBytes)
+            await frames.feed(chunk, counter: counter)
+            try await outbound.write(chunk)
+        }
+    }
+
     static func start(to port: Int, counter: ByteCounter) async throws -> Int {
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .bind(host: "127.0.0.1", port: 0) { channel in
@@ -299,22 +311,8 @@ enum CountingProxy {
                             try await client.executeThenClose { clientIn, clientOut in
                                 try await upstream.executeThenClose { upIn, upOut in
                                     try await withThrowingTaskGroup(of: Void.self) { pumps in
-                                        pumps.addTask {
-                                            var frames = FrameCounter()
-                                            for try await chunk in clientIn {
-                                                await counter.add(chunk.readableBytes)
-                                                await frames.feed(chunk, counter: counter)
-                                                try await upOut.write(chunk)
-                                            }
-                                        }
-                                        pumps.addTask {
-                                            var frames = FrameCounter()
-                                            for try await chunk in upIn {
-                                                await counter.add(chunk.readableBytes)
-                                                await frames.feed(chunk, counter: counter)
-                                                try await clientOut.write(chunk)
-                                            }
-                                        }
+                                        pumps.addTask { try await pump(clientIn, to: upOut, counter: counter) }
+                                        pumps.addTask { try await pump(upIn, to: clientOut, counter: counter) }
                                         try await pumps.next()
                                         pumps.cancelAll()
                                     }
