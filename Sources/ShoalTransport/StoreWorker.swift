@@ -11,6 +11,13 @@ actor StoreWorker {
     private var stateVersion = 0
     private var cachedDigest: (version: Int, digest: StateDigest)?
     private var digestComputedAt: UInt64 = 0
+    /// When the data last changed (wall milliseconds); the digest is only recomputed once it is quiet.
+    private var lastChangeAt: UInt64 = 0
+
+    private func changed() {
+        stateVersion += 1
+        lastChangeAt = SystemWallClock().nowMilliseconds()
+    }
 
     init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
@@ -65,7 +72,7 @@ actor StoreWorker {
         let held = try store.versionVector()
         if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held) }
         let report = try store.apply(batch.changes, claim: batch.claim)
-        if report.applied > 0 { stateVersion += 1 }
+        if report.applied > 0 { changed() }
         return (report.applied, try store.versionVector())
     }
 
@@ -78,13 +85,13 @@ actor StoreWorker {
         let version = try store.dataVersion()
         defer { lastDataVersion = version }
         let changed = lastDataVersion != 0 && version != lastDataVersion
-        if changed { stateVersion += 1 }
+        if changed { self.changed() }
         return changed
     }
 
     /// Runs a closure against the store (for the node's own writes).
     func withStore<T: Sendable>(_ body: (Store) throws -> T) throws -> T {
-        stateVersion += 1
+        changed()
         return try body(store)
     }
 
@@ -94,11 +101,16 @@ actor StoreWorker {
         return cachedDigest.digest
     }
 
-    /// Recomputes the digest if it is stale and the last computation is at least `interval` ms old.
+    /// Recomputes the digest if it is stale, the last computation is at least `interval` ms old, and the data
+    /// has been quiet for `quiet` ms (a full scan during a catch-up would only slow it down).
     @discardableResult
-    func refreshDigest(minimumIntervalMilliseconds interval: UInt64, now: UInt64) throws(ShoalError) -> StateDigest? {
+    func refreshDigest(
+        minimumIntervalMilliseconds interval: UInt64,
+        quietMilliseconds quiet: UInt64,
+        now: UInt64
+    ) throws(ShoalError) -> StateDigest? {
         if let current = currentDigest() { return current }
-        guard now >= digestComputedAt + interval else { return nil }
+        guard now >= digestComputedAt + interval, now >= lastChangeAt + quiet else { return nil }
         let version = stateVersion
         let digest = try store.digest()
         cachedDigest = (version, digest)

@@ -70,8 +70,15 @@ public actor SyncNode: Service {
     }
 
     /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports).
-    public func refreshDigest(minimumIntervalMilliseconds interval: UInt64 = 2_000) async throws -> StateDigest? {
-        try await worker.refreshDigest(minimumIntervalMilliseconds: interval, now: SystemWallClock().nowMilliseconds())
+    public func refreshDigest(
+        minimumIntervalMilliseconds interval: UInt64 = 2_000,
+        quietMilliseconds quiet: UInt64 = 1_000
+    ) async throws -> StateDigest? {
+        try await worker.refreshDigest(
+            minimumIntervalMilliseconds: interval,
+            quietMilliseconds: quiet,
+            now: SystemWallClock().nowMilliseconds()
+        )
     }
 
     /// The state digest of the node's database.

@@ -196,8 +196,8 @@ import Testing
         let b = try await startNode(in: directory, name: "b", peers: [a.port]) { $0.roundIntervalMilliseconds = 100 }
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('d', 1)")
         #expect(try await converge(a, b))
-        let digestA = try await a.node.refreshDigest(minimumIntervalMilliseconds: 0)
-        let digestB = try await b.node.refreshDigest(minimumIntervalMilliseconds: 0)
+        let digestA = try await a.node.refreshDigest(minimumIntervalMilliseconds: 0, quietMilliseconds: 0)
+        let digestB = try await b.node.refreshDigest(minimumIntervalMilliseconds: 0, quietMilliseconds: 0)
         #expect(digestA != nil && digestA == digestB)
         // The next rounds carry the now-current digests in their acknowledgements.
         for _ in 0..<5 {
