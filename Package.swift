@@ -32,6 +32,20 @@ let package = Package(
             name: "CSQLite",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        // Avahi's dns_sd.h (Bonjour-compatible API).
+        .systemLibrary(
+            name: "CDNSSD",
+            providers: [.apt(["libavahi-compat-libdnssd-dev"])]
+        ),
+        // mDNS/DNS-SD: register, browse and resolve `_shoal._tcp`.
+        .target(
+            name: "ShoalDiscovery",
+            dependencies: [
+                "ShoalCore", "CDNSSD",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         // SQLite: metadata tables, change capture, apply, delta queries, digest.
         .target(
             name: "ShoalStore",
@@ -128,6 +142,11 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalDiscoveryTests",
+            dependencies: ["ShoalDiscovery", "ShoalCore"],
             swiftSettings: strict
         ),
         .testTarget(

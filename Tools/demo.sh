@@ -4,6 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/Tools/setup.sh"
+"$root/Tools/start-daemons.sh" || true  # without them the demo still runs, on static peers
 cd "$root"
 swift build --product shoal 2>&1 | tail -n 1 >&2
 exec "$root/.build/debug/shoal" demo "$@"

@@ -2,7 +2,7 @@
 # Installs what Shoal needs on Debian (idempotent). Runs as root, or uses sudo.
 set -euo pipefail
 
-packages=(libsqlite3-dev sqlite3)
+packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
 missing=()
 for package in "${packages[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

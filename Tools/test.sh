@@ -4,6 +4,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/Tools/setup.sh"
+# The mDNS tests need the daemons; they fail loudly (they do not skip) if these could not start.
+"$root/Tools/start-daemons.sh"
 swift build --build-tests 2>&1 | tail -n 3
 SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 "$root/.build/debug/shoal" demo --nodes 3 --writes 50

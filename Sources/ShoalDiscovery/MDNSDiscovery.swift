@@ -1,0 +1,319 @@
+import CDNSSD
+import ShoalCore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A `_shoal._tcp` service seen on the network.
+public struct DiscoveredService: Sendable, Hashable {
+    /// The instance name (unique per node: it contains the site id).
+    public var instance: String
+    public var siteID: SiteID?
+    public var clusterID: String?
+    public var protocolVersion: String?
+    /// Where to connect: 127.0.0.1 for a node seen on the loopback interface, else its host name.
+    public var host: String
+    public var port: Int
+    public var interfaceIndex: UInt32
+}
+
+/// What discovery reports.
+public enum DiscoveryEvent: Sendable, Hashable {
+    case found(DiscoveredService)
+    /// The instance left on every interface it was seen on.
+    case lost(instance: String)
+    /// Discovery cannot work (daemon missing, name conflict, …): the reason, for a person.
+    case unavailable(String)
+}
+
+/// Registers this node as `_shoal._tcp` through Avahi's Bonjour-compatible API, browses for the same
+/// type, and resolves what it finds.
+///
+/// The dns_sd calls block, so one dedicated thread owns every `DNSServiceRef`: it polls their sockets and
+/// calls `DNSServiceProcessResult` only when one is readable (a blocking call on Avahi's compat layer
+/// never delivers callbacks), so neither NIO's event loops nor the cooperative pool ever wait on it.
+public final class MDNSDiscovery: @unchecked Sendable {
+    // @unchecked: every DNSServiceRef and the maps below are touched only by the discovery thread (or before
+    // it starts); other threads only read `events` and set `stopping`, which is atomic.
+    public static let serviceType = "_shoal._tcp"
+
+    public let events: AsyncStream<DiscoveryEvent>
+    private let sink: AsyncStream<DiscoveryEvent>.Continuation
+    private let instanceName: String
+    private let port: UInt16
+    private let txt: [UInt8]
+    private let loopbackOnly: Bool
+    private let stopping = Atomic<Bool>(false)
+    private var registration: DNSServiceRef?
+    private var browser: DNSServiceRef?
+    private var resolving: [DNSServiceRef] = []
+    private var finished: [DNSServiceRef] = []
+    /// Instance → interfaces it is currently seen on (each service arrives once per interface and family).
+    private var seen: [String: Set<UInt32>] = [:]
+    private var thread: pthread_t?
+
+    /// - Parameters:
+    ///   - loopbackOnly: advertise and browse on the loopback interface only (for a node listening on
+    ///     127.0.0.1, so nothing is announced where no peer could connect).
+    public init(instanceName: String, port: Int, txt: [String: String], loopbackOnly: Bool) {
+        self.instanceName = instanceName
+        self.port = UInt16(port)
+        self.loopbackOnly = loopbackOnly
+        var record: [UInt8] = []
+        for (key, value) in txt.sorted(by: { $0.key < $1.key }) {
+            let entry = Array("\(key)=\(value)".utf8.prefix(255))
+            record.append(UInt8(entry.count))
+            record.append(contentsOf: entry)
+        }
+        self.txt = record
+        (events, sink) = AsyncStream.makeStream(of: DiscoveryEvent.self, bufferingPolicy: .bufferingNewest(1_000))
+    }
+
+    private var interfaceIndex: UInt32 { loopbackOnly ? if_nametoindex("lo") : 0 }
+
+    /// Registers and starts browsing; throws when the daemon cannot be reached.
+    public func start() throws(ShoalError) {
+        setenv("AVAHI_COMPAT_NOWARN", "1", 1)
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        var registration: DNSServiceRef?
+        let registered = txt.withUnsafeBytes { bytes in
+            DNSServiceRegister(
+                &registration,
+                0,
+                interfaceIndex,
+                instanceName,
+                Self.serviceType,
+                nil,
+                nil,
+                port.bigEndian,
+                UInt16(bytes.count),
+                bytes.baseAddress,
+                registerCallback,
+                context
+            )
+        }
+        guard registered == kDNSServiceErr_NoError, let registration else {
+            throw Self.error(registered, "register \(Self.serviceType)")
+        }
+        var browser: DNSServiceRef?
+        let browsing = DNSServiceBrowse(&browser, 0, interfaceIndex, Self.serviceType, nil, browseCallback, context)
+        guard browsing == kDNSServiceErr_NoError, let browser else {
+            DNSServiceRefDeallocate(registration)
+            throw Self.error(browsing, "browse \(Self.serviceType)")
+        }
+        self.registration = registration
+        self.browser = browser
+        let retained = Unmanaged.passRetained(self).toOpaque()
+        var thread = pthread_t()
+        pthread_create(
+            &thread,
+            nil,
+            { context in
+                let discovery = Unmanaged<MDNSDiscovery>.fromOpaque(context!).takeRetainedValue()
+                discovery.loop()
+                return nil
+            },
+            retained
+        )
+        self.thread = thread
+    }
+
+    /// Withdraws the registration and stops; returns once the discovery thread has ended.
+    public func stop() {
+        guard stopping.exchange(true, ordering: .acquiringAndReleasing) == false, let thread else { return }
+        pthread_join(thread, nil)
+        sink.finish()
+    }
+
+    private static func error(_ code: DNSServiceErrorType, _ action: String) -> ShoalError {
+        let reason =
+            switch code {
+            case DNSServiceErrorType(kDNSServiceErr_Unknown), DNSServiceErrorType(kDNSServiceErr_NotInitialized),
+                -65563:
+                "the Avahi daemon or the system D-Bus is not running (dns_sd error \(code)); start them with "
+                    + "Tools/start-daemons.sh, or run with --no-mdns and --peer"
+            case DNSServiceErrorType(kDNSServiceErr_NameConflict): "the instance name is already taken"
+            default: "dns_sd error \(code)"
+            }
+        return ShoalError(code: .unsupportedSchema, message: "mDNS: cannot \(action): \(reason)")
+    }
+
+    private func loop() {
+        while !stopping.load(ordering: .acquiring) {
+            var refs: [DNSServiceRef] = []
+            if let registration { refs.append(registration) }
+            if let browser { refs.append(browser) }
+            refs += resolving
+            var fds = refs.map { pollfd(fd: DNSServiceRefSockFD($0), events: Int16(POLLIN), revents: 0) }
+            let ready = poll(&fds, nfds_t(fds.count), 100)
+            guard ready > 0 else { continue }
+            for (index, descriptor) in fds.enumerated() where descriptor.revents & Int16(POLLIN) != 0 {
+                let code = DNSServiceProcessResult(refs[index])
+                if code != kDNSServiceErr_NoError && refs[index] == browser {
+                    sink.yield(.unavailable("mDNS browsing stopped: dns_sd error \(code)"))
+                }
+            }
+            for ref in finished {
+                resolving.removeAll { $0 == ref }
+                DNSServiceRefDeallocate(ref)
+            }
+            finished.removeAll()
+        }
+        for ref in resolving { DNSServiceRefDeallocate(ref) }
+        resolving.removeAll()
+        if let browser { DNSServiceRefDeallocate(browser) }
+        if let registration { DNSServiceRefDeallocate(registration) }
+        browser = nil
+        registration = nil
+    }
+
+    // MARK: - Callbacks (on the discovery thread)
+
+    fileprivate func registered(_ error: DNSServiceErrorType, name: String) {
+        if error != kDNSServiceErr_NoError {
+            sink.yield(.unavailable(Self.error(error, "register \(name)").message))
+        }
+    }
+
+    fileprivate func browsed(
+        flags: DNSServiceFlags,
+        interface: UInt32,
+        error: DNSServiceErrorType,
+        name: String,
+        type: String,
+        domain: String
+    ) {
+        guard error == kDNSServiceErr_NoError else { return }
+        if flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0 {
+            seen[name, default: []].insert(interface)
+            var resolver: DNSServiceRef?
+            let context = Unmanaged.passUnretained(self).toOpaque()
+            if DNSServiceResolve(&resolver, 0, interface, name, type, domain, resolveCallback, context)
+                == kDNSServiceErr_NoError, let resolver
+            {
+                resolving.append(resolver)
+            }
+        } else {
+            seen[name]?.remove(interface)
+            if seen[name]?.isEmpty ?? true {
+                seen[name] = nil
+                sink.yield(.lost(instance: name))
+            }
+        }
+    }
+
+    fileprivate func resolved(
+        ref: DNSServiceRef?,
+        interface: UInt32,
+        error: DNSServiceErrorType,
+        fullName: String,
+        host: String,
+        port: UInt16,
+        txt: UnsafeRawBufferPointer
+    ) {
+        if let ref { finished.append(ref) }
+        guard error == kDNSServiceErr_NoError else { return }
+        func value(_ key: String) -> String? {
+            var length: UInt8 = 0
+            guard let pointer = TXTRecordGetValuePtr(UInt16(txt.count), txt.baseAddress, key, &length) else {
+                return nil
+            }
+            return String(decoding: UnsafeRawBufferPointer(start: pointer, count: Int(length)), as: UTF8.self)
+        }
+        let instance = fullName.split(separator: ".").first.map(String.init) ?? fullName
+        let onLoopback = interface == if_nametoindex("lo")
+        sink.yield(
+            .found(
+                DiscoveredService(
+                    instance: Self.unescape(instance),
+                    siteID: value("site").flatMap { SiteID(hex: $0) },
+                    clusterID: value("cluster"),
+                    protocolVersion: value("proto"),
+                    host: onLoopback ? "127.0.0.1" : String(host.dropLast(host.hasSuffix(".") ? 1 : 0)),
+                    port: Int(UInt16(bigEndian: port)),
+                    interfaceIndex: interface
+                )
+            )
+        )
+    }
+
+    /// DNS-SD full names escape spaces and dots as `\032`, `\.`.
+    static func unescape(_ name: String) -> String {
+        var result = ""
+        var characters = Substring(name)
+        while let first = characters.first {
+            if first == "\\", characters.count >= 4, let code = UInt8(characters.dropFirst().prefix(3)) {
+                result.unicodeScalars.append(Unicode.Scalar(code))
+                characters = characters.dropFirst(4)
+            } else if first == "\\", characters.count >= 2 {
+                result.append(characters.dropFirst().first!)
+                characters = characters.dropFirst(2)
+            } else {
+                result.append(first)
+                characters = characters.dropFirst()
+            }
+        }
+        return result
+    }
+}
+
+private func registerCallback(
+    _ ref: DNSServiceRef?,
+    _ flags: DNSServiceFlags,
+    _ error: DNSServiceErrorType,
+    _ name: UnsafePointer<CChar>?,
+    _ type: UnsafePointer<CChar>?,
+    _ domain: UnsafePointer<CChar>?,
+    _ context: UnsafeMutableRawPointer?
+) {
+    guard let context else { return }
+    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue()
+        .registered(error, name: name.map { String(cString: $0) } ?? "")
+}
+
+private func browseCallback(
+    _ ref: DNSServiceRef?,
+    _ flags: DNSServiceFlags,
+    _ interface: UInt32,
+    _ error: DNSServiceErrorType,
+    _ name: UnsafePointer<CChar>?,
+    _ type: UnsafePointer<CChar>?,
+    _ domain: UnsafePointer<CChar>?,
+    _ context: UnsafeMutableRawPointer?
+) {
+    guard let context, let name, let type, let domain else { return }
+    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().browsed(
+        flags: flags,
+        interface: interface,
+        error: error,
+        name: String(cString: name),
+        type: String(cString: type),
+        domain: String(cString: domain)
+    )
+}
+
+private func resolveCallback(
+    _ ref: DNSServiceRef?,
+    _ flags: DNSServiceFlags,
+    _ interface: UInt32,
+    _ error: DNSServiceErrorType,
+    _ fullName: UnsafePointer<CChar>?,
+    _ host: UnsafePointer<CChar>?,
+    _ port: UInt16,
+    _ txtLength: UInt16,
+    _ txt: UnsafePointer<UInt8>?,
+    _ context: UnsafeMutableRawPointer?
+) {
+    guard let context else { return }
+    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().resolved(
+        ref: ref,
+        interface: interface,
+        error: error,
+        fullName: fullName.map { String(cString: $0) } ?? "",
+        host: host.map { String(cString: $0) } ?? "",
+        port: port,
+        txt: UnsafeRawBufferPointer(start: txt, count: Int(txtLength))
+    )
+}

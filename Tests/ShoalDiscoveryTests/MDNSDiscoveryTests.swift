@@ -1,0 +1,79 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalDiscovery
+
+/// The next event matching `matches`, or `nil` after `seconds` (a deadline; the wait is on the stream).
+func nextEvent(
+    _ discovery: MDNSDiscovery,
+    within seconds: Double,
+    _ matches: @escaping @Sendable (DiscoveryEvent) -> Bool
+) async -> DiscoveryEvent? {
+    await withTaskGroup(of: DiscoveryEvent?.self) { group in
+        group.addTask {
+            for await event in discovery.events where matches(event) { return event }
+            return nil
+        }
+        group.addTask {
+            try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
+
+@Suite(.serialized) struct MDNSDiscoveryTests {
+    @Test func twoNodesOnLoopbackFindEachOtherWithTheirTXTRecords() async throws {
+        let siteA = SiteID.random()
+        let siteB = SiteID.random()
+        let a = MDNSDiscovery(
+            instanceName: "test-a \(siteA.hex.prefix(12))",
+            port: 40_001,
+            txt: ["site": siteA.hex, "cluster": "t", "proto": "1"],
+            loopbackOnly: true
+        )
+        let b = MDNSDiscovery(
+            instanceName: "test-b \(siteB.hex.prefix(12))",
+            port: 40_002,
+            txt: ["site": siteB.hex, "cluster": "t", "proto": "1"],
+            loopbackOnly: true
+        )
+        try a.start()
+        try b.start()
+        defer {
+            a.stop()
+            b.stop()
+        }
+        let found = await nextEvent(a, within: 20) { event in
+            if case .found(let service) = event { return service.siteID == siteB } else { return false }
+        }
+        guard case .found(let service) = found else {
+            Issue.record("node a did not discover node b")
+            return
+        }
+        #expect(service.host == "127.0.0.1" && service.port == 40_002)
+        #expect(service.clusterID == "t" && service.protocolVersion == "1")
+        #expect(service.instance == "test-b \(siteB.hex.prefix(12))")
+
+        // avahi-browse, an independent client of the daemon, lists it with its TXT fields.
+        let browse = Process()
+        browse.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-browse")
+        browse.arguments = ["-rpt", MDNSDiscovery.serviceType]
+        let output = Pipe()
+        browse.standardOutput = output
+        try browse.run()
+        let listing = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        browse.waitUntilExit()
+        #expect(listing.contains("site=\(siteB.hex)"))
+
+        // When b leaves, a hears about it.
+        b.stop()
+        let lost = await nextEvent(a, within: 20) { event in
+            if case .lost(let instance) = event { return instance.contains(siteB.hex.prefix(12)) } else { return false }
+        }
+        #expect(lost != nil)
+    }
+}
