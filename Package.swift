@@ -68,7 +68,7 @@ let package = Package(
         .target(
             name: "ShoalTransport",
             dependencies: [
-                "ShoalCore", "ShoalStore", "ShoalWire",
+                "ShoalCore", "ShoalStore", "ShoalWire", "ShoalDiscovery",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -79,7 +79,7 @@ let package = Package(
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire", "ShoalTransport"],
+            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire", "ShoalTransport", "ShoalDiscovery"],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.

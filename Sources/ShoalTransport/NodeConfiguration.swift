@@ -37,6 +37,9 @@ public struct NodeConfiguration: Sendable {
     /// 0 picks a free port.
     public var listenPort = 0
     public var staticPeers: [PeerAddress] = []
+    /// Advertise and browse `_shoal._tcp` through the Avahi daemon, and dial peers of the same cluster found
+    /// that way.
+    public var mdns = false
     /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
     public var roundIntervalMilliseconds: UInt64 = 2_000
     /// How often the node looks for commits made by other processes.
@@ -66,6 +69,10 @@ public enum NodeEvent: Sendable, Hashable {
     /// A pull spanning several batches is under way: `changes` applied so far, in `milliseconds`; the
     /// sender estimates `remaining` more.
     case catchUpProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64)
+    /// mDNS found a peer of this cluster (it will be dialled, by the side with the smaller site id).
+    case peerDiscovered(SiteID, address: String)
+    /// mDNS cannot work; the node goes on with static peers. Said once, with the fix.
+    case discoveryUnavailable(String)
     /// A connection failed before or during the handshake.
     case connectionFailed(address: String, reason: String)
 }
@@ -87,4 +94,6 @@ public struct PeerStatus: Sendable, Hashable {
     public var versionVector: VersionVector
     /// The state digest the peer last reported (with an acknowledgement), hex.
     public var digest: String?
+    /// How the node learned of the peer: "static", "mdns", or "inbound" (the peer dialled us).
+    public var foundBy: String = "inbound"
 }

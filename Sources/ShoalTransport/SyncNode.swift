@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import ServiceLifecycle
 import ShoalCore
+import ShoalDiscovery
 import ShoalStore
 import ShoalWire
 
@@ -23,6 +24,10 @@ public actor SyncNode: Service {
     private var connections: [Int: ConnectionEntry] = [:]
     private var nextConnectionID = 0
     private var peers: [SiteID: PeerStatus] = [:]
+    /// Dial loops for peers found by mDNS, by site; cancelled when the peer leaves.
+    private var discoveredDialers: [SiteID: Task<Void, Never>] = [:]
+    /// How each address was learned ("static" or "mdns"), to report per peer.
+    private var addressOrigins: [String: String] = [:]
     /// The port the node listens on, once ``run()`` has bound it.
     public private(set) var listeningPort: Int?
     public nonisolated let siteID: SiteID
@@ -122,6 +127,9 @@ public actor SyncNode: Service {
             for peer in configuration.staticPeers {
                 group.addTask { await self.dialLoop(peer) }
             }
+            if configuration.mdns {
+                group.addTask { await self.discover() }
+            }
             group.addTask { try await self.watchLocalChanges() }
             group.addTask { try await self.periodicRounds() }
         }
@@ -142,9 +150,61 @@ public actor SyncNode: Service {
         }
     }
 
+    // MARK: - Discovery
+
+    private func discover() async {
+        guard let port = listeningPort else { return }
+        let host = configuration.listenHost
+        let loopbackOnly = host == "127.0.0.1" || host == "::1" || host == "localhost"
+        let name = configuration.nodeName ?? "shoal"
+        let discovery = MDNSDiscovery(
+            instanceName: "\(name) \(siteID.hex.prefix(12))",
+            port: port,
+            txt: ["site": siteID.hex, "cluster": configuration.clusterID, "proto": "\(WireProtocol.maximumVersion)"],
+            loopbackOnly: loopbackOnly
+        )
+        do {
+            try discovery.start()
+        } catch {
+            eventSink.yield(.discoveryUnavailable(error.message))
+            configuration.logger.warning("mDNS discovery is off", metadata: ["reason": "\(error.message)"])
+            return
+        }
+        defer {
+            discovery.stop()
+            for dialer in discoveredDialers.values { dialer.cancel() }
+            discoveredDialers.removeAll()
+        }
+        await withTaskCancellationHandler {
+            for await event in discovery.events {
+                switch event {
+                case .found(let service):
+                    guard let site = service.siteID, site != siteID, service.clusterID == configuration.clusterID
+                    else { continue }
+                    // Both sides see each other; only the smaller site id dials, so they keep one connection.
+                    guard siteID < site, discoveredDialers[site] == nil else { continue }
+                    let address = PeerAddress(host: service.host, port: service.port)
+                    addressOrigins[address.description] = "mdns"
+                    eventSink.yield(.peerDiscovered(site, address: address.description))
+                    discoveredDialers[site] = Task { await self.dialLoop(address) }
+                case .lost(let instance):
+                    for (site, dialer) in discoveredDialers where instance.hasSuffix(String(site.hex.prefix(12))) {
+                        dialer.cancel()
+                        discoveredDialers[site] = nil
+                    }
+                case .unavailable(let reason):
+                    eventSink.yield(.discoveryUnavailable(reason))
+                }
+            }
+        } onCancel: {
+            discovery.stop()
+        }
+    }
+
     // MARK: - Dialling
 
     private func dialLoop(_ address: PeerAddress) async {
+        if addressOrigins[address.description] == nil { addressOrigins[address.description] = "static" }
         var backoff = configuration.backoffInitialMilliseconds
         let maximumFrame = configuration.maximumFrameLength
         while !Task.isCancelled {
@@ -229,6 +289,7 @@ public actor SyncNode: Service {
         status.isConnected = true
         status.name = hello.nodeName
         status.address = address
+        status.foundBy = connections[id]?.dialed == true ? addressOrigins[address] ?? "static" : "inbound"
         peers[hello.siteID] = status
         eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
         return true

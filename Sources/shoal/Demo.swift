@@ -38,17 +38,30 @@ extension ShoalCommand {
                 )
                 try store.replicate(table: "stock", counters: ["sold"])
             }
-            print("Shoal demo: \(nodes) nodes in \(directory), mode: static peers on loopback (full mesh)")
+            // With the Avahi daemon up, nodes find each other by mDNS (in a cluster of their own, so no other
+            // node on this machine joins); without it, they are wired as a full mesh of static peers.
+            let mdns = Self.mdnsAvailable()
+            let cluster = "demo-\(getpid())"
+            print(
+                "Shoal demo: \(nodes) nodes in \(directory), mode: "
+                    + (mdns
+                        ? "mDNS discovery on loopback (cluster \(cluster))"
+                        : "static peers on loopback (full mesh; the Avahi daemon is not running)")
+            )
 
             var children: [ServeProcess] = []
             defer { for child in children { child.stop() } }
             for (index, path) in paths.enumerated() {
-                let child = try ServeProcess.start(
-                    database: path,
-                    name: "node\(index)",
-                    peers: children.map(\.port),
-                    extra: ["--round-interval", "1000"]
-                )
+                let extra = ["--round-interval", "1000", "--cluster", cluster]
+                let child =
+                    mdns
+                    ? try ServeProcess.start(database: path, name: "node\(index)", peers: [], extra: extra)
+                    : try ServeProcess.startIsolated(
+                        database: path,
+                        name: "node\(index)",
+                        peers: children.map(\.port),
+                        extra: extra
+                    )
                 children.append(child)
                 print("  node\(index) listening on 127.0.0.1:\(child.port)")
             }
@@ -92,6 +105,23 @@ extension ShoalCommand {
                     String(digest.prefix(16))
                 )
             )
+        }
+
+        /// Whether the Avahi daemon answers (a registration that is withdrawn at once).
+        private static func mdnsAvailable() -> Bool {
+            let probe = MDNSDiscovery(
+                instanceName: "shoal-demo-probe-\(getpid())",
+                port: 9,
+                txt: [:],
+                loopbackOnly: true
+            )
+            do {
+                try probe.start()
+                probe.stop()
+                return true
+            } catch {
+                return false
+            }
         }
 
         /// One node's share of the writes, through its own database file (the node picks them up at once).

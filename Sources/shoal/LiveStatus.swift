@@ -17,6 +17,8 @@ struct LiveStatus: Codable {
         var versionVector: [String: UInt64]
         /// The state digest the peer last reported.
         var digest: String? = nil
+        /// How the peer was found: static, mdns or inbound.
+        var foundBy: String = "inbound"
     }
 
     var node: String
@@ -53,7 +55,8 @@ struct LiveStatus: Codable {
                 versionVector: Dictionary(
                     uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }
                 ),
-                digest: peer.digest
+                digest: peer.digest,
+                foundBy: peer.foundBy
             )
         }
     }

@@ -96,7 +96,7 @@ enum Output {
                 default: "digest differs"
                 }
             text +=
-                "  \(peer.name) \(peer.site.prefix(8)) \(peer.address): \(state), last sync \(last), "
+                "  \(peer.name) \(peer.site.prefix(8)) \(peer.address) (\(peer.foundBy)): \(state), last sync \(last), "
                 + "failures \(peer.consecutiveFailures), success \(rate), \(durations), "
                 + (inSync ? "same version" : "different version") + ", \(digest)\n"
         }

@@ -23,6 +23,7 @@ extension ShoalCommand {
         @Option(help: "Cluster id: nodes of other clusters are refused.") var cluster = "default"
         @Option(help: "Node name shown to peers.") var name: String?
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
+        @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
 
         func run() async throws {
             guard let address = PeerAddress(parsing: listen) else {
@@ -34,6 +35,7 @@ extension ShoalCommand {
             configuration.clusterID = cluster
             configuration.nodeName = name
             configuration.roundIntervalMilliseconds = roundInterval
+            configuration.mdns = !noMdns
             configuration.staticPeers = try peers.map { text in
                 guard let peer = PeerAddress(parsing: text) else {
                     throw ShoalError(code: .invalidArgument, message: "--peer wants HOST:PORT, got \"\(text)\"")
@@ -99,6 +101,10 @@ extension ShoalCommand {
                         log("connection to \(peerAddress) failed: \(reason)")
                     case .roundFinished:
                         break
+                    case .peerDiscovered(let site, let peerAddress):
+                        log("found \(site.hex.prefix(8)) at \(peerAddress) by mDNS")
+                    case .discoveryUnavailable(let reason):
+                        log("mDNS discovery is off: \(reason). Static peers (--peer) still work.")
                     }
                 }
             }

@@ -73,10 +73,14 @@ struct SyncBenchmark: AsyncParsableCommand {
         }
         let target = try makeDatabase(directory + "/target.db", name: "target")
         let goal = try source.versionVector()
-        let serving = try ServeProcess.start(database: directory + "/source.db", name: "source", peers: [])
+        let serving = try ServeProcess.startIsolated(database: directory + "/source.db", name: "source", peers: [])
         defer { serving.stop() }
         let started = Date()
-        let catching = try ServeProcess.start(database: directory + "/target.db", name: "target", peers: [serving.port])
+        let catching = try ServeProcess.startIsolated(
+            database: directory + "/target.db",
+            name: "target",
+            peers: [serving.port]
+        )
         defer { catching.stop() }
         var peak = 0.0
         while try !target.versionVector().dominatesOrEquals(goal) {
@@ -98,7 +102,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         for index in 0..<propagationNodes {
             _ = try makeDatabase(directory + "/n\(index).db", name: "n\(index)")
             nodes.append(
-                try ServeProcess.start(
+                try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
                     name: "n\(index)",
                     peers: nodes.map(\.port),
@@ -162,7 +166,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     private func idleRound(_ directory: String) async throws -> [(String, Double)] {
         _ = try makeDatabase(directory + "/a.db", name: "a")
         let b = try makeDatabase(directory + "/b.db", name: "b")
-        let a = try ServeProcess.start(
+        let a = try ServeProcess.startIsolated(
             database: directory + "/a.db",
             name: "a",
             peers: [],
@@ -171,7 +175,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         defer { a.stop() }
         let counter = ByteCounter()
         let proxy = try await CountingProxy.start(to: a.port, counter: counter)
-        let node = try ServeProcess.start(
+        let node = try ServeProcess.startIsolated(
             database: directory + "/b.db",
             name: "b",
             peers: [proxy],
@@ -202,7 +206,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             // A sparse mesh: each node dials up to 3 earlier ones.
             let peers = nodes.suffix(3).map(\.port)
             nodes.append(
-                try ServeProcess.start(
+                try ServeProcess.startIsolated(
                     database: path,
                     name: "n\(index)",
                     peers: peers,
@@ -276,7 +280,8 @@ struct FrameCounter {
 /// Forwards one port to another, counting the bytes both ways.
 enum CountingProxy {
     private static func pump(
-        _ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
+        _ inbound: NIOAsyncChannelInboundStream<ByteBuffer>,
+        to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
         counter: ByteCounter
     ) async throws {
         var frames = FrameCounter()

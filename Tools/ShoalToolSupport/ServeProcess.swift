@@ -46,6 +46,16 @@ public struct ServeProcess {
         return ServeProcess(process: process, port: port)
     }
 
+    /// Starts a node that neither advertises nor browses with mDNS: it talks only to the peers it is given.
+    public static func startIsolated(
+        database: String,
+        name: String,
+        peers: [Int],
+        extra: [String] = []
+    ) throws -> ServeProcess {
+        try start(database: database, name: name, peers: peers, extra: extra + ["--no-mdns"])
+    }
+
     public var isRunning: Bool { process.isRunning }
 
     /// SIGKILL, and wait.
