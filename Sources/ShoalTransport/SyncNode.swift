@@ -25,7 +25,7 @@ public actor SyncNode: Service {
     private var nextConnectionID = 0
     private var peers: [SiteID: PeerStatus] = [:]
     /// Dial loops for peers found by mDNS, by site; cancelled when the peer leaves.
-    private var discoveredDialers: [SiteID: Task<Void, Never>] = [:]
+    private var discoveredDialers: [SiteID: (address: PeerAddress, dialer: Task<Void, Never>)] = [:]
     /// How each address was learned ("static" or "mdns"), to report per peer.
     private var addressOrigins: [String: String] = [:]
     /// The port the node listens on, once ``run()`` has bound it.
@@ -172,7 +172,7 @@ public actor SyncNode: Service {
         }
         defer {
             discovery.stop()
-            for dialer in discoveredDialers.values { dialer.cancel() }
+            for current in discoveredDialers.values { current.dialer.cancel() }
             discoveredDialers.removeAll()
         }
         await withTaskCancellationHandler {
@@ -181,17 +181,25 @@ public actor SyncNode: Service {
                 case .found(let service):
                     guard let site = service.siteID, site != siteID, service.clusterID == configuration.clusterID
                     else { continue }
-                    // Both sides see each other; only the smaller site id dials, so they keep one connection.
-                    guard siteID < site, discoveredDialers[site] == nil else { continue }
+                    // Both sides dial what they find (so a node that returns reconnects as soon as it sees the
+                    // ones that stayed); of two connections between a pair, both keep the one dialled by the
+                    // smaller site id, and a dialer waits while its peer is connected.
                     let address = PeerAddress(host: service.host, port: service.port)
+                    // A peer that (re)appears while not connected gets a fresh dialer at once: a new port after
+                    // a restart, or the old one with its backoff reset.
+                    if let current = discoveredDialers[site] {
+                        let connected = peers[site]?.isConnected ?? false
+                        if connected && current.address == address { continue }
+                        current.dialer.cancel()
+                    }
                     addressOrigins[address.description] = "mdns"
                     eventSink.yield(.peerDiscovered(site, address: address.description))
-                    discoveredDialers[site] = Task { await self.dialLoop(address) }
-                case .lost(let instance):
-                    for (site, dialer) in discoveredDialers where instance.hasSuffix(String(site.hex.prefix(12))) {
-                        dialer.cancel()
-                        discoveredDialers[site] = nil
-                    }
+                    discoveredDialers[site] = (address, Task { await self.dialLoop(address, site: site) })
+                case .lost:
+                    // A restarted node re-registers under the same name, and the removal of its old
+                    // registration may arrive after the new one: keep the dialer (its backoff copes with a
+                    // peer that is really gone); the connection itself notices the peer leaving.
+                    break
                 case .unavailable(let reason):
                     eventSink.yield(.discoveryUnavailable(reason))
                 }
@@ -203,11 +211,17 @@ public actor SyncNode: Service {
 
     // MARK: - Dialling
 
-    private func dialLoop(_ address: PeerAddress) async {
+    private func dialLoop(_ address: PeerAddress, site: SiteID? = nil) async {
         if addressOrigins[address.description] == nil { addressOrigins[address.description] = "static" }
+        let site = site
         var backoff = configuration.backoffInitialMilliseconds
         let maximumFrame = configuration.maximumFrameLength
         while !Task.isCancelled {
+            if let site, peers[site]?.isConnected == true {
+                // Already connected to this peer (perhaps it dialled us): nothing to do for now.
+                try? await Task.sleep(for: .milliseconds(500))
+                continue
+            }
             var established = false
             do {
                 let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)

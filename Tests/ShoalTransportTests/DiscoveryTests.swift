@@ -1,0 +1,146 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// Runs a command to completion and returns its standard output.
+private func run(_ executable: String, _ arguments: [String]) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
+    try process.run()
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return text
+}
+
+/// These need the Avahi daemon, which the test command starts: they fail, not skip, without it.
+@Suite(.serialized) struct DiscoveryTests {
+    private func mdnsNode(_ directory: URL, _ name: String, cluster: String) async throws -> RunningNode {
+        try await startNode(in: directory, name: name) { configuration in
+            configuration.mdns = true
+            configuration.clusterID = cluster
+            configuration.nodeName = name
+        }
+    }
+
+    @Test func threeNodesWithNoPeersDiscoverEachOtherAndConverge() async throws {
+        let directory = try temporaryDirectory("mdns3")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let cluster = "mdns-\(UInt32.random(in: 0...UInt32.max))"
+        let nodes = [
+            try await mdnsNode(directory, "one", cluster: cluster),
+            try await mdnsNode(directory, "two", cluster: cluster),
+            try await mdnsNode(directory, "three", cluster: cluster),
+        ]
+        // Every node connects to both others (each pair once: the smaller site id dials).
+        for node in nodes {
+            for other in nodes where other.node.siteID != node.node.siteID {
+                let site = other.node.siteID
+                #expect(
+                    await node.log.seen(within: 30) { if case .peerConnected(site, _, _) = $0 { true } else { false } }
+                )
+            }
+        }
+        for (index, node) in nodes.enumerated() {
+            try await node.node.execute(
+                "INSERT INTO kv(k, v) VALUES (?, ?)",
+                [.text("from \(index)"), .integer(Int64(index))]
+            )
+        }
+        #expect(try await converge(nodes[0], nodes[1], within: 30))
+        #expect(try await converge(nodes[1], nodes[2], within: 30))
+        #expect(try await converge(nodes[0], nodes[2], within: 30))
+        for node in nodes {
+            let unavailable = await node.log.events.contains {
+                if case .discoveryUnavailable = $0 { true } else { false }
+            }
+            #expect(!unavailable, "mDNS unavailable: is avahi-daemon running? (Tools/start-daemons.sh)")
+            let peers = await node.node.peerStatuses().filter(\.isConnected)
+            #expect(peers.count == 2)
+            #expect(peers.allSatisfy { $0.foundBy == "mdns" || $0.foundBy == "inbound" })
+        }
+
+        // avahi-browse lists every node with its TXT fields.
+        let listing = try run("/usr/bin/avahi-browse", ["-rpt", "_shoal._tcp"])
+        for node in nodes {
+            #expect(listing.contains("\"site=\(node.node.siteID.hex)\""))
+            #expect(listing.contains("\"cluster=\(cluster)\""))
+        }
+        for node in nodes { await node.stop() }
+    }
+
+    @Test func servicesOfOurClusterAreDialledAndOthersIgnored() async throws {
+        let directory = try temporaryDirectory("mdnspub")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let cluster = "mdns-\(UInt32.random(in: 0...UInt32.max))"
+        let node = try await mdnsNode(directory, "watcher", cluster: cluster)
+        // A site id larger than any real one: the watcher, the smaller, is the side that dials.
+        let ours = SiteID(high: .max, low: .max - 1)
+        let theirs = SiteID(high: .max, low: .max)
+        func publish(_ site: SiteID, cluster: String) throws -> Process {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-publish")
+            process.arguments = [
+                "-s", "fake \(cluster) \(site.hex.suffix(4))", "_shoal._tcp", "9", "site=\(site.hex)",
+                "cluster=\(cluster)", "proto=1",
+            ]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            return process
+        }
+        let other = try publish(theirs, cluster: "somebody-else")
+        let same = try publish(ours, cluster: cluster)
+        defer {
+            other.terminate()
+            same.terminate()
+        }
+        #expect(
+            await node.log.seen(within: 30) {
+                if case .peerDiscovered(let site, _) = $0 { site == ours } else { false }
+            }
+        )
+        let events = await node.log.events
+        #expect(!events.contains { if case .peerDiscovered(let site, _) = $0 { site == theirs } else { false } })
+        await node.stop()
+    }
+
+    @Test func aNodeThatLeavesIsDroppedAndCatchesUpWhenItReturns() async throws {
+        let directory = try temporaryDirectory("mdnsback")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let cluster = "mdns-\(UInt32.random(in: 0...UInt32.max))"
+        let a = try await mdnsNode(directory, "stays", cluster: cluster)
+        var b = try await mdnsNode(directory, "leaves", cluster: cluster)
+        let siteB = b.node.siteID
+        #expect(
+            await a.log.seen(within: 30) {
+                if case .peerConnected(let site, _, _) = $0 { site == siteB } else { false }
+            }
+        )
+        await b.stop()
+        #expect(
+            await a.log.seen(within: 30) {
+                if case .peerDisconnected(let site, _) = $0 { site == siteB } else { false }
+            }
+        )
+        #expect(await a.node.peerStatuses().filter(\.isConnected).isEmpty)
+
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('while away', 1)")
+        b = try await mdnsNode(directory, "leaves", cluster: cluster)
+        #expect(b.node.siteID == siteB)
+        let converged = try await converge(a, b, within: 30)
+        if !converged {
+            print("a (\(a.node.siteID.hex.prefix(8))) saw: \(await a.log.events)")
+            print("b (\(siteB.hex.prefix(8))) saw: \(await b.log.events)")
+        }
+        #expect(converged)
+        #expect(await a.node.peerStatuses().filter(\.isConnected).count == 1)
+        await b.stop()
+        await a.stop()
+    }
+}
