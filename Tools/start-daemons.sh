@@ -4,13 +4,17 @@
 set -u
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
-if ! pgrep -x dbus-daemon >/dev/null 2>&1 || [ ! -S /run/dbus/system_bus_socket ]; then
+# Whether a live (not zombie) process has this name: a killed daemon may linger as a zombie.
+running() { ps -C "$1" -o stat= 2>/dev/null | grep -qv '^Z'; }
+if ! running dbus-daemon; then
     $sudo mkdir -p /run/dbus
-    # A killed dbus-daemon leaves its pid file behind, and the next start fails until it is removed.
-    $sudo rm -f /run/dbus/pid
+    # A killed dbus-daemon leaves its pid file and socket behind, and the next start fails until they go.
+    $sudo rm -f /run/dbus/pid /run/dbus/system_bus_socket
     $sudo dbus-daemon --system --fork
 fi
-if ! pgrep -x avahi-daemon >/dev/null 2>&1; then
+if ! running avahi-daemon; then
+    # Likewise for a killed avahi-daemon.
+    $sudo rm -f /run/avahi-daemon/pid /run/avahi-daemon/socket
     $sudo avahi-daemon -D 2>/dev/null || $sudo avahi-daemon -D --no-drop-root
 fi
 # Wait (bounded) until the daemon answers on D-Bus.
