@@ -109,6 +109,8 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
                     keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_peers(
+                    site BLOB PRIMARY KEY, host TEXT NOT NULL, port INTEGER NOT NULL, seen_ms INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_conflicts(
                     id INTEGER PRIMARY KEY, recorded_ms INTEGER NOT NULL, tbl TEXT NOT NULL, pk TEXT NOT NULL,
                     col TEXT NOT NULL, local_value, local_hlc INTEGER NOT NULL, local_site TEXT NOT NULL,

@@ -40,6 +40,8 @@ public struct NodeConfiguration: Sendable {
     /// Advertise and browse `_shoal._tcp` through the Avahi daemon, and dial peers of the same cluster found
     /// that way.
     public var mdns = false
+    /// Remember peers' addresses in the database and dial them again after a restart.
+    public var rememberPeers = true
     /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
     public var roundIntervalMilliseconds: UInt64 = 2_000
     /// How often the node looks for commits made by other processes.
@@ -94,6 +96,7 @@ public struct PeerStatus: Sendable, Hashable {
     public var versionVector: VersionVector
     /// The state digest the peer last reported (with an acknowledgement), hex.
     public var digest: String?
-    /// How the node learned of the peer: "static", "mdns", or "inbound" (the peer dialled us).
+    /// How the node learned of the peer: "static", "mdns", "remembered" (from an earlier run), or "inbound"
+    /// (the peer dialled us).
     public var foundBy: String = "inbound"
 }

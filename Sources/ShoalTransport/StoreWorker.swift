@@ -95,6 +95,15 @@ actor StoreWorker {
         return try body(store)
     }
 
+    /// Remembers a peer's address (not replicated data: the digest stays valid).
+    func rememberPeer(_ site: SiteID, host: String, port: Int) throws(ShoalError) {
+        try store.rememberPeer(site, host: host, port: port)
+    }
+
+    func knownPeers() throws(ShoalError) -> [KnownPeer] {
+        try store.knownPeers()
+    }
+
     /// The digest, if the cached one is still current (cheap: for acknowledgements).
     func currentDigest() -> StateDigest? {
         guard let cachedDigest, cachedDigest.version == stateVersion else { return nil }

@@ -127,6 +127,15 @@ public actor SyncNode: Service {
             for peer in configuration.staticPeers {
                 group.addTask { await self.dialLoop(peer) }
             }
+            // Peers remembered from earlier runs (not also static): dialled with the usual backoff.
+            let staticAddresses = Set(configuration.staticPeers.map(\.description))
+            let remembered = configuration.rememberPeers ? (try? await worker.knownPeers()) ?? [] : []
+            for known in remembered where known.siteID != siteID {
+                let address = PeerAddress(host: known.host, port: known.port)
+                guard !staticAddresses.contains(address.description) else { continue }
+                addressOrigins[address.description] = "remembered"
+                group.addTask { await self.dialLoop(address, site: known.siteID) }
+            }
             if configuration.mdns {
                 group.addTask { await self.discover() }
             }
@@ -306,6 +315,17 @@ public actor SyncNode: Service {
         status.foundBy = connections[id]?.dialed == true ? addressOrigins[address] ?? "static" : "inbound"
         peers[hello.siteID] = status
         eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+        // Remember where to reach it: the address dialled, or its IP with the port it says it listens on.
+        let reachable: PeerAddress? =
+            entry.dialed
+            ? PeerAddress(parsing: address)
+            : (hello.listenPort == 0
+                ? nil : PeerAddress(parsing: address).map { PeerAddress(host: $0.host, port: Int(hello.listenPort)) })
+        if let reachable, configuration.rememberPeers {
+            let worker = self.worker
+            let site = hello.siteID
+            Task { try? await worker.rememberPeer(site, host: reachable.host, port: reachable.port) }
+        }
         return true
     }
 

@@ -24,6 +24,7 @@ extension ShoalCommand {
         @Option(help: "Node name shown to peers.") var name: String?
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
+        @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
 
         func run() async throws {
             guard let address = PeerAddress(parsing: listen) else {
@@ -36,6 +37,7 @@ extension ShoalCommand {
             configuration.nodeName = name
             configuration.roundIntervalMilliseconds = roundInterval
             configuration.mdns = !noMdns
+            configuration.rememberPeers = !noRemembered
             configuration.staticPeers = try peers.map { text in
                 guard let peer = PeerAddress(parsing: text) else {
                     throw ShoalError(code: .invalidArgument, message: "--peer wants HOST:PORT, got \"\(text)\"")

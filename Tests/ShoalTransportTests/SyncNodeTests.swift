@@ -234,3 +234,24 @@ import Testing
         await a.stop()
     }
 }
+
+@Suite struct RememberedPeerTests {
+    @Test func aRestartedNodeDialsThePeersItKnew() async throws {
+        let directory = try temporaryDirectory("remember")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        var b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('first', 1)")
+        #expect(try await converge(a, b))
+        await b.stop()
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('while b was away', 2)")
+        // b comes back with no static peer and no mDNS: it dials the address it remembered.
+        b = try await startNode(in: directory, name: "b")
+        #expect(try await converge(a, b, within: 30))
+        let peers = await b.node.peerStatuses()
+        #expect(peers.count == 1 && peers[0].foundBy == "remembered" && peers[0].siteID == a.node.siteID)
+        await b.stop()
+        await a.stop()
+    }
+}

@@ -269,7 +269,8 @@ struct Cluster {
 
     mutating func start(_ node: Int) async throws {
         guard !isRunning(node) else { return }
-        let serve = try ServeProcess.start(
+        // Isolated: no mDNS and no remembered peers, so every byte between nodes goes through the fault proxy.
+        let serve = try ServeProcess.startIsolated(
             database: paths[node],
             name: "node\(node)",
             peers: peerPorts[node],

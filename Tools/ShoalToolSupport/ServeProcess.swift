@@ -46,14 +46,14 @@ public struct ServeProcess {
         return ServeProcess(process: process, port: port)
     }
 
-    /// Starts a node that neither advertises nor browses with mDNS: it talks only to the peers it is given.
+    /// Starts a node that talks only to the peers it is given: no mDNS, no peers remembered from earlier runs.
     public static func startIsolated(
         database: String,
         name: String,
         peers: [Int],
         extra: [String] = []
     ) throws -> ServeProcess {
-        try start(database: database, name: name, peers: peers, extra: extra + ["--no-mdns"])
+        try start(database: database, name: name, peers: peers, extra: extra + ["--no-mdns", "--no-remembered"])
     }
 
     public var isRunning: Bool { process.isRunning }
