@@ -91,6 +91,11 @@ struct PeerConnection {
                     actions = session.tick(now: Self.now())
                 case .localChange:
                     actions = session.phase == .established ? [.wantRound] : []
+                case .shutdown:
+                    actions = session.fail(
+                        ShoalError(code: .rejected, message: "the node is shutting down"),
+                        reason: .other
+                    )
                 case .duplicate:
                     actions = session.fail(
                         ShoalError(code: .rejected, message: "another connection to this peer is kept"),

@@ -28,6 +28,8 @@ public actor SyncNode: Service {
     private var discoveredDialers: [SiteID: (address: PeerAddress, dialer: Task<Void, Never>)] = [:]
     /// How each address was learned ("static" or "mdns"), to report per peer.
     private var addressOrigins: [String: String] = [:]
+    /// The site behind each address we dialled, learned at its first handshake.
+    private var addressSites: [String: SiteID] = [:]
     /// The port the node listens on, once ``run()`` has bound it.
     public private(set) var listeningPort: Int?
     public nonisolated let siteID: SiteID
@@ -113,15 +115,26 @@ public actor SyncNode: Service {
         defer { eventSink.finish() }
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask {
-                try await server.executeThenClose { inbound in
-                    try await withThrowingDiscardingTaskGroup { connections in
-                        for try await child in inbound {
-                            let address =
-                                child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
-                                ?? "unknown"
-                            connections.addTask { _ = await self.handle(child, dialed: false, address: address) }
+                // The accept loop runs apart from the node's cancellation: on shutdown the listening channel is
+                // closed, the loop drains what was already accepted, and every connection is told to close.
+                // (A channel created by NIO must always reach executeThenClose, or NIO traps.)
+                let acceptor = Task {
+                    try await server.executeThenClose { inbound in
+                        try await withThrowingDiscardingTaskGroup { connections in
+                            for try await child in inbound {
+                                let address =
+                                    child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
+                                    ?? "unknown"
+                                connections.addTask { _ = await self.handle(child, dialed: false, address: address) }
+                            }
                         }
                     }
+                }
+                await withTaskCancellationHandler {
+                    _ = await acceptor.result
+                } onCancel: {
+                    server.channel.close(promise: nil)
+                    Task { await self.closeAllConnections() }
                 }
             }
             for peer in configuration.staticPeers {
@@ -226,18 +239,26 @@ public actor SyncNode: Service {
         var backoff = configuration.backoffInitialMilliseconds
         let maximumFrame = configuration.maximumFrameLength
         while !Task.isCancelled {
-            if let site, peers[site]?.isConnected == true {
+            if let site = site ?? addressSites[address.description], peers[site]?.isConnected == true {
                 // Already connected to this peer (perhaps it dialled us): nothing to do for now.
                 try? await Task.sleep(for: .milliseconds(500))
                 continue
             }
             var established = false
             do {
-                let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                    .connectTimeout(.seconds(3))
-                    .connect(host: address.host, port: address.port) { channel in
-                        Self.wrap(channel, maximumFrame: maximumFrame)
-                    }
+                // Connect in a task of its own: cancelling the node must not abandon a channel NIO has created.
+                let connecting = Task {
+                    try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                        .connectTimeout(.seconds(3))
+                        .connect(host: address.host, port: address.port) { channel in
+                            Self.wrap(channel, maximumFrame: maximumFrame)
+                        }
+                }
+                let channel = try await connecting.value
+                if Task.isCancelled {
+                    try? await channel.executeThenClose { _, _ in }
+                    return
+                }
                 established = await handle(channel, dialed: true, address: address.description)
             } catch {
                 eventSink.yield(.connectionFailed(address: address.description, reason: "\(error)"))
@@ -268,6 +289,14 @@ public actor SyncNode: Service {
         }
     }
 
+    /// Set once the node stops: connections still arriving are closed at once.
+    private var shuttingDown = false
+
+    private func closeAllConnections() {
+        shuttingDown = true
+        for entry in connections.values { entry.inbox.yield(.shutdown) }
+    }
+
     private func broadcast(_ event: ConnectionEvent) {
         for entry in connections.values { entry.inbox.yield(event) }
     }
@@ -286,6 +315,9 @@ public actor SyncNode: Service {
     /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
     private func established(_ id: Int, peer hello: Hello, address: String) -> Bool {
         guard var entry = connections[id] else { return false }
+        // Learn who is behind a dialled address before anything else, so its dialer can stand by while that
+        // peer is connected, even when this connection loses to another one.
+        if entry.dialed { addressSites[address] = hello.siteID }
         if let (otherID, other) = connections.first(where: { $0.key != id && $0.value.peer == hello.siteID }) {
             let keepDialled = siteID < hello.siteID
             let keepThis = entry.dialed == keepDialled
@@ -364,6 +396,10 @@ public actor SyncNode: Service {
         -> Bool
     {
         let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
+        if shuttingDown || Task.isCancelled {
+            try? await channel.executeThenClose { _, _ in }
+            return false
+        }
         guard let id = register(dialed: dialed, inbox: continuation) else {
             try? await channel.executeThenClose { _, outbound in
                 try await outbound.write(
@@ -381,12 +417,20 @@ public actor SyncNode: Service {
             address: address
         )
         let outcome: PeerConnection.Outcome
+        let hello: Hello
         do {
-            let hello = try await worker.hello(
+            hello = try await worker.hello(
                 clusterID: configuration.clusterID,
                 nodeName: configuration.nodeName,
                 listenPort: UInt16(listeningPort ?? 0)
             )
+        } catch {
+            // Every channel NIO created must be closed through executeThenClose.
+            try? await channel.executeThenClose { _, _ in }
+            closed(id, error: error)
+            return false
+        }
+        do {
             outcome = try await channel.executeThenClose { inbound, outbound in
                 try await connection.run(
                     hello: hello,
@@ -440,4 +484,6 @@ enum ConnectionEvent: Sendable {
     case localChange
     /// Another connection to the same peer won.
     case duplicate
+    /// The node is shutting down.
+    case shutdown
 }

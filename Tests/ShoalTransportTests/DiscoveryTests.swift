@@ -97,8 +97,11 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         let other = try publish(theirs, cluster: "somebody-else")
         let same = try publish(ours, cluster: cluster)
         defer {
-            other.terminate()
-            same.terminate()
+            // avahi-publish may inherit an ignored SIGTERM: stop it for sure.
+            for process in [other, same] {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+            }
         }
         #expect(
             await node.log.seen(within: 30) {
