@@ -65,8 +65,13 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
             #expect(peers.allSatisfy { $0.foundBy == "mdns" || $0.foundBy == "inbound" })
         }
 
-        // avahi-browse lists every node with its TXT fields.
-        let listing = try run("/usr/bin/avahi-browse", ["-rpt", "_shoal._tcp"])
+        // avahi-browse lists every node with its TXT fields. It prints what it has resolved so far and exits,
+        // so ask again (a bounded number of times) until all three are resolved.
+        var listing = ""
+        for _ in 0..<20 {
+            listing = try run("/usr/bin/avahi-browse", ["-rpt", "_shoal._tcp"])
+            if nodes.allSatisfy({ listing.contains("\"site=\($0.node.siteID.hex)\"") }) { break }
+        }
         for node in nodes {
             #expect(listing.contains("\"site=\(node.node.siteID.hex)\""))
             #expect(listing.contains("\"cluster=\(cluster)\""))
