@@ -148,21 +148,6 @@ extension Store {
         try upsert.run()
     }
 
-    /// Decodes a change-log key list.
-    func decodeLogKeys(_ bytes: [UInt8], keyCount: Int) throws(ShoalError) -> [[SQLValue]] {
-        var reader = ByteReader(bytes)
-        var keys: [[SQLValue]] = []
-        while !reader.isAtEnd {
-            let length = Int(try reader.readVarint())
-            var keyReader = ByteReader(Array(try reader.readBytes(length)))
-            var key: [SQLValue] = []
-            key.reserveCapacity(keyCount)
-            for _ in 0..<keyCount { key.append(try SQLValue.decode(from: &keyReader)) }
-            keys.append(key)
-        }
-        return keys
-    }
-
     /// This node's version vector: the highest sequence number held per site.
     public func versionVector() throws(ShoalError) -> VersionVector {
         try refreshSites()
