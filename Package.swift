@@ -145,6 +145,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "ShoalHostsTests",
+            dependencies: ["shoal"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "ShoalDiscoveryTests",
             dependencies: ["ShoalDiscovery", "ShoalCore"],
             swiftSettings: strict

@@ -8,6 +8,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case invalidArgument, uncapturedCommit
             case malformedMessage, frameTooLarge, unknownMessageType, versionMismatch, clusterMismatch, selfConnection
             case timeout, rejected
+            case discoveryUnavailable
         }
 
         private let base: Base
@@ -57,6 +58,8 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let timeout = Code(.timeout)
         /// The peer refused us, with a reason.
         public static let rejected = Code(.rejected)
+        /// mDNS discovery cannot work here (no Avahi daemon or D-Bus, a name conflict, …); static peers still do.
+        public static let discoveryUnavailable = Code(.discoveryUnavailable)
 
         public var description: String { base.rawValue }
     }

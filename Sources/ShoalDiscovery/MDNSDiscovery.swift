@@ -131,13 +131,44 @@ public final class MDNSDiscovery: @unchecked Sendable {
         let reason =
             switch code {
             case DNSServiceErrorType(kDNSServiceErr_Unknown), DNSServiceErrorType(kDNSServiceErr_NotInitialized),
-                -65563:
-                "the Avahi daemon or the system D-Bus is not running (dns_sd error \(code)); start them with "
-                    + "Tools/start-daemons.sh, or run with --no-mdns and --peer"
+                -65563:  // kDNSServiceErr_ServiceNotRunning, missing from Avahi's header
+                "\(missingDaemon()) (dns_sd error \(code)). Fix: start it (Tools/start-daemons.sh does, "
+                    + "idempotently). Until then static peers (--peer) keep working; --no-mdns silences this"
             case DNSServiceErrorType(kDNSServiceErr_NameConflict): "the instance name is already taken"
             default: "dns_sd error \(code)"
             }
-        return ShoalError(code: .unsupportedSchema, message: "mDNS: cannot \(action): \(reason)")
+        return ShoalError(code: .discoveryUnavailable, message: "mDNS: cannot \(action): \(reason)")
+    }
+
+    /// Which daemon is missing, for the message: Avahi is reached through the system D-Bus, so a bus that does
+    /// not answer comes first.
+    static func missingDaemon() -> String {
+        // libdbus honours this variable before the default path; only its unix:path= form is probed here.
+        var address = "/run/dbus/system_bus_socket"
+        if let variable = getenv("DBUS_SYSTEM_BUS_ADDRESS").map({ String(cString: $0) }),
+            let path = variable.split(separator: ",").first(where: { $0.hasPrefix("unix:path=") })
+        {
+            address = String(path.dropFirst("unix:path=".count))
+        }
+        return canConnect(toUnixSocket: address)
+            ? "the Avahi daemon is not running"
+            : "the system D-Bus is not running (no answer on \(address)), so neither is Avahi"
+    }
+
+    /// Whether something accepts connections on the Unix socket at `path`.
+    private static func canConnect(toUnixSocket path: String) -> Bool {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8.prefix(MemoryLayout.size(ofValue: address.sun_path) - 1)) + [0]
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
+            }
+        }
     }
 
     private func loop() {

@@ -99,4 +99,7 @@ public struct PeerStatus: Sendable, Hashable {
     /// How the node learned of the peer: "static", "mdns", "remembered" (from an earlier run), or "inbound"
     /// (the peer dialled us).
     public var foundBy: String = "inbound"
+    /// Every address the peer is known at, sorted: advertised by mDNS, given with `--peer`, remembered, and the
+    /// IP address (with its listening port) of each connection made with it.
+    public var addresses: [String] = []
 }

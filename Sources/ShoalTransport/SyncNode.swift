@@ -30,6 +30,8 @@ public actor SyncNode: Service {
     private var addressOrigins: [String: String] = [:]
     /// The site behind each address we dialled, learned at its first handshake.
     private var addressSites: [String: SiteID] = [:]
+    /// Every address each peer is known at (see ``PeerStatus/addresses``).
+    private var knownAddresses: [SiteID: Set<String>] = [:]
     /// The port the node listens on, once ``run()`` has bound it.
     public private(set) var listeningPort: Int?
     public nonisolated let siteID: SiteID
@@ -37,6 +39,8 @@ public actor SyncNode: Service {
     struct ConnectionEntry {
         let dialed: Bool
         var peer: SiteID?
+        /// The peer's IP address, as the socket sees it.
+        let remoteIP: String?
         let inbox: AsyncStream<ConnectionEvent>.Continuation
     }
 
@@ -53,7 +57,11 @@ public actor SyncNode: Service {
 
     /// Peers seen since start, connected or not.
     public func peerStatuses() -> [PeerStatus] {
-        peers.values.sorted { $0.siteID < $1.siteID }
+        peers.values.sorted { $0.siteID < $1.siteID }.map { peer in
+            var peer = peer
+            peer.addresses = (knownAddresses[peer.siteID] ?? []).sorted()
+            return peer
+        }
     }
 
     /// Runs SQL through the node's own connection and starts rounds at once.
@@ -147,6 +155,7 @@ public actor SyncNode: Service {
                 let address = PeerAddress(host: known.host, port: known.port)
                 guard !staticAddresses.contains(address.description) else { continue }
                 addressOrigins[address.description] = "remembered"
+                knownAddresses[known.siteID, default: []].insert(address.description)
                 group.addTask { await self.dialLoop(address, site: known.siteID) }
             }
             if configuration.mdns {
@@ -189,7 +198,8 @@ public actor SyncNode: Service {
             try discovery.start()
         } catch {
             eventSink.yield(.discoveryUnavailable(error.message))
-            configuration.logger.warning("mDNS discovery is off", metadata: ["reason": "\(error.message)"])
+            // Reported once, through the event (the CLI prints it); the log keeps a trace for library users.
+            configuration.logger.debug("mDNS discovery is off", metadata: ["reason": "\(error.message)"])
             return
         }
         defer {
@@ -215,6 +225,7 @@ public actor SyncNode: Service {
                         current.dialer.cancel()
                     }
                     addressOrigins[address.description] = "mdns"
+                    knownAddresses[site, default: []].insert(address.description)
                     eventSink.yield(.peerDiscovered(site, address: address.description))
                     discoveredDialers[site] = (address, Task { await self.dialLoop(address, site: site) })
                 case .lost:
@@ -303,10 +314,14 @@ public actor SyncNode: Service {
 
     // MARK: - Connections
 
-    private func register(dialed: Bool, inbox: AsyncStream<ConnectionEvent>.Continuation) -> Int? {
+    private func register(
+        dialed: Bool,
+        remoteIP: String?,
+        inbox: AsyncStream<ConnectionEvent>.Continuation
+    ) -> Int? {
         guard connections.count < configuration.maximumConnections else { return nil }
         nextConnectionID += 1
-        connections[nextConnectionID] = ConnectionEntry(dialed: dialed, peer: nil, inbox: inbox)
+        connections[nextConnectionID] = ConnectionEntry(dialed: dialed, peer: nil, remoteIP: remoteIP, inbox: inbox)
         return nextConnectionID
     }
 
@@ -353,6 +368,10 @@ public actor SyncNode: Service {
             ? PeerAddress(parsing: address)
             : (hello.listenPort == 0
                 ? nil : PeerAddress(parsing: address).map { PeerAddress(host: $0.host, port: Int(hello.listenPort)) })
+        if entry.dialed { knownAddresses[hello.siteID, default: []].insert(address) }
+        if let reachable, let ip = entry.remoteIP {
+            knownAddresses[hello.siteID, default: []].insert(PeerAddress(host: ip, port: reachable.port).description)
+        }
         if let reachable, configuration.rememberPeers {
             let worker = self.worker
             let site = hello.siteID
@@ -400,7 +419,8 @@ public actor SyncNode: Service {
             try? await channel.executeThenClose { _, _ in }
             return false
         }
-        guard let id = register(dialed: dialed, inbox: continuation) else {
+        let remoteIP = channel.channel.remoteAddress?.ipAddress
+        guard let id = register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) else {
             try? await channel.executeThenClose { _, outbound in
                 try await outbound.write(
                     .reject(Rejection(.tooManyConnections, "this node is at its connection limit"))

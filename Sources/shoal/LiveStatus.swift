@@ -17,8 +17,10 @@ struct LiveStatus: Codable {
         var versionVector: [String: UInt64]
         /// The state digest the peer last reported.
         var digest: String? = nil
-        /// How the peer was found: static, mdns or inbound.
+        /// How the peer was found: static, mdns, remembered or inbound.
         var foundBy: String = "inbound"
+        /// Every address the peer is known at.
+        var addresses: [String] = []
     }
 
     var node: String
@@ -56,7 +58,8 @@ struct LiveStatus: Codable {
                     uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }
                 ),
                 digest: peer.digest,
-                foundBy: peer.foundBy
+                foundBy: peer.foundBy,
+                addresses: peer.addresses
             )
         }
     }

@@ -84,6 +84,7 @@ enum Output {
             let total = peer.roundsFinished + peer.roundsFailed
             let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"
             let durations = peer.roundP50Ms.map { "p50 \($0) ms, p99 \(peer.roundP99Ms ?? $0) ms" } ?? "no rounds"
+            let addresses = (peer.addresses.isEmpty ? [peer.address] : peer.addresses).joined(separator: ", ")
             let inSync =
                 peer.versionVector
                 == Dictionary(
@@ -96,7 +97,7 @@ enum Output {
                 default: "digest differs"
                 }
             text +=
-                "  \(peer.name) \(peer.site.prefix(8)) \(peer.address) (\(peer.foundBy)): \(state), last sync \(last), "
+                "  \(peer.name) \(peer.site.prefix(8)) (\(peer.foundBy)) at \(addresses): \(state), last sync \(last), "
                 + "failures \(peer.consecutiveFailures), success \(rate), \(durations), "
                 + (inSync ? "same version" : "different version") + ", \(digest)\n"
         }

@@ -106,7 +106,7 @@ extension ShoalCommand {
                     case .peerDiscovered(let site, let peerAddress):
                         log("found \(site.hex.prefix(8)) at \(peerAddress) by mDNS")
                     case .discoveryUnavailable(let reason):
-                        log("mDNS discovery is off: \(reason). Static peers (--peer) still work.")
+                        log("mDNS discovery is off: \(reason).")
                     }
                 }
             }

@@ -1,0 +1,185 @@
+import Foundation
+import Testing
+
+/// Runs `shoal` (outside the hosts: the databases are plain files both sides can reach) and returns its output.
+@discardableResult
+private func shoal(_ arguments: [String]) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: shoalExecutable())
+    process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
+    try process.run()
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+        throw HostError(message: "shoal \(arguments.joined(separator: " ")) exited \(process.terminationStatus)")
+    }
+    return text
+}
+
+/// A database with a replicated `notes` table holding `rows` notes keyed "<prefix>-<n>"; returns its site id.
+private func makeDatabase(_ path: String, name: String, rows: Int) throws -> String {
+    let site = try shoal(["init", "--db", path, "--name", name]).trimmingCharacters(in: .whitespacesAndNewlines)
+    try shoal(["sql", "--db", path, "CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT)"])
+    try shoal(["replicate", "--db", path, "notes"])
+    try shoal([
+        "sql", "--db", path,
+        """
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(rows))
+        INSERT INTO notes (id, body) SELECT '\(name)-' || i, 'written on \(name)' FROM n
+        """,
+    ])
+    return site
+}
+
+/// The Python interpreter itself (not a wrapper script, so a signal reaches it): the one the test command
+/// installed zeroconf into.
+private let python: String = {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", "-c", "import sys; print(sys.executable)"]
+    let output = Pipe()
+    process.standardOutput = output
+    try? process.run()
+    let path = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return path.trimmingCharacters(in: .whitespacesAndNewlines)
+}()
+
+/// Two real hosts as far as mDNS can tell: network namespaces joined by a veth link, each with its own D-Bus
+/// and Avahi daemon (Tools/netns.sh). Needs root to create them; the README's test command runs as root.
+@Suite(.serialized, .enabled(if: canCreateNetworkNamespaces, "creating network namespaces needs root"))
+struct TwoHostsTests {
+    @Test func nodesOnTwoHostsDiscoverEachOtherOverTheLinkAndConverge() async throws {
+        let hosts = try HostPair("conv")
+        defer { hosts.down() }
+        let a = hosts.directory.appendingPathComponent("a.db").path
+        let b = hosts.directory.appendingPathComponent("b.db").path
+        let siteA = try makeDatabase(a, name: "host-a", rows: 20)
+        let siteB = try makeDatabase(b, name: "host-b", rows: 1)
+        let nodeA = try await hosts.serve(.a, database: a, name: "host-a")
+        defer { nodeA.stop() }
+        let started = ContinuousClock.now
+        let nodeB = try await hosts.serve(.b, database: b, name: "host-b")
+        defer { nodeB.stop() }
+
+        // No address was given to either: each finds the other by mDNS, over the veth link.
+        #expect(await nodeB.line(within: 30) { $0.contains("found \(siteA.prefix(8)) at") } != nil, "\(nodeB.output)")
+        #expect(await nodeA.line(within: 30) { $0.contains("found \(siteB.prefix(8)) at") } != nil, "\(nodeA.output)")
+        let synced = await nodeB.line(within: 30) { $0.contains("synced 20 changes from \(siteA.prefix(8))") }
+        #expect(synced != nil, "\(nodeB.output)")
+        print("second node to its first sync across the link: \(ContinuousClock.now - started)")
+        #expect(await nodeA.line(within: 30) { $0.contains("synced 1 changes from \(siteB.prefix(8))") } != nil)
+        #expect(try shoal(["digest", "--db", a]) == shoal(["digest", "--db", b]))
+
+        // `shoal status` names the peer, how it was found and its addresses: the advertised host name and the IP.
+        // The running node rewrites its status file four times a second: ask again (bounded) until it shows the peer.
+        var status = ""
+        let deadline = ContinuousClock.now + .seconds(10)
+        repeat {
+            status = try shoal(["status", "--db", b])
+        } while !status.contains(": live,") && ContinuousClock.now < deadline
+        let peerLine = status.split(separator: "\n").first { $0.contains("host-a") }.map(String.init) ?? ""
+        #expect(peerLine.contains("(mdns)") || peerLine.contains("(inbound)"), "\(status)")
+        #expect(peerLine.contains("\(HostPair.Host.a.address):7400"), "\(status)")
+        #expect(peerLine.contains(": live,"), "\(status)")
+
+        // Seen over IPv4 and IPv6 and by both sides at once, the pair still keeps one TCP connection.
+        let sockets = try hosts.run(.b, ["ss", "-Htn", "state", "established"]).output
+        let toA = sockets.split(separator: "\n").filter { $0.contains(HostPair.Host.a.address) }
+        #expect(toA.count == 1, "\(sockets)")
+    }
+
+    @Test func zeroconfSeesANodeWithItsTXTRecord() async throws {
+        let hosts = try HostPair("zcsee")
+        defer { hosts.down() }
+        let a = hosts.directory.appendingPathComponent("a.db").path
+        let siteA = try makeDatabase(a, name: "host-a", rows: 1)
+        let node = try await hosts.serve(.a, database: a, name: "host-a", ["--cluster", "interop"])
+        defer { node.stop() }
+        let probe = repositoryRoot.appendingPathComponent("Tools/zeroconf-probe.py").path
+        let (status, output) = try hosts.run(
+            .b,
+            [python, probe, "browse", "--interface", HostPair.Host.b.address, "--site", siteA]
+        )
+        #expect(status == 0, "\(output)")
+        let line = output.split(separator: "\n").last.map(String.init) ?? ""
+        let service = try JSONDecoder().decode(ZeroconfService.self, from: Data(line.utf8))
+        #expect(service.txt["site"] == siteA)
+        #expect(service.txt["cluster"] == "interop")
+        #expect(service.txt["proto"] == "1")
+        #expect(service.port == 7400)
+        #expect(service.addresses.contains(HostPair.Host.a.address))
+        #expect(service.instance.contains("host-a"))
+    }
+
+    @Test func zeroconfServicesOfOurClusterAreDialledAndOthersIgnored() async throws {
+        let hosts = try HostPair("zcpub")
+        defer { hosts.down() }
+        let a = hosts.directory.appendingPathComponent("a.db").path
+        _ = try makeDatabase(a, name: "host-a", rows: 1)
+        let node = try await hosts.serve(.a, database: a, name: "host-a", ["--cluster", "interop"])
+        defer { node.stop() }
+        let theirs = String(repeating: "e", count: 32)
+        let ours = String(repeating: "d", count: 32)
+        let probe = repositoryRoot.appendingPathComponent("Tools/zeroconf-probe.py").path
+        // The other cluster's service is published first, so the node sees it before ours.
+        let publisher = try hosts.spawn(
+            .b,
+            [
+                python, probe, "publish", "--interface", HostPair.Host.b.address,
+                "--service", "\(theirs):somebody-else", "--service", "\(ours):interop",
+            ]
+        )
+        defer { publisher.stop() }
+        #expect(await publisher.line(within: 30) { $0 == "dialled \(ours)" } != nil, "\(publisher.output)")
+        #expect(await node.line(within: 30) { $0.contains("found \(ours.prefix(8)) at") } != nil, "\(node.output)")
+        #expect(!node.output.contains(theirs.prefix(8)), "\(node.output)")
+        #expect(!publisher.output.contains("dialled \(theirs)"), "\(publisher.output)")
+    }
+
+    @Test func withAvahiStoppedANodeSaysDiscoveryIsOffOnceAndSyncsOverAStaticPeer() async throws {
+        let hosts = try HostPair("noavahi")
+        defer { hosts.down() }
+        let a = hosts.directory.appendingPathComponent("a.db").path
+        let b = hosts.directory.appendingPathComponent("b.db").path
+        let siteA = try makeDatabase(a, name: "host-a", rows: 5)
+        _ = try makeDatabase(b, name: "host-b", rows: 1)
+        let nodeA = try await hosts.serve(.a, database: a, name: "host-a")
+        defer { nodeA.stop() }
+        // Stop host b's Avahi daemon (its D-Bus stays up): `-k` returns once the daemon has been signalled, and
+        // `-c` says whether one still runs.
+        try hosts.run(.b, ["avahi-daemon", "-k"])
+        var stopped = false
+        for _ in 0..<100 where !stopped {
+            stopped = try hosts.run(.b, ["avahi-daemon", "-c"]).status != 0
+        }
+        #expect(stopped, "host b's avahi-daemon is still running")
+
+        let nodeB = try await hosts.serve(
+            .b,
+            database: b,
+            name: "host-b",
+            ["--peer", "\(HostPair.Host.a.address):7400"]
+        )
+        defer { nodeB.stop() }
+        let off = await nodeB.line(within: 30) { $0.contains("mDNS discovery is off") }
+        #expect(off?.contains("the Avahi daemon is not running") == true, "\(nodeB.output)")
+        #expect(off?.contains("Tools/start-daemons.sh") == true)
+        #expect(off?.contains("--peer") == true)
+        #expect(await nodeB.line(within: 30) { $0.contains("synced 5 changes from \(siteA.prefix(8))") } != nil)
+        #expect(await nodeA.line(within: 30) { $0.contains("synced 1 changes") } != nil, "\(nodeA.output)")
+        #expect(try shoal(["digest", "--db", a]) == shoal(["digest", "--db", b]))
+        let offLines = nodeB.output.split(separator: "\n").filter { $0.contains("discovery is off") }
+        #expect(offLines.count == 1, "\(nodeB.output)")
+    }
+}
+
+/// One line of `zeroconf-probe.py browse`.
+private struct ZeroconfService: Decodable {
+    let instance: String
+    let addresses: [String]
+    let port: Int
+    let txt: [String: String]
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""An independent mDNS implementation (python-zeroconf) facing Shoal nodes, for the interoperability tests.
+
+    zeroconf-probe.py browse --interface ADDR --site HEX [--timeout S]
+        Waits until a _shoal._tcp service whose TXT has site=HEX is resolved, prints it as one JSON line
+        (instance, addresses, port, txt) and exits 0; exits 1 after the timeout.
+
+    zeroconf-probe.py publish --interface ADDR --service SITE:CLUSTER [--service ...] [--timeout S]
+        For each service, listens on a free TCP port of ADDR and publishes _shoal._tcp there with TXT
+        site/cluster/proto. Prints "published SITE PORT" per service, then "dialled SITE" the first time
+        something connects to that service's port. Runs until killed or the timeout.
+
+Multicast needs a real link (the loopback interface has none), so the tests run this inside the network
+namespaces of Tools/netns.sh, bound to the address given there.
+"""
+
+import argparse
+import json
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+
+from zeroconf import ServiceBrowser, ServiceInfo, ServiceListener, Zeroconf
+
+SERVICE_TYPE = "_shoal._tcp.local."
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def browse(arguments: argparse.Namespace) -> int:
+    zeroconf = Zeroconf(interfaces=[arguments.interface])
+    found: list[dict] = []
+    seen = threading.Event()
+
+    class Listener(ServiceListener):
+        def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:
+            info = zc.get_service_info(type_, name, timeout=3000)
+            if info is None:
+                return
+            txt = {key.decode(): (value or b"").decode() for key, value in info.properties.items()}
+            if txt.get("site") == arguments.site:
+                found.append(
+                    {
+                        "instance": name[: -len(type_) - 1],
+                        "addresses": info.parsed_addresses(),
+                        "port": info.port,
+                        "txt": txt,
+                    }
+                )
+                seen.set()
+
+        def update_service(self, zc: Zeroconf, type_: str, name: str) -> None:
+            self.add_service(zc, type_, name)
+
+        def remove_service(self, zc: Zeroconf, type_: str, name: str) -> None:
+            pass
+
+    ServiceBrowser(zeroconf, SERVICE_TYPE, Listener())
+    try:
+        seen.wait(arguments.timeout)
+    finally:
+        zeroconf.close()
+    if not found:
+        print(f"no _shoal._tcp service with site={arguments.site} within {arguments.timeout} s", file=sys.stderr)
+        return 1
+    say(json.dumps(found[0], sort_keys=True))
+    return 0
+
+
+def stop(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def publish(arguments: argparse.Namespace) -> int:
+    # Stopped with SIGTERM: unregister (mDNS goodbye packets) on the way out. A parent may have left the signal
+    # blocked in the mask we inherited (test runners do), so unblock it too.
+    signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, signal.SIGINT])
+    zeroconf = Zeroconf(interfaces=[arguments.interface])
+    selector = selectors.DefaultSelector()
+    infos = []
+    for service in arguments.service:
+        site, cluster = service.split(":", 1)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((arguments.interface, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        selector.register(listener, selectors.EVENT_READ, site)
+        info = ServiceInfo(
+            SERVICE_TYPE,
+            f"zeroconf {cluster} {site[-4:]}.{SERVICE_TYPE}",
+            addresses=[socket.inet_aton(arguments.interface)],
+            port=port,
+            properties={"site": site, "cluster": cluster, "proto": "1"},
+            server=f"zeroconf-{site[-4:]}.local.",
+        )
+        zeroconf.register_service(info)
+        infos.append(info)
+        say(f"published {site} {port}")
+    dialled = set()
+    deadline = time.monotonic() + arguments.timeout
+    try:
+        while time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=0.5):
+                connection, _ = key.fileobj.accept()
+                connection.close()
+                if key.data not in dialled:
+                    dialled.add(key.data)
+                    say(f"dialled {key.data}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for info in infos:
+            zeroconf.unregister_service(info)
+        zeroconf.close()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    browsing = commands.add_parser("browse")
+    browsing.add_argument("--interface", required=True)
+    browsing.add_argument("--site", required=True)
+    browsing.add_argument("--timeout", type=float, default=30)
+    publishing = commands.add_parser("publish")
+    publishing.add_argument("--interface", required=True)
+    publishing.add_argument("--service", action="append", required=True, help="SITE:CLUSTER")
+    publishing.add_argument("--timeout", type=float, default=120)
+    arguments = parser.parse_args()
+    return browse(arguments) if arguments.command == "browse" else publish(arguments)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
