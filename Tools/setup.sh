@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Installs what Shoal needs on Debian (idempotent). Runs as root, or uses sudo.
+#   Tools/setup.sh           what building and running need
+#   Tools/setup.sh --tests   also what the tests need: iproute2 (network namespaces for the two-host tests) and
+#                            python-zeroconf from PyPI (an independent mDNS implementation)
 set -euo pipefail
 
 packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
+tests=""
+if [ "${1:-}" = "--tests" ]; then
+    tests=1
+    packages+=(iproute2 util-linux python3 python3-pip)
+fi
 missing=()
 for package in "${packages[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -15,3 +23,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >&2
 fi
 command -v swift >/dev/null || { echo "Swift 6 is required (swift not found on PATH)" >&2; exit 1; }
+if [ -n "$tests" ] && ! python3 -c "import zeroconf" 2>/dev/null; then
+    echo "installing zeroconf from PyPI" >&2
+    # Debian's own Python refuses system-wide pip installs unless told otherwise (PEP 668).
+    python3 -m pip install --quiet zeroconf 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages zeroconf
+fi

@@ -3,11 +3,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-"$root/Tools/setup.sh"
+"$root/Tools/setup.sh" --tests
 # The mDNS tests need the daemons; they fail loudly (they do not skip) if these could not start.
 "$root/Tools/start-daemons.sh"
 swift build --build-tests 2>&1 | tail -n 3
 SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 "$root/.build/debug/shoal" demo --nodes 3 --writes 50
 "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
+# Two hosts on one machine (network namespaces on a veth link): discovery and convergence across the link.
+SHOAL_NETNS=shoaldemo "$root/Tools/netns.sh" demo "$root/.build/debug/shoal"
 swift test --skip-build

@@ -132,7 +132,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
             switch code {
             case DNSServiceErrorType(kDNSServiceErr_Unknown), DNSServiceErrorType(kDNSServiceErr_NotInitialized),
                 -65563:  // kDNSServiceErr_ServiceNotRunning, missing from Avahi's header
-                "\(missingDaemon()) (dns_sd error \(code)). Fix: start it (Tools/start-daemons.sh does, "
+                "\(missingDaemon()) (dns_sd error \(code)). Fix: start the daemons (Tools/start-daemons.sh does so "
                     + "idempotently). Until then static peers (--peer) keep working; --no-mdns silences this"
             case DNSServiceErrorType(kDNSServiceErr_NameConflict): "the instance name is already taken"
             default: "dns_sd error \(code)"

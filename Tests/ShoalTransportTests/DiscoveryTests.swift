@@ -151,4 +151,61 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         await b.stop()
         await a.stop()
     }
+
+    @Test func withoutTheSystemBusANodeSaysDiscoveryIsOffOnceAndSyncsOverAStaticPeer() async throws {
+        let directory = try temporaryDirectory("nobus")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from a', 1)")
+        let path = directory.appendingPathComponent("b.db").path
+        let siteB: SiteID
+        do {
+            let store = try Store(path: path)
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v, n INTEGER DEFAULT 0)")
+            try store.replicate(table: "kv", counters: ["n"])
+            try store.execute("INSERT INTO kv(k, v) VALUES ('from b', 2)")
+            siteB = store.siteID
+        }
+        // b runs as a process whose system bus address leads nowhere: to it, D-Bus (and so Avahi) is not running.
+        let process = Process()
+        process.executableURL = try shoalExecutable()
+        process.arguments = [
+            "serve", "--db", path, "--cluster", "test", "--listen", "127.0.0.1:0", "--peer", "127.0.0.1:\(a.port)",
+            "--no-remembered",
+        ]
+        var environment = ProcessInfo.processInfo.environment
+        environment["DBUS_SYSTEM_BUS_ADDRESS"] = "unix:path=\(directory.path)/no-bus"
+        process.environment = environment
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        let synced = await a.log.seen(within: 30) {
+            if case .roundFinished(let peer, let applied) = $0 { peer == siteB && applied > 0 } else { false }
+        }
+        #expect(synced)
+        #expect(try await a.node.execute("SELECT v FROM kv WHERE k = 'from b'").rows == [[.integer(2)]])
+        let pushed = await a.log.seen(within: 30) {
+            if case .peerConnected(let peer, _, _) = $0 { peer == siteB } else { false }
+        }
+        #expect(pushed)
+        // And b holds a's row once it acknowledges it (acknowledgements come with finished rounds).
+        var acknowledged = false
+        for _ in 0..<60 where !acknowledged {
+            acknowledged = try await a.node.pendingLocalChanges() == 0
+            if !acknowledged {
+                _ = await a.log.next(within: 0.5) { if case .roundFinished = $0 { true } else { false } }
+            }
+        }
+        #expect(acknowledged)
+        process.terminate()
+        let log = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        let off = log.split(separator: "\n").filter { $0.contains("mDNS discovery is off") }
+        #expect(off.count == 1, "\(log)")
+        #expect(off.first?.contains("the system D-Bus is not running") == true, "\(log)")
+        #expect(off.first?.contains("--peer") == true, "\(log)")
+        #expect(log.contains("changes from \(a.node.siteID.hex.prefix(8))"), "\(log)")
+        await a.stop()
+    }
 }
