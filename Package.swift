@@ -43,6 +43,7 @@ let package = Package(
             dependencies: [
                 "ShoalCore", "CDNSSD",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict
         ),
@@ -151,7 +152,11 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalDiscoveryTests",
-            dependencies: ["ShoalDiscovery", "ShoalCore"],
+            dependencies: [
+                "ShoalDiscovery", "ShoalCore",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,4 +1,5 @@
 import CDNSSD
+import ServiceLifecycle
 import ShoalCore
 import Synchronization
 
@@ -347,4 +348,15 @@ private func resolveCallback(
         port: port,
         txt: UnsafeRawBufferPointer(start: txt, count: Int(txtLength))
     )
+}
+
+extension MDNSDiscovery: Service {
+    /// Registers and browses until the task is cancelled or its service group shuts down gracefully, then
+    /// withdraws the registration and returns; events arrive on ``events`` meanwhile. Throws only when
+    /// discovery cannot start (see ``start()``).
+    public func run() async throws {
+        try start()
+        defer { stop() }
+        try? await gracefulShutdown()
+    }
 }

@@ -1,4 +1,6 @@
 import Foundation
+import Logging
+import ServiceLifecycle
 import Testing
 
 @testable import ShoalCore
@@ -73,6 +75,39 @@ func nextEvent(
         b.stop()
         let lost = await nextEvent(a, within: 20) { event in
             if case .lost(let instance) = event { return instance.contains(siteB.hex.prefix(12)) } else { return false }
+        }
+        #expect(lost != nil)
+    }
+
+    @Test func asAServiceItAnnouncesUntilItsGroupShutsDownThenWithdraws() async throws {
+        let watcherSite = SiteID.random()
+        let serviceSite = SiteID.random()
+        let watcher = MDNSDiscovery(
+            instanceName: "watcher \(watcherSite.hex.prefix(12))",
+            port: 40_003,
+            txt: ["site": watcherSite.hex, "cluster": "s", "proto": "1"],
+            loopbackOnly: true
+        )
+        try watcher.start()
+        defer { watcher.stop() }
+        let service = MDNSDiscovery(
+            instanceName: "service \(serviceSite.hex.prefix(12))",
+            port: 40_004,
+            txt: ["site": serviceSite.hex, "cluster": "s", "proto": "1"],
+            loopbackOnly: true
+        )
+        let group = ServiceGroup(
+            configuration: .init(services: [service], logger: Logger(label: "test"))
+        )
+        let running = Task { try await group.run() }
+        let found = await nextEvent(watcher, within: 20) { event in
+            if case .found(let found) = event { found.siteID == serviceSite } else { false }
+        }
+        #expect(found != nil)
+        await group.triggerGracefulShutdown()
+        try await running.value
+        let lost = await nextEvent(watcher, within: 20) { event in
+            if case .lost(let instance) = event { instance.contains(serviceSite.hex.prefix(12)) } else { false }
         }
         #expect(lost != nil)
     }
