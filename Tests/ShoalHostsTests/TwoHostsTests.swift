@@ -49,7 +49,10 @@ private let python: String = {
 
 /// Two real hosts as far as mDNS can tell: network namespaces joined by a veth link, each with its own D-Bus
 /// and Avahi daemon (Tools/netns.sh). Needs root to create them; the README's test command runs as root.
-@Suite(.serialized, .enabled(if: canCreateNetworkNamespaces, "creating network namespaces needs root"))
+@Suite(
+    .serialized,
+    .enabled(if: canCreateNetworkNamespaces, "this machine does not allow network namespaces (needs root)")
+)
 struct TwoHostsTests {
     @Test func nodesOnTwoHostsDiscoverEachOtherOverTheLinkAndConverge() async throws {
         let hosts = try HostPair("conv")
