@@ -45,7 +45,8 @@ public final class MDNSDiscovery: @unchecked Sendable {
     private let instanceName: String
     private let port: UInt16
     private let txt: [UInt8]
-    private let loopbackOnly: Bool
+    /// The one interface to advertise and browse on (0: every interface).
+    private let interfaceIndex: UInt32
     private let stopping = Atomic<Bool>(false)
     private var registration: DNSServiceRef?
     private var browser: DNSServiceRef?
@@ -56,12 +57,14 @@ public final class MDNSDiscovery: @unchecked Sendable {
     private var thread: pthread_t?
 
     /// - Parameters:
-    ///   - loopbackOnly: advertise and browse on the loopback interface only (for a node listening on
-    ///     127.0.0.1, so nothing is announced where no peer could connect).
-    public init(instanceName: String, port: Int, txt: [String: String], loopbackOnly: Bool) {
+    ///   - interface: the name of the one network interface to advertise and browse on, or nil for every
+    ///     interface. A node listening on one address should name that address's interface (see
+    ///     ``interfaceName(owning:)``): a peer could not connect to it through any other, and "lo" keeps a node
+    ///     listening on 127.0.0.1 from announcing anything to the network.
+    public init(instanceName: String, port: Int, txt: [String: String], interface: String?) {
         self.instanceName = instanceName
         self.port = UInt16(port)
-        self.loopbackOnly = loopbackOnly
+        self.interfaceIndex = interface.map { if_nametoindex($0) } ?? 0
         var record: [UInt8] = []
         for (key, value) in txt.sorted(by: { $0.key < $1.key }) {
             let entry = Array("\(key)=\(value)".utf8.prefix(255))
@@ -72,7 +75,43 @@ public final class MDNSDiscovery: @unchecked Sendable {
         (events, sink) = AsyncStream.makeStream(of: DiscoveryEvent.self, bufferingPolicy: .bufferingNewest(1_000))
     }
 
-    private var interfaceIndex: UInt32 { loopbackOnly ? if_nametoindex("lo") : 0 }
+    /// The interface that holds `address` (an IPv4 or IPv6 literal): "lo" for loopback addresses, nil for the
+    /// wildcard addresses (every interface) or an address no interface holds.
+    public static func interfaceName(owning address: String) -> String? {
+        if address == "localhost" { return "lo" }
+        var ipv4 = in_addr()
+        var ipv6 = in6_addr()
+        let isIPv4 = inet_pton(AF_INET, address, &ipv4) == 1
+        let isIPv6 = !isIPv4 && inet_pton(AF_INET6, address, &ipv6) == 1
+        guard isIPv4 || isIPv6 else { return nil }
+        if isIPv4 && ipv4.s_addr == 0 { return nil }
+        if isIPv6 && withUnsafeBytes(of: ipv6, { $0.allSatisfy { $0 == 0 } }) { return nil }
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0 else { return nil }
+        defer { freeifaddrs(list) }
+        var entry = list
+        while let current = entry {
+            defer { entry = current.pointee.ifa_next }
+            guard let socketAddress = current.pointee.ifa_addr else { continue }
+            let holds: Bool
+            switch Int32(socketAddress.pointee.sa_family) {
+            case AF_INET where isIPv4:
+                holds = socketAddress.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                    $0.pointee.sin_addr.s_addr == ipv4.s_addr
+                }
+            case AF_INET6 where isIPv6:
+                holds = socketAddress.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { pointer in
+                    withUnsafeBytes(of: pointer.pointee.sin6_addr) { held in
+                        withUnsafeBytes(of: ipv6) { held.elementsEqual($0) }
+                    }
+                }
+            default:
+                holds = false
+            }
+            if holds { return String(cString: current.pointee.ifa_name) }
+        }
+        return nil
+    }
 
     /// Registers and starts browsing; throws when the daemon cannot be reached.
     public func start() throws(ShoalError) {

@@ -25,7 +25,8 @@ public actor SyncNode: Service {
     private var nextConnectionID = 0
     private var peers: [SiteID: PeerStatus] = [:]
     /// Dial loops for peers found by mDNS, by site; cancelled when the peer leaves.
-    private var discoveredDialers: [SiteID: (address: PeerAddress, dialer: Task<Void, Never>)] = [:]
+    private var discoveredDialers:
+        [SiteID: (address: PeerAddress, since: ContinuousClock.Instant, dialer: Task<Void, Never>)] = [:]
     /// How each address was learned ("static" or "mdns"), to report per peer.
     private var addressOrigins: [String: String] = [:]
     /// The site behind each address we dialled, learned at its first handshake.
@@ -186,13 +187,15 @@ public actor SyncNode: Service {
     private func discover() async {
         guard let port = listeningPort else { return }
         let host = configuration.listenHost
-        let loopbackOnly = host == "127.0.0.1" || host == "::1" || host == "localhost"
+        // Advertise and browse where peers can reach us: on the interface of the address we listen on (the
+        // loopback interface for 127.0.0.1), or on every interface when listening on all of them.
+        let interface = MDNSDiscovery.interfaceName(owning: host)
         let name = configuration.nodeName ?? "shoal"
         let discovery = MDNSDiscovery(
             instanceName: "\(name) \(siteID.hex.prefix(12))",
             port: port,
             txt: ["site": siteID.hex, "cluster": configuration.clusterID, "proto": "\(WireProtocol.maximumVersion)"],
-            loopbackOnly: loopbackOnly
+            interface: interface
         )
         do {
             try discovery.start()
@@ -219,15 +222,19 @@ public actor SyncNode: Service {
                     let address = PeerAddress(host: service.host, port: service.port)
                     // A peer that (re)appears while not connected gets a fresh dialer at once: a new port after
                     // a restart, or the old one with its backoff reset.
+                    // The same sighting again within moments (once per address family) changes nothing.
                     if let current = discoveredDialers[site] {
                         let connected = peers[site]?.isConnected ?? false
-                        if connected && current.address == address { continue }
+                        let justStarted = ContinuousClock.now - current.since < .seconds(2)
+                        if current.address == address && (connected || justStarted) { continue }
                         current.dialer.cancel()
                     }
                     addressOrigins[address.description] = "mdns"
                     knownAddresses[site, default: []].insert(address.description)
                     eventSink.yield(.peerDiscovered(site, address: address.description))
-                    discoveredDialers[site] = (address, Task { await self.dialLoop(address, site: site) })
+                    discoveredDialers[site] = (
+                        address, ContinuousClock.now, Task { await self.dialLoop(address, site: site) }
+                    )
                 case .lost:
                     // A restarted node re-registers under the same name, and the removal of its old
                     // registration may arrive after the new one: keep the dialer (its backoff copes with a

@@ -113,7 +113,7 @@ extension ShoalCommand {
                 instanceName: "shoal-demo-probe-\(getpid())",
                 port: 9,
                 txt: [:],
-                loopbackOnly: true
+                interface: "lo"
             )
             do {
                 try probe.start()

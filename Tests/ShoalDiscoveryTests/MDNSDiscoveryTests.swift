@@ -35,13 +35,13 @@ func nextEvent(
             instanceName: "test-a \(siteA.hex.prefix(12))",
             port: 40_001,
             txt: ["site": siteA.hex, "cluster": "t", "proto": "1"],
-            loopbackOnly: true
+            interface: "lo"
         )
         let b = MDNSDiscovery(
             instanceName: "test-b \(siteB.hex.prefix(12))",
             port: 40_002,
             txt: ["site": siteB.hex, "cluster": "t", "proto": "1"],
-            loopbackOnly: true
+            interface: "lo"
         )
         try a.start()
         try b.start()
@@ -86,7 +86,7 @@ func nextEvent(
             instanceName: "watcher \(watcherSite.hex.prefix(12))",
             port: 40_003,
             txt: ["site": watcherSite.hex, "cluster": "s", "proto": "1"],
-            loopbackOnly: true
+            interface: "lo"
         )
         try watcher.start()
         defer { watcher.stop() }
@@ -94,7 +94,7 @@ func nextEvent(
             instanceName: "service \(serviceSite.hex.prefix(12))",
             port: 40_004,
             txt: ["site": serviceSite.hex, "cluster": "s", "proto": "1"],
-            loopbackOnly: true
+            interface: "lo"
         )
         let group = ServiceGroup(
             configuration: .init(services: [service], logger: Logger(label: "test"))
@@ -110,5 +110,15 @@ func nextEvent(
             if case .lost(let instance) = event { instance.contains(serviceSite.hex.prefix(12)) } else { false }
         }
         #expect(lost != nil)
+    }
+
+    @Test func theInterfaceOfAListeningAddressIsTheOneThatHoldsIt() {
+        #expect(MDNSDiscovery.interfaceName(owning: "127.0.0.1") == "lo")
+        #expect(MDNSDiscovery.interfaceName(owning: "::1") == "lo")
+        #expect(MDNSDiscovery.interfaceName(owning: "localhost") == "lo")
+        #expect(MDNSDiscovery.interfaceName(owning: "0.0.0.0") == nil)
+        #expect(MDNSDiscovery.interfaceName(owning: "::") == nil)
+        #expect(MDNSDiscovery.interfaceName(owning: "192.0.2.77") == nil)  // documentation range: held by none
+        #expect(MDNSDiscovery.interfaceName(owning: "not an address") == nil)
     }
 }
