@@ -73,8 +73,12 @@ public enum NodeEvent: Sendable, Hashable {
     case catchUpProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64)
     /// mDNS found a peer of this cluster (it will be dialled, by the side with the smaller site id).
     case peerDiscovered(SiteID, address: String)
-    /// mDNS cannot work; the node goes on with static peers. Said once, with the fix.
+    /// mDNS cannot work; the node goes on with static peers, and tries again now and then (with backoff, up to
+    /// every 30 s). Said once, with the fix, until discovery works again.
     case discoveryUnavailable(String)
+    /// mDNS discovery runs: the node is announced (on `interface`, or on every interface when nil) and browses.
+    /// Said when it starts, and again when it comes back after being unavailable.
+    case discoveryAvailable(interface: String?)
     /// A connection failed before or during the handshake.
     case connectionFailed(address: String, reason: String)
 }

@@ -184,69 +184,90 @@ public actor SyncNode: Service {
 
     // MARK: - Discovery
 
+    /// Runs mDNS discovery for as long as the node runs. When the daemon is missing, or goes away, the node says
+    /// so once and tries again with backoff, so discovery comes back by itself once the daemon does.
     private func discover() async {
         guard let port = listeningPort else { return }
-        let host = configuration.listenHost
         // Advertise and browse where peers can reach us: on the interface of the address we listen on (the
         // loopback interface for 127.0.0.1), or on every interface when listening on all of them.
-        let interface = MDNSDiscovery.interfaceName(owning: host)
-        let name = configuration.nodeName ?? "shoal"
-        let discovery = MDNSDiscovery(
-            instanceName: "\(name) \(siteID.hex.prefix(12))",
-            port: port,
-            txt: ["site": siteID.hex, "cluster": configuration.clusterID, "proto": "\(WireProtocol.maximumVersion)"],
-            interface: interface
-        )
-        do {
-            try discovery.start()
-        } catch {
-            eventSink.yield(.discoveryUnavailable(error.message))
-            // Reported once, through the event (the CLI prints it); the log keeps a trace for library users.
-            configuration.logger.debug("mDNS discovery is off", metadata: ["reason": "\(error.message)"])
-            return
-        }
+        let interface = MDNSDiscovery.interfaceName(owning: configuration.listenHost)
+        // Unique per node and port, so a node restarted on another port is never mistaken for its old self.
+        let name = String((configuration.nodeName ?? "shoal").prefix(40))
+        let instance = "\(name) \(siteID.hex.prefix(12)) \(port)"
+        let txt = ["site": siteID.hex, "cluster": configuration.clusterID, "proto": "\(WireProtocol.maximumVersion)"]
+        var saidUnavailable = false
+        var retry = Duration.seconds(1)
         defer {
-            discovery.stop()
             for current in discoveredDialers.values { current.dialer.cancel() }
             discoveredDialers.removeAll()
         }
+        while !Task.isCancelled {
+            let discovery = MDNSDiscovery(instanceName: instance, port: port, txt: txt, interface: interface)
+            var reason: String?
+            do {
+                try discovery.start()
+                saidUnavailable = false
+                retry = .seconds(1)
+                eventSink.yield(.discoveryAvailable(interface: interface))
+                reason = await follow(discovery)
+            } catch {
+                reason = error.message
+            }
+            discovery.stop()
+            guard let reason, !Task.isCancelled else { return }
+            if !saidUnavailable {
+                saidUnavailable = true
+                eventSink.yield(.discoveryUnavailable(reason))
+                // Reported through the event (the CLI prints it); the log keeps a trace for library users.
+                configuration.logger.debug("mDNS discovery is off", metadata: ["reason": "\(reason)"])
+            }
+            try? await Task.sleep(for: retry)
+            retry = min(retry * 2, .seconds(30))
+        }
+    }
+
+    /// Dials the peers `discovery` finds until it stops: returns why it became unavailable, or nil when the
+    /// node is stopping.
+    private func follow(_ discovery: MDNSDiscovery) async -> String? {
         await withTaskCancellationHandler {
             for await event in discovery.events {
                 switch event {
                 case .found(let service):
                     guard let site = service.siteID, site != siteID, service.clusterID == configuration.clusterID
                     else { continue }
-                    // Both sides dial what they find (so a node that returns reconnects as soon as it sees the
-                    // ones that stayed); of two connections between a pair, both keep the one dialled by the
-                    // smaller site id, and a dialer waits while its peer is connected.
-                    let address = PeerAddress(host: service.host, port: service.port)
-                    // A peer that (re)appears while not connected gets a fresh dialer at once: a new port after
-                    // a restart, or the old one with its backoff reset.
-                    // The same sighting again within moments (once per address family) changes nothing.
-                    if let current = discoveredDialers[site] {
-                        let connected = peers[site]?.isConnected ?? false
-                        let justStarted = ContinuousClock.now - current.since < .seconds(2)
-                        if current.address == address && (connected || justStarted) { continue }
-                        current.dialer.cancel()
-                    }
-                    addressOrigins[address.description] = "mdns"
-                    knownAddresses[site, default: []].insert(address.description)
-                    eventSink.yield(.peerDiscovered(site, address: address.description))
-                    discoveredDialers[site] = (
-                        address, ContinuousClock.now, Task { await self.dialLoop(address, site: site) }
-                    )
+                    dial(discovered: site, at: PeerAddress(host: service.host, port: service.port))
                 case .lost:
-                    // A restarted node re-registers under the same name, and the removal of its old
-                    // registration may arrive after the new one: keep the dialer (its backoff copes with a
-                    // peer that is really gone); the connection itself notices the peer leaving.
+                    // A restarted node re-registers, and the removal of its old registration may arrive after
+                    // the new one: keep the dialer (its backoff copes with a peer that is really gone); the
+                    // connection itself notices the peer leaving.
                     break
                 case .unavailable(let reason):
-                    eventSink.yield(.discoveryUnavailable(reason))
+                    return reason
                 }
             }
+            return nil
         } onCancel: {
             discovery.stop()
         }
+    }
+
+    /// Both sides dial what they find (so a node that returns reconnects as soon as it sees the ones that
+    /// stayed); of two connections between a pair, both keep the one dialled by the smaller site id, and a
+    /// dialer waits while its peer is connected.
+    private func dial(discovered site: SiteID, at address: PeerAddress) {
+        // A peer that (re)appears while not connected gets a fresh dialer at once: a new port after a restart, or
+        // the old one with its backoff reset. The same sighting again within moments (once per address family)
+        // changes nothing.
+        if let current = discoveredDialers[site] {
+            let connected = peers[site]?.isConnected ?? false
+            let justStarted = ContinuousClock.now - current.since < .seconds(2)
+            if current.address == address && (connected || justStarted) { return }
+            current.dialer.cancel()
+        }
+        addressOrigins[address.description] = "mdns"
+        knownAddresses[site, default: []].insert(address.description)
+        eventSink.yield(.peerDiscovered(site, address: address.description))
+        discoveredDialers[site] = (address, ContinuousClock.now, Task { await self.dialLoop(address, site: site) })
     }
 
     // MARK: - Dialling

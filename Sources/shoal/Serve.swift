@@ -107,6 +107,8 @@ extension ShoalCommand {
                         log("found \(site.hex.prefix(8)) at \(peerAddress) by mDNS")
                     case .discoveryUnavailable(let reason):
                         log("mDNS discovery is off: \(reason).")
+                    case .discoveryAvailable(let interface):
+                        log("mDNS discovery is on (announced and browsing on \(interface ?? "every interface"))")
                     }
                 }
             }

@@ -142,7 +142,7 @@ struct TwoHostsTests {
         #expect(!publisher.output.contains("dialled \(theirs)"), "\(publisher.output)")
     }
 
-    @Test func withAvahiStoppedANodeSaysDiscoveryIsOffOnceAndSyncsOverAStaticPeer() async throws {
+    @Test func withAvahiStoppedANodeSaysDiscoveryIsOffOnceSyncsOverAStaticPeerAndResumesWhenAvahiDoes() async throws {
         let hosts = try HostPair("noavahi")
         defer { hosts.down() }
         let a = hosts.directory.appendingPathComponent("a.db").path
@@ -174,6 +174,12 @@ struct TwoHostsTests {
         #expect(await nodeB.line(within: 30) { $0.contains("synced 5 changes from \(siteA.prefix(8))") } != nil)
         #expect(await nodeA.line(within: 30) { $0.contains("synced 1 changes") } != nil, "\(nodeA.output)")
         #expect(try shoal(["digest", "--db", a]) == shoal(["digest", "--db", b]))
+
+        // Avahi comes back: the node notices by itself (it retries with backoff), announces itself, and finds a.
+        #expect(try hosts.run(.b, ["avahi-daemon", "-D"]).status == 0)
+        let on = await nodeB.line(within: 30) { $0.contains("mDNS discovery is on") }
+        #expect(on != nil, "\(nodeB.output)")
+        #expect(await nodeB.line(within: 30) { $0.contains("found \(siteA.prefix(8)) at") } != nil, "\(nodeB.output)")
         let offLines = nodeB.output.split(separator: "\n").filter { $0.contains("discovery is off") }
         #expect(offLines.count == 1, "\(nodeB.output)")
     }
