@@ -412,6 +412,11 @@ public actor SyncNode: Service {
         guard let entry = connections.removeValue(forKey: id) else { return }
         guard let peer = entry.peer else { return }
         if !connections.values.contains(where: { $0.peer == peer }) { peers[peer]?.isConnected = false }
+        // Errors while this node stops (a send cut short, …) say nothing about the peer.
+        if shuttingDown {
+            eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))
+            return
+        }
         if let error, error.code != .rejected { peers[peer]?.consecutiveFailures += 1 }
         eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
     }
