@@ -39,6 +39,19 @@ public struct RowState: Hashable, Sendable {
     /// Whether the row exists.
     public var isAlive: Bool { causalLength % 2 == 1 }
 
+    /// Whether transaction `dot` still has an effect here that a peer lacking it would be sent: it set the
+    /// causal length, the current value of a column, or its site's latest counter entry.
+    public func holds(_ dot: Dot) -> Bool {
+        if lengthStamp?.dot == dot { return true }
+        return cells.contains { cell in
+            switch cell {
+            case .empty: false
+            case .value(let stamp, _): stamp.dot == dot
+            case .counter(let entries): entries[dot.site]?.seq == dot.seq
+            }
+        }
+    }
+
     /// The value of counter cell `index`: the sum of every site's contribution.
     public func counterValue(_ index: Int) -> Int64 {
         guard case .counter(let entries) = cells[index] else { return 0 }

@@ -64,6 +64,8 @@ public final class Store {
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
     var authorizerDenial: String?
+    /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
+    var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
 
     /// The local site's index in `shoal_sites`.
     static let localSiteIndex: Int64 = 1

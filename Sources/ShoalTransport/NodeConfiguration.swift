@@ -44,6 +44,9 @@ public struct NodeConfiguration: Sendable {
     public var rememberPeers = true
     /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
     public var roundIntervalMilliseconds: UInt64 = 2_000
+    /// How often the node drops overwritten entries from its change log (``Store/compactLog(maxEntries:)``), a
+    /// slice of 5,000 entries at a time, one slice a second until the end of the log; 0 turns it off.
+    public var compactionIntervalMilliseconds: UInt64 = 60_000
     /// How often the node looks for commits made by other processes.
     public var localChangePollMilliseconds: UInt64 = 20
     public var maxChangesPerBatch = 5_000

@@ -89,6 +89,11 @@ actor StoreWorker {
         return changed
     }
 
+    /// One slice of change-log compaction (replicated data is untouched: the digest stays valid).
+    func compactLog(maxEntries: Int) throws(ShoalError) -> CompactionReport {
+        try store.compactLog(maxEntries: maxEntries)
+    }
+
     /// Runs a closure against the store (for the node's own writes).
     func withStore<T: Sendable>(_ body: (Store) throws -> T) throws -> T {
         changed()

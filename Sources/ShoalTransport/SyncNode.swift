@@ -164,6 +164,9 @@ public actor SyncNode: Service {
             }
             group.addTask { try await self.watchLocalChanges() }
             group.addTask { try await self.periodicRounds() }
+            if configuration.compactionIntervalMilliseconds > 0 {
+                group.addTask { try await self.compactPeriodically() }
+            }
         }
     }
 
@@ -325,6 +328,30 @@ public actor SyncNode: Service {
             let interval = Double(configuration.roundIntervalMilliseconds) * Double.random(in: 0.8...1.2)
             try await Task.sleep(for: .milliseconds(UInt64(interval)))
             broadcast(.localChange)
+        }
+    }
+
+    /// Keeps the change log from growing with overwritten entries, a slice at a time so writers and rounds
+    /// never wait long.
+    private func compactPeriodically() async throws {
+        while !Task.isCancelled {
+            try await Task.sleep(for: .milliseconds(configuration.compactionIntervalMilliseconds))
+            var pass = CompactionReport()
+            repeat {
+                do {
+                    pass = try await worker.compactLog(maxEntries: 5_000)
+                } catch {
+                    configuration.logger.warning("change-log compaction failed", metadata: ["error": "\(error)"])
+                    break
+                }
+                if pass.removed > 0 || pass.keysDropped > 0 {
+                    configuration.logger.debug(
+                        "compacted the change log",
+                        metadata: ["removed": "\(pass.removed)", "keysDropped": "\(pass.keysDropped)"]
+                    )
+                }
+                if !pass.reachedEnd { try await Task.sleep(for: .seconds(1)) }
+            } while !pass.reachedEnd && !Task.isCancelled
         }
     }
 

@@ -23,6 +23,8 @@ extension ShoalCommand {
         @Option(help: "Cluster id: nodes of other clusters are refused.") var cluster = "default"
         @Option(help: "Node name shown to peers.") var name: String?
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
+        @Option(help: "Milliseconds between change-log compactions (0: never).")
+        var compactionInterval: UInt64 = 60_000
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
         @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
 
@@ -36,6 +38,7 @@ extension ShoalCommand {
             configuration.clusterID = cluster
             configuration.nodeName = name
             configuration.roundIntervalMilliseconds = roundInterval
+            configuration.compactionIntervalMilliseconds = compactionInterval
             configuration.mdns = !noMdns
             configuration.rememberPeers = !noRemembered
             configuration.staticPeers = try peers.map { text in

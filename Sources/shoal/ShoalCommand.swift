@@ -13,7 +13,7 @@ struct ShoalCommand: AsyncParsableCommand {
             """,
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
-            Serve.self, Demo.self,
+            Compact.self, Serve.self, Demo.self,
         ]
     )
 }
@@ -170,6 +170,31 @@ extension ShoalCommand {
             let digest = try store.digest()
             print("rows: \(digest.rowCount)")
             print(digest.hex)
+        }
+    }
+
+    struct Compact: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Drop overwritten entries from the change log (a running node also does this on its own).",
+            discussion: """
+                What any peer would be sent stays exactly the same; only entries whose every row has been \
+                overwritten since go. Safe while a node runs on the same database.
+                """
+        )
+
+        @OptionGroup var database: DatabaseOptions
+
+        func run() throws {
+            let store = try database.open()
+            var total = CompactionReport()
+            var pass = CompactionReport()
+            repeat {
+                pass = try store.compactLog()
+                total.examined += pass.examined
+                total.removed += pass.removed
+                total.keysDropped += pass.keysDropped
+            } while !pass.reachedEnd
+            print(total)
         }
     }
 

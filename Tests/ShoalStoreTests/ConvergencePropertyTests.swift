@@ -134,14 +134,23 @@ private func runScenario(seed: UInt64) throws {
     for _ in 0..<steps {
         let replica = replicas.randomElement(using: &random)!
         replica.clock.advance(by: Int64.random(in: -50...200, using: &random))
-        if Int.random(in: 0..<3, using: &random) < 2 {
+        let roll = Int.random(in: 0..<12, using: &random)
+        if roll < 8 {
             let before = try replica.store.versionVector()
             try localWrite(replica)
             produced += try replica.store.changes(since: before).flatMap(\.changes)
+        } else if roll == 8 {
+            // Compaction of the change log, a slice or all of it, at any point: no answer may change.
+            let slices = Int.random(in: 1...3, using: &random)
+            for _ in 0..<slices { try replica.store.compactLog(maxEntries: Int.random(in: 1...20, using: &random)) }
         } else {
             let target = replicas.randomElement(using: &random)!
             if target.store !== replica.store { try exchange(from: replica, to: target) }
         }
+    }
+
+    for replica in replicas where Bool.random(using: &random) {
+        while try !replica.store.compactLog(maxEntries: 7).reachedEnd {}
     }
 
     // Heal over a random topology: a random spanning order, there and back, then every pair.

@@ -274,7 +274,8 @@ struct Cluster {
             database: paths[node],
             name: "node\(node)",
             peers: peerPorts[node],
-            extra: ["--round-interval", "500"]
+            // Compaction runs often here, so it is exercised amid the faults.
+            extra: ["--round-interval", "500", "--compaction-interval", "300"]
         )
         processes[node] = serve
         await faults.setTarget(node, port: serve.port)

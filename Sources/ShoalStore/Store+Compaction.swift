@@ -1,0 +1,105 @@
+import ShoalCore
+
+/// What one pass of ``Store/compactLog(maxEntries:)`` did.
+public struct CompactionReport: Sendable, Hashable, CustomStringConvertible {
+    /// Change-log entries (one per transaction and table) looked at.
+    public var examined = 0
+    /// Entries removed: every row they list has been overwritten since.
+    public var removed = 0
+    /// Row keys dropped from entries that still list others.
+    public var keysDropped = 0
+    /// Whether the pass reached the end of the log (the next one starts again from its beginning).
+    public var reachedEnd = false
+
+    public init() {}
+
+    public var description: String {
+        "examined \(examined) log entries: removed \(removed), dropped \(keysDropped) overwritten rows from others"
+    }
+}
+
+extension Store {
+    /// Drops from the change log what no peer can ever be sent again: the rows a transaction touched whose
+    /// every effect has been overwritten since (by a later write, a delete, or a later counter total).
+    ///
+    /// A delta sends, for each logged row, only the columns whose current clock belongs to that transaction
+    /// (see ``RowState/holds(_:)``); an entry with no such row sends nothing, so removing it changes no answer.
+    /// The newest entry of each site stays: this node's next sequence number and clock come from its own.
+    /// Each call looks at up to `maxEntries` entries in one short write transaction, continuing where the
+    /// previous call stopped, so a node can compact a large log a slice at a time without holding up writers.
+    @discardableResult
+    public func compactLog(maxEntries: Int = 5_000) throws(ShoalError) -> CompactionReport {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "compact the change log outside of any open transaction")
+        }
+        try refreshSchema()
+        try refreshSites()
+        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            var report = CompactionReport()
+            let start = compactionPosition ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
+            let select = try statement(
+                "SELECT site, seq, tbl, keys FROM shoal_log WHERE (site, seq, tbl) > (?, ?, ?) "
+                    + "ORDER BY site, seq, tbl LIMIT ?"
+            )
+            try select.bind([
+                .integer(start.site), .integer(start.seq), .integer(start.table), .integer(Int64(maxEntries)),
+            ])
+            var entries: [(site: Int64, seq: Int64, table: Int64, keys: [UInt8])] = []
+            while try select.step() {
+                entries.append(
+                    (select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnBytes(3))
+                )
+            }
+            select.reset()
+            let newest = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
+            let remove = try statement("DELETE FROM shoal_log WHERE site = ? AND seq = ? AND tbl = ?")
+            let rewrite = try statement("UPDATE shoal_log SET keys = ? WHERE site = ? AND seq = ? AND tbl = ?")
+            var newestBySite: [Int64: Int64] = [:]
+            for entry in entries {
+                report.examined += 1
+                guard let table = tablesByID[entry.table] else { continue }
+                if newestBySite[entry.site] == nil {
+                    try newest.bind([.integer(entry.site)])
+                    if try newest.step() { newestBySite[entry.site] = newest.columnInt64(0) }
+                    newest.reset()
+                }
+                if newestBySite[entry.site] == entry.seq { continue }
+                let dot = Dot(site: try sites.site(at: UInt64(entry.site)), seq: UInt64(bitPattern: entry.seq))
+                var kept: [UInt8] = []
+                var dropped = 0
+                var reader = ByteReader(entry.keys)
+                while !reader.isAtEnd {
+                    let start = reader.offset
+                    let length = Int(try reader.readVarint())
+                    var keyReader = ByteReader(Array(try reader.readBytes(length)))
+                    var key: [SQLValue] = []
+                    for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                    if try loadState(table: table, key: key)?.holds(dot) == true {
+                        kept.append(contentsOf: entry.keys[start..<reader.offset])
+                    } else {
+                        dropped += 1
+                    }
+                }
+                let identity: [SQLValue] = [.integer(entry.site), .integer(entry.seq), .integer(entry.table)]
+                if kept.isEmpty {
+                    try remove.bind(identity)
+                    try remove.run()
+                    report.removed += 1
+                } else if dropped > 0 {
+                    try rewrite.bind([.blob(kept)] + identity)
+                    try rewrite.run()
+                    report.keysDropped += dropped
+                }
+            }
+            try connection.exec("COMMIT")
+            report.reachedEnd = entries.count < maxEntries
+            compactionPosition = report.reachedEnd ? nil : entries.last.map { ($0.site, $0.seq, $0.table) }
+            return report
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+}

@@ -1,0 +1,107 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+private func logEntries(_ store: Store) throws -> Int64 {
+    guard case .integer(let count) = try store.execute("SELECT count(*) FROM shoal_log").rows[0][0] else { return -1 }
+    return count
+}
+
+@Suite struct CompactionTests {
+    @Test func overwrittenEntriesGoAndEveryAnswerStaysTheSame() throws {
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        let source = try makeStore(clock)
+        try makeItems(source)
+        // One row rewritten 200 times, one counter bumped 50 times, a row inserted then deleted, and a
+        // transaction touching two rows of which only one is overwritten later.
+        try source.execute("INSERT INTO items(id, name) VALUES (1, 'v0')")
+        for version in 1...200 {
+            clock.advance(by: 1)
+            try source.execute(
+                "UPDATE items SET name = ?, qty = ? WHERE id = 1",
+                [.text("v\(version)"), .integer(Int64(version))]
+            )
+        }
+        try source.execute("INSERT INTO items(id, name) VALUES (2, 'counted')")
+        for _ in 0..<50 { try source.execute("UPDATE items SET hits = hits + 1 WHERE id = 2") }
+        try source.execute("INSERT INTO items(id, name) VALUES (3, 'short-lived')")
+        try source.execute("DELETE FROM items WHERE id = 3")
+        try source.execute("INSERT INTO items(id, name) VALUES (4, 'stays'), (5, 'moves')")
+        try source.execute("UPDATE items SET name = 'moved' WHERE id = 5")
+
+        let before = try logEntries(source)
+        let vector = try source.versionVector()
+        // A peer that saw the first half, and one that saw nothing: what each is sent must not change.
+        let half = try makeStore()
+        try makeItems(half)
+        let batches = try source.changes(since: VersionVector())
+        let firstHalf = batches.flatMap(\.changes).filter { $0.stamp.seq <= 100 }
+        try half.apply(firstHalf)
+        let halfVector = try half.versionVector()
+        let answers = try [VersionVector(), halfVector].map { try source.changes(since: $0).flatMap(\.changes) }
+
+        var passes = 0
+        var report = CompactionReport()
+        repeat {
+            report = try source.compactLog(maxEntries: 16)
+            passes += 1
+        } while !report.reachedEnd
+        #expect(passes > 1)
+        let after = try logEntries(source)
+        #expect(after < before / 4, "log entries: \(before) before, \(after) after")
+        #expect(try source.versionVector() == vector)
+        let compactedAnswers = try [VersionVector(), halfVector].map {
+            try source.changes(since: $0).flatMap(\.changes)
+        }
+        #expect(compactedAnswers == answers)
+
+        // New local writes continue the sequence (the newest entry of the site was kept), and peers converge.
+        try source.execute("UPDATE items SET name = 'after compaction' WHERE id = 4")
+        #expect(try source.versionVector()[source.siteID] == vector[source.siteID] + 1)
+        let fresh = try makeStore()
+        try makeItems(fresh)
+        try sync(source, fresh)
+        try sync(source, half)
+        #expect(try fresh.digest() == source.digest())
+        #expect(try half.digest() == source.digest())
+        #expect(try fresh.versionVector() == source.versionVector())
+        // A second full pass finds nothing more to drop.
+        var again = CompactionReport()
+        repeat { again = try source.compactLog() } while !again.reachedEnd
+        #expect(again.removed == 0 && again.keysDropped == 0)
+    }
+
+    @Test func compactionRefusesToRunInsideAnOpenTransaction() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        try store.execute("BEGIN")
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'pending')")
+        #expect(throws: ShoalError.self) { try store.compactLog() }
+        try store.execute("COMMIT")
+        #expect(try logEntries(store) == 1)
+    }
+
+    @Test func aReopenedDatabaseCompactsToo() throws {
+        let path = "/tmp/shoal-compaction-\(UInt32.random(in: 0...UInt32.max)).db"
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) } }
+        do {
+            let store = try Store(path: path)
+            try makeItems(store)
+            for version in 0..<10 {
+                try store.execute("INSERT OR REPLACE INTO items(id, name) VALUES (1, 'v\(version)')")
+            }
+        }
+        let reopened = try Store(path: path)
+        let digest = try reopened.digest()
+        let answer = try reopened.changes(since: VersionVector()).flatMap(\.changes)
+        let report = try reopened.compactLog()
+        // Of the ten transactions, the first still holds the row's counter entry (no later one wrote it) and the
+        // last holds everything else: the eight between go.
+        #expect(report.reachedEnd && report.removed == 8, "\(report)")
+        #expect(try logEntries(reopened) == 2)
+        #expect(try reopened.digest() == digest)
+        #expect(try reopened.changes(since: VersionVector()).flatMap(\.changes) == answer)
+    }
+}
