@@ -14,14 +14,14 @@ struct ShoalBench: AsyncParsableCommand {
 struct StoreBenchmark: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Write overhead of change capture, and the speed of applying remote changes."
+        abstract: "Write overhead of change capture, the speed of applying remote changes, and change-log compaction."
     )
 
     @Flag(help: "Print one JSON object instead of a table.") var json = false
     @Option(help: "Runs per figure (the median is reported).") var runs = 5
     @Option(help: "Rows in the bulk transaction.") var rows = 100_000
     @Option(help: "One-row transactions.") var transactions = 5_000
-    @Option(help: "Run one phase only, for profiling: write, single or apply.") var only: String?
+    @Option(help: "Run one phase only, for profiling: write, single, apply or compact.") var only: String?
 
     func run() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-bench-\(getpid())")
@@ -43,6 +43,9 @@ struct StoreBenchmark: ParsableCommand {
         var apply: [Double] = []
         var reapply: [Double] = []
         var applied = 0
+        var compaction: [Double] = []
+        var logBefore = 0
+        var logAfter = 0
         for _ in 0..<runs {
             // Bulk: one transaction of `rows` inserts, plain then replicated, alternating run by run.
             for replicated in [false, true] where only == nil || only == "write" {
@@ -72,6 +75,22 @@ struct StoreBenchmark: ParsableCommand {
                 }
                 if replicated { replicatedSingle.append(seconds) } else { plainSingle.append(seconds) }
             }
+            // Compaction of an update-heavy log: 1,000 rows inserted in one transaction, then `transactions`
+            // one-row updates of one column, round robin; every entry but each row's last update is overwritten.
+            if only == nil || only == "compact" {
+                let store = try freshStore(replicated: true)
+                let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, 'new', 0, 0)")
+                try store.transaction { for id in 0..<1_000 { try insert.execute([.integer(Int64(id))]) } }
+                let update = try store.prepare("UPDATE t SET a = ? WHERE id = ?")
+                for version in 0..<transactions {
+                    try update.execute([.text("v\(version)"), .integer(Int64(version % 1_000))])
+                }
+                let digest = try store.digest()
+                logBefore = try logEntries(store)
+                compaction.append(try time { while try !store.compactLog().reachedEnd {} })
+                logAfter = try logEntries(store)
+                guard try store.digest() == digest else { throw ValidationError("compaction changed the data") }
+            }
             // Apply the bulk transaction's changes (rows × 3 column changes) on a fresh replica, then again.
             guard only == nil || only == "apply" else { continue }
             let source = try freshStore(replicated: true)
@@ -99,6 +118,8 @@ struct StoreBenchmark: ParsableCommand {
             ("single_tx_overhead_ratio", median(replicatedSingle) / median(plainSingle)),
             ("apply_changes_per_s", Double(applied) / median(apply)),
             ("reapply_changes_per_s", Double(applied) / median(reapply)),
+            ("compact_log_entries_per_s", Double(logBefore) / median(compaction)),
+            ("compact_log_kept_ratio", Double(logAfter) / Double(max(1, logBefore))),
         ]
         if json {
             var object: [String: Any] = ["runs": runs, "rows": rows, "transactions": transactions, "changes": applied]
@@ -115,6 +136,14 @@ struct StoreBenchmark: ParsableCommand {
             }
         }
     }
+}
+
+/// How many entries the change log holds.
+func logEntries(_ store: Store) throws -> Int {
+    guard case .integer(let count) = try store.execute("SELECT count(*) FROM shoal_log").rows.first?.first else {
+        return 0
+    }
+    return Int(count)
 }
 
 func time(_ body: () throws -> Void) throws -> Double {
