@@ -157,10 +157,13 @@ struct ShoalChaos: AsyncParsableCommand {
         switch Int.random(in: 0..<6, using: &random) {
         case 0, 1:
             let value = SQLValue.integer(Int64.random(in: 0...1_000_000, using: &random))
-            if try store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty {
-                try store.execute("INSERT INTO t(k, a, b) VALUES (?, ?, 'new')", [.integer(key), value])
-            } else {
-                try store.execute("UPDATE t SET a = ? WHERE k = ?", [value, .integer(key)])
+            // In one transaction: the node may apply a row with this key between a lone check and the insert.
+            try store.transaction {
+                if try store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty {
+                    try store.execute("INSERT INTO t(k, a, b) VALUES (?, ?, 'new')", [.integer(key), value])
+                } else {
+                    try store.execute("UPDATE t SET a = ? WHERE k = ?", [value, .integer(key)])
+                }
             }
             kind = .value(column: "a", value: value)
         case 2:
