@@ -109,4 +109,9 @@ public struct PeerStatus: Sendable, Hashable {
     /// Every address the peer is known at, sorted: advertised by mDNS, given with `--peer`, remembered, and the
     /// IP address (with its listening port) of each connection made with it.
     public var addresses: [String] = []
+    /// Why the last attempt to reach the peer failed, until a connection succeeds.
+    public var lastError: String?
+    /// Whether a connection with the peer was ever established (a peer found by mDNS or remembered is listed
+    /// before that).
+    public var everConnected = false
 }

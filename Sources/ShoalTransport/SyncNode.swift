@@ -156,6 +156,7 @@ public actor SyncNode: Service {
                 let address = PeerAddress(host: known.host, port: known.port)
                 guard !staticAddresses.contains(address.description) else { continue }
                 addressOrigins[address.description] = "remembered"
+                notePeer(known.siteID, name: "", address: address, foundBy: "remembered")
                 knownAddresses[known.siteID, default: []].insert(address.description)
                 group.addTask { await self.dialLoop(address, site: known.siteID) }
             }
@@ -238,6 +239,14 @@ public actor SyncNode: Service {
                 case .found(let service):
                     guard let site = service.siteID, site != siteID, service.clusterID == configuration.clusterID
                     else { continue }
+                    // The instance is "<name> <site> <port>": the name is what comes before.
+                    let name = service.instance.split(separator: " ").dropLast(2).joined(separator: " ")
+                    notePeer(
+                        site,
+                        name: name,
+                        address: PeerAddress(host: service.host, port: service.port),
+                        foundBy: "mdns"
+                    )
                     dial(discovered: site, at: PeerAddress(host: service.host, port: service.port))
                 case .lost:
                     // A restarted node re-registers, and the removal of its old registration may arrive after
@@ -301,9 +310,12 @@ public actor SyncNode: Service {
                     try? await channel.executeThenClose { _, _ in }
                     return
                 }
-                established = await handle(channel, dialed: true, address: address.description)
+                let outcome = await handle(channel, dialed: true, address: address.description)
+                established = outcome.established
+                if let failure = outcome.failure, !established { dialFailed(address, site: site, reason: failure) }
             } catch {
                 eventSink.yield(.connectionFailed(address: address.description, reason: "\(error)"))
+                dialFailed(address, site: site, reason: "\(error)")
                 configuration.logger.debug("dial failed", metadata: ["peer": "\(address)", "error": "\(error)"])
             }
             if established { backoff = configuration.backoffInitialMilliseconds }
@@ -329,6 +341,33 @@ public actor SyncNode: Service {
             try await Task.sleep(for: .milliseconds(UInt64(interval)))
             broadcast(.localChange)
         }
+    }
+
+    /// Lists a peer learned of before any connection (found by mDNS, or remembered), so status shows it and
+    /// why it cannot be reached.
+    private func notePeer(_ site: SiteID, name: String, address: PeerAddress, foundBy: String) {
+        guard peers[site] == nil else { return }
+        var status = PeerStatus(
+            siteID: site,
+            name: name,
+            address: address.description,
+            isConnected: false,
+            lastSuccessfulSync: nil,
+            consecutiveFailures: 0,
+            roundsFinished: 0,
+            roundsFailed: 0,
+            recentRoundMilliseconds: [],
+            versionVector: VersionVector()
+        )
+        status.foundBy = foundBy
+        peers[site] = status
+    }
+
+    /// Counts a failed attempt to reach the peer behind `address`, when it is known.
+    private func dialFailed(_ address: PeerAddress, site: SiteID?, reason: String) {
+        guard let site = site ?? addressSites[address.description], peers[site]?.isConnected == false else { return }
+        peers[site]?.consecutiveFailures += 1
+        peers[site]?.lastError = reason
     }
 
     /// Keeps the change log from growing with overwritten entries, a slice at a time so writers and rounds
@@ -412,9 +451,13 @@ public actor SyncNode: Service {
                 versionVector: VersionVector()
             )
         status.isConnected = true
+        status.everConnected = true
+        status.lastError = nil
         status.name = hello.nodeName
         status.address = address
-        status.foundBy = connections[id]?.dialed == true ? addressOrigins[address] ?? "static" : "inbound"
+        // How we learned of it: the origin of the address dialled; for a peer that dialled us, what we knew of
+        // it before (found by mDNS, remembered, …), or "inbound" for a stranger.
+        if connections[id]?.dialed == true { status.foundBy = addressOrigins[address] ?? "static" }
         peers[hello.siteID] = status
         eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
         // Remember where to reach it: the address dialled, or its IP with the port it says it listens on.
@@ -444,7 +487,10 @@ public actor SyncNode: Service {
             eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))
             return
         }
-        if let error, error.code != .rejected { peers[peer]?.consecutiveFailures += 1 }
+        if let error, error.code != .rejected {
+            peers[peer]?.consecutiveFailures += 1
+            peers[peer]?.lastError = error.message
+        }
         eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
     }
 
@@ -466,18 +512,18 @@ public actor SyncNode: Service {
         }
     }
 
-    /// Runs one connection to its end; returns whether the handshake succeeded.
+    /// Runs one connection to its end; returns whether the handshake succeeded, and why not.
     private func handle(
         _ channel: NIOAsyncChannel<WireMessage, WireMessage>,
         dialed: Bool,
         address: String
     ) async
-        -> Bool
+        -> (established: Bool, failure: String?)
     {
         let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
         if shuttingDown || Task.isCancelled {
             try? await channel.executeThenClose { _, _ in }
-            return false
+            return (false, nil)
         }
         let remoteIP = channel.channel.remoteAddress?.ipAddress
         guard let id = register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) else {
@@ -486,7 +532,7 @@ public actor SyncNode: Service {
                     .reject(Rejection(.tooManyConnections, "this node is at its connection limit"))
                 )
             }
-            return false
+            return (false, nil)
         }
         var connection = PeerConnection(
             id: id,
@@ -508,7 +554,7 @@ public actor SyncNode: Service {
             // Every channel NIO created must be closed through executeThenClose.
             try? await channel.executeThenClose { _, _ in }
             closed(id, error: error)
-            return false
+            return (false, error.message)
         }
         do {
             outcome = try await channel.executeThenClose { inbound, outbound in
@@ -527,7 +573,7 @@ public actor SyncNode: Service {
             eventSink.yield(.connectionFailed(address: address, reason: error.message))
         }
         closed(id, error: outcome.error)
-        return outcome.established
+        return (outcome.established, outcome.error?.message)
     }
 
     // Entry points for PeerConnection.

@@ -21,6 +21,10 @@ struct LiveStatus: Codable {
         var foundBy: String = "inbound"
         /// Every address the peer is known at.
         var addresses: [String] = []
+        /// Why the last attempt to reach it failed, until one succeeds.
+        var lastError: String? = nil
+        /// Whether a connection with it was ever made (peers found by mDNS are listed before that).
+        var everConnected = true
     }
 
     var node: String
@@ -59,7 +63,9 @@ struct LiveStatus: Codable {
                 ),
                 digest: peer.digest,
                 foundBy: peer.foundBy,
-                addresses: peer.addresses
+                addresses: peer.addresses,
+                lastError: peer.lastError,
+                everConnected: peer.everConnected
             )
         }
     }

@@ -79,7 +79,11 @@ enum Output {
         if live.peers.isEmpty { text += "  none yet\n" }
         let now = SystemWallClock().nowMilliseconds()
         for peer in live.peers {
-            let state = peer.connected ? "live" : (peer.consecutiveFailures > 0 ? "failing" : "gone")
+            let state =
+                peer.connected
+                ? "live"
+                : peer.consecutiveFailures > 0
+                    ? "failing (\(peer.lastError ?? "?"))" : (peer.everConnected ? "gone" : "found, not connected yet")
             let last = peer.lastSuccessfulSyncMs.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
             let total = peer.roundsFinished + peer.roundsFailed
             let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"
@@ -97,7 +101,8 @@ enum Output {
                 default: "digest differs"
                 }
             text +=
-                "  \(peer.name) \(peer.site.prefix(8)) (\(peer.foundBy)) at \(addresses): \(state), last sync \(last), "
+                "  \(peer.name.isEmpty ? "?" : peer.name) \(peer.site.prefix(8)) (\(peer.foundBy)) at \(addresses): \(state), "
+                + "last sync \(last), "
                 + "failures \(peer.consecutiveFailures), success \(rate), \(durations), "
                 + (inSync ? "same version" : "different version") + ", \(digest)\n"
         }

@@ -140,6 +140,17 @@ struct TwoHostsTests {
         #expect(await node.line(within: 30) { $0.contains("found \(ours.prefix(8)) at") } != nil, "\(node.output)")
         #expect(!node.output.contains(theirs.prefix(8)), "\(node.output)")
         #expect(!publisher.output.contains("dialled \(theirs)"), "\(publisher.output)")
+
+        // Status lists the found peer, by mDNS, though it never completes a handshake; the other cluster's not.
+        var status = ""
+        let deadline = ContinuousClock.now + .seconds(10)
+        repeat {
+            status = try shoal(["status", "--db", a])
+        } while !status.contains("failing") && ContinuousClock.now < deadline
+        let peerLine = status.split(separator: "\n").first { $0.contains(ours.prefix(8)) }.map(String.init) ?? ""
+        #expect(peerLine.contains("(mdns)") && peerLine.contains("failing ("), "\(status)")
+        #expect(peerLine.hasPrefix("  zeroconf "), "\(status)")
+        #expect(!status.contains(theirs.prefix(8)), "\(status)")
     }
 
     @Test func withAvahiStoppedANodeSaysDiscoveryIsOffOnceSyncsOverAStaticPeerAndResumesWhenAvahiDoes() async throws {
