@@ -174,7 +174,9 @@ public final class MDNSDiscovery: @unchecked Sendable {
                 -65563:  // kDNSServiceErr_ServiceNotRunning, missing from Avahi's header
                 "\(missingDaemon()) (dns_sd error \(code)). Fix: start the daemons (Tools/start-daemons.sh does so "
                     + "idempotently). Until then static peers (--peer) keep working; --no-mdns silences this"
-            case DNSServiceErrorType(kDNSServiceErr_NameConflict): "the instance name is already taken"
+            case DNSServiceErrorType(kDNSServiceErr_NameConflict):
+                "another service on the network already has this name, which holds this node's site id and port: "
+                    + "is a copy of this database file running elsewhere? Copies must not share a site id"
             default: "dns_sd error \(code)"
             }
         return ShoalError(code: .discoveryUnavailable, message: "mDNS: cannot \(action): \(reason)")

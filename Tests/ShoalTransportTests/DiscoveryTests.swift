@@ -208,4 +208,45 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         #expect(log.contains("changes from \(a.node.siteID.hex.prefix(8))"), "\(log)")
         await a.stop()
     }
+
+    @Test func aNodeWhoseNameIsTakenSaysWhyDiscoveryIsOff() async throws {
+        let directory = try temporaryDirectory("mdnsname")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let site = try Store(path: directory.appendingPathComponent("copy.db").path).siteID
+        let port = try await freePort()
+        // Something else already announces the name this node would take: what a copied database running on
+        // another machine, on the same port, looks like.
+        let squatter = Process()
+        squatter.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-publish")
+        squatter.arguments = [
+            "-s", "copy \(site.hex.prefix(12)) \(port)", "_shoal._tcp", "\(port)", "site=\(site.hex)",
+        ]
+        let announced = Pipe()
+        squatter.standardOutput = FileHandle.nullDevice
+        squatter.standardError = announced
+        try squatter.run()
+        defer {
+            kill(squatter.processIdentifier, SIGKILL)
+            squatter.waitUntilExit()
+        }
+        // avahi-publish says "Established under name …" once the name is its own.
+        var said = ""
+        while !said.contains("Established") {
+            let chunk = announced.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+        #expect(said.contains("Established"), "\(said)")
+        let node = try await startNode(in: directory, name: "copy") { configuration in
+            configuration.mdns = true
+            configuration.nodeName = "copy"
+            configuration.listenPort = port
+        }
+        let off = await node.log.seen(within: 30) {
+            if case .discoveryUnavailable(let reason) = $0 { reason.contains("copy of this database") } else { false }
+        }
+        let events = await node.log.events
+        #expect(off, "\(events)")
+        await node.stop()
+    }
 }
