@@ -14,8 +14,11 @@ public struct DiscoveredService: Sendable, Hashable {
     public var siteID: SiteID?
     public var clusterID: String?
     public var protocolVersion: String?
-    /// Where to connect: 127.0.0.1 for a node seen on the loopback interface, else its host name.
+    /// Where to connect: 127.0.0.1 for a node seen on the loopback interface, else its IPv4 address as mDNS
+    /// answers for its host name (or the host name itself, when no address came within two seconds).
     public var host: String
+    /// The host name it advertises (`name.local`).
+    public var hostName: String
     public var port: Int
     public var interfaceIndex: UInt32
 }
@@ -51,6 +54,8 @@ public final class MDNSDiscovery: @unchecked Sendable {
     private var registration: DNSServiceRef?
     private var browser: DNSServiceRef?
     private var resolving: [DNSServiceRef] = []
+    /// Address queries in flight: the service found, waiting for its host's IPv4 address, and when asked.
+    private var querying: [DNSServiceRef: (service: DiscoveredService, since: timespec)] = [:]
     private var finished: [DNSServiceRef] = []
     /// Instance → interfaces it is currently seen on (each service arrives once per interface and family).
     private var seen: [String: Set<UInt32>] = [:]
@@ -219,6 +224,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
             if let registration { refs.append(registration) }
             if let browser { refs.append(browser) }
             refs += resolving
+            refs += querying.keys
             var fds = refs.map { pollfd(fd: DNSServiceRefSockFD($0), events: Int16(POLLIN), revents: 0) }
             let ready = poll(&fds, nfds_t(fds.count), 100)
             guard ready > 0 else { continue }
@@ -228,14 +234,24 @@ public final class MDNSDiscovery: @unchecked Sendable {
                     sink.yield(.unavailable("mDNS browsing stopped: dns_sd error \(code)"))
                 }
             }
+            // An address that does not come within two seconds: fall back on the host name (the system resolver
+            // may still know it).
+            for (ref, pending) in querying where Self.secondsSince(pending.since) > 2 {
+                sink.yield(.found(pending.service))
+                querying[ref] = nil
+                finished.append(ref)
+            }
             for ref in finished {
                 resolving.removeAll { $0 == ref }
+                querying[ref] = nil
                 DNSServiceRefDeallocate(ref)
             }
             finished.removeAll()
         }
         for ref in resolving { DNSServiceRefDeallocate(ref) }
         resolving.removeAll()
+        for ref in querying.keys { DNSServiceRefDeallocate(ref) }
+        querying.removeAll()
         if let browser { DNSServiceRefDeallocate(browser) }
         if let registration { DNSServiceRefDeallocate(registration) }
         browser = nil
@@ -297,19 +313,59 @@ public final class MDNSDiscovery: @unchecked Sendable {
         }
         let instance = fullName.split(separator: ".").first.map(String.init) ?? fullName
         let onLoopback = interface == if_nametoindex("lo")
-        sink.yield(
-            .found(
-                DiscoveredService(
-                    instance: Self.unescape(instance),
-                    siteID: value("site").flatMap { SiteID(hex: $0) },
-                    clusterID: value("cluster"),
-                    protocolVersion: value("proto"),
-                    host: onLoopback ? "127.0.0.1" : String(host.dropLast(host.hasSuffix(".") ? 1 : 0)),
-                    port: Int(UInt16(bigEndian: port)),
-                    interfaceIndex: interface
-                )
-            )
+        let hostName = String(host.dropLast(host.hasSuffix(".") ? 1 : 0))
+        var service = DiscoveredService(
+            instance: Self.unescape(instance),
+            siteID: value("site").flatMap { SiteID(hex: $0) },
+            clusterID: value("cluster"),
+            protocolVersion: value("proto"),
+            host: onLoopback ? "127.0.0.1" : hostName,
+            hostName: hostName,
+            port: Int(UInt16(bigEndian: port)),
+            interfaceIndex: interface
         )
+        if onLoopback {
+            sink.yield(.found(service))
+            return
+        }
+        // Ask mDNS itself for the host's IPv4 address on that interface, rather than relying on the system
+        // resolver knowing `.local` names (nss-mdns).
+        var query: DNSServiceRef?
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        let asked = DNSServiceQueryRecord(
+            &query,
+            0,
+            interface,
+            host,
+            UInt16(kDNSServiceType_A),
+            UInt16(kDNSServiceClass_IN),
+            queryCallback,
+            context
+        )
+        guard asked == kDNSServiceErr_NoError, let query else {
+            sink.yield(.found(service))
+            return
+        }
+        service.host = hostName
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        querying[query] = (service, now)
+    }
+
+    fileprivate func answered(ref: DNSServiceRef?, flags: DNSServiceFlags, error: DNSServiceErrorType, rdata: [UInt8]) {
+        guard let ref, var service = querying[ref]?.service, error == kDNSServiceErr_NoError,
+            flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0, rdata.count == 4
+        else { return }
+        service.host = rdata.map(String.init).joined(separator: ".")
+        sink.yield(.found(service))
+        querying[ref] = nil
+        finished.append(ref)
+    }
+
+    private static func secondsSince(_ start: timespec) -> Double {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Double(now.tv_sec - start.tv_sec) + Double(now.tv_nsec - start.tv_nsec) / 1e9
     }
 
     /// DNS-SD full names escape spaces and dots as `\032`, `\.`.
@@ -388,6 +444,29 @@ private func resolveCallback(
         host: host.map { String(cString: $0) } ?? "",
         port: port,
         txt: UnsafeRawBufferPointer(start: txt, count: Int(txtLength))
+    )
+}
+
+private func queryCallback(
+    _ ref: DNSServiceRef?,
+    _ flags: DNSServiceFlags,
+    _ interface: UInt32,
+    _ error: DNSServiceErrorType,
+    _ fullName: UnsafePointer<CChar>?,
+    _ type: UInt16,
+    _ recordClass: UInt16,
+    _ length: UInt16,
+    _ data: UnsafeRawPointer?,
+    _ ttl: UInt32,
+    _ context: UnsafeMutableRawPointer?
+) {
+    guard let context else { return }
+    let bytes = data.map { Array(UnsafeRawBufferPointer(start: $0, count: Int(length))) } ?? []
+    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().answered(
+        ref: ref,
+        flags: flags,
+        error: error,
+        rdata: type == UInt16(kDNSServiceType_A) ? bytes : []
     )
 }
 

@@ -247,6 +247,13 @@ public actor SyncNode: Service {
                         address: PeerAddress(host: service.host, port: service.port),
                         foundBy: "mdns"
                     )
+                    // The advertised host name too, unless the peer was seen on loopback (where its name would lead
+                    // to another interface, on which it does not listen).
+                    if service.host != "127.0.0.1" {
+                        knownAddresses[site, default: []].insert(
+                            PeerAddress(host: service.hostName, port: service.port).description
+                        )
+                    }
                     dial(discovered: site, at: PeerAddress(host: service.host, port: service.port))
                 case .lost:
                     // A restarted node re-registers, and the removal of its old registration may arrive after

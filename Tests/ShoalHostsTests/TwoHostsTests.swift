@@ -61,8 +61,13 @@ struct TwoHostsTests {
         let b = hosts.directory.appendingPathComponent("b.db").path
         let siteA = try makeDatabase(a, name: "host-a", rows: 20)
         let siteB = try makeDatabase(b, name: "host-b", rows: 1)
+        // Host b's system resolver knows no `.local` names (no nss-mdns): discovery must not need it.
+        let nsswitch = hosts.directory.appendingPathComponent("nsswitch.conf").path
+        try "hosts: files dns\n".write(toFile: nsswitch, atomically: true, encoding: .utf8)
+        #expect(try hosts.run(.b, ["mount", "--bind", nsswitch, "/etc/nsswitch.conf"]).status == 0)
         let nodeA = try await hosts.serve(.a, database: a, name: "host-a")
         defer { nodeA.stop() }
+        #expect(try hosts.run(.b, ["getent", "hosts", "\(hosts.prefix)-a.local"]).status != 0)
         let started = ContinuousClock.now
         let nodeB = try await hosts.serve(.b, database: b, name: "host-b")
         defer { nodeB.stop() }
