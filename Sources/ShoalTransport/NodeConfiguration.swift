@@ -115,3 +115,21 @@ public struct PeerStatus: Sendable, Hashable {
     /// before that).
     public var everConnected = false
 }
+
+extension PeerStatus {
+    /// A peer with nothing recorded about it yet.
+    init(siteID: SiteID, name: String, address: String, isConnected: Bool) {
+        self.init(
+            siteID: siteID,
+            name: name,
+            address: address,
+            isConnected: isConnected,
+            lastSuccessfulSync: nil,
+            consecutiveFailures: 0,
+            roundsFinished: 0,
+            roundsFailed: 0,
+            recentRoundMilliseconds: [],
+            versionVector: VersionVector()
+        )
+    }
+}

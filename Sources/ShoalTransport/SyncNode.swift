@@ -354,18 +354,7 @@ public actor SyncNode: Service {
     /// why it cannot be reached.
     private func notePeer(_ site: SiteID, name: String, address: PeerAddress, foundBy: String) {
         guard peers[site] == nil else { return }
-        var status = PeerStatus(
-            siteID: site,
-            name: name,
-            address: address.description,
-            isConnected: false,
-            lastSuccessfulSync: nil,
-            consecutiveFailures: 0,
-            roundsFinished: 0,
-            roundsFailed: 0,
-            recentRoundMilliseconds: [],
-            versionVector: VersionVector()
-        )
+        var status = PeerStatus(siteID: site, name: name, address: address.description, isConnected: false)
         status.foundBy = foundBy
         peers[site] = status
     }
@@ -445,18 +434,7 @@ public actor SyncNode: Service {
         connections[id] = entry
         var status =
             peers[hello.siteID]
-            ?? PeerStatus(
-                siteID: hello.siteID,
-                name: hello.nodeName,
-                address: address,
-                isConnected: true,
-                lastSuccessfulSync: nil,
-                consecutiveFailures: 0,
-                roundsFinished: 0,
-                roundsFailed: 0,
-                recentRoundMilliseconds: [],
-                versionVector: VersionVector()
-            )
+            ?? PeerStatus(siteID: hello.siteID, name: hello.nodeName, address: address, isConnected: true)
         status.isConnected = true
         status.everConnected = true
         status.lastError = nil

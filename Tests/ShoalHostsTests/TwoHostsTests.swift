@@ -63,7 +63,7 @@ struct TwoHostsTests {
         let siteB = try makeDatabase(b, name: "host-b", rows: 1)
         // Host b's system resolver knows no `.local` names (no nss-mdns): discovery must not need it.
         let nsswitch = hosts.directory.appendingPathComponent("nsswitch.conf").path
-        try "hosts: files dns\n".write(toFile: nsswitch, atomically: true, encoding: .utf8)
+        try "hosts: files\n".write(toFile: nsswitch, atomically: true, encoding: .utf8)
         #expect(try hosts.run(.b, ["mount", "--bind", nsswitch, "/etc/nsswitch.conf"]).status == 0)
         let nodeA = try await hosts.serve(.a, database: a, name: "host-a")
         defer { nodeA.stop() }
