@@ -55,7 +55,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
     private var browser: DNSServiceRef?
     private var resolving: [DNSServiceRef] = []
     /// Address queries in flight: the service found, waiting for its host's IPv4 address, and when asked.
-    private var querying: [DNSServiceRef: (service: DiscoveredService, since: timespec)] = [:]
+    private var querying: [DNSServiceRef: (service: DiscoveredService, since: ContinuousClock.Instant)] = [:]
     private var finished: [DNSServiceRef] = []
     /// Instance → interfaces it is currently seen on (each service arrives once per interface and family).
     private var seen: [String: Set<UInt32>] = [:]
@@ -236,7 +236,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
             }
             // An address that does not come within two seconds: fall back on the host name (the system resolver
             // may still know it).
-            for (ref, pending) in querying where Self.secondsSince(pending.since) > 2 {
+            for (ref, pending) in querying where ContinuousClock.now - pending.since > .seconds(2) {
                 sink.yield(.found(pending.service))
                 querying[ref] = nil
                 finished.append(ref)
@@ -314,7 +314,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
         let instance = fullName.split(separator: ".").first.map(String.init) ?? fullName
         let onLoopback = interface == if_nametoindex("lo")
         let hostName = String(host.dropLast(host.hasSuffix(".") ? 1 : 0))
-        var service = DiscoveredService(
+        let service = DiscoveredService(
             instance: Self.unescape(instance),
             siteID: value("site").flatMap { SiteID(hex: $0) },
             clusterID: value("cluster"),
@@ -346,10 +346,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
             sink.yield(.found(service))
             return
         }
-        service.host = hostName
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        querying[query] = (service, now)
+        querying[query] = (service, ContinuousClock.now)
     }
 
     fileprivate func answered(ref: DNSServiceRef?, flags: DNSServiceFlags, error: DNSServiceErrorType, rdata: [UInt8]) {
@@ -360,12 +357,6 @@ public final class MDNSDiscovery: @unchecked Sendable {
         sink.yield(.found(service))
         querying[ref] = nil
         finished.append(ref)
-    }
-
-    private static func secondsSince(_ start: timespec) -> Double {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Double(now.tv_sec - start.tv_sec) + Double(now.tv_nsec - start.tv_nsec) / 1e9
     }
 
     /// DNS-SD full names escape spaces and dots as `\032`, `\.`.

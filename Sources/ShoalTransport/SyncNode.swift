@@ -157,7 +157,6 @@ public actor SyncNode: Service {
                 guard !staticAddresses.contains(address.description) else { continue }
                 addressOrigins[address.description] = "remembered"
                 notePeer(known.siteID, name: "", address: address, foundBy: "remembered")
-                knownAddresses[known.siteID, default: []].insert(address.description)
                 group.addTask { await self.dialLoop(address, site: known.siteID) }
             }
             if configuration.mdns {
@@ -284,7 +283,6 @@ public actor SyncNode: Service {
             current.dialer.cancel()
         }
         addressOrigins[address.description] = "mdns"
-        knownAddresses[site, default: []].insert(address.description)
         eventSink.yield(.peerDiscovered(site, address: address.description))
         discoveredDialers[site] = (address, ContinuousClock.now, Task { await self.dialLoop(address, site: site) })
     }
@@ -350,9 +348,10 @@ public actor SyncNode: Service {
         }
     }
 
-    /// Lists a peer learned of before any connection (found by mDNS, or remembered), so status shows it and
-    /// why it cannot be reached.
+    /// Records an address of a peer learned of without a connection (found by mDNS, or remembered), and lists
+    /// the peer if it is new, so status shows it and why it cannot be reached.
     private func notePeer(_ site: SiteID, name: String, address: PeerAddress, foundBy: String) {
+        knownAddresses[site, default: []].insert(address.description)
         guard peers[site] == nil else { return }
         var status = PeerStatus(siteID: site, name: name, address: address.description, isConnected: false)
         status.foundBy = foundBy
