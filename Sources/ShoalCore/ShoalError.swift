@@ -9,6 +9,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case malformedMessage, frameTooLarge, unknownMessageType, versionMismatch, clusterMismatch, selfConnection
             case timeout, rejected
             case discoveryUnavailable
+            case counterNotInteger, valueTooLarge
         }
 
         private let base: Base
@@ -60,6 +61,12 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let rejected = Code(.rejected)
         /// mDNS discovery cannot work here (no Avahi daemon or D-Bus, a name conflict, …); static peers still do.
         public static let discoveryUnavailable = Code(.discoveryUnavailable)
+        /// A write put something other than an integer (text, a real, NULL, a blob, an overflowed sum) into a
+        /// counter column; it was refused and nothing was written.
+        public static let counterNotInteger = Code(.counterNotInteger)
+        /// A write stored a TEXT or BLOB value larger than the maximum a replicated table accepts; it was
+        /// refused and nothing was written.
+        public static let valueTooLarge = Code(.valueTooLarge)
 
         public var description: String { base.rawValue }
     }

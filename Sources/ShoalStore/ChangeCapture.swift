@@ -17,11 +17,15 @@ final class ChangeCapture {
     /// Set while the store applies remote changes or writes its own metadata: nothing is captured.
     var isSuspended = false
     private(set) var statementEvents: [CapturedEvent] = []
+    /// A write of the running statement that cannot be replicated (a value over the size maximum); the
+    /// store fails the statement with it.
+    var refusal: ShoalError?
     /// Net writes per replicated table (indexed like `tables`).
     private(set) var pending: [PendingTable] = []
     private var hasPending = false
 
     var hasUncommittedWork: Bool { !statementEvents.isEmpty || hasPending }
+    var hasPendingWrites: Bool { hasPending }
 
     /// The last table name the hook saw and its number (-1: not replicated), to skip a lookup per row.
     private var lastName: [CChar] = []
@@ -73,6 +77,36 @@ final class ChangeCapture {
             PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)
         )
         hasPending = true
+    }
+
+    /// Folds an event read from a table's outbox (a foreign connection's committed write).
+    func foldForeign(_ event: CapturedEvent) {
+        fold(event)
+    }
+
+    /// Folds net writes that happened after those pending now (this connection's own writes, taken out so
+    /// that the foreign writes that preceded them could be folded first).
+    func foldAfter(_ later: [PendingTable]) {
+        for (table, pendingTable) in later.enumerated() {
+            for (key, write) in pendingTable.rows {
+                guard let position = pending[table].position(of: key) else {
+                    pending[table].append(key, write)
+                    hasPending = true
+                    continue
+                }
+                var combined = pending[table].rows[position].write
+                combined.existsAfter = write.existsAfter
+                if let changed = write.changed, let earlier = combined.changed {
+                    combined.changed = zip(earlier, changed).map { $0 || $1 }
+                } else if write.changed == nil {
+                    combined.changed = nil
+                }
+                if let delta = write.counterDelta {
+                    combined.counterDelta = combined.counterDelta.map { zip($0, delta).map { $0 &+ $1 } } ?? delta
+                }
+                pending[table].update(at: position, combined)
+            }
+        }
     }
 
     private func fold(_ event: CapturedEvent) {
@@ -128,6 +162,7 @@ final class ChangeCapture {
         guard lastNumber >= 0 else { return }
         let number = lastNumber
         let table = tables[number]
+        if operation != SQLITE_DELETE, refusal == nil { refusal = oversizedValue(db, table) }
         switch operation {
         case SQLITE_INSERT:
             let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
@@ -174,6 +209,29 @@ final class ChangeCapture {
         default:
             break
         }
+    }
+
+    /// The refusal for a new TEXT or BLOB value larger than ``Store/maximumValueBytes``, if the row has one
+    /// (`sqlite3_value_bytes` is O(1): nothing is copied).
+    private func oversizedValue(_ db: OpaquePointer, _ table: ReplicatedTable) -> ShoalError? {
+        let keys = table.keyIsRowid ? [] : [(table.keyPositions, table.keyColumns)]
+        for (positions, names) in keys + [(table.columnPositions, table.columns)] {
+            for (position, name) in zip(positions, names) {
+                var value: OpaquePointer?
+                guard sqlite3_preupdate_new(db, position, &value) == SQLITE_OK, let value else { continue }
+                let type = sqlite3_value_type(value)
+                guard type == SQLITE_TEXT || type == SQLITE_BLOB else { continue }
+                let bytes = Int(sqlite3_value_bytes(value))
+                guard bytes > Store.maximumValueBytes else { continue }
+                return ShoalError(
+                    code: .valueTooLarge,
+                    message: "a \(type == SQLITE_TEXT ? "TEXT" : "BLOB") value of \(bytes) bytes written to "
+                        + "\(table.name).\(name) is larger than the maximum of \(Store.maximumValueBytes) bytes "
+                        + "(256 MiB) a replicated table accepts; nothing was written"
+                )
+            }
+        }
+        return nil
     }
 
     private func values(_ db: OpaquePointer, _ positions: [Int32], new: Bool) -> [SQLValue] {

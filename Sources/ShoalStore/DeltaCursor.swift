@@ -42,6 +42,7 @@ extension Store {
     /// Starts answering "what does `since` lack".
     public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
+        try captureForeignWritesIfIdle()
         let held = try versionVector()
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
         // Integer keys take 10 bytes in the log; each row listed carries about one change per column.

@@ -47,6 +47,13 @@ extension Store {
         }
         try refreshSchema()
         try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try stampForeignWrites()
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
         capture.isSuspended = true
         defer { capture.isSuspended = false }
         do throws(ShoalError) {

@@ -37,6 +37,7 @@ extension Store {
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            try stampForeignWrites()
             var report = CompactionReport()
             let start = compactionPosition ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
             let select = try statement(

@@ -24,6 +24,7 @@ extension Store {
     /// The order-independent digest of every replicated row (alive or deleted) with its clocks and values.
     public func digest() throws(ShoalError) -> StateDigest {
         try refreshSchema()
+        try captureForeignWritesIfIdle()
         try refreshSites()
         var digest = StateDigest()
         for table in capture.tables {
@@ -56,6 +57,7 @@ extension Store {
     /// Site id, version vector, tables with row and tombstone counts, conflicts and digest.
     public func status() throws(ShoalError) -> StoreStatus {
         try refreshSchema()
+        try captureForeignWritesIfIdle()
         var tables: [TableStatus] = []
         for table in capture.tables {
             let rows = Int(try connection.scalar("SELECT count(*) FROM \(quote(table.name))").integerValue ?? 0)

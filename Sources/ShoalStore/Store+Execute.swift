@@ -146,22 +146,44 @@ extension Store {
         let wrap = control == nil && connection.isAutocommit && !statement.isReadOnly
         if wrap { try connection.exec("BEGIN IMMEDIATE") }
         var rows: [[SQLValue]] = []
-        do {
+        do throws(ShoalError) {
             defer { statement.reset() }
             while try statement.step() { rows.append(statement.row()) }
+            if let refusal = capture.refusal { throw refusal }
             capture.statementSucceeded()
             if wrap {
                 try flushCaptured()
                 try connection.exec("COMMIT")
             }
         } catch {
+            let refusal = capture.refusal ?? refusalRaisedByTrigger()
+            capture.refusal = nil
             capture.statementFailed()
-            if wrap && !connection.isAutocommit { try? connection.exec("ROLLBACK") }
+            if wrap && !connection.isAutocommit {
+                try? connection.exec("ROLLBACK")
+            } else if let refusal, refusal.code == .valueTooLarge, !connection.isAutocommit {
+                // SQLite already stored the statement's rows; only undoing the transaction takes them back.
+                try? connection.exec("ROLLBACK")
+                endTransaction()
+                throw ShoalError(code: refusal.code, message: refusal.message + "; the open transaction was rolled back")
+            }
             if connection.isAutocommit { endTransaction() }
-            throw error
+            throw refusal ?? error
         }
         if connection.isAutocommit { endTransaction() }
         return rows
+    }
+
+    /// The typed error for a statement that one of Shoal's triggers aborted (a counter column given a
+    /// non-integer, or, on other connections, an oversized value), read from SQLite's last error
+    /// (`SQLITE_CONSTRAINT_TRIGGER`, a macro Swift does not import).
+    func refusalRaisedByTrigger() -> ShoalError? {
+        guard sqlite3_extended_errcode(connection.handle) == SQLITE_CONSTRAINT | (7 << 8) else { return nil }
+        let message = String(cString: sqlite3_errmsg(connection.handle))
+        let prefix = "shoal: "
+        guard message.hasPrefix(prefix) else { return nil }
+        let text = String(message.dropFirst(prefix.count))
+        return ShoalError(code: text.hasPrefix("counter") ? .counterNotInteger : .valueTooLarge, message: text)
     }
 
     func endTransaction() {
@@ -203,12 +225,15 @@ extension Store {
             capture.discardPending()
             return
         }
+        // Foreign writes committed before this transaction took its write lock come first.
+        if capture.hasPendingWrites { try drainOutbox() }
         let pending = capture.takePending()
         guard !pending.isEmpty else { return }
         try refreshSites()
         let stamp = try localStamp()
+        let wasSuspended = capture.isSuspended
         capture.isSuspended = true
-        defer { capture.isSuspended = false }
+        defer { capture.isSuspended = wasSuspended }
         var logKeys: [Int: [UInt8]] = [:]
         for (tableNumber, pendingTable) in pending.enumerated() where !pendingTable.isEmpty {
             let table = capture.tables[tableNumber]

@@ -113,12 +113,14 @@ extension Store {
         do throws(ShoalError) {
             let described = try describeTable(table, id: 0, counters: counters)
             try validateReplicable(described)
+            try validateCounters(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
                 [.text(table), .text(counters.joined(separator: ","))]
             )
             let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue!
             try connection.exec(try clockTableDefinition(described, id: id))
+            for sql in captureSchema(try describeTable(table, id: id, counters: counters)) { try connection.exec(sql) }
             try refreshSchema()
             guard let number = capture.tableNumbers[table] else {
                 throw ShoalError.corruptMetadata("table \(table) vanished while it was being replicated")
@@ -129,10 +131,12 @@ extension Store {
             let select = try connection.prepare(
                 "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))"
             )
+            let names = replicated.keyColumns + replicated.columns
             while try select.step() {
                 let row = select.row()
                 let key = Array(row[0..<replicated.keyColumns.count])
                 let values = row[replicated.keyColumns.count...]
+                try refuseUnreplicable(row, names: names, table: replicated)
                 let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
                 capture.addExistingRow(table: number, key: key, counterValues: counterValues)
             }
@@ -168,6 +172,64 @@ extension Store {
                 message: "table \(table.name) has a unique constraint (\(index)) besides its primary key; two nodes "
                     + "could each write a value the other holds, so such tables cannot be replicated"
             )
+        }
+    }
+
+    /// Counter columns merge by adding integers: they must be declared with an integer type and have an
+    /// integer DEFAULT (a row revived by a remote change may arrive without its counters, and NULL is not a
+    /// count).
+    private func validateCounters(_ table: ReplicatedTable) throws(ShoalError) {
+        guard table.hasCounters else { return }
+        for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
+            guard case .text(let column) = row[1], let index = table.columnIndex[column], table.isCounter[index]
+            else { continue }
+            let declared = if case .text(let type) = row[2] { type } else { "" }
+            guard declared.uppercased().contains("INT") else {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "column \(table.name).\(column) is declared \(declared.isEmpty ? "with no type" : declared); "
+                        + "a counter column must be declared INTEGER, since counters merge by adding integers"
+                )
+            }
+            let defaultValue = if case .text(let text) = row[4] { text } else { "" }
+            let literal = defaultValue.filter { $0 != "(" && $0 != ")" && $0 != " " }
+            guard Int64(literal) != nil else {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "counter column \(table.name).\(column) needs an integer DEFAULT (for example "
+                        + "`\(column) INTEGER DEFAULT 0`): a row revived by a remote change may arrive without its "
+                        + "counters, and a counter refuses NULL"
+                )
+            }
+        }
+    }
+
+    /// Refuses to replicate a table holding a row Shoal could not replicate: a counter that is not an
+    /// integer, a value over the size maximum.
+    private func refuseUnreplicable(_ row: [SQLValue], names: [String], table: ReplicatedTable) throws(ShoalError) {
+        let keyCount = table.keyColumns.count
+        for (position, value) in row.enumerated() {
+            let bytes: Int =
+                switch value {
+                case .text(let text): text.utf8.count
+                case .blob(let blob): blob.count
+                default: 0
+                }
+            if bytes > Self.maximumValueBytes {
+                throw ShoalError(
+                    code: .valueTooLarge,
+                    message: "\(table.name).\(names[position]) holds a value of \(bytes) bytes, larger than the maximum "
+                        + "of \(Self.maximumValueBytes) bytes a replicated table accepts; shorten it, then replicate"
+                )
+            }
+            let isInteger = if case .integer = value { true } else { false }
+            if position >= keyCount, table.isCounter[position - keyCount], !isInteger {
+                throw ShoalError(
+                    code: .counterNotInteger,
+                    message: "counter column \(table.name).\(names[position]) holds a value that is not an integer "
+                        + "(\(value)); counters merge by adding integers: fix the rows, then replicate"
+                )
+            }
         }
     }
 

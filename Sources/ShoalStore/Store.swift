@@ -66,6 +66,8 @@ public final class Store {
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
+    /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
+    var outboxCheckedAt: Int64?
 
     /// The local site's index in `shoal_sites`.
     static let localSiteIndex: Int64 = 1
@@ -84,8 +86,10 @@ public final class Store {
                 + "PRAGMA mmap_size = \(options.mmapSize)"
         )
         self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
+        try installOwnConnectionMarker()
         installHooks()
         try refreshSchema()
+        try installMissingCaptureTriggers()
     }
 
     deinit {
@@ -188,27 +192,35 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.discardPending()
                 store.transactionStamp = nil
+                store.outboxCheckedAt = nil
             },
             context
         )
         sqlite3_set_authorizer(
             connection.handle,
-            { context, action, first, second, _, _ in
+            { context, action, first, second, _, trigger in
                 guard let context else { return SQLITE_OK }
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 return store.authorize(
                     action: action,
                     first: first.map { String(cString: $0) },
-                    second: second.map { String(cString: $0) }
+                    second: second.map { String(cString: $0) },
+                    trigger: trigger.map { String(cString: $0) }
                 )
             },
             context
         )
     }
 
-    private func authorize(action: Int32, first: String?, second: String?) -> Int32 {
+    private func authorize(action: Int32, first: String?, second: String?, trigger: String?) -> Int32 {
         guard preparingUserStatement else { return SQLITE_OK }
+        // Shoal's capture triggers write the outbox (they are skipped on this connection, but still compiled).
+        if let trigger, trigger.hasPrefix("shoal_capture_") { return SQLITE_OK }
         switch action {
+        case SQLITE_CREATE_TRIGGER, SQLITE_CREATE_TEMP_TRIGGER, SQLITE_DROP_TRIGGER, SQLITE_DROP_TEMP_TRIGGER:
+            guard let first, first.lowercased().hasPrefix("shoal_") else { return SQLITE_OK }
+            authorizerDenial = "trigger \(first) belongs to Shoal's change capture and cannot be changed with SQL"
+            return SQLITE_DENY
         case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE, SQLITE_ALTER_TABLE:
             let table = action == SQLITE_ALTER_TABLE ? second : first
             guard let table else { return SQLITE_OK }

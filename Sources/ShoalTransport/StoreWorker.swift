@@ -80,13 +80,15 @@ actor StoreWorker {
         try store.digest()
     }
 
-    /// Whether another connection (another process) committed since the last call.
+    /// Whether another connection (another process) committed since the last call. Writes other SQLite
+    /// clients made to replicated tables are captured (given clocks and a dot) here, and at the first call.
     func changedElsewhere() throws(ShoalError) -> Bool {
         let version = try store.dataVersion()
         defer { lastDataVersion = version }
         let changed = lastDataVersion != 0 && version != lastDataVersion
-        if changed { self.changed() }
-        return changed
+        let captured = lastDataVersion == 0 || changed ? try store.captureForeignWrites() : false
+        if changed || captured { self.changed() }
+        return changed || captured
     }
 
     /// One slice of change-log compaction (replicated data is untouched: the digest stays valid).

@@ -11,7 +11,8 @@ extension ShoalCommand {
             abstract: "Run a node: listen for peers, dial static peers, and keep them in sync until stopped.",
             discussion: """
                 Prints `listening on HOST:PORT` once bound (port 0 picks a free port). Writes made to the same \
-                database by other processes (for example `shoal sql`) reach the peers within milliseconds. \
+                database by other processes, through `shoal sql` or any other SQLite client (the app's own driver, \
+                the `sqlite3` shell), reach the peers within milliseconds. \
                 Stop it with SIGINT or SIGTERM. Peers are not authenticated yet: the cluster id is the only gate, \
                 so listen on addresses only trusted machines can reach.
                 """

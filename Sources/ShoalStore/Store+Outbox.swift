@@ -1,0 +1,356 @@
+import CSQLite
+import ShoalCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Capture of writes made by other SQLite connections (the app's own driver, the `sqlite3` shell): the
+/// outbox.
+///
+/// Every replicated table carries three AFTER triggers (insert, update, delete) that append what changed to
+/// the table's outbox, `shoal_outbox_<id>`: the operation, the key (in columns declared with no type, so
+/// values keep their storage class), for updates a mask of the columns whose value or type changed, and the
+/// old and new values of counter columns. A primary key update is recorded as a delete of the old key and
+/// an insert of the new one. The triggers fire only on connections other than Shoal's: their `WHEN` clause
+/// asks `sqlite_compileoption_used('SHOAL_OWN_CONNECTION')`, which is 0 everywhere except on a store's own
+/// connection, where the store overrides that built-in function (so its own writes, captured by the
+/// pre-update hook, and its applies of remote changes pay nothing and never echo into the outbox).
+///
+/// The store *stamps* the outbox in a write transaction of its own: before its own writes are flushed, at
+/// the start of every apply and compaction, and when asked (``Store/captureForeignWrites()``, which a
+/// running node calls whenever SQLite's `data_version` says another connection committed). It folds the
+/// outbox rows, in order, into the same net per-row writes the hook produces, deletes them, and writes
+/// clocks and the change log, all in that one transaction. A foreign transaction is therefore never split
+/// across change sets; several foreign transactions drained together share one dot (one local sequence
+/// number), which is allowed: a dot names what this node wrote together, and they reach peers together.
+///
+/// The same triggers refuse, for foreign connections, values larger than ``Store/maximumValueBytes``; Shoal's
+/// own connection checks sizes in the pre-update hook instead. Counter columns have BEFORE triggers, which
+/// fire on every connection, refusing anything but an integer.
+extension Store {
+    /// The largest TEXT or BLOB value, in bytes, a replicated table accepts: 256 MiB. A larger value is
+    /// refused at write time (``ShoalError/Code/valueTooLarge``), by Shoal's connection and by any other.
+    public static let maximumValueBytes = 256 * 1024 * 1024
+
+    /// The compile-option name whose `sqlite_compileoption_used` answer tells Shoal's connection apart.
+    static let ownConnectionOption = "SHOAL_OWN_CONNECTION"
+
+    /// The outbox table of replicated table number `id`.
+    static func outboxTable(_ id: Int64) -> String { "shoal_outbox_\(id)" }
+
+    /// Overrides `sqlite_compileoption_used` on this connection: 1 for ``ownConnectionOption``, SQLite's
+    /// answer for anything else.
+    func installOwnConnectionMarker() throws(ShoalError) {
+        let flags = SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS
+        let code = sqlite3_create_function_v2(
+            connection.handle,
+            "sqlite_compileoption_used",
+            1,
+            flags,
+            nil,
+            { context, count, arguments in
+                guard count == 1, let arguments, let argument = arguments[0],
+                    sqlite3_value_type(argument) != SQLITE_NULL, let name = sqlite3_value_text(argument)
+                else {
+                    sqlite3_result_null(context)
+                    return
+                }
+                let option = UnsafeRawPointer(name).assumingMemoryBound(to: CChar.self)
+                if strcmp(option, Store.ownConnectionOption) == 0 {
+                    sqlite3_result_int(context, 1)
+                } else {
+                    sqlite3_result_int(context, sqlite3_compileoption_used(option))
+                }
+            },
+            nil,
+            nil,
+            nil
+        )
+        guard code == SQLITE_OK else { throw connection.error(code, "installing the capture switch") }
+    }
+
+    // MARK: - Triggers
+
+    /// The outbox table and the triggers of one replicated table.
+    func captureSchema(_ table: ReplicatedTable) -> [String] {
+        let outbox = Self.outboxTable(table.id)
+        let name = quote(table.name)
+        let when = "WHEN NOT sqlite_compileoption_used('\(Self.ownConnectionOption)')"
+        let keys = table.keyColumns.indices.map { "k\($0)" }
+        let counters = table.columns.indices.filter { table.isCounter[$0] }
+        let counterColumns = counters.flatMap { ["o\($0)", "n\($0)"] }
+        var statements: [String] = []
+        statements.append(
+            "CREATE TABLE IF NOT EXISTS \(outbox)(seq INTEGER PRIMARY KEY, op INTEGER NOT NULL, "
+                + (keys + ["changed"] + counterColumns).joined(separator: ", ") + ")"
+        )
+        let insertColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
+        func row(op: Int, _ side: String, changed: String, old: Bool, new: Bool) -> String {
+            let keyValues = table.keyColumns.map { "\(side).\(quote($0))" }
+            let counterValues = counters.flatMap { index in
+                [
+                    old ? "OLD.\(table.quotedColumns[index])" : "NULL",
+                    new ? "NEW.\(table.quotedColumns[index])" : "NULL",
+                ]
+            }
+            return ([String(op)] + keyValues + [changed] + counterValues).joined(separator: ", ")
+        }
+        // Whether a value differs, byte for byte and by storage class (a column's collation must not hide it).
+        func differs(_ column: String) -> String {
+            "(OLD.\(column) IS NOT NEW.\(column) COLLATE BINARY OR typeof(OLD.\(column)) IS NOT typeof(NEW.\(column)))"
+        }
+        let keyChanged = table.keyColumns.map { differs(quote($0)) }.joined(separator: " OR ")
+        let mask = table.quotedColumns.isEmpty ? "''" : table.quotedColumns.map(differs).joined(separator: " || ")
+        let everyColumn = (table.keyColumns.map(quote) + table.quotedColumns)
+        let tooLarge = everyColumn.map { "length(CAST(NEW.\($0) AS BLOB)) > \(Self.maximumValueBytes)" }
+            .joined(separator: " OR ")
+        let refuseLarge =
+            "SELECT RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
+            + "maximum of \(Self.maximumValueBytes) bytes (256 MiB) a replicated table accepts; nothing was "
+            + "written') WHERE \(tooLarge);"
+        let prefix = "shoal_capture_\(table.id)"
+        statements.append(
+            "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN \(refuseLarge) "
+                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 1, "NEW", changed: "NULL", old: false, new: true))); "
+                + "END"
+        )
+        statements.append(
+            "CREATE TRIGGER IF NOT EXISTS \(prefix)_update AFTER UPDATE ON \(name) \(when) BEGIN \(refuseLarge) "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "SELECT \(row(op: 2, "OLD", changed: "NULL", old: true, new: false)) WHERE \(keyChanged); "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "SELECT \(row(op: 1, "NEW", changed: "NULL", old: false, new: true)) WHERE \(keyChanged); "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "SELECT \(row(op: 3, "NEW", changed: mask, old: true, new: true)) WHERE NOT (\(keyChanged)); "
+                + "END"
+        )
+        statements.append(
+            "CREATE TRIGGER IF NOT EXISTS \(prefix)_delete AFTER DELETE ON \(name) \(when) BEGIN "
+                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 2, "OLD", changed: "NULL", old: true, new: false))); "
+                + "END"
+        )
+        if !counters.isEmpty {
+            // INSERT OR REPLACE deletes the row it replaces without firing delete triggers (unless the writer
+            // turned recursive triggers on): note the replaced row's counters, kept only when an insert of the
+            // same key follows at once.
+            let keyMatch = table.keyColumns.map { "\(quote($0)) IS NEW.\(quote($0))" }.joined(separator: " AND ")
+            let oldCounters = counters.flatMap { [table.quotedColumns[$0], "NULL"] }
+            statements.append(
+                "CREATE TRIGGER IF NOT EXISTS \(prefix)_replace BEFORE INSERT ON \(name) \(when) BEGIN "
+                    + "INSERT INTO \(outbox)(\(insertColumns)) SELECT "
+                    + (["4"] + table.keyColumns.map(quote) + ["NULL"] + oldCounters).joined(separator: ", ")
+                    + " FROM \(name) WHERE \(keyMatch); END"
+            )
+            // Counters merge by adding increments: anything but an integer cannot be merged, on any connection.
+            for index in counters {
+                let column = table.columns[index]
+                let quoted = table.quotedColumns[index]
+                let checks = [("null", "NULL"), ("real", "a REAL (integer overflow turns into one)"), ("text", "TEXT"),
+                    ("blob", "a BLOB")].map { kind, words in
+                    "SELECT RAISE(ABORT, 'shoal: counter column \(sqlText(table.name)).\(sqlText(column)) takes "
+                        + "integers only; this write puts \(words) in it, nothing was written') "
+                        + "WHERE typeof(NEW.\(quoted)) = '\(kind)';"
+                }.joined(separator: " ")
+                statements.append(
+                    "CREATE TRIGGER IF NOT EXISTS \(prefix)_counter\(index)_insert BEFORE INSERT ON \(name) "
+                        + "WHEN typeof(NEW.\(quoted)) IS NOT 'integer' BEGIN \(checks) END"
+                )
+                statements.append(
+                    "CREATE TRIGGER IF NOT EXISTS \(prefix)_counter\(index)_update BEFORE UPDATE OF \(quoted) ON "
+                        + "\(name) WHEN typeof(NEW.\(quoted)) IS NOT 'integer' BEGIN \(checks) END"
+                )
+            }
+        }
+        return statements
+    }
+
+    /// Creates the outbox and triggers of every replicated table that lacks them (databases replicated by
+    /// an earlier version): a migration run when the store opens.
+    func installMissingCaptureTriggers() throws(ShoalError) {
+        var missing: [ReplicatedTable] = []
+        let exists = try statement("SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?")
+        for table in capture.tables {
+            try exists.bind([.text("shoal_capture_\(table.id)_delete")])
+            let present = try exists.step() && exists.columnInt64(0) > 0
+            exists.reset()
+            if !present { missing.append(table) }
+        }
+        guard !missing.isEmpty else { return }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            for table in missing {
+                for sql in captureSchema(table) { try connection.exec(sql) }
+            }
+            try connection.exec("COMMIT")
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+        schemaVersion = -1
+        try refreshSchema()
+    }
+
+    // MARK: - Draining
+
+    /// Captures writes other SQLite connections made to replicated tables since the last call: gives them
+    /// clocks and a dot of this node in one transaction. Returns whether there were any.
+    ///
+    /// A running node calls this whenever SQLite's `data_version` changes; reads that must see every write
+    /// (``changes(since:maxChangesPerBatch:)``, ``digest()``, ``status()``, ``deltaCursor(since:)``) call
+    /// it too, and every write transaction of the store stamps pending foreign writes first.
+    @discardableResult
+    public func captureForeignWrites() throws(ShoalError) -> Bool {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(
+                code: .invalidArgument,
+                message: "capture foreign writes outside of any open transaction"
+            )
+        }
+        try refreshSchema()
+        guard try outboxMayHoldRows() else { return false }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            let found = try stampForeignWrites()
+            try connection.exec("COMMIT")
+            return found
+        } catch {
+            capture.discardPending()
+            transactionStamp = nil
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// ``captureForeignWrites()`` when no transaction is open; nothing otherwise (an open transaction of
+    /// the store stamps them when it writes).
+    func captureForeignWritesIfIdle() throws(ShoalError) {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else { return }
+        try captureForeignWrites()
+    }
+
+    /// Inside a write transaction that has no captured writes of its own (apply, compaction): stamps the
+    /// outbox with a dot of its own. Returns whether there was anything.
+    @discardableResult
+    func stampForeignWrites() throws(ShoalError) -> Bool {
+        guard try drainOutbox() else { return false }
+        try flushCaptured()
+        transactionStamp = nil
+        return true
+    }
+
+    /// Whether another connection committed since the outbox was last found empty (cheap: one pragma).
+    func outboxMayHoldRows() throws(ShoalError) -> Bool {
+        guard !capture.tables.isEmpty else { return false }
+        let version = try statement("PRAGMA data_version")
+        defer { version.reset() }
+        guard try version.step() else { return true }
+        let current = version.columnInt64(0)
+        return outboxCheckedAt != current
+    }
+
+    /// Folds every outbox row into the capture's pending writes, ahead of any writes this connection made
+    /// in the open transaction (the outbox holds only commits that came before it), and empties the outbox.
+    /// Must run in a write transaction. Returns whether the outbox held anything.
+    @discardableResult
+    func drainOutbox() throws(ShoalError) -> Bool {
+        guard try outboxMayHoldRows() else { return false }
+        let version = try statement("PRAGMA data_version")
+        try version.step()
+        let checkedAt = version.columnInt64(0)
+        version.reset()
+        var own: [PendingTable]?
+        for (number, table) in capture.tables.enumerated() {
+            let outbox = Self.outboxTable(table.id)
+            let counters = table.columns.indices.filter { table.isCounter[$0] }
+            let keyCount = table.keyColumns.count
+            let select = try statement(
+                "SELECT " + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
+                    + counters.flatMap { ["o\($0)", "n\($0)"] }).joined(separator: ", ")
+                    + " FROM \(outbox) ORDER BY seq"
+            )
+            var events: [CapturedEvent] = []
+            var replaced: (key: PendingKey, counters: [Int64])?
+            do {
+                defer { select.reset() }
+                while try select.step() {
+                    let op = select.columnInt64(0)
+                    let keyValues = (0..<keyCount).map { select.column(1 + $0) }
+                    let key: PendingKey =
+                        table.keyIsRowid ? .rowid(keyValues[0].integerValue ?? 0) : .values(keyValues)
+                    func counterValues(new: Bool) -> [Int64] {
+                        var values = table.noDelta
+                        for (position, index) in counters.enumerated() {
+                            values[index] = select.column(keyCount + 2 + 2 * position + (new ? 1 : 0)).integerValue ?? 0
+                        }
+                        return values
+                    }
+                    let pendingReplace = replaced
+                    replaced = nil
+                    switch op {
+                    case 1:
+                        if let pendingReplace, pendingReplace.key == key {
+                            events.append(
+                                CapturedEvent(
+                                    table: number,
+                                    kind: .delete,
+                                    key: key,
+                                    changed: nil,
+                                    counterDelta: pendingReplace.counters.map { 0 &- $0 }
+                                )
+                            )
+                        }
+                        events.append(
+                            CapturedEvent(
+                                table: number,
+                                kind: .insert,
+                                key: key,
+                                changed: nil,
+                                counterDelta: table.hasCounters ? counterValues(new: true) : nil
+                            )
+                        )
+                    case 2:
+                        events.append(
+                            CapturedEvent(
+                                table: number,
+                                kind: .delete,
+                                key: key,
+                                changed: nil,
+                                counterDelta: table.hasCounters ? counterValues(new: false).map { 0 &- $0 } : nil
+                            )
+                        )
+                    case 3:
+                        guard case .text(let maskText) = select.column(keyCount + 1),
+                            maskText.utf8.count == table.columns.count
+                        else { throw ShoalError.corruptMetadata("bad change mask in \(outbox)") }
+                        let changed = maskText.utf8.map { $0 == UInt8(ascii: "1") }
+                        var delta: [Int64]?
+                        if table.hasCounters {
+                            delta = zip(counterValues(new: true), counterValues(new: false)).map { $0 &- $1 }
+                        }
+                        events.append(
+                            CapturedEvent(table: number, kind: .update, key: key, changed: changed, counterDelta: delta)
+                        )
+                    case 4:
+                        replaced = (key, counterValues(new: false))
+                    default:
+                        throw ShoalError.corruptMetadata("unknown operation \(op) in \(outbox)")
+                    }
+                }
+            }
+            guard !events.isEmpty else { continue }
+            if own == nil { own = capture.takePending() }
+            for event in events { capture.foldForeign(event) }
+            try statement("DELETE FROM \(outbox)").run()
+        }
+        outboxCheckedAt = checkedAt
+        guard let own else { return false }
+        capture.foldAfter(own)
+        return true
+    }
+}
+
+/// Escapes text for a single-quoted SQL string literal.
+private func sqlText(_ text: String) -> String {
+    text.split(separator: "'", omittingEmptySubsequences: false).joined(separator: "''")
+}
