@@ -96,7 +96,7 @@ let package = Package(
         .executableTarget(
             name: "ShoalBench",
             dependencies: [
-                "Shoal", "ShoalToolSupport",
+                "Shoal", "ShoalToolSupport", "CSQLite",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -82,14 +82,31 @@ actor StoreWorker {
 
     /// Whether another connection (another process) committed since the last call. Writes other SQLite
     /// clients made to replicated tables are captured (given clocks and a dot) here, and at the first call.
+    /// A capture that failed (the file busy beyond SQLite's timeout, say) is retried with backoff, and the
+    /// error is thrown to the caller once per failure.
     func changedElsewhere() throws(ShoalError) -> Bool {
         let version = try store.dataVersion()
-        defer { lastDataVersion = version }
         let changed = lastDataVersion != 0 && version != lastDataVersion
-        let captured = lastDataVersion == 0 || changed ? try store.captureForeignWrites() : false
+        let now = SystemWallClock().nowMilliseconds()
+        var captured = false
+        if lastDataVersion == 0 || changed || (captureFailures > 0 && now >= captureRetryAt) {
+            do {
+                captured = try store.captureForeignWrites()
+                captureFailures = 0
+            } catch {
+                captureFailures += 1
+                captureRetryAt = now + min(30_000, 100 << UInt64(min(captureFailures, 9)))
+                lastDataVersion = version
+                throw error
+            }
+        }
+        lastDataVersion = version
         if changed || captured { self.changed() }
         return changed || captured
     }
+
+    private var captureFailures = 0
+    private var captureRetryAt: UInt64 = 0
 
     /// One slice of change-log compaction (replicated data is untouched: the digest stays valid).
     func compactLog(maxEntries: Int) throws(ShoalError) -> CompactionReport {

@@ -336,7 +336,12 @@ public actor SyncNode: Service {
         _ = try await worker.changedElsewhere()
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
-            if try await worker.changedElsewhere() { broadcast(.localChange) }
+            do {
+                if try await worker.changedElsewhere() { broadcast(.localChange) }
+            } catch {
+                // Retried with backoff by the worker; other writers' changes wait, nothing is lost.
+                configuration.logger.warning("capturing other connections' writes failed", metadata: ["error": "\(error)"])
+            }
         }
     }
 

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CSQLite
 import Foundation
 import Shoal
 
@@ -21,7 +22,7 @@ struct StoreBenchmark: ParsableCommand {
     @Option(help: "Runs per figure (the median is reported).") var runs = 5
     @Option(help: "Rows in the bulk transaction.") var rows = 100_000
     @Option(help: "One-row transactions.") var transactions = 5_000
-    @Option(help: "Run one phase only, for profiling: write, single, apply or compact.") var only: String?
+    @Option(help: "Run one phase only, for profiling: write, foreign, single, apply or compact.") var only: String?
 
     func run() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-bench-\(getpid())")
@@ -38,6 +39,8 @@ struct StoreBenchmark: ParsableCommand {
 
         var plainBulk: [Double] = []
         var replicatedBulk: [Double] = []
+        var foreignPlain: [Double] = []
+        var foreignReplicated: [Double] = []
         var plainSingle: [Double] = []
         var replicatedSingle: [Double] = []
         var apply: [Double] = []
@@ -61,6 +64,23 @@ struct StoreBenchmark: ParsableCommand {
                     }
                 }
                 if replicated { replicatedBulk.append(seconds) } else { plainBulk.append(seconds) }
+            }
+            // The bulk transaction written by a plain second SQLite connection (an app's own driver), into a
+            // plain table, then into a replicated one followed by the store capturing it (one dot).
+            for replicated in [false, true] where only == nil || only == "foreign" {
+                let store = try freshStore(replicated: replicated)
+                let seconds = try time {
+                    try insertWithPlainConnection(path: store.path, rows: rows)
+                    if replicated {
+                        guard try store.captureForeignWrites() else { throw ValidationError("nothing captured") }
+                    }
+                }
+                if replicated {
+                    guard try logEntries(store) == 1 else { throw ValidationError("the foreign transaction was split") }
+                    foreignReplicated.append(seconds)
+                } else {
+                    foreignPlain.append(seconds)
+                }
             }
             // Single-row transactions.
             for replicated in [false, true] where only == nil || only == "single" {
@@ -113,6 +133,9 @@ struct StoreBenchmark: ParsableCommand {
             ("write_plain_rows_per_s", Double(rows) / median(plainBulk)),
             ("write_replicated_rows_per_s", Double(rows) / median(replicatedBulk)),
             ("write_overhead_ratio", median(replicatedBulk) / median(plainBulk)),
+            ("foreign_plain_rows_per_s", Double(rows) / median(foreignPlain)),
+            ("foreign_captured_rows_per_s", Double(rows) / median(foreignReplicated)),
+            ("foreign_write_overhead_ratio", median(foreignReplicated) / median(foreignPlain)),
             ("single_tx_plain_per_s", Double(transactions) / median(plainSingle)),
             ("single_tx_replicated_per_s", Double(transactions) / median(replicatedSingle)),
             ("single_tx_overhead_ratio", median(replicatedSingle) / median(plainSingle)),
@@ -136,6 +159,34 @@ struct StoreBenchmark: ParsableCommand {
             }
         }
     }
+}
+
+/// Inserts `rows` rows into `t` in one transaction through a plain SQLite connection of its own (the C API,
+/// as an application's own driver would), not through Shoal.
+func insertWithPlainConnection(path: String, rows: Int) throws {
+    var handle: OpaquePointer?
+    guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let handle else {
+        throw ValidationError("cannot open \(path)")
+    }
+    defer { sqlite3_close_v2(handle) }
+    sqlite3_busy_timeout(handle, 10_000)
+    func check(_ code: Int32, _ expected: Int32 = SQLITE_OK) throws {
+        guard code == expected else { throw ValidationError(String(cString: sqlite3_errmsg(handle))) }
+    }
+    try check(sqlite3_exec(handle, "PRAGMA synchronous = NORMAL; BEGIN", nil, nil, nil))
+    var insert: OpaquePointer?
+    try check(sqlite3_prepare_v2(handle, "INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)", -1, &insert, nil))
+    defer { sqlite3_finalize(insert) }
+    let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+    for id in 0..<rows {
+        sqlite3_bind_int64(insert, 1, Int64(id))
+        sqlite3_bind_text(insert, 2, "row \(id)", -1, transient)
+        sqlite3_bind_int64(insert, 3, Int64(id) * 7)
+        sqlite3_bind_double(insert, 4, Double(id) / 3)
+        try check(sqlite3_step(insert), SQLITE_DONE)
+        sqlite3_reset(insert)
+    }
+    try check(sqlite3_exec(handle, "COMMIT", nil, nil, nil))
 }
 
 /// How many entries the change log holds.
