@@ -50,6 +50,13 @@ public struct ByteReader {
         }
     }
 
+    /// Reads a varint length, refusing one longer than what is left (so no count can overflow or trap).
+    public mutating func readLength() throws(ShoalError) -> Int {
+        let length = try readVarint()
+        guard length <= UInt64(bytes.count - offset) else { throw ShoalError.corruptMetadata("truncated encoding") }
+        return Int(length)
+    }
+
     public mutating func readBigEndianUInt64() throws(ShoalError) -> UInt64 {
         guard bytes.count - offset >= 8 else { throw ShoalError.corruptMetadata("truncated encoding") }
         var value: UInt64 = 0

@@ -108,7 +108,12 @@ final class SQLiteStatement {
         case .null: code = sqlite3_bind_null(handle, position)
         case .integer(let integer): code = sqlite3_bind_int64(handle, position, integer)
         case .real(let real): code = sqlite3_bind_double(handle, position, real)
-        case .text(let text): code = sqlite3_bind_text(handle, position, text, -1, SQLITE_TRANSIENT)
+        case .text(let text):
+            // By byte count, never up to the first NUL.
+            var text = text
+            code = text.withUTF8 { buffer in bindText(UnsafeRawBufferPointer(buffer), at: position) }
+        case .invalidText(let bytes):
+            code = bytes.withUnsafeBytes { buffer in bindText(buffer, at: position) }
         case .blob(let bytes):
             code = bytes.withUnsafeBytes { buffer in
                 sqlite3_bind_blob64(
@@ -121,6 +126,18 @@ final class SQLiteStatement {
             }
         }
         guard code == SQLITE_OK else { throw connection.error(code) }
+    }
+
+    /// Binds TEXT of exactly these bytes (NULs and invalid UTF-8 included; SQLite stores them as they are).
+    private func bindText(_ buffer: UnsafeRawBufferPointer, at position: Int32) -> Int32 {
+        sqlite3_bind_text64(
+            handle,
+            position,
+            (buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!).assumingMemoryBound(to: CChar.self),
+            sqlite3_uint64(buffer.count),
+            SQLITE_TRANSIENT,
+            UInt8(SQLITE_UTF8)
+        )
     }
 
     func bind(_ bytes: [UInt8], at index: Int) throws(ShoalError) {
@@ -177,9 +194,8 @@ final class SQLiteStatement {
         case SQLITE_INTEGER: return .integer(sqlite3_column_int64(handle, position))
         case SQLITE_FLOAT: return .real(sqlite3_column_double(handle, position))
         case SQLITE_TEXT:
-            guard let text = sqlite3_column_text(handle, position) else { return .text("") }
-            let count = Int(sqlite3_column_bytes(handle, position))
-            return .text(String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self))
+            let text = sqlite3_column_text(handle, position)
+            return .text(start: text, count: Int(sqlite3_column_bytes(handle, position)))
         case SQLITE_BLOB:
             let count = Int(sqlite3_column_bytes(handle, position))
             guard count > 0, let bytes = sqlite3_column_blob(handle, position) else { return .blob([]) }
@@ -211,9 +227,8 @@ func sqlValue(_ value: OpaquePointer?) -> SQLValue {
     case SQLITE_INTEGER: return .integer(sqlite3_value_int64(value))
     case SQLITE_FLOAT: return .real(sqlite3_value_double(value))
     case SQLITE_TEXT:
-        guard let text = sqlite3_value_text(value) else { return .text("") }
-        let count = Int(sqlite3_value_bytes(value))
-        return .text(String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self))
+        let text = sqlite3_value_text(value)
+        return .text(start: text, count: Int(sqlite3_value_bytes(value)))
     case SQLITE_BLOB:
         let count = Int(sqlite3_value_bytes(value))
         guard count > 0, let bytes = sqlite3_value_blob(value) else { return .blob([]) }

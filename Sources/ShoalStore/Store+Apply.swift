@@ -33,7 +33,8 @@ extension Store {
     ///
     /// `claim` is what the sender says the receiver holds once these changes (and `since`) are applied; it
     /// is merged into the version vector only if this database already holds `since`, the version the
-    /// changes were cut for. Everything is validated before anything is written: an unknown table or column,
+    /// changes were cut for, and only as far as the changes prove it (``provenClaim(_:changes:held:)``: a
+    /// raised claim is clipped to what was received, on the live and the offline path alike). Everything is validated before anything is written: an unknown table or column,
     /// a clock beyond the drift bound, or changes claiming this database's own site id for sequence numbers
     /// it never issued are refused with nothing applied.
     @discardableResult
@@ -46,6 +47,13 @@ extension Store {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
         }
         try refreshSchema()
+        if changes.isEmpty, since == nil {
+            // Nothing to merge, and a claim alone proves nothing beyond what is held (see `provenClaim`):
+            // check it, and write nothing, so an idle round stays read-only.
+            try refreshSites()
+            _ = try validate(changes, claim: claim, since: since)
+            return ApplyReport()
+        }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             try stampForeignWrites()
@@ -288,7 +296,8 @@ extension Store {
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
                     + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
             )
-            for (site, seq) in claim.entries where site != siteID && seq > held[site] {
+            for (site, seq) in Self.provenClaim(claim, changes: changes, held: held).entries
+            where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
                 try upsert.run()
             }
@@ -303,6 +312,37 @@ extension Store {
             report.conflicts = conflicts.count
         }
         return report
+    }
+
+    /// The part of `claim` that the changes themselves prove, given what is `held`.
+    ///
+    /// A version vector may only advance to what was received and checked: for each site, the claim is taken
+    /// up to the highest of what this database already holds and the highest seq of that site among the
+    /// changes received (a sender only sends dots its own vector covers, and sends every one that still has
+    /// an effect, so the dots below a received one are received, held, or overwritten by what was received).
+    /// Anything above is clipped, never trusted: a raised claim cannot make this database skip changes it
+    /// never received. A site whose newest transactions were all overwritten before they were sent stays
+    /// lower here until that site writes again; nothing of it is missing (what it wrote was overwritten by
+    /// changes this database holds), and later exchanges still deliver everything.
+    static func provenClaim(_ claim: VersionVector, changes: [Change], held: VersionVector) -> VersionVector {
+        var highest: [SiteID: UInt64] = [:]
+        var site: SiteID?
+        var seq: UInt64 = 0
+        for change in changes {
+            // Changes come grouped by site: fold runs without a dictionary lookup per change.
+            if change.stamp.site != site {
+                if let site { highest[site] = max(highest[site] ?? 0, seq) }
+                site = change.stamp.site
+                seq = 0
+            }
+            seq = max(seq, change.stamp.seq)
+        }
+        if let site { highest[site] = max(highest[site] ?? 0, seq) }
+        var proven = VersionVector()
+        for (site, claimed) in claim.entries {
+            proven.advance(site, to: min(claimed, max(held[site], highest[site] ?? 0)))
+        }
+        return proven
     }
 
     /// Records a conflict when an incoming column write met a concurrent one with a different value:

@@ -14,6 +14,44 @@ extension Store {
         return batches
     }
 
+    /// Writes the offline stream (``ChangeStream``) of every held change `since` lacks: the header, one line
+    /// per change, and the trailer, handing `write` about `chunkBytes` of whole lines at a time as they are
+    /// produced, so a reader can parse while the rest is read. Everything comes from one read snapshot, so
+    /// the header's claim is exactly what the lines deliver. Returns the number of changes written.
+    @discardableResult
+    public func writeChangeStream(
+        since: VersionVector,
+        chunkBytes: Int = 1 << 20,
+        write: ([UInt8]) throws(ShoalError) -> Void
+    ) throws(ShoalError) -> Int {
+        let snapshot = connection.isAutocommit
+        if snapshot { try connection.exec("BEGIN") }
+        defer { if snapshot { try? connection.exec("COMMIT") } }
+        let cursor = try deltaCursor(since: since)
+        var buffer = Array(ChangeStream.headerLine(
+            .init(site: siteID, since: since, claim: since.merging(cursor.held))
+        ).utf8)
+        buffer.append(0x0A)
+        buffer.reserveCapacity(chunkBytes + 4096)
+        var writer = ChangeStream.Writer()
+        var count = 0
+        while let batch = try nextBatch(cursor, maxChanges: 10_000) {
+            for change in batch.changes {
+                writer.append(change, to: &buffer)
+                buffer.append(0x0A)
+                count += 1
+                if buffer.count >= chunkBytes {
+                    try write(buffer)
+                    buffer.removeAll(keepingCapacity: true)
+                }
+            }
+        }
+        buffer.append(contentsOf: ChangeStream.trailerLine(count: count).utf8)
+        buffer.append(0x0A)
+        try write(buffer)
+        return count
+    }
+
     /// The changes of transaction `dot` that row `key` still holds.
     func collect(
         dot: Dot,

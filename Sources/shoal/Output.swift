@@ -28,6 +28,7 @@ enum Output {
         case .integer(let integer): integer
         case .real(let real): real.isFinite ? real : String(real)
         case .text(let text): text
+        case .invalidText(let bytes): ["text_base64": Data(bytes).base64EncodedString()]
         case .blob(let bytes): ["blob": Data(bytes).base64EncodedString()]
         }
     }

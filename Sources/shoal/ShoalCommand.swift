@@ -96,7 +96,8 @@ extension ShoalCommand {
         @OptionGroup var database: DatabaseOptions
         @Option(
             help: ArgumentHelp(
-                "Only changes this version lacks: a JSON version vector, or a file holding one or a stream header.",
+                "Only changes this version lacks: a JSON version vector, what `shoal status --json` prints, or a "
+                    + "stream header; or a file holding one of them (or a whole stream).",
                 valueName: "file-or-json"
             )
         )
@@ -105,27 +106,23 @@ extension ShoalCommand {
         func run() throws {
             let store = try database.open()
             var vector = VersionVector()
-            if let since {
-                let text =
-                    FileManager.default.fileExists(atPath: since)
-                    ? try String(contentsOfFile: since, encoding: .utf8).split(separator: "\n").first.map(String.init)
-                        ?? ""
-                    : since
-                vector = try ChangeStream.parseVersionVector(json: text)
+            if let since { vector = try Self.versionVector(since) }
+            try store.writeChangeStream(since: vector) { (bytes) throws(ShoalError) in try StandardStreams.write(bytes) }
+        }
+
+        /// The vector in `argument`: JSON, or a file holding JSON (the whole file, or its first line).
+        static func versionVector(_ argument: String) throws -> VersionVector {
+            guard FileManager.default.fileExists(atPath: argument) else {
+                return try ChangeStream.parseVersionVector(json: argument)
             }
-            let batches = try store.changes(since: vector)
-            let claim = batches.last?.claim ?? VersionVector()
-            var output = FileHandleOutput()
-            output.write(ChangeStream.headerLine(.init(site: store.siteID, since: vector, claim: claim)))
-            var count = 0
-            for batch in batches {
-                for change in batch.changes {
-                    output.write(ChangeStream.line(for: change))
-                    count += 1
-                }
+            guard let data = FileManager.default.contents(atPath: argument) else {
+                throw ShoalError(code: .invalidArgument, message: "cannot read \(argument)")
             }
-            output.write(ChangeStream.trailerLine(count: count))
-            output.flush()
+            let text = String(decoding: data, as: UTF8.self)
+            if let vector = try? ChangeStream.parseVersionVector(json: text) { return vector }
+            return try ChangeStream.parseVersionVector(
+                json: text.split(separator: "\n", maxSplits: 1).first.map(String.init) ?? ""
+            )
         }
     }
 
@@ -139,21 +136,33 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open()
-            let data: Data
+            let descriptor: Int32
             if file == "-" {
-                data = FileHandle.standardInput.readDataToEndOfFile()
+                descriptor = 0
             } else {
-                guard let contents = FileManager.default.contents(atPath: file) else {
+                descriptor = open(file, O_RDONLY)
+                guard descriptor >= 0 else {
                     throw ShoalError(code: .invalidArgument, message: "cannot read \(file): no such readable file")
                 }
-                data = contents
             }
-            let text = String(decoding: data, as: UTF8.self)
-            let stream = try ChangeStream.parse(lines: text.split(separator: "\n", omittingEmptySubsequences: false))
+            defer { if descriptor != 0 { close(descriptor) } }
+            // Parse lines as they arrive, while the sender is still writing.
+            var parser = ChangeStream.Parser()
+            try StandardStreams.readLines(descriptor) { (line) throws(ShoalError) in try parser.consume(line: line) }
+            let stream = try parser.finish()
             FileHandle.standardError.write(
                 Data("applying \(stream.changes.count) changes from \(stream.site.hex)\n".utf8)
             )
             let report = try store.apply(stream.changes, claim: stream.claim, since: stream.since)
+            let held = try store.versionVector()
+            if !held.dominatesOrEquals(stream.claim) {
+                FileHandle.standardError.write(
+                    Data(
+                        ("the stream claims \(stream.claim) but proves only part of it; this database now holds "
+                            + "\(held)\n").utf8
+                    )
+                )
+            }
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
         }
     }

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import ShoalCore
@@ -121,5 +122,114 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         let batches = try a.changes(since: since)
         #expect(code { try b.apply(batches[0].changes, claim: batches[0].claim, since: since) } == .streamNotApplicable)
         #expect(try b.versionVector().isEmpty)
+    }
+
+    /// Rewrites the header's claim of a stream file.
+    private func forgeClaim(_ file: URL, _ edit: (inout [String: UInt64]) -> Void) throws {
+        var lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n").map(String.init)
+        var header = try JSONDecoder().decode(ChangeStream.Header.self, from: Data(lines[0].utf8))
+        edit(&header.claim)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        lines[0] = String(decoding: try encoder.encode(header), as: UTF8.self)
+        try (lines.joined(separator: "\n") + "\n").write(to: file, atomically: true, encoding: .utf8)
+    }
+
+    @Test func aRaisedClaimInAStreamFileIsClippedToWhatItCarries() throws {
+        let directory = try temporaryDirectory("claim")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = directory.appendingPathComponent("a.db")
+        let b = directory.appendingPathComponent("b.db")
+        for db in [a, b] {
+            try shoal(["init", "--db", db.path])
+            try shoal(["sql", "--db", db.path, "CREATE TABLE t(k INTEGER PRIMARY KEY, v)"])
+            try shoal(["replicate", "--db", db.path, "t"])
+        }
+        for k in 1...3 { try shoal(["sql", "--db", a.path, "INSERT INTO t VALUES (\(k), 'v\(k)')"]) }
+        let siteA = try Store(path: a.path).siteID
+        let stranger = SiteID.random()
+        let file = directory.appendingPathComponent("stream.jsonl")
+        try shoal(["changes", "--db", a.path]).write(to: file, atomically: true, encoding: .utf8)
+        try forgeClaim(file) { claim in
+            claim[siteA.hex] = 1_000
+            claim[stranger.hex] = 50
+        }
+        let said = try shoal(["apply", "--db", b.path, file.path])
+        #expect(said.contains("applied: 3"))
+        // b holds a's changes 1 to 3, and claims exactly that: not 1,000, and nothing of a site it never saw.
+        #expect(try Store(path: b.path).versionVector() == VersionVector([siteA: 3]))
+
+        // a writes more; honest exchanges from b's own status deliver all of it.
+        for k in 4...6 { try shoal(["sql", "--db", a.path, "INSERT INTO t VALUES (\(k), 'v\(k)')"]) }
+        let status = try shoal(["status", "--db", b.path, "--json"])
+        try pipeChanges(from: a, to: b, since: status)
+        let storeB = try Store(path: b.path)
+        #expect(try storeB.execute("SELECT count(*) FROM t").rows == [[.integer(6)]])
+        #expect(try storeB.versionVector() == VersionVector([siteA: 6]))
+        #expect(try storeB.digest() == Store(path: a.path).digest())
+    }
+
+    @Test func aClaimWithoutChangesAdvancesNothingOnTheLivePathEither() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        try makeItems(a)
+        try makeItems(b)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'a')")
+        try a.execute("INSERT INTO items(id, name) VALUES (2, 'b')")
+        let batches = try a.changes(since: VersionVector())
+        var raised = batches.last!.claim
+        raised.advance(a.siteID, to: 40)
+        raised.advance(SiteID.random(), to: 9)
+        try b.apply([], claim: raised)
+        #expect(try b.versionVector().isEmpty)
+        try b.apply(batches.flatMap(\.changes), claim: raised)
+        #expect(try b.versionVector() == VersionVector([a.siteID: 2]))
+        // Later writes still arrive through the ordinary exchange.
+        try a.execute("INSERT INTO items(id, name) VALUES (3, 'c')")
+        try sync(a, b)
+        #expect(try b.versionVector() == a.versionVector())
+        #expect(try b.digest() == a.digest())
+    }
+
+    @Test func aStreamWhoseChangesWereCompactedAwayStillCatchesTheReceiverUp() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        try makeItems(a)
+        try makeItems(b)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'first')")
+        for round in 1...5 { try a.execute("UPDATE items SET name = 'name \(round)' WHERE id = 1") }
+        try a.execute("INSERT INTO items(id, name) VALUES (2, 'other')")
+        try a.execute("UPDATE items SET name = 'last' WHERE id = 2")
+        while try !a.compactLog(maxEntries: 3).reachedEnd {}
+        let batches = try a.changes(since: VersionVector())
+        let carried = Set(batches.flatMap(\.changes).map(\.stamp.seq))
+        #expect(carried.count < 8, "compaction left every transaction")
+        for batch in batches { try b.apply(batch.changes, claim: batch.claim) }
+        #expect(try b.versionVector() == a.versionVector())
+        #expect(try b.digest() == a.digest())
+    }
+
+    @Test func aSiteWhoseLastWritesWereOverwrittenCatchesUpOnItsNextWrite() throws {
+        let a = try makeStore()
+        let c = try makeStore()
+        let b = try makeStore()
+        for store in [a, b, c] { try makeItems(store) }
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'from a')")
+        try sync(a, b)
+        try a.execute("UPDATE items SET name = 'edited on a' WHERE id = 1")
+        try sync(a, c)
+        try c.execute("UPDATE items SET name = 'from c' WHERE id = 1")
+        // c relays a's second transaction only as overwritten: nothing of it travels, so b cannot claim it yet,
+        // though it holds everything that transaction left.
+        try sync(c, b)
+        #expect(try b.digest() == c.digest())
+        #expect(try b.versionVector()[c.siteID] == 1)
+        #expect(try b.versionVector()[a.siteID] == 1)
+        // a writes again: b receives it and now holds a's whole history.
+        try a.execute("INSERT INTO items(id, name) VALUES (2, 'more')")
+        try sync(c, a)
+        try sync(a, b)
+        #expect(try b.versionVector()[a.siteID] == 3)
+        #expect(try b.digest() == a.digest())
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import PropertyBased
 import Testing
 
@@ -49,20 +50,59 @@ private func runScenario(seed: UInt64) throws {
     // Every change ever committed anywhere, captured right after its transaction: the model's input.
     var produced: [Change] = []
 
+    func randomBytes(_ count: Int) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: count)
+        var index = 0
+        while index < count {
+            var word = random.next()
+            for _ in 0..<min(8, count - index) {
+                bytes[index] = UInt8(truncatingIfNeeded: word)
+                word >>= 8
+                index += 1
+            }
+        }
+        return bytes
+    }
+
+    /// A size from a few bytes to several KB (rows of several KB are ordinary), and rarely 1 to 4 MB.
+    func randomSize() -> Int {
+        if Int.random(in: 0..<300, using: &random) == 0 { return Int.random(in: 1_000_000...4_000_000, using: &random) }
+        return Int(pow(2, Double.random(in: 0...14, using: &random)))
+    }
+
     func randomValue() -> SQLValue {
-        switch Int.random(in: 0..<6, using: &random) {
+        switch Int.random(in: 0..<9, using: &random) {
         case 0: return .null
         case 1: return .integer(Int64.random(in: -3...3, using: &random))
-        case 2: return .integer(Int64.random(in: .min ... .max, using: &random))
+        case 2:
+            return .integer(
+                [Int64.min, .max, .min + 1, .max - 1].randomElement(using: &random)!
+                    &+ (Bool.random(using: &random) ? 0 : Int64.random(in: .min ... .max, using: &random))
+            )
         case 3:
             var real = Double(bitPattern: random.next())
             while real.isNaN { real = Double(bitPattern: random.next()) }
-            return .real(Bool.random(using: &random) ? real : Double(Int.random(in: -5...5, using: &random)) / 4)
-        case 4: return .text(["", "x", "héllo", "a b"].randomElement(using: &random)!)
+            let special: [Double] = [
+                -0.0, 0, .infinity, -.infinity, .leastNonzeroMagnitude, -.leastNormalMagnitude.nextDown,
+                .greatestFiniteMagnitude, 0.1,
+            ]
+            switch Int.random(in: 0..<3, using: &random) {
+            case 0: return .real(real)
+            case 1: return .real(special.randomElement(using: &random)!)
+            default: return .real(Double(Int.random(in: -5...5, using: &random)) / 4)
+            }
+        case 4:
+            return .text(["", "x", "héllo", "a b", "a\u{0}b", "\u{0}", "x\u{0}", "😀\u{0}\u{1}"].randomElement(using: &random)!)
+        case 5:
+            // Random bytes as TEXT: NULs, and usually not valid UTF-8.
+            return SQLValue.text(bytes: randomBytes(Int.random(in: 0...40, using: &random)))
+        case 6:
+            return .blob(randomBytes(Int.random(in: 0...3, using: &random)))
+        case 7:
+            let size = randomSize()
+            return Bool.random(using: &random) ? .blob(randomBytes(size)) : SQLValue.text(bytes: randomBytes(size))
         default:
-            return .blob(
-                (0..<Int.random(in: 0...3, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
-            )
+            return .text(String(repeating: "é\u{0}ab", count: randomSize() / 5 + 1))
         }
     }
 
@@ -93,7 +133,10 @@ private func runScenario(seed: UInt64) throws {
             try store.execute(
                 "INSERT OR REPLACE INTO u(name, part, v) VALUES (?, ?, ?)",
                 [
-                    .text(["p", "q"].randomElement(using: &random)!), .integer(Int64.random(in: 0...1, using: &random)),
+                    // Keys that differ only after a NUL, or only in bytes that are not UTF-8, are distinct rows.
+                    [.text("p"), .text("q"), .text("p\u{0}"), .text("p\u{0}q"), SQLValue.text(bytes: [0x70, 0xFF])]
+                        .randomElement(using: &random)!,
+                    .integer(Int64.random(in: 0...1, using: &random)),
                     randomValue(),
                 ]
             )

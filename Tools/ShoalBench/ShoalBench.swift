@@ -22,7 +22,7 @@ struct StoreBenchmark: ParsableCommand {
     @Option(help: "Runs per figure (the median is reported).") var runs = 5
     @Option(help: "Rows in the bulk transaction.") var rows = 100_000
     @Option(help: "One-row transactions.") var transactions = 5_000
-    @Option(help: "Run one phase only, for profiling: write, foreign, single, apply or compact.") var only: String?
+    @Option(help: "Run one phase only, for profiling: write, foreign, single, apply, pipe or compact.") var only: String?
 
     func run() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-bench-\(getpid())")
@@ -45,6 +45,8 @@ struct StoreBenchmark: ParsableCommand {
         var replicatedSingle: [Double] = []
         var apply: [Double] = []
         var reapply: [Double] = []
+        var pipe: [Double] = []
+        var piped = 0
         var applied = 0
         var compaction: [Double] = []
         var logBefore = 0
@@ -111,8 +113,9 @@ struct StoreBenchmark: ParsableCommand {
                 logAfter = try logEntries(store)
                 guard try store.digest() == digest else { throw ValidationError("compaction changed the data") }
             }
-            // Apply the bulk transaction's changes (rows × 3 column changes) on a fresh replica, then again.
-            guard only == nil || only == "apply" else { continue }
+            // Apply the bulk transaction's changes (rows × 3 column changes) on a fresh replica, then again;
+            // and the same offline, through `shoal changes | shoal apply` (the real binaries, a real pipe).
+            guard only == nil || only == "apply" || only == "pipe" else { continue }
             let source = try freshStore(replicated: true)
             let insert = try source.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
             try source.transaction {
@@ -121,6 +124,13 @@ struct StoreBenchmark: ParsableCommand {
                         .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
                     ])
                 }
+            }
+            if only == nil || only == "pipe" {
+                let target = try freshStore(replicated: true)
+                pipe.append(try time { try pipeChanges(from: source.path, to: target.path) })
+                piped = rows * 3
+                guard try target.digest() == source.digest() else { throw ValidationError("the pipe diverged") }
+                guard only == nil else { continue }
             }
             let batches = try source.changes(since: VersionVector(), maxChangesPerBatch: 50_000)
             applied = batches.reduce(0) { $0 + $1.changes.count }
@@ -141,6 +151,7 @@ struct StoreBenchmark: ParsableCommand {
             ("single_tx_overhead_ratio", median(replicatedSingle) / median(plainSingle)),
             ("apply_changes_per_s", Double(applied) / median(apply)),
             ("reapply_changes_per_s", Double(applied) / median(reapply)),
+            ("pipe_changes_per_s", Double(piped) / median(pipe)),
             ("compact_log_entries_per_s", Double(logBefore) / median(compaction)),
             ("compact_log_kept_ratio", Double(logAfter) / Double(max(1, logBefore))),
         ]
@@ -187,6 +198,35 @@ func insertWithPlainConnection(path: String, rows: Int) throws {
         sqlite3_reset(insert)
     }
     try check(sqlite3_exec(handle, "COMMIT", nil, nil, nil))
+}
+
+/// Runs `shoal changes --db from | shoal apply --db to` with the `shoal` executable built beside this one.
+func pipeChanges(from: String, to: String) throws {
+    let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        .deletingLastPathComponent().appendingPathComponent("shoal")
+    guard FileManager.default.isExecutableFile(atPath: executable.path) else {
+        throw ValidationError("build the shoal executable too (swift build -c release): \(executable.path) is missing")
+    }
+    let changes = Process()
+    changes.executableURL = executable
+    changes.arguments = ["changes", "--db", from]
+    let apply = Process()
+    apply.executableURL = executable
+    apply.arguments = ["apply", "--db", to]
+    let pipe = Pipe()
+    changes.standardOutput = pipe
+    apply.standardInput = pipe
+    apply.standardOutput = FileHandle.nullDevice
+    apply.standardError = FileHandle.nullDevice
+    try changes.run()
+    try apply.run()
+    try pipe.fileHandleForWriting.close()
+    try pipe.fileHandleForReading.close()
+    changes.waitUntilExit()
+    apply.waitUntilExit()
+    guard changes.terminationStatus == 0, apply.terminationStatus == 0 else {
+        throw ValidationError("shoal changes | shoal apply failed")
+    }
 }
 
 /// How many entries the change log holds.
