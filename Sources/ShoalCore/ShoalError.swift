@@ -9,6 +9,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case malformedMessage, frameTooLarge, unknownMessageType, versionMismatch, clusterMismatch, selfConnection
             case timeout, rejected
             case discoveryUnavailable
+            case missingDatabase, databaseInUse, tablePaused
         }
 
         private let base: Base
@@ -60,6 +61,13 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let rejected = Code(.rejected)
         /// mDNS discovery cannot work here (no Avahi daemon or D-Bus, a name conflict, …); static peers still do.
         public static let discoveryUnavailable = Code(.discoveryUnavailable)
+
+        /// No database file at the given path (only `shoal init` creates one).
+        public static let missingDatabase = Code(.missingDatabase)
+        /// Another process already runs a node on this database.
+        public static let databaseInUse = Code(.databaseInUse)
+        /// The table's shape changed behind Shoal's back (or it is gone): its replication is paused.
+        public static let tablePaused = Code(.tablePaused)
 
         public var description: String { base.rawValue }
     }
