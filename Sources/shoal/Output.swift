@@ -23,7 +23,10 @@ enum Output {
         for child in Mirror(reflecting: error).children where child.label == "errnoCode" {
             return child.value as? Int32
         }
-        return nil
+        // NIO's IOError describes itself as "call(...): reason (errno: N)".
+        let text = "\(error)"
+        guard let range = text.range(of: "(errno: ", options: .backwards) else { return nil }
+        return Int32(text[range.upperBound...].prefix { $0.isNumber })
     }
 
     static func table(columns: [String], rows: [[SQLValue]]) -> String {

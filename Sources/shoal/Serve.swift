@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import Synchronization
 
 extension ShoalCommand {
     struct Serve: AsyncParsableCommand {
@@ -86,6 +87,7 @@ extension ShoalCommand {
                 statusWriter.cancel()
                 try? FileManager.default.removeItem(atPath: statusFile)
             }
+            let listened = ListeningFlag()
             let reporter = Task {
                 let terminal = isatty(STDERR_FILENO) != 0
                 var lastProgressLine = Date.distantPast
@@ -104,6 +106,7 @@ extension ShoalCommand {
                             log(line)
                         }
                     case .listening(let port):
+                        listened.value.store(true, ordering: .relaxed)
                         // Written in one call, unbuffered, so a script reading the pipe sees it at once.
                         FileHandle.standardOutput.write(
                             Data("listening on \(PeerAddress(host: address.host, port: port))\n".utf8)
@@ -132,6 +135,19 @@ extension ShoalCommand {
                 try await running.value
             } catch is CancellationError {
                 // Stopped by a signal.
+            } catch let error as ShoalError {
+                reporter.cancel()
+                throw error
+            } catch {
+                reporter.cancel()
+                // The listening socket is bound first: a failure before the node said where it listens is that.
+                let started = listened.value.load(ordering: .relaxed)
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: started
+                        ? "the node stopped: \(Output.failure(error, while: nil))"
+                        : "could not start listening on \(listen): \(Output.failure(error, while: nil))"
+                )
             }
             reporter.cancel()
             log("stopped")
@@ -188,4 +204,9 @@ final class ServeLock {
         _ = pwrite(descriptor, pid, pid.count, 0)
         return ServeLock(descriptor: descriptor)
     }
+}
+
+/// A flag set by one task and read by another.
+final class ListeningFlag: Sendable {
+    let value = Atomic<Bool>(false)
 }

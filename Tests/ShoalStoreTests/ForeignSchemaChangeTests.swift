@@ -64,9 +64,9 @@ import Testing
         // Realistic rows: a few KB of text, a blob of 100 KB, TEXT with a NUL.
         let insert = try shoal(
             "sql", "--db", db,
-            "INSERT INTO items(id, name, note, qty) SELECT value, printf('%.*c', 3000, 'x'), "
-                + "randomblob(CASE WHEN value = 1 THEN 100000 ELSE 64 END), value * 1.5 "
-                + "FROM generate_series(1, 200); "
+            "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n WHERE value < 200) "
+                + "INSERT INTO items(id, name, note, qty) SELECT value, printf('%.*c', 3000, 'x'), "
+                + "randomblob(CASE WHEN value = 1 THEN 100000 ELSE 64 END), value * 1.5 FROM n; "
                 + "INSERT INTO notes(k, body) VALUES ('a' || char(0) || 'b', 'x' || char(0) || 'y'), ('plain', 'text')"
         )
         #expect(insert.status == 0, "\(insert.stderr)")
@@ -91,14 +91,11 @@ import Testing
         #expect(try shoal("sql", "--db", db, "SELECT 1").status == 0)
         let otherWrite = try shoal("sql", "--db", db, "INSERT INTO notes(k, body) VALUES ('after', 'still replicated')")
         #expect(otherWrite.status == 0, "\(otherWrite.stderr)")
-        if let table = change.tableAfter {
-            // Writes through Shoal to the paused table are refused (they could not be replicated), reads work; a
-            // renamed table is a plain table under its new name.
+        if let table = change.tableAfter, table == "items" {
+            // Writes through Shoal to the paused table are refused (they could not be replicated), reads work.
             let write = try shoal("sql", "--db", db, "UPDATE \(table) SET name = 'lost?' WHERE id = 2")
-            if table == "items" {
-                #expect(write.status != 0)
-                #expect(write.stderr.contains("paused"))
-            }
+            #expect(write.status != 0)
+            #expect(write.stderr.contains("paused"))
             #expect(try shoal("sql", "--db", db, "SELECT count(*) FROM \(table)").stdout.contains("200"))
         }
 
