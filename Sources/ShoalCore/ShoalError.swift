@@ -10,6 +10,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case timeout, rejected
             case discoveryUnavailable
             case counterNotInteger, valueTooLarge
+            case missingDatabase, databaseInUse, tablePaused
         }
 
         private let base: Base
@@ -67,6 +68,13 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         /// A write stored a TEXT or BLOB value larger than the maximum a replicated table accepts; it was
         /// refused and nothing was written.
         public static let valueTooLarge = Code(.valueTooLarge)
+
+        /// No database file at the given path (only `shoal init` creates one).
+        public static let missingDatabase = Code(.missingDatabase)
+        /// Another process already runs a node on this database.
+        public static let databaseInUse = Code(.databaseInUse)
+        /// The table's shape changed behind Shoal's back (or it is gone): its replication is paused.
+        public static let tablePaused = Code(.tablePaused)
 
         public var description: String { base.rawValue }
     }

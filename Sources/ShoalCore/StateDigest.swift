@@ -22,6 +22,15 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         hasher.combine(rowCount)
     }
 
+    /// A digest from its 32 bytes (see ``bytes``) and row count, as stored.
+    public init?(bytes: [UInt8], rowCount: UInt64) {
+        guard bytes.count == 32 else { return nil }
+        var words: [UInt64] = [0, 0, 0, 0]
+        for (index, byte) in bytes.enumerated() { words[index / 8] = words[index / 8] << 8 | UInt64(byte) }
+        limbs = (words[0], words[1], words[2], words[3])
+        self.rowCount = rowCount
+    }
+
     /// Adds one row: its table, key, metadata and the values of its non-key columns.
     public mutating func addRow(
         table: String,
@@ -30,6 +39,42 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         columns: [String],
         values: [SQLValue]
     ) {
+        add(
+            rowHash: Self.rowHash(table: table, primaryKey: primaryKey, state: state, columns: columns, values: values)
+        )
+    }
+
+    /// Adds a row by its hash (``rowHash(table:primaryKey:state:columns:values:)``).
+    public mutating func add(rowHash: [UInt8]) {
+        add(Self.words(rowHash))
+        rowCount += 1
+    }
+
+    /// Takes out a row added before by its hash: the digest is then as if it had never been added.
+    public mutating func subtract(rowHash: [UInt8]) {
+        let words = Self.words(rowHash)
+        var borrow: UInt64 = 0
+        (limbs.3, borrow) = Self.subtract(limbs.3, words[3], borrow)
+        (limbs.2, borrow) = Self.subtract(limbs.2, words[2], borrow)
+        (limbs.1, borrow) = Self.subtract(limbs.1, words[1], borrow)
+        (limbs.0, _) = Self.subtract(limbs.0, words[0], borrow)
+        rowCount &-= 1
+    }
+
+    /// Adds every row of another digest (of disjoint rows, e.g. another table).
+    public mutating func add(_ other: StateDigest) {
+        add([other.limbs.0, other.limbs.1, other.limbs.2, other.limbs.3])
+        rowCount += other.rowCount
+    }
+
+    /// The SHA-256 of one row: its table, key, metadata and the values of its non-key columns.
+    public static func rowHash(
+        table: String,
+        primaryKey: [SQLValue],
+        state: RowState,
+        columns: [String],
+        values: [SQLValue]
+    ) -> [UInt8] {
         var bytes = [UInt8]()
         bytes.reserveCapacity(64 + values.count * 24)
         SQLValue.text(table).encode(into: &bytes)
@@ -57,18 +102,27 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
             }
             values[index].encode(into: &bytes)
         }
-        add(SHA256.hash(data: bytes))
+        return Array(SHA256.hash(data: bytes))
     }
 
-    private mutating func add(_ hash: SHA256.Digest) {
+    private static func words(_ hash: [UInt8]) -> [UInt64] {
         var words: [UInt64] = [0, 0, 0, 0]
-        for (index, byte) in hash.enumerated() { words[index / 8] = words[index / 8] << 8 | UInt64(byte) }
+        for (index, byte) in hash.prefix(32).enumerated() { words[index / 8] = words[index / 8] << 8 | UInt64(byte) }
+        return words
+    }
+
+    private mutating func add(_ words: [UInt64]) {
         var carry: UInt64 = 0
         (limbs.3, carry) = Self.add(limbs.3, words[3], carry)
         (limbs.2, carry) = Self.add(limbs.2, words[2], carry)
         (limbs.1, carry) = Self.add(limbs.1, words[1], carry)
         (limbs.0, _) = Self.add(limbs.0, words[0], carry)
-        rowCount += 1
+    }
+
+    private static func subtract(_ a: UInt64, _ b: UInt64, _ borrow: UInt64) -> (UInt64, UInt64) {
+        let (partial, underflow1) = a.subtractingReportingOverflow(b)
+        let (difference, underflow2) = partial.subtractingReportingOverflow(borrow)
+        return (difference, (underflow1 ? 1 : 0) + (underflow2 ? 1 : 0))
     }
 
     private static func add(_ a: UInt64, _ b: UInt64, _ carry: UInt64) -> (UInt64, UInt64) {

@@ -16,45 +16,232 @@ public struct StoreStatus: Sendable, Hashable {
     public var nodeName: String?
     public var versionVector: VersionVector
     public var tables: [TableStatus]
+    /// Replicated tables another tool changed or dropped, with what changed and what to do.
+    public var pausedTables: [PausedTable]
     public var conflicts: Int
     public var digest: StateDigest
 }
 
+// The digest is kept incrementally, per table: `shoal_digest` holds each table's sum and row count,
+// `shoal_row_hashes` each row's hash as it was last added. Every change-log entry (written by local writes, by
+// foreign writes once stamped, and by applies, in their own transaction) also lands in `shoal_digest_pending`;
+// reading the digest folds in only those rows (take out the old hash, add the new), so its cost follows the rows
+// changed since the last read, never the table size. A table without a stored sum (just replicated, or a
+// database from before) is scanned once.
 extension Store {
-    /// The order-independent digest of every replicated row (alive or deleted) with its clocks and values.
+    /// The order-independent digest of every replicated row (alive or deleted) with its clocks and values, as
+    /// maintained incrementally. Paused tables are left out.
     public func digest() throws(ShoalError) -> StateDigest {
         try refreshSchema()
         try captureForeignWritesIfIdle()
         try refreshSites()
+        var stored = try storedTableDigests()
+        if try digestNeedsSettling(stored) {
+            if connection.isAutocommit {
+                try connection.exec("BEGIN IMMEDIATE")
+                do throws(ShoalError) {
+                    stored = try settleDigest()
+                    try connection.exec("COMMIT")
+                } catch {
+                    try? connection.exec("ROLLBACK")
+                    throw error
+                }
+            } else {
+                stored = try settleDigest()
+            }
+        }
+        var digest = StateDigest()
+        for table in capture.tables { if let part = stored[table.id] { digest.add(part) } }
+        return digest
+    }
+
+    /// The digest recomputed from a scan of every replicated row, to check the maintained one (``digest()``).
+    public func fullScanDigest() throws(ShoalError) -> StateDigest {
+        try refreshSchema()
+        try refreshSites()
         var digest = StateDigest()
         for table in capture.tables {
-            let keys = table.keyColumns.indices.map { "c.k\($0)" }
-            let values = table.columns.map { "d.\(quote($0))" }
-            let join = table.keyColumns.enumerated().map { "d.\(quote($0.element)) = c.k\($0.offset)" }
-            let select = try connection.prepare(
-                "SELECT \((keys + ["c.meta"] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
-                    + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
-            )
-            let keyCount = table.keyColumns.count
-            while try select.step() {
-                let row = select.row()
-                guard case .blob(let meta) = row[keyCount] else {
-                    throw ShoalError.corruptMetadata("missing row metadata")
-                }
-                let state = try RowState(encoded: meta, columnCount: table.columns.count, sites: sites)
-                digest.addRow(
-                    table: table.name,
-                    primaryKey: Array(row[0..<keyCount]),
-                    state: state,
-                    columns: table.columns,
-                    values: Array(row[(keyCount + 1)...])
-                )
-            }
+            try scanRows(of: table) { hash, _ throws(ShoalError) in digest.add(rowHash: hash) }
         }
         return digest
     }
 
-    /// Site id, version vector, tables with row and tombstone counts, conflicts and digest.
+    /// Records that rows of `table` (log-format `keys`) changed: their hashes are refreshed at the next read.
+    func noteDigestPending(table: Int64, keys: [UInt8]) throws(ShoalError) {
+        guard !keys.isEmpty else { return }
+        let insert = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
+        try insert.bind([.integer(table), .blob(keys)])
+        try insert.run()
+    }
+
+    /// Drops every trace of a table from the digest (it is no longer replicated).
+    func forgetDigest(ofTable table: Int64) throws(ShoalError) {
+        for name in ["shoal_digest", "shoal_row_hashes", "shoal_digest_pending"] {
+            try connection.rows("DELETE FROM \(name) WHERE tbl = ?", [.integer(table)])
+        }
+    }
+
+    private func storedTableDigests() throws(ShoalError) -> [Int64: StateDigest] {
+        var stored: [Int64: StateDigest] = [:]
+        let select = try statement("SELECT tbl, sum, rows FROM shoal_digest")
+        defer { select.reset() }
+        while try select.step() {
+            guard let digest = StateDigest(bytes: select.columnBytes(1), rowCount: UInt64(select.columnInt64(2)))
+            else { throw ShoalError.corruptMetadata("bad shoal_digest row") }
+            stored[select.columnInt64(0)] = digest
+        }
+        return stored
+    }
+
+    private func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
+        if capture.tables.contains(where: { stored[$0.id] == nil }) { return true }
+        let active = Set(capture.tables.map(\.id))
+        let select = try statement("SELECT DISTINCT tbl FROM shoal_digest_pending")
+        defer { select.reset() }
+        while try select.step() {
+            if active.contains(select.columnInt64(0)) { return true }
+        }
+        return false
+    }
+
+    /// Folds the pending rows into the stored sums (in the open transaction); returns the sums.
+    private func settleDigest() throws(ShoalError) -> [Int64: StateDigest] {
+        var stored = try storedTableDigests()
+        var changed = Set<Int64>()
+        for table in capture.tables where stored[table.id] == nil {
+            stored[table.id] = try buildDigest(of: table)
+            changed.insert(table.id)
+        }
+        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
+        var entries: [(id: Int64, table: Int64, keys: [UInt8])] = []
+        let select = try statement("SELECT id, tbl, keys FROM shoal_digest_pending ORDER BY id")
+        while try select.step() {
+            entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
+        }
+        select.reset()
+        let remove = try statement("DELETE FROM shoal_digest_pending WHERE id = ?")
+        var seen: [Int64: Set<[SQLValue]>] = [:]
+        for entry in entries {
+            guard let table = tablesByID[entry.table] else {
+                // A paused table keeps its pending rows for when it resumes; an unknown one has none to keep.
+                let known = try connection.scalar("SELECT count(*) FROM shoal_tables WHERE id = ?", [.integer(entry.table)])
+                if known.integerValue == 0 {
+                    try remove.bind([.integer(entry.id)])
+                    try remove.run()
+                }
+                continue
+            }
+            var digest = stored[table.id] ?? StateDigest()
+            var reader = ByteReader(entry.keys)
+            while !reader.isAtEnd {
+                let length = Int(try reader.readVarint())
+                var keyReader = ByteReader(Array(try reader.readBytes(length)))
+                var key: [SQLValue] = []
+                for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                guard seen[table.id, default: []].insert(key).inserted else { continue }
+                try rehashRow(table: table, key: key, digest: &digest)
+            }
+            stored[table.id] = digest
+            changed.insert(table.id)
+            try remove.bind([.integer(entry.id)])
+            try remove.run()
+        }
+        let save = try statement("INSERT OR REPLACE INTO shoal_digest(tbl, sum, rows) VALUES (?, ?, ?)")
+        for id in changed {
+            guard let digest = stored[id] else { continue }
+            try save.bind([.integer(id), .blob(digest.bytes), .integer(Int64(bitPattern: digest.rowCount))])
+            try save.run()
+        }
+        return stored
+    }
+
+    /// Takes a row's old hash out of `digest` and adds its current one.
+    private func rehashRow(table: ReplicatedTable, key: [SQLValue], digest: inout StateDigest) throws(ShoalError) {
+        let encodedKey = SQLValue.encodeKey(key)
+        let old = try statement("SELECT hash FROM shoal_row_hashes WHERE tbl = ? AND key = ?")
+        try old.bind([.integer(table.id), .blob(encodedKey)])
+        let oldHash: [UInt8]? = try old.step() ? old.columnBytes(0) : nil
+        old.reset()
+        var newHash: [UInt8]?
+        if let state = try loadState(table: table, key: key) {
+            var values = Array(repeating: SQLValue.null, count: table.columns.count)
+            if state.isAlive && !table.columns.isEmpty {
+                let select = try statement(
+                    "SELECT \(table.quotedColumns.joined(separator: ", ")) FROM \(quote(table.name)) "
+                        + "WHERE \(table.dataKeyPredicate)"
+                )
+                try select.bind(key)
+                if try select.step() { values = select.row() }
+                select.reset()
+            }
+            newHash = StateDigest.rowHash(
+                table: table.name,
+                primaryKey: key,
+                state: state,
+                columns: table.columns,
+                values: values
+            )
+        }
+        guard oldHash != newHash else { return }
+        if let oldHash { digest.subtract(rowHash: oldHash) }
+        if let newHash {
+            digest.add(rowHash: newHash)
+            let upsert = try statement("INSERT OR REPLACE INTO shoal_row_hashes(tbl, key, hash) VALUES (?, ?, ?)")
+            try upsert.bind([.integer(table.id), .blob(encodedKey), .blob(newHash)])
+            try upsert.run()
+        } else {
+            let delete = try statement("DELETE FROM shoal_row_hashes WHERE tbl = ? AND key = ?")
+            try delete.bind([.integer(table.id), .blob(encodedKey)])
+            try delete.run()
+        }
+    }
+
+    /// Scans a table once: stores every row's hash and returns the table's digest.
+    private func buildDigest(of table: ReplicatedTable) throws(ShoalError) -> StateDigest {
+        try connection.rows("DELETE FROM shoal_row_hashes WHERE tbl = ?", [.integer(table.id)])
+        try connection.rows("DELETE FROM shoal_digest_pending WHERE tbl = ?", [.integer(table.id)])
+        let insert = try statement("INSERT INTO shoal_row_hashes(tbl, key, hash) VALUES (?, ?, ?)")
+        var digest = StateDigest()
+        try scanRows(of: table) { hash, key throws(ShoalError) in
+            digest.add(rowHash: hash)
+            try insert.bind([.integer(table.id), .blob(SQLValue.encodeKey(key)), .blob(hash)])
+            try insert.run()
+        }
+        return digest
+    }
+
+    /// Every row of `table` that has metadata, with its hash.
+    private func scanRows(
+        of table: ReplicatedTable,
+        _ body: (_ hash: [UInt8], _ key: [SQLValue]) throws(ShoalError) -> Void
+    ) throws(ShoalError) {
+        let keys = table.keyColumns.indices.map { "c.k\($0)" }
+        let values = table.columns.map { "d.\(quote($0))" }
+        let join = table.keyColumns.enumerated().map { "d.\(quote($0.element)) = c.k\($0.offset)" }
+        let select = try connection.prepare(
+            "SELECT \((keys + ["c.meta"] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
+                + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
+        )
+        let keyCount = table.keyColumns.count
+        while try select.step() {
+            let row = select.row()
+            guard case .blob(let meta) = row[keyCount] else {
+                throw ShoalError.corruptMetadata("missing row metadata")
+            }
+            let state = try RowState(encoded: meta, columnCount: table.columns.count, sites: sites)
+            let key = Array(row[0..<keyCount])
+            let hash = StateDigest.rowHash(
+                table: table.name,
+                primaryKey: key,
+                state: state,
+                columns: table.columns,
+                values: Array(row[(keyCount + 1)...])
+            )
+            try body(hash, key)
+        }
+    }
+
+    /// Site id, version vector, tables with row and tombstone counts, paused tables, conflicts and digest.
     public func status() throws(ShoalError) -> StoreStatus {
         try refreshSchema()
         try captureForeignWritesIfIdle()
@@ -76,6 +263,7 @@ extension Store {
             nodeName: try nodeName(),
             versionVector: try versionVector(),
             tables: tables,
+            pausedTables: pausedTableList,
             conflicts: try conflictCount(),
             digest: try digest()
         )

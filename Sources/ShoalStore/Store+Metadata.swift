@@ -146,6 +146,7 @@ extension Store {
             .integer(Int64(bitPattern: hlc.rawValue)), .blob(keys),
         ])
         try upsert.run()
+        try noteDigestPending(table: table, keys: keys)
     }
 
     /// This node's version vector: the highest sequence number held per site.

@@ -56,6 +56,8 @@ public final class Store {
     /// The stamp of the open transaction's local changes, once it has any.
     var transactionStamp: Stamp?
     var schemaVersion: Int64 = -1
+    /// Replicated tables another tool changed or dropped (see ``pausedTables()``).
+    var pausedTableList: [PausedTable] = []
     var statements: [String: SQLiteStatement] = [:]
     /// Per replicated table id: its metadata statements, prepared once.
     var clockStatements: [Int64: ClockStatements] = [:]
@@ -111,6 +113,11 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_sites(idx INTEGER PRIMARY KEY, site BLOB NOT NULL UNIQUE);
                 CREATE TABLE IF NOT EXISTS shoal_tables(
                     id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, counters TEXT NOT NULL DEFAULT '');
+                CREATE TABLE IF NOT EXISTS shoal_shapes(tbl INTEGER PRIMARY KEY, shape TEXT NOT NULL);
+                CREATE TABLE IF NOT EXISTS shoal_digest(tbl INTEGER PRIMARY KEY, sum BLOB NOT NULL, rows INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS shoal_row_hashes(
+                    tbl INTEGER NOT NULL, key BLOB NOT NULL, hash BLOB NOT NULL, PRIMARY KEY(tbl, key)) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_digest_pending(id INTEGER PRIMARY KEY, tbl INTEGER NOT NULL, keys BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
@@ -228,6 +235,12 @@ public final class Store {
                 authorizerDenial = "table \(table) holds Shoal's replication metadata and cannot be changed with SQL"
                 return SQLITE_DENY
             }
+            if let paused = pausedTableList.first(where: { $0.name.lowercased() == table.lowercased() }),
+                action == SQLITE_INSERT || action == SQLITE_UPDATE || action == SQLITE_DELETE
+            {
+                authorizerDenial = "\(paused.message). Writes to it are refused meanwhile, so none is lost"
+                return SQLITE_DENY
+            }
             if action != SQLITE_INSERT && action != SQLITE_UPDATE && action != SQLITE_DELETE,
                 capture.tableNumbers[table] != nil
             {
@@ -272,13 +285,11 @@ public final class Store {
         statements.removeAll()
         clockStatements.removeAll()
         dataStatements.removeAll()
-        var tables: [ReplicatedTable] = []
-        for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
-            guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
-            else { throw ShoalError.corruptMetadata("bad shoal_tables row") }
-            let counterNames = counters.split(separator: ",").map(String.init)
-            tables.append(try describeTable(name, id: id, counters: counterNames))
+        let (tables, paused) = try loadReplicatedTables()
+        for table in paused where !pausedTableList.contains(table) {
+            options.logger.warning("\(table.message)", metadata: ["table": "\(table.name)"])
         }
+        pausedTableList = paused
         capture.setTables(tables)
         schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
     }

@@ -3,6 +3,32 @@ import Shoal
 
 /// Formats results for a terminal or for scripts.
 enum Output {
+    /// A failure in plain words: what failed, then the detail (a system error's text stays, after its meaning).
+    static func failure(_ error: any Error, while activity: String?) -> String {
+        let detail: String
+        if let error = error as? ShoalError {
+            detail = error.message
+        } else if let code = systemErrorCode(error) {
+            detail = "\(String(cString: strerror(code))) (\(error))"
+        } else {
+            detail = "\(error)"
+        }
+        guard let activity else { return detail }
+        return "\(activity): \(detail)"
+    }
+
+    /// The errno a system-call error carries (NIO's `IOError` keeps it as `errnoCode`), if any.
+    private static func systemErrorCode(_ error: any Error) -> Int32? {
+        if let posix = error as? POSIXError { return posix.code.rawValue }
+        for child in Mirror(reflecting: error).children where child.label == "errnoCode" {
+            return child.value as? Int32
+        }
+        // NIO's IOError describes itself as "call(...): reason (errno: N)".
+        let text = "\(error)"
+        guard let range = text.range(of: "(errno: ", options: .backwards) else { return nil }
+        return Int32(text[range.upperBound...].prefix { $0.isNumber })
+    }
+
     static func table(columns: [String], rows: [[SQLValue]]) -> String {
         let cells = rows.map { $0.map(\.description) }
         var widths = columns.map(\.count)
@@ -56,6 +82,9 @@ enum Output {
                     "counters": table.counterColumns,
                 ] as [String: Any]
             },
+            "paused_tables": status.pausedTables.map { table in
+                ["name": table.name, "change": table.change, "message": table.message] as [String: Any]
+            },
             "conflicts": status.conflicts,
             "digest": status.digest.hex,
         ])
@@ -73,6 +102,10 @@ enum Output {
             let counters =
                 table.counterColumns.isEmpty ? "" : "  counters: \(table.counterColumns.joined(separator: ", "))"
             text += "  \(table.name): \(table.rows) rows, \(table.tombstones) tombstones\(counters)\n"
+        }
+        if !status.pausedTables.isEmpty {
+            text += "paused (changed by another tool; not replicated until resolved):\n"
+            for table in status.pausedTables { text += "  \(table.name): \(table.message)\n" }
         }
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"

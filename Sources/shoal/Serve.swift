@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import Synchronization
 
 extension ShoalCommand {
     struct Serve: AsyncParsableCommand {
@@ -33,6 +34,9 @@ extension ShoalCommand {
             guard let address = PeerAddress(parsing: listen) else {
                 throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
             }
+            try database.requireExisting()
+            let lock = try ServeLock.acquire(database: database.db)
+            defer { withExtendedLifetime(lock) {} }
             var configuration = NodeConfiguration(databasePath: database.db)
             configuration.listenHost = address.host
             configuration.listenPort = address.port
@@ -48,7 +52,17 @@ extension ShoalCommand {
                 }
                 return peer
             }
-            let node = try await SyncNode(configuration: configuration)
+            let node: SyncNode
+            do {
+                node = try await SyncNode(configuration: configuration)
+            } catch let error as ShoalError {
+                throw error
+            } catch {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "could not start listening on \(listen): \(Output.failure(error, while: nil))"
+                )
+            }
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
@@ -74,6 +88,7 @@ extension ShoalCommand {
                 statusWriter.cancel()
                 try? FileManager.default.removeItem(atPath: statusFile)
             }
+            let listened = ListeningFlag()
             let reporter = Task {
                 let terminal = isatty(STDERR_FILENO) != 0
                 var lastProgressLine = Date.distantPast
@@ -92,6 +107,7 @@ extension ShoalCommand {
                             log(line)
                         }
                     case .listening(let port):
+                        listened.value.store(true, ordering: .relaxed)
                         // Written in one call, unbuffered, so a script reading the pipe sees it at once.
                         FileHandle.standardOutput.write(
                             Data("listening on \(PeerAddress(host: address.host, port: port))\n".utf8)
@@ -120,6 +136,19 @@ extension ShoalCommand {
                 try await running.value
             } catch is CancellationError {
                 // Stopped by a signal.
+            } catch let error as ShoalError {
+                reporter.cancel()
+                throw error
+            } catch {
+                reporter.cancel()
+                // The listening socket is bound first: a failure before the node said where it listens is that.
+                let started = listened.value.load(ordering: .relaxed)
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: started
+                        ? "the node stopped: \(Output.failure(error, while: nil))"
+                        : "could not start listening on \(listen): \(Output.failure(error, while: nil))"
+                )
             }
             reporter.cancel()
             log("stopped")
@@ -129,4 +158,56 @@ extension ShoalCommand {
             FileHandle.standardError.write(Data("shoal: \(line)\n".utf8))
         }
     }
+}
+
+/// One `shoal serve` per database: an exclusive `flock` on a side file, released by the kernel when the process
+/// ends however it ends (so a crashed node never leaves a stale lock). The file holds the owner's pid.
+final class ServeLock {
+    private let descriptor: Int32
+
+    private init(descriptor: Int32) {
+        self.descriptor = descriptor
+    }
+
+    deinit {
+        // Closing the descriptor releases the lock; the file stays (removing it would race a starting node).
+        close(descriptor)
+    }
+
+    /// Takes the lock of `database`, or says which process holds it.
+    static func acquire(database: String) throws(ShoalError) -> ServeLock {
+        let path = database + ".shoal-serve.lock"
+        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else {
+            throw ShoalError(
+                code: .databaseInUse,
+                message: "cannot create the lock file \(path): \(String(cString: strerror(errno)))"
+            )
+        }
+        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
+            let reason = errno
+            var buffer = [UInt8](repeating: 0, count: 32)
+            let count = max(0, pread(descriptor, &buffer, buffer.count, 0))
+            close(descriptor)
+            let holder = String(decoding: buffer[0..<count], as: UTF8.self)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            guard reason == EWOULDBLOCK else {
+                throw ShoalError(code: .databaseInUse, message: "cannot lock \(path): \(String(cString: strerror(reason)))")
+            }
+            throw ShoalError(
+                code: .databaseInUse,
+                message: "another shoal serve\(holder.isEmpty ? "" : " (pid \(holder))") already runs on \(database); "
+                    + "stop it first (one node per database file)"
+            )
+        }
+        let pid = Array("\(getpid())\n".utf8)
+        _ = ftruncate(descriptor, 0)
+        _ = pwrite(descriptor, pid, pid.count, 0)
+        return ServeLock(descriptor: descriptor)
+    }
+}
+
+/// A flag set by one task and read by another.
+final class ListeningFlag: Sendable {
+    let value = Atomic<Bool>(false)
 }

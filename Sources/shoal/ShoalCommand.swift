@@ -4,6 +4,28 @@ import Shoal
 
 @main
 struct ShoalCommand: AsyncParsableCommand {
+    /// Parses, runs, and reports a failure in plain words: what failed, then the detail.
+    static func main() async {
+        var command: any ParsableCommand
+        do {
+            command = try parseAsRoot()
+        } catch {
+            exit(withError: error)
+        }
+        do {
+            if var asynchronous = command as? any AsyncParsableCommand {
+                try await asynchronous.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            if error is CleanExit || error is ExitCode { exit(withError: error) }
+            let activity = (command as? any DescribedActivity)?.activity
+            FileHandle.standardError.write(Data("shoal: \(Output.failure(error, while: activity))\n".utf8))
+            Foundation.exit(1)
+        }
+    }
+
     static let configuration = CommandConfiguration(
         commandName: "shoal",
         abstract: "Peer-to-peer sync for SQLite databases.",
@@ -13,7 +35,7 @@ struct ShoalCommand: AsyncParsableCommand {
             """,
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
-            Compact.self, Serve.self, Demo.self,
+            Compact.self, Unreplicate.self, Serve.self, Demo.self,
         ]
     )
 }
@@ -23,11 +45,33 @@ struct DatabaseOptions: ParsableArguments {
     @Option(name: .long, help: "Path of the SQLite database file.")
     var db: String
 
-    func open(nodeName: String? = nil) throws -> Store {
+    /// Opens the database, which must exist: only `init` (with `creating`) makes a new one, so a mistyped
+    /// path is an error rather than a fresh database with a new site id.
+    func open(nodeName: String? = nil, creating: Bool = false) throws -> Store {
+        if !creating { try requireExisting() }
         var options = StoreOptions()
         options.nodeName = nodeName
         return try Store(path: db, options: options)
     }
+
+    /// Throws ``ShoalError/Code/missingDatabase`` unless a file exists at `db`.
+    func requireExisting() throws(ShoalError) {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: db, isDirectory: &isDirectory) else {
+            throw ShoalError(
+                code: .missingDatabase,
+                message: "there is no database at \(db); check --db, or create one with `shoal init --db \(db)`"
+            )
+        }
+        guard !isDirectory.boolValue else {
+            throw ShoalError(code: .missingDatabase, message: "\(db) is a directory, not a database file")
+        }
+    }
+}
+
+/// A command that names what it was doing, for error messages ("could not run the SQL: …").
+protocol DescribedActivity {
+    var activity: String { get }
 }
 
 extension ShoalCommand {
@@ -40,30 +84,64 @@ extension ShoalCommand {
         @Option(help: "A human-readable name for this node.") var name: String?
 
         func run() throws {
-            let store = try database.open(nodeName: name)
+            let store = try database.open(nodeName: name, creating: true)
             print(store.siteID.hex)
         }
     }
 
-    struct SQL: ParsableCommand {
+    struct SQL: ParsableCommand, DescribedActivity {
         static let configuration = CommandConfiguration(
             commandName: "sql",
-            abstract: "Run SQL statements; the rows of the last one are printed as a table."
+            abstract: "Run SQL statements; the rows of the last one are printed as a table.",
+            discussion: "The SQL comes from the argument, from a file (--file PATH), or from stdin (- or --file -)."
         )
 
         @OptionGroup var database: DatabaseOptions
         @Flag(help: "Print rows as JSON lines instead of a table.") var json = false
-        @Argument(help: "The SQL to run (several statements separated by ';').") var sql: String
+        @Option(help: ArgumentHelp("Read the SQL from this file (- for stdin).", valueName: "path")) var file: String?
+        @Argument(help: "The SQL to run (several statements separated by ';'), or - to read it from stdin.")
+        var sql: String?
+
+        var activity: String { "could not run the SQL" }
+
+        func validate() throws {
+            guard (sql == nil) != (file == nil) else {
+                throw ValidationError("give the SQL either as an argument or with --file, not both and not neither")
+            }
+        }
 
         func run() throws {
             let store = try database.open()
-            let result = try store.execute(sql)
+            let text = try Self.readSQL(argument: sql, file: file)
+            let result = try store.execute(text)
             guard !result.columns.isEmpty else { return }
             if json {
                 for row in result.rows { print(Output.jsonLine(columns: result.columns, row: row)) }
             } else {
                 print(Output.table(columns: result.columns, rows: result.rows), terminator: "")
             }
+        }
+
+        /// The SQL to run: the argument itself, or a file's or stdin's contents.
+        static func readSQL(argument: String?, file: String?) throws(ShoalError) -> String {
+            let source = file ?? (argument == "-" ? "-" : nil)
+            guard let source else { return argument ?? "" }
+            let data: Data
+            if source == "-" {
+                data = FileHandle.standardInput.readDataToEndOfFile()
+            } else {
+                guard let contents = FileManager.default.contents(atPath: source) else {
+                    throw ShoalError(code: .invalidArgument, message: "cannot read the SQL file \(source): no such readable file")
+                }
+                data = contents
+            }
+            guard let text = String(data: data, encoding: .utf8) else {
+                throw ShoalError(code: .invalidArgument, message: "the SQL in \(source == "-" ? "stdin" : source) is not valid UTF-8")
+            }
+            guard !text.allSatisfy(\.isWhitespace) else {
+                throw ShoalError(code: .invalidArgument, message: "no SQL in \(source == "-" ? "stdin" : source)")
+            }
+            return text
         }
     }
 
@@ -169,16 +247,52 @@ extension ShoalCommand {
 
     struct Digest: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Print the state digest; two databases have converged exactly when their digests match."
+            abstract: "Print the state digest; two databases have converged exactly when their digests match.",
+            discussion: """
+                The digest is kept up to date with every write and apply. --full also recomputes it from a scan of \
+                every replicated row and checks that the two agree (exit 1 if they do not).
+                """
         )
 
         @OptionGroup var database: DatabaseOptions
+        @Flag(help: "Also recompute the digest from a full scan and check it against the maintained one.")
+        var full = false
 
         func run() throws {
             let store = try database.open()
             let digest = try store.digest()
             print("rows: \(digest.rowCount)")
             print(digest.hex)
+            guard full else { return }
+            let scanned = try store.fullScanDigest()
+            guard scanned == digest else {
+                throw ShoalError(
+                    code: .corruptMetadata,
+                    message: "the maintained digest (\(digest.rowCount) rows, \(digest.hex)) differs from a full scan "
+                        + "(\(scanned.rowCount) rows, \(scanned.hex)); please report this"
+                )
+            }
+            print("full scan: matches")
+        }
+    }
+
+    struct Unreplicate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Stop replicating a table: drop Shoal's metadata for it, keep the table and its rows.",
+            discussion: """
+                The way out for a table whose shape was changed by another tool (it is then paused). Afterwards \
+                `shoal replicate TABLE` replicates it again in its new shape, its rows becoming changes of this \
+                node; do the same on every node, since nodes only exchange tables of the same shape.
+                """
+        )
+
+        @OptionGroup var database: DatabaseOptions
+        @Argument(help: "The replicated (or paused) table.") var table: String
+
+        func run() throws {
+            let store = try database.open()
+            try store.unreplicate(table: table)
+            print("no longer replicating \(table); its rows are kept")
         }
     }
 
@@ -247,3 +361,15 @@ extension ShoalCommand {
         }
     }
 }
+
+extension ShoalCommand.Init: DescribedActivity { var activity: String { "could not create the database" } }
+extension ShoalCommand.Replicate: DescribedActivity { var activity: String { "could not replicate \(table)" } }
+extension ShoalCommand.Unreplicate: DescribedActivity { var activity: String { "could not unreplicate \(table)" } }
+extension ShoalCommand.Changes: DescribedActivity { var activity: String { "could not write the changes" } }
+extension ShoalCommand.Apply: DescribedActivity { var activity: String { "could not apply the changes" } }
+extension ShoalCommand.Digest: DescribedActivity { var activity: String { "could not compute the digest" } }
+extension ShoalCommand.Compact: DescribedActivity { var activity: String { "could not compact the change log" } }
+extension ShoalCommand.Status: DescribedActivity { var activity: String { "could not read the status" } }
+extension ShoalCommand.Conflicts: DescribedActivity { var activity: String { "could not read the conflicts" } }
+extension ShoalCommand.Serve: DescribedActivity { var activity: String { "could not run the node" } }
+extension ShoalCommand.Demo: DescribedActivity { var activity: String { "the demo failed" } }

@@ -18,7 +18,9 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
     @Option(help: "Nodes for the convergence figure.") var convergeNodes = 16
     @Option(help: "Concurrent writes per node for convergence.") var convergeWrites = 1_000
-    @Option(help: "Run one part only: catchup, propagation, idle or converge.") var only: String?
+    @Option(help: "Rows already in the table for the big-table propagation figure.") var bigRows = 2_000_000
+    @Option(help: "Nodes for the big-table propagation figure.") var bigNodes = 2
+    @Option(help: "Run one part only: catchup, propagation, propagation-big, idle or converge.") var only: String?
 
     func run() async throws {
         let directory = NSTemporaryDirectory() + "shoal-sync-bench-\(getpid())"
@@ -27,6 +29,10 @@ struct SyncBenchmark: AsyncParsableCommand {
         var figures: [(String, Double)] = []
         if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
         if only == nil || only == "propagation" { figures += try await propagation(directory + "/propagation") }
+        if only == nil || only == "propagation-big" {
+            figures += try await propagation(directory + "/propagation-big", nodeCount: bigNodes, preload: bigRows)
+                .map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_big_"), $0.1) }
+        }
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
         if json {
@@ -95,12 +101,34 @@ struct SyncBenchmark: AsyncParsableCommand {
         ]
     }
 
-    /// Writes on one node at a steady rate; the time until each write is visible on every other node.
-    private func propagation(_ directory: String) async throws -> [(String, Double)] {
+    /// Writes on one node at a steady rate; the time until each write is visible on every other node. With
+    /// `preload`, the table first holds that many rows on every node (written on one, caught up by the others).
+    private func propagation(
+        _ directory: String,
+        nodeCount: Int? = nil,
+        preload: Int = 0
+    ) async throws -> [(String, Double)] {
+        let propagationNodes = nodeCount ?? self.propagationNodes
         var nodes: [ServeProcess] = []
         defer { for node in nodes { node.stop() } }
         for index in 0..<propagationNodes {
-            _ = try makeDatabase(directory + "/n\(index).db", name: "n\(index)")
+            let store = try makeDatabase(directory + "/n\(index).db", name: "n\(index)")
+            guard index == 0, preload > 0 else { continue }
+            let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+            var id = 0
+            while id < preload {
+                try store.transaction {
+                    for _ in 0..<min(50_000, preload - id) {
+                        try insert.execute([
+                            .integer(Int64(id)), .text("row \(id)"), .integer(Int64(id) * 7), .real(Double(id) / 3),
+                        ])
+                        id += 1
+                    }
+                }
+            }
+            _ = try store.digest()
+        }
+        for index in 0..<propagationNodes {
             nodes.append(
                 try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
@@ -111,6 +139,16 @@ struct SyncBenchmark: AsyncParsableCommand {
             )
         }
         let writer = try Store(path: directory + "/n0.db")
+        if preload > 0 {
+            // Every node holds the big table before the measured writes start.
+            let goal = try writer.versionVector()
+            let readers = try (1..<propagationNodes).map { try Store(path: directory + "/n\($0).db") }
+            let deadline = Date().addingTimeInterval(1_200)
+            while try readers.contains(where: { try !$0.versionVector().dominatesOrEquals(goal) }) {
+                guard Date() < deadline else { throw ServeError(message: "the big table did not catch up in time") }
+                try await Task.sleep(for: .milliseconds(200))  // polling a condition with a deadline
+            }
+        }
         // Readers on the other nodes' files, each noting when it first sees every id.
         let total = writeRate * propagationSeconds
         let written = Clock.Times(count: total)
@@ -122,9 +160,9 @@ struct SyncBenchmark: AsyncParsableCommand {
                 var next = 0
                 while next < total && stop.get(0) == 0 {
                     let highest = (try? reader.execute("SELECT max(id) FROM t").rows.first?.first?.integerValue) ?? nil
-                    if let highest, highest >= Int64(next) {
+                    if let highest, highest >= Int64(preload + next) {
                         let now = Clock.now()
-                        while next <= Int(highest) && next < total {
+                        while next <= Int(highest) - preload && next < total {
                             seen[index - 1].set(next, now)
                             next += 1
                         }
@@ -140,7 +178,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             let due = start + Double(id) * interval
             let wait = due - Clock.now()
             if wait > 0 { usleep(useconds_t(wait * 1_000_000)) }
-            try writer.execute("INSERT INTO t(id, a, b, c) VALUES (?, 'p', 1, 1.0)", [.integer(Int64(id))])
+            try writer.execute("INSERT INTO t(id, a, b, c) VALUES (?, 'p', 1, 1.0)", [.integer(Int64(preload + id))])
             written.set(id, Clock.now())
         }
         let deadline = Date().addingTimeInterval(30)

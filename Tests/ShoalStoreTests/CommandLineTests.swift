@@ -1,0 +1,151 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+/// The CLI's rough edges, over the real binary: only `init` creates a database, one `serve` per file, plain
+/// error messages, SQL from a file or stdin.
+@Suite struct CommandLineTests {
+    @Test func onlyInitCreatesADatabase() throws {
+        let directory = try temporaryDirectory("cli-missing")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let typo = directory.appendingPathComponent("tpyo.db").path
+        let commands: [[String]] = [
+            ["sql", "--db", typo, "SELECT 1"], ["status", "--db", typo], ["digest", "--db", typo],
+            ["changes", "--db", typo], ["replicate", "--db", typo, "t"], ["unreplicate", "--db", typo, "t"],
+            ["compact", "--db", typo], ["conflicts", "--db", typo], ["apply", "--db", typo, "/dev/null"],
+            ["serve", "--db", typo, "--no-mdns"],
+        ]
+        for arguments in commands {
+            let result = try runProcess(try shoalExecutable(), arguments)
+            #expect(result.status != 0, "\(arguments[0])")
+            #expect(result.stderr.contains("there is no database at \(typo)"), "\(arguments[0]): \(result.stderr)")
+            #expect(result.stderr.contains("shoal init --db"))
+            #expect(!FileManager.default.fileExists(atPath: typo), "\(arguments[0]) created the file")
+        }
+        let created = try shoal("init", "--db", typo)
+        #expect(created.status == 0)
+        #expect(try shoal("status", "--db", typo).status == 0)
+        // init is idempotent: the same site id.
+        #expect(try shoal("init", "--db", typo).stdout == created.stdout)
+        let folder = try shoal("status", "--db", directory.path)
+        #expect(folder.status != 0 && folder.stderr.contains("is a directory"))
+    }
+
+    @Test func sqlComesFromAFileOrStdin() throws {
+        let directory = try temporaryDirectory("cli-sql")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("a.db").path
+        #expect(try shoal("init", "--db", db).status == 0)
+        let script = """
+            CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+            -- a comment; and a statement over
+            -- several lines
+            INSERT INTO t(id, v)
+                VALUES (1, 'from a file; with a semicolon');
+            """
+        let file = directory.appendingPathComponent("script.sql").path
+        try script.write(toFile: file, atomically: true, encoding: .utf8)
+        let fromFile = try shoal("sql", "--db", db, "--file", file)
+        #expect(fromFile.status == 0, "\(fromFile.stderr)")
+        let fromStdin = try shoal(
+            "sql", "--db", db, "-",
+            input: Data("INSERT INTO t(id, v) VALUES (2, 'from stdin');\nSELECT v FROM t ORDER BY id;\n".utf8)
+        )
+        #expect(fromStdin.status == 0, "\(fromStdin.stderr)")
+        #expect(fromStdin.stdout.contains("from a file; with a semicolon") && fromStdin.stdout.contains("from stdin"))
+        let dashFile = try shoal(
+            "sql", "--db", db, "--file", "-", "--json",
+            input: Data("SELECT count(*) AS n FROM t".utf8)
+        )
+        #expect(dashFile.stdout.contains("\"n\":2"))
+        // Bad uses are clear errors.
+        let missing = try shoal("sql", "--db", db, "--file", directory.appendingPathComponent("nope.sql").path)
+        #expect(missing.status != 0 && missing.stderr.contains("cannot read the SQL file"))
+        let both = try shoal("sql", "--db", db, "--file", file, "SELECT 1")
+        #expect(both.status != 0 && both.stderr.contains("not both"))
+        let empty = try shoal("sql", "--db", db, "-", input: Data("  \n".utf8))
+        #expect(empty.status != 0 && empty.stderr.contains("no SQL in stdin"))
+    }
+
+    @Test func errorsSayWhatFailedInPlainWords() throws {
+        let directory = try temporaryDirectory("cli-errors")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("a.db").path
+        #expect(try shoal("init", "--db", db).status == 0)
+        let syntax = try shoal("sql", "--db", db, "SELEC 1")
+        #expect(syntax.status != 0)
+        #expect(syntax.stderr.hasPrefix("shoal: could not run the SQL: "), "\(syntax.stderr)")
+        #expect(syntax.stderr.contains("syntax error"), "the detail stays")
+        let replicate = try shoal("replicate", "--db", db, "nosuch")
+        #expect(replicate.stderr.hasPrefix("shoal: could not replicate nosuch: no table named nosuch"))
+
+        // A port already taken: said as such, with the system's detail.
+        let first = try ServeChild(database: db, extra: [])
+        defer { first.stop() }
+        let other = directory.appendingPathComponent("b.db").path
+        #expect(try shoal("init", "--db", other).status == 0)
+        let taken = try runProcess(
+            try shoalExecutable(),
+            ["serve", "--db", other, "--no-mdns", "--listen", "127.0.0.1:\(first.port)"]
+        )
+        #expect(taken.status != 0)
+        #expect(taken.stderr.contains("could not start listening on 127.0.0.1:\(first.port): Address already in use"))
+    }
+
+    @Test func aSecondServeOnTheSameFileIsRefusedAndTheLockDiesWithTheProcess() throws {
+        let directory = try temporaryDirectory("cli-lock")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("a.db").path
+        #expect(try shoal("init", "--db", db).status == 0)
+        let first = try ServeChild(database: db, extra: [])
+        let second = try runProcess(try shoalExecutable(), ["serve", "--db", db, "--no-mdns"], timeout: 60)
+        #expect(second.status != 0)
+        #expect(second.stderr.contains("another shoal serve (pid \(first.process.processIdentifier)) already runs"))
+        // Killed outright, the first leaves no stale lock: a new node starts at once.
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        let third = try ServeChild(database: db, extra: [])
+        third.stop()
+        #expect(third.process.terminationStatus == 0)
+    }
+}
+
+/// A `shoal serve` child on loopback, started and waited for ("listening on").
+final class ServeChild {
+    let process = Process()
+    let port: Int
+
+    init(database: String, extra: [String]) throws {
+        process.executableURL = try shoalExecutable()
+        process.arguments = ["serve", "--db", database, "--no-mdns", "--listen", "127.0.0.1:0"] + extra
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let watchdog = DispatchWorkItem { [process] in if process.isRunning { process.terminate() } }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 60, execute: watchdog)
+        defer { watchdog.cancel() }
+        var said = ""
+        while !said.contains("\n") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+        guard let line = said.split(separator: "\n").first, line.hasPrefix("listening on "),
+            let port = line.split(separator: ":").last.flatMap({ Int($0) })
+        else {
+            process.terminate()
+            throw ShoalError(code: .invalidArgument, message: "shoal serve did not start: \(said)")
+        }
+        self.port = port
+    }
+
+    func stop() {
+        if process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+}
