@@ -43,7 +43,7 @@ actor StoreWorker {
     private var cursors: [Int: DeltaCursor] = [:]
     private var nextCursor = 0
 
-    /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:)``.
+    /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:maxBytes:)``.
     func openCursor(since: VersionVector) throws(ShoalError) -> Int {
         nextCursor += 1
         cursors[nextCursor] = try store.deltaCursor(since: since)
@@ -53,9 +53,12 @@ actor StoreWorker {
     /// The next batch of an answer and whether it is the last; the cursor is dropped after the last one.
     func nextBatch(
         _ cursor: Int,
-        maxChanges: Int
+        maxChanges: Int,
+        maxBytes: Int
     ) throws(ShoalError) -> (batch: ChangeBatch, isLast: Bool, remaining: UInt64)? {
-        guard let delta = cursors[cursor], let batch = try store.nextBatch(delta, maxChanges: maxChanges) else {
+        guard let delta = cursors[cursor],
+            let batch = try store.nextBatch(delta, maxChanges: maxChanges, maxBytes: maxBytes)
+        else {
             cursors[cursor] = nil
             return nil
         }
