@@ -439,6 +439,8 @@ public actor SyncNode: Service {
 
     /// Repeating failures, logged once with a count.
     private var failures = RepeatingFailures()
+    /// Peers whose last failure was their refusal of our changes.
+    private var refusedByPeer: Set<SiteID> = []
     /// How far ahead of local time each peer's clocks last looked.
     private var clockViews: [SiteID: ClockView] = [:]
 
@@ -568,6 +570,9 @@ public actor SyncNode: Service {
             failure = error.message
         }
         if let failure {
+            // A refusal by the peer is over once the peer acknowledges our changes; one of ours once our pull
+            // finishes (the other direction may work all along).
+            if refusal != nil { refusedByPeer.insert(peer) } else { refusedByPeer.remove(peer) }
             peers[peer]?.consecutiveFailures += 1
             peers[peer]?.lastError = failure
             if let line = failures.note(peer.hex, failure) {
@@ -584,9 +589,7 @@ public actor SyncNode: Service {
 
     private func roundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
         peers[peer]?.lastSuccessfulSync = SystemWallClock().nowMilliseconds()
-        peers[peer]?.consecutiveFailures = 0
-        peers[peer]?.lastError = nil
-        failures.clear(peer.hex)
+        if !refusedByPeer.contains(peer) { failureOver(peer) }
         peers[peer]?.roundsFinished += 1
         peers[peer]?.recentRoundMilliseconds.append(milliseconds)
         if let count = peers[peer]?.recentRoundMilliseconds.count, count > 1_000 {
@@ -595,7 +598,16 @@ public actor SyncNode: Service {
         eventSink.yield(.roundFinished(peer: peer, applied: applied))
     }
 
+    private func failureOver(_ peer: SiteID) {
+        refusedByPeer.remove(peer)
+        peers[peer]?.consecutiveFailures = 0
+        peers[peer]?.lastError = nil
+        peers[peer]?.retryDelayMilliseconds = nil
+        failures.clear(peer.hex)
+    }
+
     private func acknowledged(peer: SiteID, _ ack: Ack) {
+        if refusedByPeer.contains(peer) { failureOver(peer) }
         peers[peer]?.versionVector = ack.versionVector
         // No digest means the peer's is not current: forget the old one rather than report a stale match.
         peers[peer]?.digest = ack.digest.map { digest in
