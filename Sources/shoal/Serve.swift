@@ -64,7 +64,8 @@ extension ShoalCommand {
                         node: node.siteID,
                         pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
                         digest: try? await node.refreshDigest(),
-                        peers: await node.peerStatuses()
+                        peers: await node.peerStatuses(),
+                        unreached: await node.unreachedPeers()
                     ).write(to: statusFile)
                     try? await Task.sleep(for: .milliseconds(250))
                 }
