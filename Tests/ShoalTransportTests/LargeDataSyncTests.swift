@@ -168,3 +168,39 @@ private func framesAnsweringAPull(port: Int, fingerprint: String, within seconds
         await a.stop()
     }
 }
+
+@Suite struct UnsendableChangeTests {
+    @Test func aValueOverTheMaximumIsAFailureBothSidesReportAndBackOffFrom() async throws {
+        let directory = try temporaryDirectory("unsendable")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // A node whose maximum value size is 1 MiB (so the test needs no 256 MiB value).
+        let a = try await startNode(in: directory, name: "a") { $0.session.maximumValueBytes = 1 << 20 }
+        let b = try await startNode(in: directory, name: "b", peers: [a.port]) { configuration in
+            configuration.backoffInitialMilliseconds = 20
+            configuration.backoffMaximumMilliseconds = 60_000
+        }
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('too big', randomblob(2 * 1024 * 1024))")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('behind it', 1)")
+        // Both sides say why, plainly, and b (the dialler) backs off instead of reconnecting at once.
+        let deadline = Date().addingTimeInterval(60)
+        var statusA: PeerStatus?
+        var statusB: PeerStatus?
+        while Date() < deadline {
+            statusA = await a.node.peerStatuses().first
+            statusB = await b.node.peerStatuses().first
+            if (statusB?.consecutiveFailures ?? 0) >= 5 && statusA?.lastError != nil { break }
+            _ = await b.log.next(within: 0.5) { _ in true }
+        }
+        #expect(statusA?.lastError?.contains("exceeds the maximum value size") == true)
+        #expect(statusB?.lastError?.contains("the peer refused") == true)
+        #expect(statusB?.lastError?.contains("cannot be sent") == true)
+        #expect((statusB?.retryDelayMilliseconds ?? 0) >= 20 * 16 * 8 / 10)
+        let dials = await b.node.dialCount(PeerAddress(host: "127.0.0.1", port: a.port))
+        #expect(dials <= (statusB?.consecutiveFailures ?? 0) + 2)
+        // b never claims what it did not receive.
+        #expect(try await b.node.versionVector()[a.node.siteID] < a.node.versionVector()[a.node.siteID])
+        await b.stop()
+        await a.stop()
+    }
+}
