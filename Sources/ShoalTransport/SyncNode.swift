@@ -80,23 +80,46 @@ public actor SyncNode: Service {
         try await worker.versionVector()
     }
 
-    /// Local transactions that no peer has acknowledged holding yet.
+    /// Local transactions that no peer has acknowledged holding yet (from the version vector as last read:
+    /// answered at once, even while a long apply runs).
     public func pendingLocalChanges() async throws -> UInt64 {
-        let local = try await worker.versionVector()[siteID]
+        let local = worker.latestVersionVector.withLock { $0 }[siteID]
         let seen = peers.values.map { $0.versionVector[siteID] }.max() ?? 0
         return local > seen ? local - seen : 0
     }
 
-    /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports).
+    /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports). Without
+    /// `waiting`, it answers at once with the digest of the last refresh and starts the next one in the
+    /// background, so a status report never waits behind a long apply.
     public func refreshDigest(
         minimumIntervalMilliseconds interval: UInt64 = 2_000,
-        quietMilliseconds quiet: UInt64 = 1_000
+        quietMilliseconds quiet: UInt64 = 1_000,
+        waiting: Bool = true
     ) async throws -> StateDigest? {
-        try await worker.refreshDigest(
+        guard waiting else {
+            if !digestRefreshing {
+                digestRefreshing = true
+                Task { await self.refreshDigestInBackground(interval: interval, quiet: quiet) }
+            }
+            return lastRefreshedDigest
+        }
+        return try await worker.refreshDigest(
             minimumIntervalMilliseconds: interval,
             quietMilliseconds: quiet,
             now: SystemWallClock().nowMilliseconds()
         )
+    }
+
+    private var digestRefreshing = false
+    private var lastRefreshedDigest: StateDigest?
+
+    private func refreshDigestInBackground(interval: UInt64, quiet: UInt64) async {
+        lastRefreshedDigest = try? await worker.refreshDigest(
+            minimumIntervalMilliseconds: interval,
+            quietMilliseconds: quiet,
+            now: SystemWallClock().nowMilliseconds()
+        )
+        digestRefreshing = false
     }
 
     /// The state digest of the node's database.
@@ -117,6 +140,7 @@ public actor SyncNode: Service {
             .bind(host: configuration.listenHost, port: configuration.listenPort) { channel in
                 Self.wrap(channel, maximumFrame: maximumFrame)
             }
+        _ = try? await worker.versionVector()
         listeningPort = server.channel.localAddress?.port
         if let listeningPort { eventSink.yield(.listening(port: listeningPort)) }
         configuration.logger.info(

@@ -63,7 +63,7 @@ extension ShoalCommand {
                     try? LiveStatus(
                         node: node.siteID,
                         pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
-                        digest: try? await node.refreshDigest(),
+                        digest: try? await node.refreshDigest(waiting: false),
                         peers: await node.peerStatuses(),
                         unreached: await node.unreachedPeers()
                     ).write(to: statusFile)
