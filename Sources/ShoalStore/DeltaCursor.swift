@@ -1,8 +1,8 @@
 import ShoalCore
 
-/// A position in the answer to "what does this version vector lack": the store hands out one bounded
-/// batch at a time from it (``Store/nextBatch(_:maxChanges:)``), so a catch-up of any size needs memory
-/// for one batch only.
+/// A position in the answer to "what does this version vector lack": the store hands out one batch at a
+/// time from it (``Store/nextBatch(_:maxChanges:maxBytes:)``), bounded in changes and in bytes, so a catch-up
+/// of any size and any value sizes needs memory for one batch only.
 ///
 /// Batches are cut at transaction boundaries. A transaction larger than a batch on its own is split; its
 /// earlier parts claim nothing for it, so an interrupted catch-up sends it again from its start.

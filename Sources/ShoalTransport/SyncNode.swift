@@ -500,6 +500,10 @@ public actor SyncNode: Service {
                 return (nil, Rejection(.tooManyConnections, "too many connections from \(from) are still handshaking"))
             }
         }
+        if !dialed, let remoteIP {
+            let pending = connections.values.filter { $0.pending && $0.remoteIP == remoteIP }.count + 1
+            pendingHighWater[remoteIP] = max(pendingHighWater[remoteIP] ?? 0, pending)
+        }
         nextConnectionID += 1
         connections[nextConnectionID] = ConnectionEntry(
             dialed: dialed,
@@ -510,6 +514,9 @@ public actor SyncNode: Service {
         )
         return (nextConnectionID, nil)
     }
+
+    /// The most handshaking connections seen at once from each remote address (for tests and diagnostics).
+    private(set) var pendingHighWater: [String: Int] = [:]
 
     /// What becomes of a connection whose handshake succeeded.
     enum Admission: Sendable {
