@@ -1,8 +1,8 @@
 import ShoalCore
 
-/// A position in the answer to "what does this version vector lack": the store hands out one bounded
-/// batch at a time from it (``Store/nextBatch(_:maxChanges:)``), so a catch-up of any size needs memory
-/// for one batch only.
+/// A position in the answer to "what does this version vector lack": the store hands out one batch at a
+/// time from it (``Store/nextBatch(_:maxChanges:maxBytes:)``), bounded in changes and in bytes, so a catch-up
+/// of any size and any value sizes needs memory for one batch only.
 ///
 /// Batches are cut at transaction boundaries. A transaction larger than a batch on its own is split; its
 /// earlier parts claim nothing for it, so an interrupted catch-up sends it again from its start.
@@ -58,20 +58,34 @@ extension Store {
         return cursor
     }
 
-    /// The next batch of about `maxChanges` changes (it ends after the row that reaches the limit), or `nil`
-    /// once the final batch was handed out.
-    public func nextBatch(_ cursor: DeltaCursor, maxChanges: Int) throws(ShoalError) -> ChangeBatch? {
+    /// The next batch of at most `maxChanges` changes and about `maxBytes` encoded bytes, or `nil` once the
+    /// final batch was handed out.
+    ///
+    /// A batch ends before the row that would take it over either limit, so it exceeds `maxBytes` only when it
+    /// holds a single row larger than that on its own. It ends at a transaction boundary when it holds whole
+    /// transactions; a transaction larger than a batch spans several, and only the batch that completes it
+    /// raises the claim to cover it.
+    public func nextBatch(
+        _ cursor: DeltaCursor,
+        maxChanges: Int,
+        maxBytes: Int = Store.defaultBatchBytes
+    ) throws(ShoalError) -> ChangeBatch? {
         guard !cursor.isFinished else { return nil }
-        let batch = try nextBatchBody(cursor, maxChanges: maxChanges)
+        let batch = try nextBatchBody(cursor, maxChanges: max(1, maxChanges), maxBytes: max(1, maxBytes))
         cursor.sentChanges += UInt64(batch.changes.count)
         return batch
     }
 
-    private func nextBatchBody(_ cursor: DeltaCursor, maxChanges: Int) throws(ShoalError) -> ChangeBatch {
+    /// The default byte bound of a batch (2 MiB: well under the 16 MiB frame maximum).
+    public static let defaultBatchBytes = 2 * 1024 * 1024
+
+    private func nextBatchBody(_ cursor: DeltaCursor, maxChanges: Int, maxBytes: Int) throws(ShoalError) -> ChangeBatch {
         try refreshSchema()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         var changes: [Change] = []
+        var bytes = 0
         var dotStart = 0
+        var rowChanges: [Change] = []
         while true {
             if let dot = cursor.dot {
                 // Continue the transaction in progress.
@@ -87,14 +101,21 @@ extension Store {
                     var reader = ByteReader(row.keys)
                     _ = try reader.readBytes(cursor.keyOffset)
                     while !reader.isAtEnd {
+                        let keyStart = reader.offset
                         let length = Int(try reader.readVarint())
                         var keyReader = ByteReader(Array(try reader.readBytes(length)))
                         var key: [SQLValue] = []
                         for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
-                        cursor.keyOffset = reader.offset
-                        guard cursor.seenKeys.insert(key).inserted else { continue }
-                        try collect(dot: dot, table: table, key: key, into: &changes)
-                        if changes.count >= maxChanges && !reader.isAtEnd {
+                        guard cursor.seenKeys.insert(key).inserted else {
+                            cursor.keyOffset = reader.offset
+                            continue
+                        }
+                        rowChanges.removeAll(keepingCapacity: true)
+                        try collect(dot: dot, table: table, key: key, into: &rowChanges)
+                        let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
+                        if !changes.isEmpty
+                            && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
+                        {
                             if dotStart > 0 && cursor.dotStartedInBatch {
                                 // The batch holds whole transactions before this one: end it there, and send
                                 // this transaction from its start next time.
@@ -102,10 +123,16 @@ extension Store {
                                 restart(cursor)
                                 return ChangeBatch(changes: changes, claim: cursor.claim)
                             }
-                            // This transaction alone exceeds a batch: send a part, claiming nothing for it.
+                            // This transaction alone exceeds a batch: send a part, claiming nothing for it, and
+                            // go on from this row next time.
+                            cursor.seenKeys.remove(key)
+                            cursor.keyOffset = keyStart
                             cursor.dotStartedInBatch = false
                             return ChangeBatch(changes: changes, claim: cursor.claim)
                         }
+                        cursor.keyOffset = reader.offset
+                        changes.append(contentsOf: rowChanges)
+                        bytes += rowBytes
                     }
                     cursor.rowPosition += 1
                     cursor.keyOffset = 0
@@ -115,7 +142,9 @@ extension Store {
                 cursor.claim.advance(dot.site, to: dot.seq)
                 cursor.floor = dot.seq
                 cursor.dot = nil
-                if changes.count >= maxChanges { return ChangeBatch(changes: changes, claim: cursor.claim) }
+                if changes.count >= maxChanges || bytes >= maxBytes {
+                    return ChangeBatch(changes: changes, claim: cursor.claim)
+                }
             }
             // The next transaction of the current site, or the next site.
             guard cursor.siteIndex < cursor.sites.count else {
@@ -160,5 +189,32 @@ extension Store {
         defer { select.reset() }
         guard try select.step(), case .integer(let seq) = select.column(0) else { return nil }
         return UInt64(seq)
+    }
+}
+
+extension Change {
+    /// About how many bytes the change takes in a change batch (an upper bound of the wire encoding: the table
+    /// name, the key, the value, and the fixed fields).
+    var estimatedEncodedBytes: Int {
+        var size = 40 + table.utf8.count
+        for value in primaryKey { size += value.estimatedEncodedBytes }
+        switch payload {
+        case .row: break
+        case .column(let name, let value): size += name.utf8.count + value.estimatedEncodedBytes
+        case .counter(let name, _, _): size += name.utf8.count + 20
+        }
+        return size
+    }
+}
+
+extension SQLValue {
+    /// The length of the canonical encoding, at most.
+    var estimatedEncodedBytes: Int {
+        switch self {
+        case .null: 1
+        case .integer, .real: 9
+        case .text(let text): 11 + text.utf8.count
+        case .blob(let bytes): 11 + bytes.count
+        }
     }
 }

@@ -1,16 +1,23 @@
 import ShoalCore
 
 extension Store {
-    /// Every held change whose dot `since` does not cover, ordered by (site, seq), in batches of about
-    /// `maxChangesPerBatch` changes cut at transaction boundaries (a larger transaction is one batch).
+    /// Every held change whose dot `since` does not cover, ordered by (site, seq), in batches of at most
+    /// `maxChangesPerBatch` changes and about `maxBytesPerBatch` bytes, cut at transaction boundaries (a larger
+    /// transaction spans several batches, and only the last of them claims it).
     ///
     /// Only the latest write of each column is held, so superseded changes are not sent; each batch's
     /// ``ChangeBatch/claim`` says what the receiver holds once it has applied it and the batches before it.
     /// There is always at least one batch, so the receiver learns the final claim even when nothing is sent.
-    public func changes(since: VersionVector, maxChangesPerBatch: Int = 10_000) throws(ShoalError) -> [ChangeBatch] {
+    public func changes(
+        since: VersionVector,
+        maxChangesPerBatch: Int = 10_000,
+        maxBytesPerBatch: Int = Store.defaultBatchBytes
+    ) throws(ShoalError) -> [ChangeBatch] {
         let cursor = try deltaCursor(since: since)
         var batches: [ChangeBatch] = []
-        while let batch = try nextBatch(cursor, maxChanges: maxChangesPerBatch) { batches.append(batch) }
+        while let batch = try nextBatch(cursor, maxChanges: maxChangesPerBatch, maxBytes: maxBytesPerBatch) {
+            batches.append(batch)
+        }
         return batches
     }
 

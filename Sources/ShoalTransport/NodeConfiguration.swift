@@ -50,7 +50,19 @@ public struct NodeConfiguration: Sendable {
     /// How often the node looks for commits made by other processes.
     public var localChangePollMilliseconds: UInt64 = 20
     public var maxChangesPerBatch = 5_000
+    /// Batches are also cut by size: about this many encoded bytes at most (a single larger row goes alone).
+    public var maxBytesPerBatch = WireProtocol.defaultBatchBytes
+    /// Values whose encoding is longer than this travel in pieces of ``pieceBytes`` (protocol version 2).
+    public var inlineValueLimit = WireProtocol.defaultInlineValueLimit
+    public var pieceBytes = WireProtocol.defaultPieceBytes
+    /// Established connections (after the handshake) the node keeps at most.
     public var maximumConnections = 64
+    /// Inbound connections still handshaking (not yet past hello) the node holds at most, in a pool of their
+    /// own; each is closed at the handshake deadline (``SyncSession/Configuration/handshakeTimeout``).
+    public var maximumPendingConnections = 32
+    /// Of those, how many may come from one remote IP address: a client holding silent sockets keeps no
+    /// other address out.
+    public var maximumPendingPerAddress = 4
     public var maximumFrameLength = WireProtocol.defaultMaximumFrameLength
     /// Reconnection backoff after failures: from the first delay, doubling to the cap, with jitter.
     public var backoffInitialMilliseconds: UInt64 = 100
@@ -114,6 +126,22 @@ public struct PeerStatus: Sendable, Hashable {
     /// Whether a connection with the peer was ever established (a peer found by mDNS or remembered is listed
     /// before that).
     public var everConnected = false
+    /// While the peer is failing: how long until the node dials it again (milliseconds, with jitter).
+    public var retryDelayMilliseconds: UInt64?
+}
+
+/// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.
+public struct UnreachedPeer: Sendable, Hashable {
+    public var address: String
+    /// How the node learned of the address ("static").
+    public var foundBy: String
+    /// How many times it was dialled.
+    public var attempts: Int
+    public var consecutiveFailures: Int
+    /// Why the last attempt failed.
+    public var lastError: String?
+    /// How long until the next attempt (milliseconds).
+    public var retryDelayMilliseconds: UInt64?
 }
 
 extension PeerStatus {

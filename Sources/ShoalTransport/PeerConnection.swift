@@ -15,6 +15,13 @@ struct PeerConnection {
     struct Outcome: Sendable {
         var established: Bool
         var error: ShoalError?
+        /// How the peer refused us, if it did.
+        var refusal: Rejection?
+        /// Whether a pull finished and the connection did not end in a failure or refusal: only then does the
+        /// dialer start again from its shortest backoff.
+        var healthy = false
+        /// A round failed here (apply, send, …): the connection ended because of it.
+        var failedHere = false
     }
 
     let id: Int
@@ -27,6 +34,7 @@ struct PeerConnection {
     private var peer: SiteID?
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
+    private var roundsFinished = 0
 
     init(
         id: Int,
@@ -94,7 +102,7 @@ struct PeerConnection {
                 case .shutdown:
                     actions = session.fail(
                         ShoalError(code: .rejected, message: "the node is shutting down"),
-                        reason: .other
+                        reason: .shuttingDown
                     )
                 case .duplicate:
                     actions = session.fail(
@@ -114,6 +122,8 @@ struct PeerConnection {
             group.cancelAll()
         }
         outbound.finish()
+        outcome.healthy =
+            outcome.established && roundsFinished > 0 && outcome.refusal == nil && !outcome.failedHere
         return outcome
     }
 
@@ -134,10 +144,19 @@ struct PeerConnection {
                 case .send(let message):
                     try await write(message, to: outbound)
                 case .established(let hello, _):
-                    guard await node.connectionEstablished(id, peer: hello, address: address) else {
+                    switch await node.connectionEstablished(id, peer: hello, address: address) {
+                    case .accepted:
+                        break
+                    case .duplicate:
                         actions = session.fail(
                             ShoalError(code: .rejected, message: "already connected to \(hello.siteID.hex)"),
                             reason: .duplicateConnection
+                        )
+                        continue
+                    case .full:
+                        actions = session.fail(
+                            ShoalError(code: .rejected, message: "this node is at its connection limit"),
+                            reason: .tooManyConnections
                         )
                         continue
                     }
@@ -156,18 +175,18 @@ struct PeerConnection {
                     do {
                         while let (batch, isLast, remaining) = try await worker.nextBatch(
                             cursor,
-                            maxChanges: configuration.maxChangesPerBatch
+                            maxChanges: configuration.maxChangesPerBatch,
+                            maxBytes: configuration.maxBytesPerBatch
                         ) {
-                            try await write(
-                                .changeBatch(
-                                    ChangeBatchMessage(
-                                        requestID: request.requestID,
-                                        sequence: sequence,
-                                        isLast: isLast,
-                                        estimatedRemaining: remaining,
-                                        batch: batch
-                                    )
+                            try await send(
+                                ChangeBatchMessage(
+                                    requestID: request.requestID,
+                                    sequence: sequence,
+                                    isLast: isLast,
+                                    estimatedRemaining: remaining,
+                                    batch: batch
                                 ),
+                                version: session.version ?? WireProtocol.minimumVersion,
                                 to: outbound
                             )
                             sequence += 1
@@ -180,8 +199,17 @@ struct PeerConnection {
                     let local = try await worker.versionVector()
                     if !local.dominatesOrEquals(request.versionVector) { actions.append(.wantRound) }
                 case .apply(let message):
-                    let result = try await worker.apply(message.batch)
+                    let result: (applied: Int, versionVector: VersionVector)
+                    do {
+                        result = try await worker.apply(message.batch)
+                    } catch where error.code == .clockTooFarAhead {
+                        throw await node.describeClockRefusal(error, batch: message.batch, peer: peer)
+                    }
                     appliedThisRound += result.applied
+                    if let peer, let newest = message.batch.changes.map(\.stamp.hlc.milliseconds).max() {
+                        let now = configuration.storeOptions.clock.nowMilliseconds()
+                        await node.connectionClockView(peer: peer, aheadMilliseconds: Int64(newest) - Int64(now))
+                    }
                     if !message.isLast, let peer {
                         await node.connectionProgress(
                             peer: peer,
@@ -197,6 +225,7 @@ struct PeerConnection {
                         now: Self.now()
                     )
                 case .roundFinished:
+                    roundsFinished += 1
                     if let peer {
                         await node.connectionRoundFinished(
                             peer: peer,
@@ -206,15 +235,60 @@ struct PeerConnection {
                     }
                 case .peerAcknowledged(let ack):
                     if let peer { await node.connectionAcknowledged(peer: peer, ack) }
+                case .peerRefused(let rejection):
+                    outcome.refusal = rejection
                 case .close(let error):
                     return error
                 }
             } catch {
-                if let peer, session.phase == .established { await node.connectionRoundFailed(peer: peer) }
-                actions = session.fail(error, reason: error.code == .clockTooFarAhead ? .applyFailed : .other)
+                outcome.failedHere = true
+                if let peer, session.phase == .established {
+                    await node.connectionRoundFailed(peer: peer, reason: error.message)
+                }
+                actions = session.fail(error, reason: Self.reason(whenFailing: error.code))
             }
         }
         return nil
+    }
+
+    /// Sends one batch: first the values too large to travel inside it, in pieces, then the batch itself. A
+    /// change that cannot be sent at all (a value over the maximum, a row larger than a frame) is an error
+    /// with ``Rejection/Reason/unsendableChange``, reported on both sides.
+    private func send(
+        _ message: ChangeBatchMessage,
+        version: UInt16,
+        to outbound: NIOAsyncChannelOutboundWriter<WireMessage>
+    ) async throws(ShoalError) {
+        let prepared = try SyncSession.outgoing(
+            message,
+            version: version,
+            inlineLimit: configuration.inlineValueLimit,
+            maximumValueBytes: configuration.session.maximumValueBytes
+        )
+        for (change, encoded) in prepared.pieced {
+            for piece in SyncSession.pieces(
+                requestID: message.requestID,
+                sequence: message.sequence,
+                change: change,
+                of: encoded,
+                pieceBytes: configuration.pieceBytes
+            ) {
+                try await write(piece, to: outbound)
+            }
+        }
+        // An exact size only when the cheap upper bound says it might not fit.
+        let size = prepared.message.maximumEncodedSize
+        guard size <= configuration.maximumFrameLength
+            || WireMessage.changeBatch(prepared.message).encoded().count <= configuration.maximumFrameLength
+        else {
+            throw ShoalError(
+                code: .frameTooLarge,
+                message: "unsendable change: batch \(message.sequence) holds a row of \(size) bytes, more than the "
+                    + "\(configuration.maximumFrameLength)-byte frame maximum (a primary key or many columns too large "
+                    + "to travel); it and the changes after it are held back"
+            )
+        }
+        try await write(.changeBatch(prepared.message), to: outbound)
     }
 
     /// Sends one message; a peer that stops reading makes the write wait, and after the idle timeout the
@@ -239,6 +313,16 @@ struct PeerConnection {
                 throw ShoalError(code: .timeout, message: "the peer stopped reading: a write waited \(limit) ms")
             }
             throw ShoalError(code: .timeout, message: "could not send to the peer: \(error)")
+        }
+    }
+
+    /// The reason sent to the peer when a round fails here.
+    static func reason(whenFailing code: ShoalError.Code) -> Rejection.Reason {
+        switch code {
+        case .frameTooLarge: .unsendableChange  // only sending raises it here: decoding errors end the stream
+        case .clockTooFarAhead, .sqlite, .siteConflict, .unknownTable, .unknownColumn: .applyFailed
+        case .timeout: .timeout
+        default: .other
         }
     }
 

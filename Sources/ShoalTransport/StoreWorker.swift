@@ -2,6 +2,7 @@ import Logging
 import ShoalCore
 import ShoalStore
 import ShoalWire
+import Synchronization
 
 /// Owns the node's ``Store`` and runs every database operation, one at a time, off the event loops.
 actor StoreWorker {
@@ -13,6 +14,10 @@ actor StoreWorker {
     private var digestComputedAt: UInt64 = 0
     /// When the data last changed (wall milliseconds); the digest is only recomputed once it is quiet.
     private var lastChangeAt: UInt64 = 0
+
+    /// The version vector as last read or written, readable without waiting for the worker (for status reports
+    /// while a long apply runs).
+    nonisolated let latestVersionVector = Mutex(VersionVector())
 
     private func changed() {
         stateVersion += 1
@@ -37,13 +42,15 @@ actor StoreWorker {
     }
 
     func versionVector() throws(ShoalError) -> VersionVector {
-        try store.versionVector()
+        let vector = try store.versionVector()
+        latestVersionVector.withLock { $0 = vector }
+        return vector
     }
 
     private var cursors: [Int: DeltaCursor] = [:]
     private var nextCursor = 0
 
-    /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:)``.
+    /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:maxBytes:)``.
     func openCursor(since: VersionVector) throws(ShoalError) -> Int {
         nextCursor += 1
         cursors[nextCursor] = try store.deltaCursor(since: since)
@@ -53,9 +60,12 @@ actor StoreWorker {
     /// The next batch of an answer and whether it is the last; the cursor is dropped after the last one.
     func nextBatch(
         _ cursor: Int,
-        maxChanges: Int
+        maxChanges: Int,
+        maxBytes: Int
     ) throws(ShoalError) -> (batch: ChangeBatch, isLast: Bool, remaining: UInt64)? {
-        guard let delta = cursors[cursor], let batch = try store.nextBatch(delta, maxChanges: maxChanges) else {
+        guard let delta = cursors[cursor],
+            let batch = try store.nextBatch(delta, maxChanges: maxChanges, maxBytes: maxBytes)
+        else {
             cursors[cursor] = nil
             return nil
         }
@@ -73,7 +83,7 @@ actor StoreWorker {
         if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held) }
         let report = try store.apply(batch.changes, claim: batch.claim)
         if report.applied > 0 { changed() }
-        return (report.applied, try store.versionVector())
+        return (report.applied, try versionVector())
     }
 
     func digest() throws(ShoalError) -> StateDigest {
@@ -116,6 +126,7 @@ actor StoreWorker {
     /// Runs a closure against the store (for the node's own writes).
     func withStore<T: Sendable>(_ body: (Store) throws -> T) throws -> T {
         changed()
+        defer { _ = try? versionVector() }
         return try body(store)
     }
 

@@ -39,6 +39,8 @@ public actor SyncNode: Service {
 
     struct ConnectionEntry {
         let dialed: Bool
+        /// An inbound connection that has not finished its handshake: counted in the bounded pre-handshake pool.
+        var pending: Bool
         var peer: SiteID?
         /// The peer's IP address, as the socket sees it.
         let remoteIP: String?
@@ -78,23 +80,46 @@ public actor SyncNode: Service {
         try await worker.versionVector()
     }
 
-    /// Local transactions that no peer has acknowledged holding yet.
+    /// Local transactions that no peer has acknowledged holding yet (from the version vector as last read:
+    /// answered at once, even while a long apply runs).
     public func pendingLocalChanges() async throws -> UInt64 {
-        let local = try await worker.versionVector()[siteID]
+        let local = worker.latestVersionVector.withLock { $0 }[siteID]
         let seen = peers.values.map { $0.versionVector[siteID] }.max() ?? 0
         return local > seen ? local - seen : 0
     }
 
-    /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports).
+    /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports). Without
+    /// `waiting`, it answers at once with the digest of the last refresh and starts the next one in the
+    /// background, so a status report never waits behind a long apply.
     public func refreshDigest(
         minimumIntervalMilliseconds interval: UInt64 = 2_000,
-        quietMilliseconds quiet: UInt64 = 1_000
+        quietMilliseconds quiet: UInt64 = 1_000,
+        waiting: Bool = true
     ) async throws -> StateDigest? {
-        try await worker.refreshDigest(
+        guard waiting else {
+            if !digestRefreshing {
+                digestRefreshing = true
+                Task { await self.refreshDigestInBackground(interval: interval, quiet: quiet) }
+            }
+            return lastRefreshedDigest
+        }
+        return try await worker.refreshDigest(
             minimumIntervalMilliseconds: interval,
             quietMilliseconds: quiet,
             now: SystemWallClock().nowMilliseconds()
         )
+    }
+
+    private var digestRefreshing = false
+    private var lastRefreshedDigest: StateDigest?
+
+    private func refreshDigestInBackground(interval: UInt64, quiet: UInt64) async {
+        lastRefreshedDigest = try? await worker.refreshDigest(
+            minimumIntervalMilliseconds: interval,
+            quietMilliseconds: quiet,
+            now: SystemWallClock().nowMilliseconds()
+        )
+        digestRefreshing = false
     }
 
     /// The state digest of the node's database.
@@ -115,6 +140,7 @@ public actor SyncNode: Service {
             .bind(host: configuration.listenHost, port: configuration.listenPort) { channel in
                 Self.wrap(channel, maximumFrame: maximumFrame)
             }
+        _ = try? await worker.versionVector()
         listeningPort = server.channel.localAddress?.port
         if let listeningPort { eventSink.yield(.listening(port: listeningPort)) }
         configuration.logger.info(
@@ -300,7 +326,7 @@ public actor SyncNode: Service {
                 try? await Task.sleep(for: .milliseconds(500))
                 continue
             }
-            var established = false
+            var healthy = false
             do {
                 // Connect in a task of its own: cancelling the node must not abandon a channel NIO has created.
                 let connecting = Task {
@@ -315,20 +341,65 @@ public actor SyncNode: Service {
                     try? await channel.executeThenClose { _, _ in }
                     return
                 }
+                dials[address.description, default: 0] += 1
                 let outcome = await handle(channel, dialed: true, address: address.description)
-                established = outcome.established
-                if let failure = outcome.failure, !established { dialFailed(address, site: site, reason: failure) }
+                // Only a connection that finished a round and ended without a failure or a refusal starts the
+                // backoff again; a refusal after the handshake (a clock too far ahead, a failing apply) backs off
+                // like a refused dial.
+                healthy = outcome.healthy
+                if let failure = outcome.error, !outcome.established {
+                    dialFailed(address, site: site, reason: outcome.refusal.map { "the peer refused: \($0.message)" } ?? failure.message)
+                }
             } catch {
-                eventSink.yield(.connectionFailed(address: address.description, reason: "\(error)"))
-                dialFailed(address, site: site, reason: "\(error)")
-                configuration.logger.debug("dial failed", metadata: ["peer": "\(address)", "error": "\(error)"])
+                dials[address.description, default: 0] += 1
+                let reason = "\(error)"
+                dialFailed(address, site: site, reason: reason)
+                if let line = failures.note(address.description, reason) {
+                    eventSink.yield(.connectionFailed(address: address.description, reason: line))
+                    configuration.logger.debug("dial failed", metadata: ["peer": "\(address)", "error": "\(line)"])
+                }
             }
-            if established { backoff = configuration.backoffInitialMilliseconds }
+            if healthy {
+                backoff = configuration.backoffInitialMilliseconds
+                failures.clear(address.description)
+            }
             let jittered = UInt64(Double(backoff) * Double.random(in: 0.8...1.2))
+            if let known = site ?? addressSites[address.description] {
+                peers[known]?.retryDelayMilliseconds = healthy ? nil : jittered
+            }
+            addressRetry[address.description] = healthy ? nil : jittered
             try? await Task.sleep(for: .milliseconds(jittered))
             backoff = min(backoff * 2, configuration.backoffMaximumMilliseconds)
         }
     }
+
+    /// How many times each address was dialled (connections made or attempted).
+    private var dials: [String: Int] = [:]
+    /// The delay before each address is dialled again, while it is failing.
+    private var addressRetry: [String: UInt64] = [:]
+
+    /// How many times the node dialled `address` (connected or tried to), since it started.
+    public func dialCount(_ address: PeerAddress) -> Int { dials[address.description] ?? 0 }
+
+    /// Configured peers never reached yet: their address, how they were learned, and why they cannot be reached.
+    public func unreachedPeers() -> [UnreachedPeer] {
+        let identified = Set(addressSites.keys)
+        return addressOrigins.keys.sorted().compactMap { address in
+            guard !identified.contains(address), addressOrigins[address] == "static" else { return nil }
+            let failure = addressFailures[address]
+            return UnreachedPeer(
+                address: address,
+                foundBy: "static",
+                attempts: dials[address] ?? 0,
+                consecutiveFailures: failure?.count ?? 0,
+                lastError: failure?.reason,
+                retryDelayMilliseconds: addressRetry[address]
+            )
+        }
+    }
+
+    /// Failures of addresses whose peer is not known yet.
+    private var addressFailures: [String: (count: Int, reason: String)] = [:]
 
     // MARK: - Triggers
 
@@ -365,6 +436,7 @@ public actor SyncNode: Service {
 
     /// Counts a failed attempt to reach the peer behind `address`, when it is known.
     private func dialFailed(_ address: PeerAddress, site: SiteID?, reason: String) {
+        addressFailures[address.description] = ((addressFailures[address.description]?.count ?? 0) + 1, reason)
         guard let site = site ?? addressSites[address.description], peers[site]?.isConnected == false else { return }
         peers[site]?.consecutiveFailures += 1
         peers[site]?.lastError = reason
@@ -394,6 +466,13 @@ public actor SyncNode: Service {
         }
     }
 
+    /// Repeating failures, logged once with a count.
+    private var failures = RepeatingFailures()
+    /// Peers whose last failure was their refusal of our changes.
+    private var refusedByPeer: Set<SiteID> = []
+    /// How far ahead of local time each peer's clocks last looked.
+    private var clockViews: [SiteID: ClockView] = [:]
+
     /// Set once the node stops: connections still arriving are closed at once.
     private var shuttingDown = false
 
@@ -412,27 +491,65 @@ public actor SyncNode: Service {
         dialed: Bool,
         remoteIP: String?,
         inbox: AsyncStream<ConnectionEvent>.Continuation
-    ) -> Int? {
-        guard connections.count < configuration.maximumConnections else { return nil }
+    ) -> (id: Int?, refusal: Rejection?) {
+        if !dialed {
+            // Connections that have not said hello yet have a pool of their own, with a cap per remote address:
+            // one client holding silent sockets cannot keep anyone else out, and each is closed at the
+            // handshake deadline.
+            let pending = connections.values.filter(\.pending)
+            if pending.count >= configuration.maximumPendingConnections {
+                return (nil, Rejection(.tooManyConnections, "too many connections are still handshaking"))
+            }
+            if pending.filter({ $0.remoteIP == remoteIP }).count >= configuration.maximumPendingPerAddress {
+                let from = remoteIP ?? "this address"
+                return (nil, Rejection(.tooManyConnections, "too many connections from \(from) are still handshaking"))
+            }
+        }
+        if !dialed, let remoteIP {
+            let pending = connections.values.filter { $0.pending && $0.remoteIP == remoteIP }.count + 1
+            pendingHighWater[remoteIP] = max(pendingHighWater[remoteIP] ?? 0, pending)
+        }
         nextConnectionID += 1
-        connections[nextConnectionID] = ConnectionEntry(dialed: dialed, peer: nil, remoteIP: remoteIP, inbox: inbox)
-        return nextConnectionID
+        connections[nextConnectionID] = ConnectionEntry(
+            dialed: dialed,
+            pending: !dialed,
+            peer: nil,
+            remoteIP: remoteIP,
+            inbox: inbox
+        )
+        return (nextConnectionID, nil)
+    }
+
+    /// The most handshaking connections seen at once from each remote address (for tests and diagnostics).
+    private(set) var pendingHighWater: [String: Int] = [:]
+
+    /// What becomes of a connection whose handshake succeeded.
+    enum Admission: Sendable {
+        case accepted
+        /// Another connection with the same peer is kept.
+        case duplicate
+        /// The node holds its maximum of established connections.
+        case full
     }
 
     /// Records an established connection; `false` when it duplicates a live one and must close.
     ///
     /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
-    private func established(_ id: Int, peer hello: Hello, address: String) -> Bool {
-        guard var entry = connections[id] else { return false }
+    private func established(_ id: Int, peer hello: Hello, address: String) -> Admission {
+        guard var entry = connections[id] else { return .duplicate }
+        entry.pending = false
+        connections[id] = entry
         // Learn who is behind a dialled address before anything else, so its dialer can stand by while that
         // peer is connected, even when this connection loses to another one.
         if entry.dialed { addressSites[address] = hello.siteID }
         if let (otherID, other) = connections.first(where: { $0.key != id && $0.value.peer == hello.siteID }) {
             let keepDialled = siteID < hello.siteID
             let keepThis = entry.dialed == keepDialled
-            if !keepThis { return false }
+            if !keepThis { return .duplicate }
             other.inbox.yield(.duplicate)
             connections[otherID]?.peer = nil
+        } else if connections.values.filter({ !$0.pending && $0.peer != nil }).count >= configuration.maximumConnections {
+            return .full
         }
         entry.peer = hello.siteID
         connections[id] = entry
@@ -441,14 +558,18 @@ public actor SyncNode: Service {
             ?? PeerStatus(siteID: hello.siteID, name: hello.nodeName, address: address, isConnected: true)
         status.isConnected = true
         status.everConnected = true
-        status.lastError = nil
+        // A failure is cleared by a finished round, not by a handshake: a peer whose rounds keep failing stays
+        // "failing" in the status while it reconnects.
         status.name = hello.nodeName
         status.address = address
         // How we learned of it: the origin of the address dialled; for a peer that dialled us, what we knew of
         // it before (found by mDNS, remembered, …), or "inbound" for a stranger.
         if connections[id]?.dialed == true { status.foundBy = addressOrigins[address] ?? "static" }
         peers[hello.siteID] = status
-        eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+        // While the same failure repeats, its reconnections are not announced each time.
+        if !failures.isRepeating(hello.siteID.hex) {
+            eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+        }
         // Remember where to reach it: the address dialled, or its IP with the port it says it listens on.
         let reachable: PeerAddress? =
             entry.dialed
@@ -464,10 +585,10 @@ public actor SyncNode: Service {
             let site = hello.siteID
             Task { try? await worker.rememberPeer(site, host: reachable.host, port: reachable.port) }
         }
-        return true
+        return .accepted
     }
 
-    private func closed(_ id: Int, error: ShoalError?) {
+    private func closed(_ id: Int, error: ShoalError?, refusal: Rejection? = nil) {
         guard let entry = connections.removeValue(forKey: id) else { return }
         guard let peer = entry.peer else { return }
         if !connections.values.contains(where: { $0.peer == peer }) { peers[peer]?.isConnected = false }
@@ -476,16 +597,35 @@ public actor SyncNode: Service {
             eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))
             return
         }
-        if let error, error.code != .rejected {
+        // A failure is what this side refused, or what the peer refused us for; the peer stopping or keeping
+        // another connection is not one.
+        var failure: String?
+        if let refusal, ![.duplicateConnection, .shuttingDown].contains(refusal.reason) {
+            failure = "the peer refused: \(refusal.message)"
+        } else if let error, error.code != .rejected {
+            failure = error.message
+        }
+        if let failure {
+            // A refusal by the peer is over once the peer acknowledges our changes; one of ours once our pull
+            // finishes (the other direction may work all along).
+            if refusal != nil { refusedByPeer.insert(peer) } else { refusedByPeer.remove(peer) }
             peers[peer]?.consecutiveFailures += 1
-            peers[peer]?.lastError = error.message
+            peers[peer]?.lastError = failure
+            if let line = failures.note(peer.hex, failure) {
+                configuration.logger.info(
+                    "sync with a peer failed",
+                    metadata: ["peer": "\(peer.hex.prefix(8))", "reason": "\(line)"]
+                )
+                eventSink.yield(.peerDisconnected(peer, reason: line))
+            }
+            return
         }
         eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
     }
 
     private func roundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
         peers[peer]?.lastSuccessfulSync = SystemWallClock().nowMilliseconds()
-        peers[peer]?.consecutiveFailures = 0
+        if !refusedByPeer.contains(peer) { failureOver(peer) }
         peers[peer]?.roundsFinished += 1
         peers[peer]?.recentRoundMilliseconds.append(milliseconds)
         if let count = peers[peer]?.recentRoundMilliseconds.count, count > 1_000 {
@@ -494,10 +634,20 @@ public actor SyncNode: Service {
         eventSink.yield(.roundFinished(peer: peer, applied: applied))
     }
 
+    private func failureOver(_ peer: SiteID) {
+        refusedByPeer.remove(peer)
+        peers[peer]?.consecutiveFailures = 0
+        peers[peer]?.lastError = nil
+        peers[peer]?.retryDelayMilliseconds = nil
+        failures.clear(peer.hex)
+    }
+
     private func acknowledged(peer: SiteID, _ ack: Ack) {
+        if refusedByPeer.contains(peer) { failureOver(peer) }
         peers[peer]?.versionVector = ack.versionVector
-        if let digest = ack.digest {
-            peers[peer]?.digest = digest.map { String($0, radix: 16) }.map { $0.count == 1 ? "0" + $0 : $0 }.joined()
+        // No digest means the peer's is not current: forget the old one rather than report a stale match.
+        peers[peer]?.digest = ack.digest.map { digest in
+            digest.map { String($0, radix: 16) }.map { $0.count == 1 ? "0" + $0 : $0 }.joined()
         }
     }
 
@@ -506,22 +656,18 @@ public actor SyncNode: Service {
         _ channel: NIOAsyncChannel<WireMessage, WireMessage>,
         dialed: Bool,
         address: String
-    ) async
-        -> (established: Bool, failure: String?)
-    {
+    ) async -> PeerConnection.Outcome {
         let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
         if shuttingDown || Task.isCancelled {
             try? await channel.executeThenClose { _, _ in }
-            return (false, nil)
+            return PeerConnection.Outcome(established: false, error: nil)
         }
         let remoteIP = channel.channel.remoteAddress?.ipAddress
-        guard let id = register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) else {
-            try? await channel.executeThenClose { _, outbound in
-                try await outbound.write(
-                    .reject(Rejection(.tooManyConnections, "this node is at its connection limit"))
-                )
-            }
-            return (false, nil)
+        let registration = register(dialed: dialed, remoteIP: remoteIP, inbox: continuation)
+        guard let id = registration.id else {
+            let rejection = registration.refusal ?? Rejection(.tooManyConnections, "too many connections")
+            try? await channel.executeThenClose { _, outbound in try await outbound.write(.reject(rejection)) }
+            return PeerConnection.Outcome(established: false, error: nil)
         }
         var connection = PeerConnection(
             id: id,
@@ -543,7 +689,7 @@ public actor SyncNode: Service {
             // Every channel NIO created must be closed through executeThenClose.
             try? await channel.executeThenClose { _, _ in }
             closed(id, error: error)
-            return (false, error.message)
+            return PeerConnection.Outcome(established: false, error: error, failedHere: true)
         }
         do {
             outcome = try await channel.executeThenClose { inbound, outbound in
@@ -559,14 +705,17 @@ public actor SyncNode: Service {
             outcome = PeerConnection.Outcome(established: false, error: ShoalError(code: .sqlite, message: "\(error)"))
         }
         if !outcome.established, let error = outcome.error {
-            eventSink.yield(.connectionFailed(address: address, reason: error.message))
+            let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
+            if let line = failures.note(address, reason) {
+                eventSink.yield(.connectionFailed(address: address, reason: line))
+            }
         }
-        closed(id, error: outcome.error)
-        return (outcome.established, outcome.error?.message)
+        closed(id, error: outcome.error, refusal: outcome.refusal)
+        return outcome
     }
 
     // Entry points for PeerConnection.
-    func connectionEstablished(_ id: Int, peer: Hello, address: String) -> Bool {
+    func connectionEstablished(_ id: Int, peer: Hello, address: String) -> Admission {
         established(id, peer: peer, address: address)
     }
 
@@ -584,9 +733,34 @@ public actor SyncNode: Service {
         acknowledged(peer: peer, ack)
     }
 
-    func connectionRoundFailed(peer: SiteID) {
+    func connectionRoundFailed(peer: SiteID, reason: String) {
         peers[peer]?.roundsFailed += 1
-        peers[peer]?.consecutiveFailures += 1
+        peers[peer]?.lastError = reason
+    }
+
+    /// Notes how far ahead of local time the clocks of a batch a peer sent were (negative: behind), as a view
+    /// to compare a later clock refusal with.
+    func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) {
+        clockViews[peer] = ClockView(ahead: aheadMilliseconds, refused: false)
+    }
+
+    /// Rewrites a clock refusal so that it says how far apart the clocks are, which one looks wrong when
+    /// another peer gives a third view, and what happens meanwhile.
+    func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) -> ShoalError {
+        let now = configuration.storeOptions.clock.nowMilliseconds()
+        let newest = batch.changes.map(\.stamp.hlc.milliseconds).max() ?? now
+        let ahead = Int64(newest) - Int64(now)
+        guard let peer else { return error }
+        clockViews[peer] = ClockView(ahead: ahead, refused: true)
+        let others = clockViews.filter { $0.key != peer }.map { (site: $0.key, view: $0.value) }
+        let name = peers[peer].map { "\($0.name.isEmpty ? "" : $0.name + " ")\(peer.hex.prefix(8))" } ?? "\(peer.hex.prefix(8))"
+        let message = ClockRefusal.message(
+            peer: name,
+            aheadMilliseconds: ahead,
+            boundMilliseconds: configuration.storeOptions.maximumClockDriftMilliseconds,
+            otherViews: others.map { (peers[$0.site]?.name ?? String($0.site.hex.prefix(8)), $0.view) }
+        )
+        return ShoalError(code: .clockTooFarAhead, message: message)
     }
 }
 

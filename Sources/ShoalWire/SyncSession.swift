@@ -1,5 +1,17 @@
 import ShoalCore
 
+extension SQLValue {
+    /// The length of the value's canonical encoding (tag, length and payload).
+    var wireSize: Int {
+        switch self {
+        case .null: 1
+        case .integer, .real: 9
+        case .text(let text): 11 + text.utf8.count
+        case .blob(let bytes): 11 + bytes.count
+        }
+    }
+}
+
 /// One anti-entropy conversation with one peer, as a pure state machine.
 ///
 /// The session does no I/O and reads no clock: the shell that owns the connection feeds it messages,
@@ -17,6 +29,9 @@ public struct SyncSession: Sendable {
         public var keepaliveInterval: UInt64 = 5_000
         /// How long the peer may stay silent before the connection is closed.
         public var idleTimeout: UInt64 = 15_000
+        /// The largest value accepted in pieces (its canonical encoding; a few bytes of tag and length over the
+        /// documented maximum value size are allowed).
+        public var maximumValueBytes = WireProtocol.maximumValueBytes
 
         public init() {}
     }
@@ -39,6 +54,8 @@ public struct SyncSession: Sendable {
         case roundFinished(requestID: UInt64)
         /// The peer applied our changes and now holds this (and, when given, has this digest).
         case peerAcknowledged(Ack)
+        /// The peer refused us with this reason (a `close` follows): for the status and the log.
+        case peerRefused(Rejection)
         /// Close the connection (after sending whatever came before).
         case close(ShoalError)
     }
@@ -61,6 +78,10 @@ public struct SyncSession: Sendable {
     private var startedAt: UInt64
     private var lastHeard: UInt64
     private var pingNonce: UInt64?
+    /// The value arriving in pieces, for the next batch of our pull.
+    private var assembling: (change: UInt32, total: UInt64, bytes: [UInt8])?
+    /// Values of the next batch that arrived whole in pieces (encoded), by change index.
+    private var assembled: [UInt32: [UInt8]] = [:]
 
     public init(local: Hello, configuration: Configuration = Configuration(), now: UInt64) {
         self.local = local
@@ -81,7 +102,8 @@ public struct SyncSession: Sendable {
         if case .reject(let rejection) = message {
             phase = .closed
             return [
-                .close(ShoalError(code: .rejected, message: "the peer refused this connection: \(rejection.message)"))
+                .peerRefused(rejection),
+                .close(ShoalError(code: .rejected, message: "the peer refused this connection: \(rejection.message)")),
             ]
         }
         switch phase {
@@ -150,8 +172,12 @@ public struct SyncSession: Sendable {
                     code: .malformedMessage
                 )
             }
+            var batch = batch
+            if let failure = reassemble(&batch) { return failure }
             expectedBatch += 1
             return [.apply(batch)]
+        case .valuePiece(let piece):
+            return receivePiece(piece)
         case .ack(let ack):
             return [.peerAcknowledged(ack)]
         case .ping(let nonce):
@@ -164,6 +190,95 @@ public struct SyncSession: Sendable {
         }
     }
 
+    /// Buffers one piece of a value of the next batch of our pull, within the maximum value size.
+    private mutating func receivePiece(_ piece: ValuePiece) -> [Action] {
+        guard piece.requestID == outstandingRequest, piece.sequence == expectedBatch else {
+            return refuse(
+                .malformedMessage,
+                "a value piece (request \(piece.requestID), batch \(piece.sequence)) for a batch not expected next",
+                code: .malformedMessage
+            )
+        }
+        guard piece.totalLength <= UInt64(configuration.maximumValueBytes) + 16 else {
+            return refuse(
+                .valueTooLarge,
+                "a value of \(piece.totalLength) bytes exceeds this node's maximum value size of "
+                    + "\(configuration.maximumValueBytes) bytes; the change was not accepted",
+                code: .frameTooLarge
+            )
+        }
+        if var current = assembling {
+            guard piece.change == current.change, piece.totalLength == current.total,
+                piece.offset == UInt64(current.bytes.count)
+            else {
+                return refuse(
+                    .malformedMessage,
+                    "a value piece out of order (change \(piece.change) at \(piece.offset)) while change "
+                        + "\(current.change) has \(current.bytes.count) of \(current.total) bytes",
+                    code: .malformedMessage
+                )
+            }
+            assembling = nil  // keeps the buffer uniquely referenced while it grows
+            current.bytes.append(contentsOf: piece.bytes)
+            assembling = current
+        } else {
+            guard piece.offset == 0, assembled[piece.change] == nil,
+                piece.change > (assembled.keys.max() ?? 0) || assembled.isEmpty
+            else {
+                return refuse(
+                    .malformedMessage,
+                    "a value piece for change \(piece.change) that does not start a new value",
+                    code: .malformedMessage
+                )
+            }
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(Int(min(piece.totalLength, 16 << 20)))
+            bytes.append(contentsOf: piece.bytes)
+            assembling = (piece.change, piece.totalLength, bytes)
+        }
+        if let current = assembling, UInt64(current.bytes.count) == current.total {
+            assembled[current.change] = current.bytes
+            assembling = nil
+        }
+        return []
+    }
+
+    /// Puts the values that came in pieces back into `batch`; the refusal when they do not match it.
+    private mutating func reassemble(_ batch: inout ChangeBatchMessage) -> [Action]? {
+        defer {
+            assembled.removeAll()
+            assembling = nil
+        }
+        guard assembling == nil else {
+            return refuse(
+                .malformedMessage,
+                "change batch \(batch.sequence) arrived before the value of its change \(assembling!.change) was whole",
+                code: .malformedMessage
+            )
+        }
+        guard Set(batch.piecedValues) == Set(assembled.keys), batch.piecedValues.count == assembled.count else {
+            return refuse(
+                .malformedMessage,
+                "change batch \(batch.sequence) expects values in pieces for changes \(batch.piecedValues), "
+                    + "but those received were for \(assembled.keys.sorted())",
+                code: .malformedMessage
+            )
+        }
+        for index in batch.piecedValues {
+            guard Int(index) < batch.batch.changes.count,
+                case .column(let name, _) = batch.batch.changes[Int(index)].payload
+            else {
+                return refuse(.malformedMessage, "a value in pieces for change \(index), not a column change", code: .malformedMessage)
+            }
+            var reader = ByteReader(assembled.removeValue(forKey: index)!)
+            guard let value = try? SQLValue.decode(from: &reader), reader.isAtEnd else {
+                return refuse(.malformedMessage, "the pieces of change \(index) do not form one value", code: .malformedMessage)
+            }
+            batch.batch.changes[Int(index)].payload = .column(name, value)
+        }
+        batch.piecedValues = []
+        return nil
+    }
     /// Starts a pull with the local version vector, unless one is running (then one more follows it).
     public mutating func startRound(versionVector: VersionVector, now: UInt64) -> [Action] {
         guard phase == .established else { return [] }
@@ -232,6 +347,70 @@ public struct SyncSession: Sendable {
     private mutating func refuse(_ reason: Rejection.Reason, _ message: String, code: ShoalError.Code) -> [Action] {
         phase = .closed
         return [.send(.reject(Rejection(reason, message))), .close(ShoalError(code: code, message: message))]
+    }
+
+    /// A batch ready to send: values too large to travel inside it are taken out, to be sent first in pieces
+    /// (``pieces(requestID:sequence:change:of:pieceBytes:)``).
+    public struct OutgoingBatch: Sendable {
+        public var message: ChangeBatchMessage
+        /// The encoded values taken out of the batch, by change index, ascending.
+        public var pieced: [(change: UInt32, encoded: [UInt8])]
+    }
+
+    /// Prepares a batch for a peer speaking `version`: from version 2 on, every value whose encoding exceeds
+    /// `inlineLimit` travels in pieces. A value beyond `maximumValueBytes` cannot be sent at all: the error
+    /// says which (the caller refuses the round with ``Rejection/Reason/unsendableChange``).
+    public static func outgoing(
+        _ message: ChangeBatchMessage,
+        version: UInt16,
+        inlineLimit: Int = WireProtocol.defaultInlineValueLimit,
+        maximumValueBytes: Int = WireProtocol.maximumValueBytes
+    ) throws(ShoalError) -> OutgoingBatch {
+        var message = message
+        var pieced: [(change: UInt32, encoded: [UInt8])] = []
+        for index in message.batch.changes.indices {
+            guard case .column(let name, let value) = message.batch.changes[index].payload else { continue }
+            let size = value.wireSize
+            if size > maximumValueBytes + 16 {
+                let change = message.batch.changes[index]
+                throw ShoalError(
+                    code: .frameTooLarge,
+                    message: "the value of \(change.table).\(name) (\(size) bytes) exceeds the maximum value size of "
+                        + "\(maximumValueBytes) bytes, so change \(change.stamp.site.hex.prefix(8)):\(change.stamp.seq) "
+                        + "cannot be sent; the changes after it are held back until it is rewritten smaller"
+                )
+            }
+            guard version >= WireProtocol.piecesVersion, size > inlineLimit else { continue }
+            var encoded: [UInt8] = []
+            encoded.reserveCapacity(size)
+            value.encode(into: &encoded)
+            message.batch.changes[index].payload = .column(name, .null)  // one copy fewer in memory
+            pieced.append((UInt32(index), encoded))
+            message.piecedValues.append(UInt32(index))
+        }
+        return OutgoingBatch(message: message, pieced: pieced)
+    }
+
+    /// The pieces of one encoded value, at most `pieceBytes` each, made one at a time as they are sent.
+    public static func pieces(
+        requestID: UInt64,
+        sequence: UInt32,
+        change: UInt32,
+        of encoded: [UInt8],
+        pieceBytes: Int = WireProtocol.defaultPieceBytes
+    ) -> some Sequence<WireMessage> {
+        stride(from: 0, to: encoded.count, by: max(1, pieceBytes)).lazy.map { offset in
+            .valuePiece(
+                ValuePiece(
+                    requestID: requestID,
+                    sequence: sequence,
+                    change: change,
+                    totalLength: UInt64(encoded.count),
+                    offset: UInt64(offset),
+                    bytes: Array(encoded[offset..<min(encoded.count, offset + pieceBytes)])
+                )
+            )
+        }
     }
 
     /// Wraps the answer to `request` as messages: one per batch, the last one flagged.

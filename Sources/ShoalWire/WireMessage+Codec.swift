@@ -26,7 +26,7 @@ extension WireMessage {
             bytes.append(message.isLast ? 1 : 0)
             bytes.appendVarint(message.estimatedRemaining)
             bytes.appendVersionVector(message.batch.claim)
-            Self.encode(message.batch.changes, into: &bytes)
+            Self.encode(message.batch.changes, pieced: message.piecedValues, into: &bytes)
         case .ack(let ack):
             bytes.append(Kind.ack.rawValue)
             bytes.appendBigEndian(ack.requestID)
@@ -48,6 +48,16 @@ extension WireMessage {
             bytes.append(Kind.reject.rawValue)
             bytes.appendBigEndian16(rejection.reason.rawValue)
             bytes.appendString(rejection.message)
+        case .valuePiece(let piece):
+            bytes.reserveCapacity(piece.bytes.count + 40)
+            bytes.append(Kind.valuePiece.rawValue)
+            bytes.appendBigEndian(piece.requestID)
+            bytes.appendBigEndian32(piece.sequence)
+            bytes.appendVarint(UInt64(piece.change))
+            bytes.appendVarint(piece.totalLength)
+            bytes.appendVarint(piece.offset)
+            bytes.appendVarint(UInt64(piece.bytes.count))
+            bytes.append(contentsOf: piece.bytes)
         }
         return bytes
     }
@@ -103,14 +113,15 @@ extension WireMessage {
             guard flags <= 1 else { throw malformed("unknown batch flags \(flags)") }
             let remaining = try reader.readVarint()
             let claim = try reader.readVersionVector()
-            let changes = try decodeChanges(&reader)
+            let (changes, pieced) = try decodeChanges(&reader)
             return .changeBatch(
                 ChangeBatchMessage(
                     requestID: requestID,
                     sequence: sequence,
                     isLast: flags == 1,
                     estimatedRemaining: remaining,
-                    batch: ChangeBatch(changes: changes, claim: claim)
+                    batch: ChangeBatch(changes: changes, claim: claim),
+                    piecedValues: pieced
                 )
             )
         case .ack:
@@ -133,11 +144,37 @@ extension WireMessage {
         case .reject:
             let code = try reader.readBigEndian16()
             return .reject(Rejection(Rejection.Reason(rawValue: code) ?? .other, try reader.readString()))
+        case .valuePiece:
+            let requestID = try reader.readBigEndianUInt64()
+            let sequence = try reader.readBigEndian32()
+            let change = try reader.readVarint()
+            guard change <= UInt64(UInt32.max) else { throw malformed("a value piece for change \(change)") }
+            let total = try reader.readVarint()
+            let offset = try reader.readVarint()
+            let count = try reader.readVarint()
+            guard count > 0, count <= UInt64(reader.remaining) else {
+                throw malformed("a value piece of \(count) bytes in a frame with \(reader.remaining) left")
+            }
+            guard offset <= total, count <= total - offset else {
+                throw malformed("a value piece at \(offset)+\(count) beyond the value's \(total) bytes")
+            }
+            return .valuePiece(
+                ValuePiece(
+                    requestID: requestID,
+                    sequence: sequence,
+                    change: UInt32(change),
+                    totalLength: total,
+                    offset: offset,
+                    bytes: Array(try reader.readBytes(Int(count)))
+                )
+            )
         }
     }
 
     /// Changes: a table of the site ids they mention, then each change with sites as indexes into it.
-    private static func encode(_ changes: [Change], into bytes: inout [UInt8]) {
+    /// Changes listed in `pieced` (ascending indexes of column changes) are written as kind 3, without their
+    /// value, which travels in ``ValuePiece``s.
+    private static func encode(_ changes: [Change], pieced: [UInt32], into bytes: inout [UInt8]) {
         var sites: [SiteID] = []
         var indexes: [SiteID: UInt64] = [:]
         func index(_ site: SiteID) -> UInt64 {
@@ -148,7 +185,9 @@ extension WireMessage {
         }
         var body: [UInt8] = []
         var lastTable = ""
-        for change in changes {
+        var nextPieced = pieced.makeIterator()
+        var piecedIndex = nextPieced.next()
+        for (position, change) in changes.enumerated() {
             // Consecutive changes of one table name it once: an empty name means "the same table".
             body.appendString(change.table == lastTable ? "" : change.table)
             lastTable = change.table
@@ -157,6 +196,10 @@ extension WireMessage {
             switch change.payload {
             case .row:
                 body.append(0)
+            case .column(let name, _) where piecedIndex.map({ Int($0) == position }) ?? false:
+                body.append(3)
+                body.appendString(name)
+                piecedIndex = nextPieced.next()
             case .column(let name, let value):
                 body.append(1)
                 body.appendString(name)
@@ -185,7 +228,7 @@ extension WireMessage {
         bytes.append(contentsOf: body)
     }
 
-    private static func decodeChanges(_ reader: inout ByteReader) throws(ShoalError) -> [Change] {
+    private static func decodeChanges(_ reader: inout ByteReader) throws(ShoalError) -> ([Change], [UInt32]) {
         let siteCount = try reader.readVarint()
         guard siteCount <= UInt64(reader.remaining / 16) else { throw malformed("site table longer than the frame") }
         var sites: [SiteID] = []
@@ -200,6 +243,7 @@ extension WireMessage {
             throw malformed("\(count) changes cannot fit in the frame")
         }
         var changes: [Change] = []
+        var pieced: [UInt32] = []
         changes.reserveCapacity(Int(count))
         var table = ""
         for _ in 0..<count {
@@ -214,6 +258,10 @@ extension WireMessage {
             switch try reader.readByte() {
             case 0: payload = .row
             case 1: payload = .column(try reader.readString(), try SQLValue.decode(from: &reader))
+            case 3:
+                // The value comes in pieces; NULL stands for it until the session puts it back.
+                payload = .column(try reader.readString(), .null)
+                pieced.append(UInt32(changes.count))
             case 2:
                 payload = .counter(
                     try reader.readString(),
@@ -248,11 +296,30 @@ extension WireMessage {
                 )
             )
         }
-        return changes
+        return (changes, pieced)
     }
 
     private static func malformed(_ detail: String) -> ShoalError {
         ShoalError(code: .malformedMessage, message: "malformed message: \(detail)")
+    }
+}
+
+extension ChangeBatchMessage {
+    /// An upper bound of the message's encoded size, cheap to compute.
+    public var maximumEncodedSize: Int {
+        var size = 64 + 27 * batch.claim.entries.count
+        var pieced = Set(piecedValues)
+        for (index, change) in batch.changes.enumerated() {
+            size += 60 + change.table.utf8.count
+            for value in change.primaryKey { size += value.wireSize }
+            switch change.payload {
+            case .row: break
+            case .column(let name, let value):
+                size += name.utf8.count + (pieced.remove(UInt32(index)) != nil ? 0 : value.wireSize)
+            case .counter(let name, _, _): size += name.utf8.count + 20
+            }
+        }
+        return size
     }
 }
 

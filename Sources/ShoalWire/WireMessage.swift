@@ -4,12 +4,26 @@ import ShoalCore
 public enum WireProtocol {
     /// The oldest version this build accepts.
     public static let minimumVersion: UInt16 = 1
-    /// The newest version this build speaks.
-    public static let maximumVersion: UInt16 = 1
+    /// The newest version this build speaks. Version 2 adds ``ValuePiece`` (values larger than a frame travel
+    /// in pieces) and change kind 3 (a column whose value travels in pieces).
+    public static let maximumVersion: UInt16 = 2
+    /// The first version in which values may travel in pieces.
+    public static let piecesVersion: UInt16 = 2
     /// The first four bytes of every hello: "SHOL".
     public static let magic: UInt32 = 0x5348_4F4C
     /// The default largest frame accepted, in bytes (16 MiB).
     public static let defaultMaximumFrameLength = 16 * 1024 * 1024
+    /// The largest value (its canonical encoding, tag and length included, minus 16 bytes of slack) a node
+    /// accepts: 256 MiB, the documented maximum value size. (The same number as the store's maximum value
+    /// size; kept here so the wire layer does not depend on the store.)
+    public static let maximumValueBytes = 256 * 1024 * 1024
+    /// The default target size of a change batch's frame, in bytes (2 MiB): batches are cut by bytes as well
+    /// as by count, well under the frame maximum.
+    public static let defaultBatchBytes = 2 * 1024 * 1024
+    /// Values whose encoding is longer than this travel in ``ValuePiece``s rather than inside their batch.
+    public static let defaultInlineValueLimit = 64 * 1024
+    /// The size of each piece of a value sent in pieces.
+    public static let defaultPieceBytes = 1024 * 1024
 
     /// The version two nodes use: the highest both speak, or `nil` when their ranges do not meet.
     public static func negotiate(_ local: ClosedRange<UInt16>, _ remote: ClosedRange<UInt16>) -> UInt16? {
@@ -33,6 +47,8 @@ public enum WireMessage: Hashable, Sendable {
     case pong(UInt64)
     /// A typed refusal; the sender closes the connection after it.
     case reject(Rejection)
+    /// Part of a value too large to travel inside its change batch (protocol version 2).
+    case valuePiece(ValuePiece)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -43,6 +59,7 @@ public enum WireMessage: Hashable, Sendable {
         case ping = 5
         case pong = 6
         case reject = 7
+        case valuePiece = 8
     }
 }
 
@@ -97,19 +114,52 @@ public struct ChangeBatchMessage: Hashable, Sendable {
     /// The sender's estimate of how many changes of the answer are still to come (for progress and ETA).
     public var estimatedRemaining: UInt64
     public var batch: ChangeBatch
+    /// The indexes (into `batch.changes`, ascending) of column changes whose value travels in ``ValuePiece``s
+    /// sent before this batch; their value inside `batch` is a placeholder (NULL) until the session puts the
+    /// reassembled value back.
+    public var piecedValues: [UInt32]
 
     public init(
         requestID: UInt64,
         sequence: UInt32 = 0,
         isLast: Bool,
         estimatedRemaining: UInt64 = 0,
-        batch: ChangeBatch
+        batch: ChangeBatch,
+        piecedValues: [UInt32] = []
     ) {
         self.requestID = requestID
         self.sequence = sequence
         self.isLast = isLast
         self.estimatedRemaining = estimatedRemaining
         self.batch = batch
+        self.piecedValues = piecedValues
+    }
+}
+
+/// A slice of one value that travels apart from its change batch because it is too large to sit inside it.
+///
+/// The pieces of a value, concatenated, are the value's canonical encoding (`value` in the protocol
+/// documentation). They are sent in order, before the batch that holds the change, and each piece carries
+/// the total so the receiver can refuse a value beyond its maximum before buffering it.
+public struct ValuePiece: Hashable, Sendable {
+    public var requestID: UInt64
+    /// The sequence number of the batch the value belongs to.
+    public var sequence: UInt32
+    /// The index of the change within that batch.
+    public var change: UInt32
+    /// The length of the whole encoded value.
+    public var totalLength: UInt64
+    /// Where this piece starts within the encoded value.
+    public var offset: UInt64
+    public var bytes: [UInt8]
+
+    public init(requestID: UInt64, sequence: UInt32, change: UInt32, totalLength: UInt64, offset: UInt64, bytes: [UInt8]) {
+        self.requestID = requestID
+        self.sequence = sequence
+        self.change = change
+        self.totalLength = totalLength
+        self.offset = offset
+        self.bytes = bytes
     }
 }
 
@@ -144,6 +194,12 @@ public struct Rejection: Hashable, Sendable, CustomStringConvertible {
         case duplicateConnection = 9
         case schemaMismatch = 10
         case applyFailed = 11
+        /// A value is larger than the receiver's maximum value size.
+        case valueTooLarge = 12
+        /// The sender holds a change it cannot send (too large for any frame, or over the maximum value size).
+        case unsendableChange = 13
+        /// The sender is shutting down (not a failure of either side).
+        case shuttingDown = 14
     }
 
     public var reason: Reason

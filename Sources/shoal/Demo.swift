@@ -176,6 +176,18 @@ extension ShoalCommand {
                     )
                 }
                 let converged = Set(rows.map(\.digest)).count == 1
+                if show && converged {
+                    // Live peers as of now: each node publishes its status every 250 ms, so wait for reports
+                    // written after convergence rather than show older ones.
+                    let now = SystemWallClock().nowMilliseconds()
+                    let fresh = Date().addingTimeInterval(3)
+                    var reports = paths.map { LiveStatus.read(forDatabase: $0) }
+                    while Date() < fresh && reports.contains(where: { ($0?.writtenAtMs ?? 0) < now }) {
+                        try await Task.sleep(for: .milliseconds(50))  // polling the reports, with a deadline
+                        reports = paths.map { LiveStatus.read(forDatabase: $0) }
+                    }
+                    for index in rows.indices { rows[index].peers = reports[index]?.peers.filter(\.connected).count ?? 0 }
+                }
                 if show && (converged || Date().timeIntervalSince(lastShown) > 0.5) {
                     lastShown = Date()
                     print("node    rows  changes seen  digest            live peers")

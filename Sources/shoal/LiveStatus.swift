@@ -29,6 +29,9 @@ struct LiveStatus: Codable {
 
     var node: String
     var writtenAtMs: UInt64
+    /// The process serving the database, so a reader can tell a running node whose status is late from one
+    /// that is gone.
+    var pid: Int32? = nil
     /// Local transactions no peer has acknowledged holding yet.
     var pendingLocalChanges: UInt64
     /// This node's digest as last computed (nil while stale).
@@ -37,11 +40,18 @@ struct LiveStatus: Codable {
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
 
-    init(node: SiteID, pendingLocalChanges: UInt64, digest: StateDigest?, peers: [PeerStatus]) {
+    init(
+        node: SiteID,
+        pendingLocalChanges: UInt64,
+        digest: StateDigest?,
+        peers: [PeerStatus],
+        unreached: [UnreachedPeer] = []
+    ) {
         self.node = node.hex
         self.pendingLocalChanges = pendingLocalChanges
         self.digest = digest?.hex
         self.writtenAtMs = SystemWallClock().nowMilliseconds()
+        self.pid = getpid()
         self.peers = peers.map { peer in
             let sorted = peer.recentRoundMilliseconds.sorted()
             func percentile(_ fraction: Double) -> UInt64? {
@@ -68,6 +78,24 @@ struct LiveStatus: Codable {
                 everConnected: peer.everConnected
             )
         }
+        // Configured peers never reached have no site id yet, but are listed all the same, with why.
+        self.peers += unreached.map { peer in
+            Peer(
+                site: "",
+                name: "",
+                address: peer.address,
+                connected: false,
+                lastSuccessfulSyncMs: nil,
+                consecutiveFailures: peer.consecutiveFailures,
+                roundsFinished: 0,
+                roundsFailed: 0,
+                versionVector: [:],
+                foundBy: peer.foundBy,
+                addresses: [peer.address],
+                lastError: peer.lastError ?? (peer.attempts == 0 ? "not dialled yet" : nil),
+                everConnected: false
+            )
+        }
     }
 
     func write(to path: String) throws {
@@ -76,12 +104,34 @@ struct LiveStatus: Codable {
         try encoder.encode(self).write(to: URL(fileURLWithPath: path), options: .atomic)
     }
 
-    /// The status of a node running on `database`, if one published it in the last few seconds.
+    /// The status of a node running on `database`: one published in the last few seconds, or an older one
+    /// whose process still runs (a node busy with a long catch-up may publish late; it is running all the same).
     static func read(forDatabase database: String) -> LiveStatus? {
         guard let data = FileManager.default.contents(atPath: path(forDatabase: database)),
-            let status = try? JSONDecoder().decode(LiveStatus.self, from: data),
-            SystemWallClock().nowMilliseconds() - status.writtenAtMs < 5_000
+            let status = try? JSONDecoder().decode(LiveStatus.self, from: data)
         else { return nil }
+        let now = SystemWallClock().nowMilliseconds()
+        if now < status.writtenAtMs + 5_000 { return status }
+        guard let pid = status.pid, isServing(pid: pid, database: database) else { return nil }
         return status
+    }
+
+    /// Whether process `pid` is alive and a `shoal serve` of `database` (not another process that got the
+    /// number after the node's end).
+    static func isServing(pid: Int32, database: String) -> Bool {
+        guard kill(pid, 0) == 0 || errno == EPERM,
+            let commandLine = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline")
+        else { return false }
+        let arguments = commandLine.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        guard arguments.contains("serve") else { return false }
+        let given =
+            zip(arguments, arguments.dropFirst()).first { $0.0 == "--db" }?.1
+            ?? arguments.first { $0.hasPrefix("--db=") }.map { String($0.dropFirst(5)) }
+        guard let given else { return false }
+        // Its path, resolved against the directory that process runs in.
+        let directory = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd")) ?? "/"
+        let served = URL(fileURLWithPath: given, relativeTo: URL(fileURLWithPath: directory, isDirectory: true))
+        return served.standardizedFileURL.resolvingSymlinksInPath().path
+            == URL(fileURLWithPath: database).standardizedFileURL.resolvingSymlinksInPath().path
     }
 }

@@ -113,11 +113,11 @@ enum Output {
         if live.peers.isEmpty { text += "  none yet\n" }
         let now = SystemWallClock().nowMilliseconds()
         for peer in live.peers {
+            // A failing peer says so even while it reconnects: "live" only once its rounds succeed.
             let state =
-                peer.connected
-                ? "live"
-                : peer.consecutiveFailures > 0
-                    ? "failing (\(peer.lastError ?? "?"))" : (peer.everConnected ? "gone" : "found, not connected yet")
+                peer.consecutiveFailures > 0
+                ? "failing: \(peer.lastError ?? "?")\(peer.connected ? " (connected)" : "")"
+                : peer.connected ? "live" : (peer.everConnected ? "gone" : peer.lastError ?? "found, not connected yet")
             let last = peer.lastSuccessfulSyncMs.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
             let total = peer.roundsFinished + peer.roundsFailed
             let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"

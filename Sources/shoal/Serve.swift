@@ -78,8 +78,9 @@ extension ShoalCommand {
                     try? LiveStatus(
                         node: node.siteID,
                         pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
-                        digest: try? await node.refreshDigest(),
-                        peers: await node.peerStatuses()
+                        digest: try? await node.refreshDigest(waiting: false),
+                        peers: await node.peerStatuses(),
+                        unreached: await node.unreachedPeers()
                     ).write(to: statusFile)
                     try? await Task.sleep(for: .milliseconds(250))
                 }

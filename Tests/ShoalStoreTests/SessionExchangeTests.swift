@@ -31,7 +31,7 @@ private final class Endpoint {
                 switch action {
                 case .send(let message):
                     outbox.append(message)
-                case .established, .roundFinished:
+                case .established, .roundFinished, .peerRefused:
                     break
                 case .serve(let request):
                     let batches = try store.changes(since: request.versionVector, maxChangesPerBatch: 3)

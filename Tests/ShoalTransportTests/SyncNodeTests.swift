@@ -106,7 +106,10 @@ import Testing
         let a = try await startNode(in: directory, name: "a") { $0.maximumConnections = 1 }
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
         #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
-        let refused = try await rawExchange(port: a.port, sending: [])
+        // Past the handshake: the limit counts established connections (the handshaking have a pool of their own).
+        let fingerprint = try Store(path: a.path).schemaFingerprint()
+        let hello = Hello(clusterID: "test", siteID: .random(), nodeName: "c", schemaFingerprint: fingerprint, listenPort: 0)
+        let refused = try await rawExchange(port: a.port, sending: frame(.hello(hello)))
         #expect(
             refused.contains {
                 if case .reject(let rejection) = $0 { rejection.reason == .tooManyConnections } else { false }

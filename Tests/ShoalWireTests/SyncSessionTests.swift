@@ -110,10 +110,12 @@ private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, Shoa
     @Test func aRejectFromThePeerClosesWithItsReason() {
         var session = SyncSession(local: hello(siteA), now: 0)
         let actions = session.receive(.reject(Rejection(.tooManyConnections, "full")), now: 1)
-        guard case .close(let error) = actions.first else {
-            Issue.record("expected a close")
+        guard actions.count == 2, case .peerRefused(let rejection) = actions[0], case .close(let error) = actions[1]
+        else {
+            Issue.record("expected the refusal, then a close: \(actions)")
             return
         }
+        #expect(rejection.reason == .tooManyConnections)
         #expect(error.code == .rejected && error.message.contains("full"))
     }
 }

@@ -20,7 +20,10 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Concurrent writes per node for convergence.") var convergeWrites = 1_000
     @Option(help: "Rows already in the table for the big-table propagation figure.") var bigRows = 2_000_000
     @Option(help: "Nodes for the big-table propagation figure.") var bigNodes = 2
-    @Option(help: "Run one part only: catchup, propagation, propagation-big, idle or converge.") var only: String?
+    @Option(help: "Rows of 4 KB blobs for the blob catch-up (written 100 to a transaction).") var blobRows = 20_000
+    @Option(help: "Size in MiB of the one large value sent on its own.") var bigValueMiB = 64
+    @Option(help: "Run one part only: catchup, blobs, bigvalue, propagation, propagation-big, idle or converge.")
+    var only: String?
 
     func run() async throws {
         let directory = NSTemporaryDirectory() + "shoal-sync-bench-\(getpid())"
@@ -28,6 +31,8 @@ struct SyncBenchmark: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var figures: [(String, Double)] = []
         if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
+        if only == nil || only == "blobs" { figures += try blobCatchUp(directory + "/blobs") }
+        if only == nil || only == "bigvalue" { figures += try bigValue(directory + "/bigvalue") }
         if only == nil || only == "propagation" { figures += try await propagation(directory + "/propagation") }
         if only == nil || only == "propagation-big" {
             figures += try await propagation(directory + "/propagation-big", nodeCount: bigNodes, preload: bigRows)
@@ -99,6 +104,75 @@ struct SyncBenchmark: AsyncParsableCommand {
         return [
             ("catchup_seconds", seconds), ("catchup_rows_per_s", Double(rows) / seconds), ("catchup_peak_rss_mb", peak),
         ]
+    }
+
+    private func makeBlobDatabase(_ path: String, name: String) throws -> Store {
+        try? FileManager.default.createDirectory(
+            atPath: (path as NSString).deletingLastPathComponent,
+            withIntermediateDirectories: true
+        )
+        var options = StoreOptions()
+        options.nodeName = name
+        let store = try Store(path: path, options: options)
+        try store.execute("CREATE TABLE IF NOT EXISTS files(id INTEGER PRIMARY KEY, name TEXT, data BLOB)")
+        try store.replicate(table: "files")
+        return store
+    }
+
+    /// Starts a node on `source`, then a fresh one on `target` dialling it, and times until the target holds
+    /// everything (checked by digest); returns the seconds and the peak resident memory of both processes.
+    private func timeCatchUp(_ directory: String, source: Store, target: Store) throws -> (seconds: Double, peak: Double) {
+        let goal = try source.versionVector()
+        let serving = try ServeProcess.startIsolated(database: directory + "/source.db", name: "source", peers: [])
+        defer { serving.stop() }
+        let started = Date()
+        let catching = try ServeProcess.startIsolated(
+            database: directory + "/target.db",
+            name: "target",
+            peers: [serving.port]
+        )
+        defer { catching.stop() }
+        var peak = 0.0
+        while try !target.versionVector().dominatesOrEquals(goal) {
+            peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+            guard Date().timeIntervalSince(started) < 600 else { throw ServeError(message: "catch-up stalled") }
+            Thread.sleep(forTimeInterval: 0.02)  // sampling, not synchronisation
+        }
+        let seconds = Date().timeIntervalSince(started)
+        peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+        guard try target.digest() == source.digest() else { throw ServeError(message: "catch-up diverged") }
+        return (seconds, peak)
+    }
+
+    /// A fresh node catches up rows carrying 4 KB blobs (batches cut by bytes).
+    private func blobCatchUp(_ directory: String) throws -> [(String, Double)] {
+        let source = try makeBlobDatabase(directory + "/source.db", name: "source")
+        let insert = try source.prepare("INSERT INTO files(id, name, data) VALUES (?, ?, randomblob(4096))")
+        var id = 0
+        while id < blobRows {
+            try source.transaction {
+                for _ in 0..<min(100, blobRows - id) {
+                    try insert.execute([.integer(Int64(id)), .text("file \(id)")])
+                    id += 1
+                }
+            }
+        }
+        let target = try makeBlobDatabase(directory + "/target.db", name: "target")
+        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
+        let megabytes = Double(blobRows) * 4096 / 1_000_000
+        return [
+            ("blob_catchup_seconds", seconds), ("blob_catchup_mb_per_s", megabytes / seconds),
+            ("blob_catchup_peak_rss_mb", peak),
+        ]
+    }
+
+    /// A fresh node receives one large value (in pieces).
+    private func bigValue(_ directory: String) throws -> [(String, Double)] {
+        let source = try makeBlobDatabase(directory + "/source.db", name: "source")
+        try source.execute("INSERT INTO files(id, name, data) VALUES (1, 'big', randomblob(\(bigValueMiB) * 1048576))")
+        let target = try makeBlobDatabase(directory + "/target.db", name: "target")
+        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
+        return [("big_value_seconds", seconds), ("big_value_peak_rss_mb", peak)]
     }
 
     /// Writes on one node at a steady rate; the time until each write is visible on every other node. With

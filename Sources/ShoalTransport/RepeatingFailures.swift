@@ -1,0 +1,84 @@
+/// Keeps a repeating failure from being logged once per retry: the first occurrence of a reason is said, then
+/// only the 10th, 100th, 1000th… repetition, with the count.
+struct RepeatingFailures: Sendable {
+    private var entries: [String: (reason: String, count: Int)] = [:]
+
+    /// Records a failure of `key` (a peer or an address); returns the line to log, or `nil` to stay quiet.
+    mutating func note(_ key: String, _ reason: String) -> String? {
+        let shape = Self.shape(of: reason)
+        guard let entry = entries[key], entry.reason == shape else {
+            entries[key] = (shape, 1)
+            return reason
+        }
+        let count = entry.count + 1
+        entries[key] = (shape, count)
+        var power = 10
+        while power < count { power *= 10 }
+        return power == count ? "\(reason) (\(count) times in a row; retrying with backoff)" : nil
+    }
+
+    /// Whether `key` failed the same way more than once in a row.
+    func isRepeating(_ key: String) -> Bool { (entries[key]?.count ?? 0) > 1 }
+
+    /// The failure of `key` is over (a round finished).
+    mutating func clear(_ key: String) { entries[key] = nil }
+
+    /// A reason with its numbers taken out, so "… 86399512 ms …" and "… 86399730 ms …" count as one.
+    static func shape(of reason: String) -> String {
+        String(reason.filter { !$0.isNumber })
+    }
+}
+
+/// How far ahead of local time a peer's clocks looked, the last time it sent changes.
+struct ClockView: Sendable {
+    /// Milliseconds ahead (negative: behind) of local time, of the newest clock in its last batch.
+    var ahead: Int64
+    /// Whether the batch was refused for it.
+    var refused: Bool
+}
+
+/// The message of a clock refusal: how far apart the clocks are, which one looks wrong, what happens meanwhile.
+enum ClockRefusal {
+    static func message(
+        peer: String,
+        aheadMilliseconds ahead: Int64,
+        boundMilliseconds bound: UInt64,
+        otherViews: [(name: String, view: ClockView)]
+    ) -> String {
+        let gap = humanDuration(milliseconds: UInt64(max(0, ahead)))
+        // A third view: other peers whose clocks were also refused by about as much point at this node's clock;
+        // other peers whose changes were in time point at the sender's.
+        let alsoAhead = otherViews.filter { $0.view.refused && abs($0.view.ahead - ahead) <= max(ahead / 4, 60_000) }
+        let inTime = otherViews.filter { $0.view.ahead <= Int64(bound) }
+        let verdict: String
+        if let other = alsoAhead.first {
+            verdict =
+                "\(other.name)'s clock is ahead by about as much, so this node's clock looks \(gap) behind: check "
+                + "this machine's time"
+        } else if let other = inTime.first {
+            verdict = "\(other.name)'s clock agrees with this node's, so \(peer)'s clock looks \(gap) ahead: check that machine's time"
+        } else {
+            verdict = "with no third node to compare, it cannot be told which of the two clocks is wrong: check both"
+        }
+        return "changes from \(peer) carry clocks \(gap) ahead of this node's clock, beyond the allowed "
+            + "\(humanDuration(milliseconds: bound)); \(verdict). Meanwhile none of its changes are applied: they are "
+            + "held back until this node's clock reaches theirs (in about \(gap)) or the wrong clock is corrected, "
+            + "and the node retries with backoff; other peers keep syncing"
+    }
+
+    /// "850 ms", "42 s", "3 min 5 s", "3 h 12 min", "2 d 4 h".
+    static func humanDuration(milliseconds: UInt64) -> String {
+        let seconds = milliseconds / 1000
+        switch seconds {
+        case 0: return "\(milliseconds) ms"
+        case ..<60: return "\(seconds) s"
+        case ..<3600: return seconds % 60 == 0 ? "\(seconds / 60) min" : "\(seconds / 60) min \(seconds % 60) s"
+        case ..<86_400:
+            let minutes = seconds / 60 % 60
+            return minutes == 0 ? "\(seconds / 3600) h" : "\(seconds / 3600) h \(minutes) min"
+        default:
+            let hours = seconds / 3600 % 24
+            return hours == 0 ? "\(seconds / 86_400) d" : "\(seconds / 86_400) d \(hours) h"
+        }
+    }
+}

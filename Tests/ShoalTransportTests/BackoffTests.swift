@@ -1,0 +1,140 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+@testable import ShoalWire
+
+/// The system clock shifted by a fixed amount.
+private struct ShiftedClock: WallClock {
+    let shift: Int64
+    func nowMilliseconds() -> UInt64 { UInt64(Int64(SystemWallClock().nowMilliseconds()) + shift) }
+}
+
+/// Waits (polling, with a deadline) until `node` has failed with its peer `count` times in a row.
+private func failures(of node: RunningNode, reach count: Int, within seconds: Double) async -> PeerStatus? {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if let peer = await node.node.peerStatuses().first, peer.consecutiveFailures >= count { return peer }
+        _ = await node.log.next(within: 0.2) { _ in true }
+    }
+    return nil
+}
+
+/// Counts the events of `log` that would be printed as failure lines.
+private func failureLines(_ log: EventLog) async -> Int {
+    await log.events.filter { event in
+        switch event {
+        case .connectionFailed, .peerDisconnected: true
+        default: false
+        }
+    }.count
+}
+
+@Suite struct BackoffTests {
+    @Test func aNodeWhoseClockIsADayBehindIsRedialledWithBackoffAndToldWhy() async throws {
+        let directory = try temporaryDirectory("skew")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from now', 1)")
+        let day: Int64 = 86_400_000
+        let late = try await startNode(in: directory, name: "late", peers: [a.port]) { configuration in
+            configuration.storeOptions.clock = ShiftedClock(shift: -day)
+            configuration.backoffInitialMilliseconds = 20
+            configuration.backoffMaximumMilliseconds = 60_000
+        }
+        guard let peer = await failures(of: late, reach: 7, within: 60) else {
+            Issue.record("the late node did not keep failing: \(await late.node.peerStatuses())")
+            return
+        }
+        // One dial per failure, each after a delay that doubled: 20 ms · 2⁶ (± 20 % jitter) by the seventh.
+        let dials = await late.node.dialCount(PeerAddress(host: "127.0.0.1", port: a.port))
+        #expect(dials <= peer.consecutiveFailures + 1)
+        #expect((peer.retryDelayMilliseconds ?? 0) >= 20 * 64 * 8 / 10)
+        // The failure is said once (not once per retry), on both sides.
+        #expect(await failureLines(late.log) <= 2)
+        #expect(await failureLines(a.log) <= 2)
+        // The message says how far apart the clocks are in human units, that no third node can tell which is
+        // wrong, and what happens meanwhile.
+        let reason = peer.lastError ?? ""
+        #expect(reason.contains("23 h 59 min") || reason.contains("1 d"))
+        #expect(reason.contains("cannot be told which"))
+        #expect(reason.contains("held back until"))
+        let aSaw = await a.node.peerStatuses().first?.lastError ?? ""
+        #expect(aSaw.contains("the peer refused") && aSaw.contains("held back"))
+        await late.stop()
+        await a.stop()
+    }
+
+    @Test func aStoreThatCannotApplyBacksOffAndRecovers() async throws {
+        let directory = try temporaryDirectory("readonly")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let b = try await startNode(in: directory, name: "b", peers: [a.port]) { configuration in
+            configuration.backoffInitialMilliseconds = 20
+            configuration.backoffMaximumMilliseconds = 60_000
+        }
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        // b's database refuses every write from now on (a real SQLite failure, as on a read-only file).
+        try await b.node.execute("PRAGMA query_only = 1")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('cannot land', 1)")
+        guard let peer = await failures(of: b, reach: 6, within: 60) else {
+            Issue.record("b did not keep failing: \(await b.node.peerStatuses())")
+            return
+        }
+        let dials = await b.node.dialCount(PeerAddress(host: "127.0.0.1", port: a.port))
+        #expect(dials <= peer.consecutiveFailures + 2)
+        #expect((peer.retryDelayMilliseconds ?? 0) >= 20 * 32 * 8 / 10)
+        #expect(await failureLines(b.log) <= 3)
+        #expect(peer.lastError?.contains("readonly") == true || peer.lastError?.contains("read-only") == true)
+        // Once writes work again, the next retry syncs and the failure is cleared.
+        try await b.node.execute("PRAGMA query_only = 0")
+        #expect(try await converge(a, b, within: 120))
+        await b.stop()
+        await a.stop()
+    }
+
+    @Test func aClockRefusalBlamesTheClockTheThirdViewDisagreesWith() {
+        let other = ClockView(ahead: -2_000, refused: false)
+        let blamed = ClockRefusal.message(
+            peer: "b 12345678",
+            aheadMilliseconds: 11_520_000,
+            boundMilliseconds: 300_000,
+            otherViews: [("c", other)]
+        )
+        #expect(blamed.contains("3 h 12 min ahead"))
+        #expect(blamed.contains("b 12345678's clock looks 3 h 12 min ahead"))
+        let alsoAhead = ClockView(ahead: 11_400_000, refused: true)
+        let selfBlamed = ClockRefusal.message(
+            peer: "b",
+            aheadMilliseconds: 11_520_000,
+            boundMilliseconds: 300_000,
+            otherViews: [("c", alsoAhead)]
+        )
+        #expect(selfBlamed.contains("this node's clock looks 3 h 12 min behind"))
+        #expect(selfBlamed.contains("within the allowed") == false && selfBlamed.contains("5 min"))
+    }
+
+    @Test func durationsReadInHumanUnits() {
+        #expect(ClockRefusal.humanDuration(milliseconds: 850) == "850 ms")
+        #expect(ClockRefusal.humanDuration(milliseconds: 42_000) == "42 s")
+        #expect(ClockRefusal.humanDuration(milliseconds: 185_000) == "3 min 5 s")
+        #expect(ClockRefusal.humanDuration(milliseconds: 11_520_000) == "3 h 12 min")
+        #expect(ClockRefusal.humanDuration(milliseconds: 86_399_000) == "23 h 59 min")
+        #expect(ClockRefusal.humanDuration(milliseconds: 187_200_000) == "2 d 4 h")
+    }
+
+    @Test func aRepeatingFailureIsSaidOnceWithACount() {
+        var failures = RepeatingFailures()
+        var lines: [String] = []
+        for attempt in 1...120 {
+            if let line = failures.note("peer", "a clock \(attempt * 7) ms ahead") { lines.append(line) }
+        }
+        #expect(lines.count == 3)
+        #expect(lines[1].contains("10 times in a row") && lines[2].contains("100 times in a row"))
+        #expect(failures.note("peer", "another reason") == "another reason")
+        failures.clear("peer")
+        #expect(failures.note("peer", "another reason") == "another reason")
+    }
+}

@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// Runs the `shoal` executable to its end; returns its standard output.
+private func shoal(_ arguments: [String]) throws -> String {
+    let process = Process()
+    process.executableURL = try shoalExecutable()
+    process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return String(decoding: data, as: UTF8.self)
+}
+
+/// `shoal status --json` of `path`, parsed.
+private func status(_ path: String) throws -> [String: Any] {
+    let text = try shoal(["status", "--db", path, "--json"])
+    return (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
+}
+
+@Suite struct StatusCommandTests {
+    @Test func statusListsAStaticPeerNeverReachedAndKnowsTheNodeRunsEvenWhenItsReportIsLate() async throws {
+        let directory = try temporaryDirectory("status")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db").path
+        _ = try Store(path: path)
+        let unreachable = try await freePort()
+        let serve = Process()
+        serve.executableURL = try shoalExecutable()
+        serve.arguments = [
+            "serve", "--db", path, "--listen", "127.0.0.1:0", "--peer", "127.0.0.1:\(unreachable)", "--no-mdns",
+            "--no-remembered",
+        ]
+        serve.standardOutput = FileHandle.nullDevice
+        serve.standardError = FileHandle.nullDevice
+        try serve.run()
+        defer {
+            kill(serve.processIdentifier, SIGCONT)
+            serve.terminate()
+            serve.waitUntilExit()
+        }
+
+        // The static peer is listed, with why it cannot be reached, though it never connected.
+        var listed: [String: Any]?
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline && listed == nil {
+            let current = try status(path)
+            let peers = current["peers"] as? [[String: Any]] ?? []
+            listed = peers.first { ($0["address"] as? String) == "127.0.0.1:\(unreachable)" && $0["lastError"] != nil }
+            if listed == nil { _ = try? await Task.sleep(for: .milliseconds(100)) }  // polling the file, with a deadline
+        }
+        #expect(listed?["connected"] as? Bool == false)
+        #expect((listed?["lastError"] as? String)?.isEmpty == false)
+        let text = try shoal(["status", "--db", path])
+        #expect(text.contains("127.0.0.1:\(unreachable)") && text.contains("failing"))
+        #expect(!text.contains("not running"))
+
+        // A node too busy to publish its status (here: stopped) is still running: its report is late, not gone.
+        kill(serve.processIdentifier, SIGSTOP)
+        let statusFile = path + ".shoal-status.json"
+        let staleBy = Date().addingTimeInterval(30)
+        while Date() < staleBy {
+            let data = FileManager.default.contents(atPath: statusFile) ?? Data()
+            let written = ((try? JSONSerialization.jsonObject(with: data)) as? [String: Any])?["writtenAtMs"] as? UInt64
+            if let written, SystemWallClock().nowMilliseconds() > written + 6_000 { break }
+            _ = try? await Task.sleep(for: .milliseconds(200))  // polling a condition, with a deadline
+        }
+        #expect(try status(path)["running"] as? Bool == true)
+        kill(serve.processIdentifier, SIGCONT)
+
+        // Once the node stops, it is not running.
+        serve.terminate()
+        serve.waitUntilExit()
+        #expect(try status(path)["running"] as? Bool == false)
+    }
+}
