@@ -113,7 +113,7 @@ let package = Package(
         .executableTarget(
             name: "ShoalChaos",
             dependencies: [
-                "Shoal", "ShoalToolSupport",
+                "Shoal", "ShoalToolSupport", "CSQLite",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -6,7 +6,7 @@ import ShoalToolSupport
 /// A write the harness committed on a node, with the stamp it got there.
 struct AcknowledgedWrite {
     enum Kind {
-        case value(column: String, value: SQLValue)
+        case value(column: String, value: ChaosValue)
         case delete
     }
     let node: Int
@@ -47,6 +47,7 @@ struct ShoalChaos: AsyncParsableCommand {
             try store.replicate(table: "t", counters: ["n"])
             stores.append(store)
         }
+        let foreignWriters = try paths.map { try ForeignWriter(path: $0) }
 
         // Every pair talks through a proxy: node i dials node j (j < i) via proxy (i, j).
         let faults = Faults()
@@ -91,7 +92,9 @@ struct ShoalChaos: AsyncParsableCommand {
             let node = Int.random(in: 0..<nodes, using: &random)
             switch roll {
             case 0..<75:
-                if let write = try write(on: node, store: stores[node], random: &random) { log.append(write) }
+                if let write = try write(on: node, store: stores[node], foreign: foreignWriters[node], random: &random) {
+                    log.append(write)
+                }
                 counts["writes", default: 0] += 1
             case 75..<80 where cluster.isRunning(node) && restarts.count < nodes - 1:
                 cluster.kill(node)
@@ -149,42 +152,78 @@ struct ShoalChaos: AsyncParsableCommand {
         print("0 failed, 1 passed")
     }
 
-    /// One random write through node `node`'s own file; returns it if it committed a change.
-    private func write(on node: Int, store: Store, random: inout SeededRandom) throws -> AcknowledgedWrite? {
+    /// One random write through node `node`'s own file, made through the harness's `Store` or, one time in
+    /// four, through a plain SQLite connection (as an app with its own SQLite library would); returns it if it
+    /// committed a change that still holds what was written.
+    private func write(
+        on node: Int,
+        store: Store,
+        foreign: ForeignWriter,
+        random: inout SeededRandom
+    ) throws -> AcknowledgedWrite? {
         let key = Int64.random(in: 0..<12, using: &random)
+        let isForeign = Int.random(in: 0..<4, using: &random) == 0
         let before = try store.versionVector()[store.siteID]
         var kind: AcknowledgedWrite.Kind?
         switch Int.random(in: 0..<6, using: &random) {
         case 0, 1:
-            let value = SQLValue.integer(Int64.random(in: 0...1_000_000, using: &random))
-            // In one transaction: the node may apply a row with this key between a lone check and the insert.
-            try store.transaction {
-                if try store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty {
-                    try store.execute("INSERT INTO t(k, a, b) VALUES (?, ?, 'new')", [.integer(key), value])
-                } else {
-                    try store.execute("UPDATE t SET a = ? WHERE k = ?", [value, .integer(key)])
+            let value = ChaosValue.random(using: &random)
+            if isForeign {
+                try foreign.run(
+                    "INSERT INTO t(k, a, b) VALUES (?, ?, 'new') ON CONFLICT(k) DO UPDATE SET a = excluded.a",
+                    [.integer(key), value.binding]
+                )
+            } else {
+                // In one transaction: the node may apply a row with this key between a lone check and the insert.
+                try store.transaction {
+                    if try store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty {
+                        try store.execute(
+                            "INSERT INTO t(k, a, b) VALUES (?, \(value.expression), 'new')",
+                            [.integer(key), value.argument]
+                        )
+                    } else {
+                        try store.execute("UPDATE t SET a = \(value.expression) WHERE k = ?", [value.argument, .integer(key)])
+                    }
                 }
             }
             kind = .value(column: "a", value: value)
         case 2:
-            let value = SQLValue.text("node\(node)-\(Int.random(in: 0...9999, using: &random))")
-            try store.execute("UPDATE t SET b = ? WHERE k = ?", [value, .integer(key)])
+            let value = ChaosValue.random(using: &random)
+            if isForeign {
+                try foreign.run("UPDATE t SET b = ? WHERE k = ?", [value.binding, .integer(key)])
+            } else {
+                try store.execute("UPDATE t SET b = \(value.expression) WHERE k = ?", [value.argument, .integer(key)])
+            }
             kind = .value(column: "b", value: value)
         case 3:
-            try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
+            if isForeign {
+                try foreign.run("DELETE FROM t WHERE k = ?", [.integer(key)])
+            } else {
+                try store.execute("DELETE FROM t WHERE k = ?", [.integer(key)])
+            }
             kind = .delete
         default:
-            try store.execute("UPDATE t SET n = n + 1 WHERE k = ?", [.integer(key)])
+            if isForeign {
+                try foreign.run("UPDATE t SET n = n + 1 WHERE k = ?", [.integer(key)])
+            } else {
+                try store.execute("UPDATE t SET n = n + 1 WHERE k = ?", [.integer(key)])
+            }
         }
+        // A foreign write gets its clock when the node stamps it (the running node may have done so already).
+        if isForeign { try store.captureForeignWrites() }
         guard let kind, try store.versionVector()[store.siteID] > before,
             let state = try store.rowState(table: "t", primaryKey: [.integer(key)])
         else { return nil }
         switch kind {
-        case .value(let column, _):
-            guard case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1] else { return nil }
+        case .value(let column, let value):
+            // The node may have applied a later remote write to this cell in between: then there is nothing of
+            // ours to follow.
+            guard case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1], stamp.site == store.siteID,
+                try value.isStored(in: store, column: column, key: key)
+            else { return nil }
             return AcknowledgedWrite(node: node, key: key, kind: kind, causalLength: state.causalLength, stamp: stamp)
         case .delete:
-            guard let stamp = state.lengthStamp, !state.isAlive else { return nil }
+            guard let stamp = state.lengthStamp, !state.isAlive, stamp.site == store.siteID else { return nil }
             return AcknowledgedWrite(node: node, key: key, kind: kind, causalLength: state.causalLength, stamp: stamp)
         }
     }
@@ -224,9 +263,11 @@ struct ShoalChaos: AsyncParsableCommand {
                 if case .value(let column, let value) = write.kind, state.causalLength == write.causalLength,
                     case .value(let stamp, _) = state.cells[column == "a" ? 0 : 1], stamp == write.stamp
                 {
-                    let stored = try store.execute("SELECT \(column) FROM t WHERE k = ?", [.integer(write.key)]).rows
-                    guard stored.first?.first == value else {
-                        print("FAILED: key \(write.key).\(column) holds the winning stamp but not its value")
+                    guard try value.isStored(in: store, column: column, key: write.key) else {
+                        print(
+                            "FAILED: key \(write.key).\(column) holds the winning stamp but not its value "
+                                + "(\(value.summary))"
+                        )
                         throw ExitCode(1)
                     }
                 }
