@@ -7,6 +7,7 @@ extension SQLValue {
         case .null: 1
         case .integer, .real: 9
         case .text(let text): 11 + text.utf8.count
+        case .invalidText(let bytes): 11 + bytes.count
         case .blob(let bytes): 11 + bytes.count
         }
     }

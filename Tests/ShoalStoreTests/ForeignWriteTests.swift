@@ -51,36 +51,6 @@ final class RawConnection {
     }
 }
 
-/// Runs an executable to completion; returns its exit status, stdout and stderr.
-@discardableResult
-func runProcess(_ executable: URL, _ arguments: [String], input: Data? = nil) throws -> (
-    status: Int32, output: String, error: String
-) {
-    let process = Process()
-    process.executableURL = executable
-    process.arguments = arguments
-    let output = Pipe()
-    let error = Pipe()
-    let inputPipe = Pipe()
-    process.standardOutput = output
-    process.standardError = error
-    process.standardInput = input == nil ? FileHandle.nullDevice : inputPipe
-    try process.run()
-    if let input {
-        try inputPipe.fileHandleForWriting.write(contentsOf: input)
-        try inputPipe.fileHandleForWriting.close()
-    }
-    let outputData = output.fileHandleForReading.readDataToEndOfFile()
-    let errorData = error.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: outputData, as: UTF8.self), String(decoding: errorData, as: UTF8.self))
-}
-
-/// The `sqlite3` shell (Debian package sqlite3).
-func sqlite3Shell(_ path: String, _ sql: String) throws -> (status: Int32, output: String, error: String) {
-    try runProcess(URL(fileURLWithPath: "/usr/bin/sqlite3"), [path, sql])
-}
-
 /// A file database with the items table (counter `hits`) and a composite-key table, replicated.
 func makeFileStore(_ directory: URL, _ name: String) throws -> Store {
     let store = try Store(path: directory.appendingPathComponent("\(name).db").path)
@@ -120,15 +90,15 @@ func outboxRows(_ store: Store) throws -> Int {
         ]
         for sql in shellWrites {
             let result = try sqlite3Shell(a.path, sql)
-            #expect(result.status == 0, "\(sql): \(result.error)")
+            #expect(result.status == 0, "\(sql): \(result.stderr)")
         }
         let shoal = try shoalExecutable()
         let changes = try runProcess(shoal, ["changes", "--db", a.path])
-        #expect(changes.status == 0, "\(changes.error)")
-        let applied = try runProcess(shoal, ["apply", "--db", b.path], input: Data(changes.output.utf8))
-        #expect(applied.status == 0, "\(applied.error)")
-        let digestA = try runProcess(shoal, ["digest", "--db", a.path]).output
-        let digestB = try runProcess(shoal, ["digest", "--db", b.path]).output
+        #expect(changes.status == 0, "\(changes.stderr)")
+        let applied = try runProcess(shoal, ["apply", "--db", b.path], input: Data(changes.stdout.utf8))
+        #expect(applied.status == 0, "\(applied.stderr)")
+        let digestA = try runProcess(shoal, ["digest", "--db", a.path]).stdout
+        let digestB = try runProcess(shoal, ["digest", "--db", b.path]).stdout
         #expect(digestA == digestB && digestA.contains("rows:"))
         let query = "SELECT id, name, qty, hits FROM items ORDER BY id"
         #expect(try rows(b, query) == rows(a, query))
@@ -257,7 +227,7 @@ func outboxRows(_ store: Store) throws -> Int {
         // Remove the triggers as an earlier version would have left the file.
         let raw = try RawConnection(path: path)
         try raw.exec(
-            "SELECT 1; " + (try sqlite3Shell(path, "SELECT name FROM sqlite_schema WHERE type = 'trigger'").output)
+            "SELECT 1; " + (try sqlite3Shell(path, "SELECT name FROM sqlite_schema WHERE type = 'trigger'").stdout)
                 .split(separator: "\n").map { "DROP TRIGGER \($0);" }.joined()
         )
         let store = try Store(path: path)

@@ -61,7 +61,7 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         ] {
             #expect(throws: ShoalError.self, "\(sql)") { try raw.exec(sql) }
             let shell = try sqlite3Shell(store.path, sql)
-            #expect(shell.status != 0 && shell.error.contains("counter column items.hits takes integers only"))
+            #expect(shell.status != 0 && shell.stderr.contains("counter column items.hits takes integers only"))
         }
         #expect(try store.captureForeignWrites() == false)
         #expect(try rows(store, "SELECT id, hits FROM items") == [[.integer(1), .integer(Int64.max)]])
@@ -134,7 +134,7 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
             #expect(throws: ShoalError.self, "\(sql)") { try raw.exec(sql) }
         }
         let shell = try sqlite3Shell(store.path, "INSERT INTO items(id, name) VALUES (5, zeroblob(\(maximum + 1)))")
-        #expect(shell.status != 0 && shell.error.contains("larger than the maximum of \(maximum) bytes"))
+        #expect(shell.status != 0 && shell.stderr.contains("larger than the maximum of \(maximum) bytes"))
         try raw.exec("INSERT INTO pairs VALUES ('max', 1, zeroblob(\(maximum)))")
         #expect(try store.captureForeignWrites())
         #expect(try rows(store, "SELECT a, length(v) FROM pairs ORDER BY a") == [

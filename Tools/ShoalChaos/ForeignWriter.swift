@@ -34,10 +34,13 @@ final class ForeignWriter {
             case .real(let value): sqlite3_bind_double(statement, index, value)
             case .null: sqlite3_bind_null(statement, index)
             case .text(let bytes):
-                bytes.withUnsafeBytes { buffer in
-                    _ = sqlite3_bind_text64(
-                        statement, index, buffer.baseAddress?.assumingMemoryBound(to: CChar.self) ?? "",
-                        sqlite3_uint64(buffer.count), transient, UInt8(SQLITE_UTF8))
+                // Bound by byte count, so NULs and bytes that are not UTF-8 are stored as given.
+                (bytes + [0]).withUnsafeBufferPointer { buffer in
+                    buffer.withMemoryRebound(to: CChar.self) { text in
+                        _ = sqlite3_bind_text64(
+                            statement, index, text.baseAddress, sqlite3_uint64(bytes.count), transient,
+                            UInt8(SQLITE_UTF8))
+                    }
                 }
             case .blob(let bytes):
                 bytes.withUnsafeBytes { buffer in
@@ -72,6 +75,7 @@ extension ChaosValue {
         case .plain(.integer(let value)): .integer(value)
         case .plain(.real(let value)): .real(value)
         case .plain(.text(let text)): .text(Array(text.utf8))
+        case .plain(.invalidText(let bytes)): .text(bytes)
         case .plain(.blob(let bytes)): .blob(bytes)
         }
     }

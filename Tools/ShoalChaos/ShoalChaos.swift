@@ -210,7 +210,7 @@ struct ShoalChaos: AsyncParsableCommand {
             }
         }
         // A foreign write gets its clock when the node stamps it (the running node may have done so already).
-        if isForeign { try store.captureForeignWrites() }
+        if isForeign { _ = try store.captureForeignWrites() }
         guard let kind, try store.versionVector()[store.siteID] > before,
             let state = try store.rowState(table: "t", primaryKey: [.integer(key)])
         else { return nil }
