@@ -31,6 +31,8 @@ extension Store {
         chunkBytes: Int = 1 << 20,
         write: ([UInt8]) throws(ShoalError) -> Void
     ) throws(ShoalError) -> Int {
+        // Writes other connections made are stamped first, so the snapshot below holds them.
+        try captureForeignWritesIfIdle()
         let snapshot = connection.isAutocommit
         if snapshot { try connection.exec("BEGIN") }
         defer { if snapshot { try? connection.exec("COMMIT") } }

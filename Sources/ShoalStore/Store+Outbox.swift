@@ -191,6 +191,20 @@ extension Store {
         try refreshSchema()
     }
 
+    /// Drops the triggers and the outbox of table `id` (when it stops being replicated): other connections'
+    /// writes to it are no longer recorded, and what they recorded is forgotten.
+    func dropCapture(ofTable id: Int64) throws(ShoalError) {
+        let triggers = try connection.rows(
+            "SELECT name FROM sqlite_schema WHERE type = 'trigger' AND name LIKE ? ESCAPE '\\'",
+            [.text("shoal\\_capture\\_\(id)\\_%")]
+        )
+        for row in triggers {
+            guard case .text(let name) = row.first else { continue }
+            try connection.exec("DROP TRIGGER IF EXISTS \(quote(name))")
+        }
+        try connection.exec("DROP TABLE IF EXISTS \(Self.outboxTable(id))")
+    }
+
     // MARK: - Draining
 
     /// Captures writes other SQLite connections made to replicated tables since the last call: gives them

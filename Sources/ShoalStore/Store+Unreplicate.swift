@@ -221,6 +221,7 @@ extension Store {
                 throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")
             }
             try connection.exec("DROP TABLE IF EXISTS shoal_clock_\(id)")
+            try dropCapture(ofTable: id)
             // The log keeps this node's newest entry (its next sequence number comes from it), emptied of keys:
             // nothing of the table is sent any more, and a table replicated later under the same id reads no
             // stale keys.

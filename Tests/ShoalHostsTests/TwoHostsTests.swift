@@ -116,7 +116,7 @@ struct TwoHostsTests {
         let service = try JSONDecoder().decode(ZeroconfService.self, from: Data(line.utf8))
         #expect(service.txt["site"] == siteA)
         #expect(service.txt["cluster"] == "interop")
-        #expect(service.txt["proto"] == "1")
+        #expect(service.txt["proto"] == "2")  // the newest wire protocol version
         #expect(service.port == 7400)
         #expect(service.addresses.contains(HostPair.Host.a.address))
         #expect(service.instance.contains("host-a"))
@@ -153,7 +153,7 @@ struct TwoHostsTests {
             status = try shoal(["status", "--db", a])
         } while !status.contains("failing") && ContinuousClock.now < deadline
         let peerLine = status.split(separator: "\n").first { $0.contains(ours.prefix(8)) }.map(String.init) ?? ""
-        #expect(peerLine.contains("(mdns)") && peerLine.contains("failing ("), "\(status)")
+        #expect(peerLine.contains("(mdns)") && peerLine.contains("failing: "), "\(status)")
         #expect(peerLine.hasPrefix("  zeroconf "), "\(status)")
         #expect(!status.contains(theirs.prefix(8)), "\(status)")
     }
