@@ -352,7 +352,7 @@ public actor SyncNode: Service {
                 }
             } catch {
                 dials[address.description, default: 0] += 1
-                let reason = "\(error)"
+                let reason = DialFailure.describe(error, address: address)
                 dialFailed(address, site: site, reason: reason)
                 if let line = failures.note(address.description, reason) {
                     eventSink.yield(.connectionFailed(address: address.description, reason: line))
