@@ -219,6 +219,11 @@ public struct SyncSession: Sendable {
                 )
             }
             assembling = nil  // keeps the buffer uniquely referenced while it grows
+            let needed = current.bytes.count + piece.bytes.count
+            if current.bytes.capacity < needed {
+                // Doubling, but never past the announced total: a value of 64 MiB takes 64 MiB, not 128.
+                current.bytes.reserveCapacity(Int(min(current.total, UInt64(max(needed, current.bytes.count * 2)))))
+            }
             current.bytes.append(contentsOf: piece.bytes)
             assembling = current
         } else {
@@ -361,11 +366,12 @@ public struct SyncSession: Sendable {
     /// `inlineLimit` travels in pieces. A value beyond `maximumValueBytes` cannot be sent at all: the error
     /// says which (the caller refuses the round with ``Rejection/Reason/unsendableChange``).
     public static func outgoing(
-        _ message: ChangeBatchMessage,
+        _ message: consuming ChangeBatchMessage,
         version: UInt16,
         inlineLimit: Int = WireProtocol.defaultInlineValueLimit,
         maximumValueBytes: Int = WireProtocol.maximumValueBytes
     ) throws(ShoalError) -> OutgoingBatch {
+        // Consumed, so that taking a value out of the batch frees it rather than leave a second copy alive.
         var message = message
         var pieced: [(change: UInt32, encoded: [UInt8])] = []
         for index in message.batch.changes.indices {
