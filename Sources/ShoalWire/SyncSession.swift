@@ -275,8 +275,7 @@ public struct SyncSession: Sendable {
             else {
                 return refuse(.malformedMessage, "a value in pieces for change \(index), not a column change", code: .malformedMessage)
             }
-            var reader = ByteReader(assembled.removeValue(forKey: index)!)
-            guard let value = try? SQLValue.decode(from: &reader), reader.isAtEnd else {
+            guard let value = Self.decodeWhole(assembled.removeValue(forKey: index)!) else {
                 return refuse(.malformedMessage, "the pieces of change \(index) do not form one value", code: .malformedMessage)
             }
             batch.batch.changes[Int(index)].payload = .column(name, value)
@@ -352,6 +351,31 @@ public struct SyncSession: Sendable {
     private mutating func refuse(_ reason: Rejection.Reason, _ message: String, code: ShoalError.Code) -> [Action] {
         phase = .closed
         return [.send(.reject(Rejection(reason, message))), .close(ShoalError(code: code, message: message))]
+    }
+
+    /// Decodes one value's reassembled encoding, or `nil` when it is not exactly one value. A blob keeps the
+    /// buffer it arrived in (its header is shifted out in place), so a large blob is not copied once more.
+    static func decodeWhole(_ encoded: consuming [UInt8]) -> SQLValue? {
+        if encoded.first == 4 {
+            // The tag, then the length as a varint (at most 10 bytes), then exactly that many bytes.
+            var length: UInt64 = 0
+            var header = 1
+            var shift: UInt64 = 0
+            while header < min(encoded.count, 11) {
+                let byte = encoded[header]
+                header += 1
+                length |= UInt64(byte & 0x7f) << shift
+                if byte < 0x80 { break }
+                shift += 7
+            }
+            if header >= 2, encoded[header - 1] < 0x80, UInt64(encoded.count - header) == length {
+                encoded.removeSubrange(0..<header)
+                return .blob(encoded)
+            }
+        }
+        var reader = ByteReader(encoded)
+        guard let value = try? SQLValue.decode(from: &reader), reader.isAtEnd else { return nil }
+        return value
     }
 
     /// A batch ready to send: values too large to travel inside it are taken out, to be sent first in pieces
