@@ -502,6 +502,7 @@ public actor SyncNode: Service {
         }
         if !dialed, let remoteIP {
             let pending = connections.values.filter { $0.pending && $0.remoteIP == remoteIP }.count + 1
+            if pendingHighWater.count >= 1_024 { pendingHighWater.removeAll() }  // diagnostics only: stays bounded
             pendingHighWater[remoteIP] = max(pendingHighWater[remoteIP] ?? 0, pending)
         }
         nextConnectionID += 1
