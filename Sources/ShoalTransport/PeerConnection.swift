@@ -89,6 +89,26 @@ struct PeerConnection {
             loop: while true {
                 if let error = try await perform(&actions, session: &session, outbound: outbound, outcome: &outcome) {
                     outcome.error = error
+                    // A send cut short may be the peer closing after a refusal still queued here: read it, so
+                    // the failure is reported as the peer's refusal, not as a broken connection.
+                    if outcome.refusal == nil && outcome.failedHere {
+                        var ticks = 0
+                        draining: while let event = await incoming.next() {
+                            switch event {
+                            case .message(.reject(let rejection)):
+                                outcome.refusal = rejection
+                                outcome.failedHere = false
+                                break draining
+                            case .ended:
+                                break draining
+                            case .tick:
+                                ticks += 1
+                                if ticks >= 5 { break draining }
+                            default:
+                                continue
+                            }
+                        }
+                    }
                     break loop
                 }
                 guard let event = await incoming.next() else { break loop }
@@ -184,7 +204,7 @@ struct PeerConnection {
                                     sequence: sequence,
                                     isLast: isLast,
                                     estimatedRemaining: remaining,
-                                    batch: batch
+                                    batch: consume batch
                                 ),
                                 version: session.version ?? WireProtocol.minimumVersion,
                                 to: outbound
@@ -255,10 +275,12 @@ struct PeerConnection {
     /// change that cannot be sent at all (a value over the maximum, a row larger than a frame) is an error
     /// with ``Rejection/Reason/unsendableChange``, reported on both sides.
     private func send(
-        _ message: ChangeBatchMessage,
+        _ message: consuming ChangeBatchMessage,
         version: UInt16,
         to outbound: NIOAsyncChannelOutboundWriter<WireMessage>
     ) async throws(ShoalError) {
+        let requestID = message.requestID
+        let sequence = message.sequence
         let prepared = try SyncSession.outgoing(
             message,
             version: version,
@@ -267,8 +289,8 @@ struct PeerConnection {
         )
         for (change, encoded) in prepared.pieced {
             for piece in SyncSession.pieces(
-                requestID: message.requestID,
-                sequence: message.sequence,
+                requestID: requestID,
+                sequence: sequence,
                 change: change,
                 of: encoded,
                 pieceBytes: configuration.pieceBytes
@@ -283,7 +305,7 @@ struct PeerConnection {
         else {
             throw ShoalError(
                 code: .frameTooLarge,
-                message: "unsendable change: batch \(message.sequence) holds a row of \(size) bytes, more than the "
+                message: "unsendable change: batch \(sequence) holds a row of \(size) bytes, more than the "
                     + "\(configuration.maximumFrameLength)-byte frame maximum (a primary key or many columns too large "
                     + "to travel); it and the changes after it are held back"
             )

@@ -1,3 +1,10 @@
+import NIOCore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Keeps a repeating failure from being logged once per retry: the first occurrence of a reason is said, then
 /// only the 10th, 100th, 1000th… repetition, with the count.
 struct RepeatingFailures: Sendable {
@@ -79,6 +86,34 @@ enum ClockRefusal {
         default:
             let hours = seconds / 3600 % 24
             return hours == 0 ? "\(seconds / 86_400) d" : "\(seconds / 86_400) d \(hours) h"
+        }
+    }
+}
+
+/// A failed dial in plain words (rather than NIO's error text).
+enum DialFailure {
+    static func describe(_ error: any Error, address: PeerAddress) -> String {
+        if let failure = error as? NIOConnectionError {
+            if failure.dnsAError != nil || failure.dnsAAAAError != nil {
+                return "cannot connect to \(address): the host name \"\(address.host)\" does not resolve"
+            }
+            if let reason = failure.connectionErrors.lazy.compactMap({ ($0.error as? IOError).map(describe) }).first {
+                return "cannot connect to \(address): \(reason)"
+            }
+        }
+        if let error = error as? ChannelError, case .connectTimeout(let limit) = error {
+            return "cannot connect to \(address): no answer within \(limit.nanoseconds / 1_000_000_000) s"
+        }
+        if let error = error as? IOError { return "cannot connect to \(address): \(describe(error))" }
+        return "cannot connect to \(address): \(error)"
+    }
+
+    private static func describe(_ error: IOError) -> String {
+        switch error.errnoCode {
+        case ECONNREFUSED: "connection refused (no node listens on that port, or a firewall refuses)"
+        case EHOSTUNREACH, ENETUNREACH: "the host cannot be reached from here"
+        case ETIMEDOUT: "no answer (timed out)"
+        default: String(cString: strerror(error.errnoCode))
         }
     }
 }

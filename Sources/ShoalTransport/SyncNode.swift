@@ -352,7 +352,7 @@ public actor SyncNode: Service {
                 }
             } catch {
                 dials[address.description, default: 0] += 1
-                let reason = "\(error)"
+                let reason = DialFailure.describe(error, address: address)
                 dialFailed(address, site: site, reason: reason)
                 if let line = failures.note(address.description, reason) {
                     eventSink.yield(.connectionFailed(address: address.description, reason: line))
@@ -507,6 +507,7 @@ public actor SyncNode: Service {
         }
         if !dialed, let remoteIP {
             let pending = connections.values.filter { $0.pending && $0.remoteIP == remoteIP }.count + 1
+            if pendingHighWater.count >= 1_024 { pendingHighWater.removeAll() }  // diagnostics only: stays bounded
             pendingHighWater[remoteIP] = max(pendingHighWater[remoteIP] ?? 0, pending)
         }
         nextConnectionID += 1

@@ -220,6 +220,11 @@ public struct SyncSession: Sendable {
                 )
             }
             assembling = nil  // keeps the buffer uniquely referenced while it grows
+            let needed = current.bytes.count + piece.bytes.count
+            if current.bytes.capacity < needed {
+                // Doubling, but never past the announced total: a value of 64 MiB takes 64 MiB, not 128.
+                current.bytes.reserveCapacity(Int(min(current.total, UInt64(max(needed, current.bytes.count * 2)))))
+            }
             current.bytes.append(contentsOf: piece.bytes)
             assembling = current
         } else {
@@ -271,8 +276,7 @@ public struct SyncSession: Sendable {
             else {
                 return refuse(.malformedMessage, "a value in pieces for change \(index), not a column change", code: .malformedMessage)
             }
-            var reader = ByteReader(assembled.removeValue(forKey: index)!)
-            guard let value = try? SQLValue.decode(from: &reader), reader.isAtEnd else {
+            guard let value = Self.decodeWhole(assembled.removeValue(forKey: index)!) else {
                 return refuse(.malformedMessage, "the pieces of change \(index) do not form one value", code: .malformedMessage)
             }
             batch.batch.changes[Int(index)].payload = .column(name, value)
@@ -350,6 +354,31 @@ public struct SyncSession: Sendable {
         return [.send(.reject(Rejection(reason, message))), .close(ShoalError(code: code, message: message))]
     }
 
+    /// Decodes one value's reassembled encoding, or `nil` when it is not exactly one value. A blob keeps the
+    /// buffer it arrived in (its header is shifted out in place), so a large blob is not copied once more.
+    static func decodeWhole(_ encoded: consuming [UInt8]) -> SQLValue? {
+        if encoded.first == 4 {
+            // The tag, then the length as a varint (at most 10 bytes), then exactly that many bytes.
+            var length: UInt64 = 0
+            var header = 1
+            var shift: UInt64 = 0
+            while header < min(encoded.count, 11) {
+                let byte = encoded[header]
+                header += 1
+                length |= UInt64(byte & 0x7f) << shift
+                if byte < 0x80 { break }
+                shift += 7
+            }
+            if header >= 2, encoded[header - 1] < 0x80, UInt64(encoded.count - header) == length {
+                encoded.removeSubrange(0..<header)
+                return .blob(encoded)
+            }
+        }
+        var reader = ByteReader(encoded)
+        guard let value = try? SQLValue.decode(from: &reader), reader.isAtEnd else { return nil }
+        return value
+    }
+
     /// A batch ready to send: values too large to travel inside it are taken out, to be sent first in pieces
     /// (``pieces(requestID:sequence:change:of:pieceBytes:)``).
     public struct OutgoingBatch: Sendable {
@@ -362,11 +391,12 @@ public struct SyncSession: Sendable {
     /// `inlineLimit` travels in pieces. A value beyond `maximumValueBytes` cannot be sent at all: the error
     /// says which (the caller refuses the round with ``Rejection/Reason/unsendableChange``).
     public static func outgoing(
-        _ message: ChangeBatchMessage,
+        _ message: consuming ChangeBatchMessage,
         version: UInt16,
         inlineLimit: Int = WireProtocol.defaultInlineValueLimit,
         maximumValueBytes: Int = WireProtocol.maximumValueBytes
     ) throws(ShoalError) -> OutgoingBatch {
+        // Consumed, so that taking a value out of the batch frees it rather than leave a second copy alive.
         var message = message
         var pieced: [(change: UInt32, encoded: [UInt8])] = []
         for index in message.batch.changes.indices {

@@ -67,6 +67,31 @@ private func failureLines(_ log: EventLog) async -> Int {
         await a.stop()
     }
 
+    @Test func withThreeNodesTheRefusalBlamesTheClockTheOthersDisagreeWith() async throws {
+        let directory = try temporaryDirectory("third")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let b = try await startNode(in: directory, name: "b")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from a', 1)")
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('from b', 1)")
+        // Three hours behind both of them.
+        let late = try await startNode(in: directory, name: "late", peers: [a.port, b.port]) { configuration in
+            configuration.storeOptions.clock = ShiftedClock(shift: -3 * 3_600_000)
+        }
+        let deadline = Date().addingTimeInterval(60)
+        var blamesItself = false
+        while Date() < deadline && !blamesItself {
+            let reasons = await late.node.peerStatuses().compactMap(\.lastError)
+            blamesItself = reasons.contains { $0.contains("so this node's clock looks 2 h 59 min behind") }
+            if !blamesItself { _ = await late.log.next(within: 0.5) { _ in true } }
+        }
+        let reasons = await late.node.peerStatuses().map(\.lastError)
+        #expect(blamesItself, "\(reasons)")
+        await late.stop()
+        await b.stop()
+        await a.stop()
+    }
+
     @Test func aStoreThatCannotApplyBacksOffAndRecovers() async throws {
         let directory = try temporaryDirectory("readonly")
         defer { try? FileManager.default.removeItem(at: directory) }

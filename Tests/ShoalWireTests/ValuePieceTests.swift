@@ -154,6 +154,18 @@ private func refusal(_ actions: [SyncSession.Action]) -> Rejection.Reason? {
         #expect(refusal(session.receive(.changeBatch(batch), now: 1)) == .malformedMessage)
     }
 
+    @Test func reassembledEncodingsDecodeToExactlyOneValue() {
+        #expect(SyncSession.decodeWhole([4, 0]) == .blob([]))
+        #expect(SyncSession.decodeWhole([4, 2, 7, 9]) == .blob([7, 9]))
+        #expect(SyncSession.decodeWhole([4, 0x80, 0x01] + Array(repeating: 5, count: 128)) == .blob(Array(repeating: 5, count: 128)))
+        #expect(SyncSession.decodeWhole([3, 2, 0x68, 0x69]) == .text("hi"))
+        #expect(SyncSession.decodeWhole([4]) == nil)
+        #expect(SyncSession.decodeWhole([4, 3, 1]) == nil)
+        #expect(SyncSession.decodeWhole([4, 1, 1, 1]) == nil)
+        #expect(SyncSession.decodeWhole([4, 0x80]) == nil)
+        #expect(SyncSession.decodeWhole([9, 1]) == nil)
+    }
+
     @Test func valuePiecesAndPiecedChangesRoundTripThroughTheCodec() throws {
         let piece = ValuePiece(requestID: 9, sequence: 4, change: 17, totalLength: 1_000, offset: 500, bytes: [1, 2, 3])
         #expect(try WireMessage.decode(WireMessage.valuePiece(piece).encoded()) == .valuePiece(piece))
