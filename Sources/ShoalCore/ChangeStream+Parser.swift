@@ -191,9 +191,20 @@ extension ChangeStream {
             )
         }
 
-        private mutating func tableName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+        /// A string's bytes, or `nil` when they equal `known` (checked without a copy when it has no escapes).
+        private static func bytes(
+            _ scanner: inout JSONScanner,
+            unlessEqualTo known: [UInt8]
+        ) throws(JSONScanner.Failure) -> [UInt8]? {
+            if let plain = try scanner.plainString() {
+                return plain.elementsEqual(known) ? nil : Array(plain)
+            }
             let bytes = try scanner.stringBytes()
-            if bytes == lastTableBytes { return lastTable }
+            return bytes == known ? nil : bytes
+        }
+
+        private mutating func tableName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+            guard let bytes = try Self.bytes(&scanner, unlessEqualTo: lastTableBytes) else { return lastTable }
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 throw .content("a table name that is not valid UTF-8")
             }
@@ -202,8 +213,16 @@ extension ChangeStream {
         }
 
         private mutating func columnName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+            if let plain = try scanner.plainString() {
+                if let known = columnNames.first(where: { plain.elementsEqual($0.bytes) }) { return known.name }
+                return try newColumnName(Array(plain))
+            }
             let bytes = try scanner.stringBytes()
             if let known = columnNames.first(where: { $0.bytes == bytes }) { return known.name }
+            return try newColumnName(bytes)
+        }
+
+        private mutating func newColumnName(_ bytes: [UInt8]) throws(JSONScanner.Failure) -> String {
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 throw .content("a column name that is not valid UTF-8")
             }
@@ -212,8 +231,7 @@ extension ChangeStream {
         }
 
         private mutating func siteID(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> SiteID {
-            let bytes = try scanner.stringBytes()
-            if bytes == lastSiteBytes { return lastSite }
+            guard let bytes = try Self.bytes(&scanner, unlessEqualTo: lastSiteBytes) else { return lastSite }
             guard let site = Self.site(hex: bytes[...]) else {
                 throw .content("bad site id \"\(String(decoding: bytes, as: UTF8.self))\"")
             }

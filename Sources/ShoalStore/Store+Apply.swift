@@ -166,8 +166,15 @@ extension Store {
             )
         }
         var report = ApplyReport()
-        var work: [RowKey: RowWork] = [:]
+        // At most one row per run of changes with the same key: reserve once instead of growing step by step.
+        var runs = changes.isEmpty ? 0 : 1
+        for index in changes.indices.dropFirst()
+        where changes[index].primaryKey != changes[index - 1].primaryKey || changes[index].table != changes[index - 1].table {
+            runs += 1
+        }
+        var work: [RowKey: RowWork] = Dictionary(minimumCapacity: runs)
         var order: [RowKey] = []
+        order.reserveCapacity(runs)
         var logKeys: [LogSlot: [UInt8]] = [:]
         var conflicts: [ConflictRecord] = []
         for change in changes { _ = sites.index(of: change.stamp.site) }

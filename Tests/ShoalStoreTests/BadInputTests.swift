@@ -167,6 +167,11 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try storeB.execute("SELECT count(*) FROM t").rows == [[.integer(6)]])
         #expect(try storeB.versionVector() == VersionVector([siteA: 6]))
         #expect(try storeB.digest() == Store(path: a.path).digest())
+        // In sync now: a file holding b's status, or the stream file's header, asks for nothing more.
+        let statusFile = directory.appendingPathComponent("status.json")
+        try shoal(["status", "--db", b.path, "--json"]).write(to: statusFile, atomically: true, encoding: .utf8)
+        let nothing = try shoal(["changes", "--db", a.path, "--since", statusFile.path])
+        #expect(nothing.split(separator: "\n").count == 2, "a header and the end line")
     }
 
     @Test func aClaimWithoutChangesAdvancesNothingOnTheLivePathEither() throws {
