@@ -82,7 +82,10 @@ extension ChangeStream {
                 )
             }
             guard let start else {
-                throw ShoalError(code: .truncatedStream, message: "the stream is empty: no header line; nothing was applied")
+                throw ShoalError(
+                    code: .truncatedStream,
+                    message: "the stream is empty: no header line; nothing was applied"
+                )
             }
             guard ended else {
                 throw ShoalError(

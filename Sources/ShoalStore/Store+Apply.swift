@@ -34,9 +34,10 @@ extension Store {
     /// `claim` is what the sender says the receiver holds once these changes (and `since`) are applied; it
     /// is merged into the version vector only if this database already holds `since`, the version the
     /// changes were cut for, and only as far as the changes prove it (``provenClaim(_:changes:held:)``: a
-    /// raised claim is clipped to what was received, on the live and the offline path alike). Everything is validated before anything is written: an unknown table or column,
-    /// a clock beyond the drift bound, or changes claiming this database's own site id for sequence numbers
-    /// it never issued are refused with nothing applied.
+    /// raised claim is clipped to what was received, on the live and the offline path alike). Everything is
+    /// validated before anything is written: an unknown table or column, a clock beyond the drift bound, or
+    /// changes claiming this database's own site id for sequence numbers it never issued are refused with
+    /// nothing applied.
     @discardableResult
     public func apply(
         _ changes: [Change],
@@ -208,7 +209,9 @@ extension Store {
         // At most one row per run of changes with the same key: reserve once instead of growing step by step.
         var runs = changes.isEmpty ? 0 : 1
         for index in changes.indices.dropFirst()
-        where changes[index].primaryKey != changes[index - 1].primaryKey || changes[index].table != changes[index - 1].table {
+        where changes[index].primaryKey != changes[index - 1].primaryKey
+            || changes[index].table != changes[index - 1].table
+        {
             runs += 1
         }
         var work: [RowKey: RowWork] = Dictionary(minimumCapacity: runs)

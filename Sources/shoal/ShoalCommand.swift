@@ -107,7 +107,9 @@ extension ShoalCommand {
             let store = try database.open()
             var vector = VersionVector()
             if let since { vector = try Self.versionVector(since) }
-            try store.writeChangeStream(since: vector) { (bytes) throws(ShoalError) in try StandardStreams.write(bytes) }
+            try store.writeChangeStream(since: vector) { (bytes) throws(ShoalError) in
+                try StandardStreams.write(bytes)
+            }
         }
 
         /// The vector in `argument`: JSON, or a file holding JSON (the whole file, or its first line).

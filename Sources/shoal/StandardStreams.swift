@@ -31,7 +31,10 @@ enum StandardStreams {
             let count = buffer[filled...].withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                throw ShoalError(code: .invalidArgument, message: "cannot read the stream: \(String(cString: strerror(errno)))")
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "cannot read the stream: \(String(cString: strerror(errno)))"
+                )
             }
             let scanFrom = filled
             filled += count

@@ -260,7 +260,10 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         for (name, cut) in [
             ("no end line", lines.dropLast().joined(separator: "\n") + "\n"),
             ("cut inside a line", lines.prefix(45_000).joined(separator: "\n") + "\n" + lines[45_000].prefix(20)),
-            ("a bad line late", (lines.prefix(40_000) + ["{\"t\":1}"] + lines.dropFirst(40_000)).joined(separator: "\n")),
+            (
+                "a bad line late",
+                (lines.prefix(40_000) + ["{\"t\":1}"] + lines.dropFirst(40_000)).joined(separator: "\n")
+            ),
         ] {
             let file = directory.appendingPathComponent("cut.jsonl")
             try cut.write(to: file, atomically: true, encoding: .utf8)
