@@ -9,7 +9,11 @@ extension ChangeStream {
     public struct Parser {
         private var lineNumber = 0
         private var header: Header?
+        /// What the header says, once its line was read.
+        public private(set) var start: (site: SiteID, since: VersionVector, claim: VersionVector)?
         private var changes: [Change] = []
+        /// Changes read so far, including those already handed over by ``takeChanges()``.
+        private var count = 0
         private var ended = false
         /// A line that was not JSON: fatal, but which error it is depends on whether anything follows it.
         private var brokenLine: (number: Int, detail: String)?
@@ -23,7 +27,16 @@ extension ChangeStream {
         public init() {}
 
         /// How many changes were read so far.
-        public var changeCount: Int { changes.count }
+        public var changeCount: Int { count }
+
+        /// How many changes were read and not yet handed over.
+        public var pendingCount: Int { changes.count }
+
+        /// Hands over the changes read since the last call, to apply them while the rest is read.
+        public mutating func takeChanges() -> [Change] {
+            defer { changes.removeAll(keepingCapacity: true) }
+            return changes
+        }
 
         /// Parses one line (without its newline).
         public mutating func consume(line: UnsafeBufferPointer<UInt8>) throws(ShoalError) {
@@ -36,12 +49,18 @@ extension ChangeStream {
             }
             if ended { throw ShoalError.malformedStream(line: lineNumber, "content after the end-of-stream line") }
             guard header != nil else {
-                header = try Self.header(Data(line), lineNumber: lineNumber)
+                let parsed = try Self.header(Data(line), lineNumber: lineNumber)
+                guard let site = SiteID(hex: parsed.site) else {
+                    throw ShoalError.malformedStream(line: lineNumber, "bad site id \"\(parsed.site)\"")
+                }
+                start = (site, try Self.vector(parsed.since), try Self.vector(parsed.claim))
+                header = parsed
                 return
             }
             do throws(JSONScanner.Failure) {
                 if let change = try parseLine(&scanner) {
                     changes.append(change)
+                    count += 1
                 } else {
                     ended = true
                 }
@@ -62,8 +81,11 @@ extension ChangeStream {
                         + "nothing was applied"
                 )
             }
-            guard let header else {
-                throw ShoalError(code: .truncatedStream, message: "the stream is empty: no header line; nothing was applied")
+            guard let start else {
+                throw ShoalError(
+                    code: .truncatedStream,
+                    message: "the stream is empty: no header line; nothing was applied"
+                )
             }
             guard ended else {
                 throw ShoalError(
@@ -72,15 +94,7 @@ extension ChangeStream {
                         + "(was it cut short?); nothing was applied"
                 )
             }
-            guard let site = SiteID(hex: header.site) else {
-                throw ShoalError.malformedStream(line: 1, "bad site id \"\(header.site)\"")
-            }
-            return Contents(
-                site: site,
-                since: try Self.vector(header.since),
-                claim: try Self.vector(header.claim),
-                changes: changes
-            )
+            return Contents(site: start.site, since: start.since, claim: start.claim, changes: changes)
         }
 
         private static func header(_ data: Data, lineNumber: Int) throws(ShoalError) -> Header {
@@ -150,10 +164,10 @@ extension ChangeStream {
             scanner.skipWhitespace()
             guard scanner.isAtEnd else { throw .syntax("text after the object at column \(scanner.position + 1)") }
             if let end {
-                guard end, let count, count == changes.count else {
+                guard end, let count, count == self.count else {
                     throw .content(
                         "the end-of-stream line counts \(count.map(String.init) ?? "no") changes, the stream has "
-                            + "\(changes.count)"
+                            + "\(self.count)"
                     )
                 }
                 return nil
@@ -191,9 +205,20 @@ extension ChangeStream {
             )
         }
 
-        private mutating func tableName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+        /// A string's bytes, or `nil` when they equal `known` (checked without a copy when it has no escapes).
+        private static func bytes(
+            _ scanner: inout JSONScanner,
+            unlessEqualTo known: [UInt8]
+        ) throws(JSONScanner.Failure) -> [UInt8]? {
+            if let plain = try scanner.plainString() {
+                return plain.elementsEqual(known) ? nil : Array(plain)
+            }
             let bytes = try scanner.stringBytes()
-            if bytes == lastTableBytes { return lastTable }
+            return bytes == known ? nil : bytes
+        }
+
+        private mutating func tableName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+            guard let bytes = try Self.bytes(&scanner, unlessEqualTo: lastTableBytes) else { return lastTable }
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 throw .content("a table name that is not valid UTF-8")
             }
@@ -202,8 +227,16 @@ extension ChangeStream {
         }
 
         private mutating func columnName(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> String {
+            if let plain = try scanner.plainString() {
+                if let known = columnNames.first(where: { plain.elementsEqual($0.bytes) }) { return known.name }
+                return try newColumnName(Array(plain))
+            }
             let bytes = try scanner.stringBytes()
             if let known = columnNames.first(where: { $0.bytes == bytes }) { return known.name }
+            return try newColumnName(bytes)
+        }
+
+        private mutating func newColumnName(_ bytes: [UInt8]) throws(JSONScanner.Failure) -> String {
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 throw .content("a column name that is not valid UTF-8")
             }
@@ -212,8 +245,7 @@ extension ChangeStream {
         }
 
         private mutating func siteID(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> SiteID {
-            let bytes = try scanner.stringBytes()
-            if bytes == lastSiteBytes { return lastSite }
+            guard let bytes = try Self.bytes(&scanner, unlessEqualTo: lastSiteBytes) else { return lastSite }
             guard let site = Self.site(hex: bytes[...]) else {
                 throw .content("bad site id \"\(String(decoding: bytes, as: UTF8.self))\"")
             }

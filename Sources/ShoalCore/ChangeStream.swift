@@ -130,8 +130,7 @@ public enum ChangeStream {
 
     /// One object: a plain vector, or an object holding one under `version_vector` (status) or `claim` (a
     /// stream header).
-    private static func versionVectorObject(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> VersionVector
-    {
+    private static func versionVectorObject(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> VersionVector {
         try scanner.expect(0x7B)
         var entries = VersionVector()
         var nested: VersionVector?

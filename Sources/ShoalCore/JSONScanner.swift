@@ -199,7 +199,7 @@ struct JSONScanner {
 
     /// A string without escapes, as the bytes between its quotes (consumed); `nil` (nothing consumed) when it
     /// has escapes.
-    private mutating func plainString() throws(Failure) -> UnsafeBufferPointer<UInt8>? {
+    mutating func plainString() throws(Failure) -> UnsafeBufferPointer<UInt8>? {
         skipWhitespace()
         guard position < end, base[position] == 0x22 else { throw unexpected("a string") }
         var scan = position + 1

@@ -34,9 +34,10 @@ extension Store {
     /// `claim` is what the sender says the receiver holds once these changes (and `since`) are applied; it
     /// is merged into the version vector only if this database already holds `since`, the version the
     /// changes were cut for, and only as far as the changes prove it (``provenClaim(_:changes:held:)``: a
-    /// raised claim is clipped to what was received, on the live and the offline path alike). Everything is validated before anything is written: an unknown table or column,
-    /// a clock beyond the drift bound, or changes claiming this database's own site id for sequence numbers
-    /// it never issued are refused with nothing applied.
+    /// raised claim is clipped to what was received, on the live and the offline path alike). Everything is
+    /// validated before anything is written: an unknown table or column, a clock beyond the drift bound, or
+    /// changes claiming this database's own site id for sequence numbers it never issued are refused with
+    /// nothing applied.
     @discardableResult
     public func apply(
         _ changes: [Change],
@@ -68,6 +69,43 @@ extension Store {
             let report = try applyInTransaction(changes, claim: claim, since: since)
             try connection.exec("COMMIT")
             return report
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Applies a stream whose changes arrive in chunks (`next` returns `nil` after the last), all in one
+    /// transaction: each chunk is merged as soon as it comes, so a reader can parse while this applies, and
+    /// an error from `next` (a truncated or malformed stream) or from any chunk rolls everything back. The
+    /// claim is taken at the end, as far as all the chunks together prove it; see ``apply(_:claim:since:)``.
+    @discardableResult
+    public func apply(
+        chunks next: () throws(ShoalError) -> [Change]?,
+        claim: VersionVector,
+        since: VersionVector?
+    ) throws(ShoalError) -> ApplyReport {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
+        }
+        try refreshSchema()
+        try connection.exec("BEGIN IMMEDIATE")
+        capture.isSuspended = true
+        defer { capture.isSuspended = false }
+        do throws(ShoalError) {
+            var total = ApplyReport()
+            var carried: [SiteID: UInt64] = [:]
+            while let chunk = try next() {
+                guard !chunk.isEmpty else { continue }
+                let report = try applyInTransaction(chunk, claim: VersionVector(), since: since)
+                total.applied += report.applied
+                total.alreadyKnown += report.alreadyKnown
+                total.conflicts += report.conflicts
+                carried.merge(Self.highestSeqs(chunk)) { max($0, $1) }
+            }
+            _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
+            try connection.exec("COMMIT")
+            return total
         } catch {
             try? connection.exec("ROLLBACK")
             throw error
@@ -157,10 +195,12 @@ extension Store {
         return Int64(bitPattern: maxHLC.rawValue)
     }
 
+    /// `carried`: the highest seq per site of changes applied earlier in the same transaction.
     private func applyInTransaction(
         _ changes: [Change],
         claim: VersionVector,
-        since: VersionVector?
+        since: VersionVector?,
+        carried: [SiteID: UInt64] = [:]
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
         let maxHLC = try validate(changes, claim: claim, since: since)
@@ -173,8 +213,17 @@ extension Store {
             )
         }
         var report = ApplyReport()
-        var work: [RowKey: RowWork] = [:]
+        // At most one row per run of changes with the same key: reserve once instead of growing step by step.
+        var runs = changes.isEmpty ? 0 : 1
+        for index in changes.indices.dropFirst()
+        where changes[index].primaryKey != changes[index - 1].primaryKey
+            || changes[index].table != changes[index - 1].table
+        {
+            runs += 1
+        }
+        var work: [RowKey: RowWork] = Dictionary(minimumCapacity: runs)
         var order: [RowKey] = []
+        order.reserveCapacity(runs)
         var logKeys: [LogSlot: [UInt8]] = [:]
         var conflicts: [ConflictRecord] = []
         for change in changes { _ = sites.index(of: change.stamp.site) }
@@ -296,7 +345,8 @@ extension Store {
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
                     + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
             )
-            for (site, seq) in Self.provenClaim(claim, changes: changes, held: held).entries
+            let highest = Self.highestSeqs(changes).merging(carried) { max($0, $1) }
+            for (site, seq) in Self.provenClaim(claim, highest: highest, held: held).entries
             where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
                 try upsert.run()
@@ -325,6 +375,20 @@ extension Store {
     /// lower here until that site writes again; nothing of it is missing (what it wrote was overwritten by
     /// changes this database holds), and later exchanges still deliver everything.
     static func provenClaim(_ claim: VersionVector, changes: [Change], held: VersionVector) -> VersionVector {
+        provenClaim(claim, highest: highestSeqs(changes), held: held)
+    }
+
+    /// ``provenClaim(_:changes:held:)`` given the highest seq per site of the changes received.
+    static func provenClaim(_ claim: VersionVector, highest: [SiteID: UInt64], held: VersionVector) -> VersionVector {
+        var proven = VersionVector()
+        for (site, claimed) in claim.entries {
+            proven.advance(site, to: min(claimed, max(held[site], highest[site] ?? 0)))
+        }
+        return proven
+    }
+
+    /// The highest seq of each site among `changes`.
+    static func highestSeqs(_ changes: [Change]) -> [SiteID: UInt64] {
         var highest: [SiteID: UInt64] = [:]
         var site: SiteID?
         var seq: UInt64 = 0
@@ -338,11 +402,7 @@ extension Store {
             seq = max(seq, change.stamp.seq)
         }
         if let site { highest[site] = max(highest[site] ?? 0, seq) }
-        var proven = VersionVector()
-        for (site, claimed) in claim.entries {
-            proven.advance(site, to: min(claimed, max(held[site], highest[site] ?? 0)))
-        }
-        return proven
+        return highest
     }
 
     /// Records a conflict when an incoming column write met a concurrent one with a different value:

@@ -37,9 +37,11 @@ extension Store {
         if snapshot { try connection.exec("BEGIN") }
         defer { if snapshot { try? connection.exec("COMMIT") } }
         let cursor = try deltaCursor(since: since)
-        var buffer = Array(ChangeStream.headerLine(
-            .init(site: siteID, since: since, claim: since.merging(cursor.held))
-        ).utf8)
+        var buffer = Array(
+            ChangeStream.headerLine(
+                .init(site: siteID, since: since, claim: since.merging(cursor.held))
+            ).utf8
+        )
         buffer.append(0x0A)
         buffer.reserveCapacity(chunkBytes + 4096)
         var writer = ChangeStream.Writer()

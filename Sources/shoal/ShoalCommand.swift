@@ -185,7 +185,9 @@ extension ShoalCommand {
             let store = try database.open()
             var vector = VersionVector()
             if let since { vector = try Self.versionVector(since) }
-            try store.writeChangeStream(since: vector) { (bytes) throws(ShoalError) in try StandardStreams.write(bytes) }
+            try store.writeChangeStream(since: vector) { (bytes) throws(ShoalError) in
+                try StandardStreams.write(bytes)
+            }
         }
 
         /// The vector in `argument`: JSON, or a file holding JSON (the whole file, or its first line).
@@ -224,14 +226,29 @@ extension ShoalCommand {
                 }
             }
             defer { if descriptor != 0 { close(descriptor) } }
-            // Parse lines as they arrive, while the sender is still writing.
-            var parser = ChangeStream.Parser()
-            try StandardStreams.readLines(descriptor) { (line) throws(ShoalError) in try parser.consume(line: line) }
-            let stream = try parser.finish()
-            FileHandle.standardError.write(
-                Data("applying \(stream.changes.count) changes from \(stream.site.hex)\n".utf8)
+            // Parse lines as they arrive, on a thread of their own, and apply each chunk as it comes, all in one
+            // transaction: reading, parsing and writing overlap, and a bad or cut stream still applies nothing.
+            let chunks = StreamChunks.reading(descriptor)
+            defer { chunks.close() }
+            let stream: (site: SiteID, since: VersionVector, claim: VersionVector)
+            switch chunks.take() {
+            case .start(let site, let since, let claim): stream = (site, since, claim)
+            case .failure(let error): throw error
+            case .chunk, .end: throw ShoalError(code: .malformedStream, message: "the stream has no header")
+            }
+            FileHandle.standardError.write(Data("applying changes from \(stream.site.hex)\n".utf8))
+            let report = try store.apply(
+                chunks: { () throws(ShoalError) -> [Change]? in
+                    switch chunks.take() {
+                    case .chunk(let changes): return changes
+                    case .end: return nil
+                    case .failure(let error): throw error
+                    case .start: return []
+                    }
+                },
+                claim: stream.claim,
+                since: stream.since
             )
-            let report = try store.apply(stream.changes, claim: stream.claim, since: stream.since)
             let held = try store.versionVector()
             if !held.dominatesOrEquals(stream.claim) {
                 FileHandle.standardError.write(

@@ -31,7 +31,10 @@ enum StandardStreams {
             let count = buffer[filled...].withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                throw ShoalError(code: .invalidArgument, message: "cannot read the stream: \(String(cString: strerror(errno)))")
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "cannot read the stream: \(String(cString: strerror(errno)))"
+                )
             }
             let scanFrom = filled
             filled += count
@@ -62,5 +65,74 @@ enum StandardStreams {
             }
             if count == 0 { return }
         }
+    }
+}
+
+/// Hands a change stream from a reading thread to the applying one, a bounded number of chunks at a time.
+///
+/// `@unchecked Sendable`: every access to `items` and `closed` holds `condition`.
+final class StreamChunks: @unchecked Sendable {
+    enum Item {
+        case start(site: SiteID, since: VersionVector, claim: VersionVector)
+        case chunk([Change])
+        case end
+        case failure(ShoalError)
+    }
+
+    private let condition = NSCondition()
+    private var items: [Item] = []
+    private var closed = false
+    private let capacity = 4
+
+    /// Reads and parses `descriptor` on a thread of its own, handing over about `chunkSize` changes at a time.
+    static func reading(_ descriptor: Int32, chunkSize: Int = 20_000) -> StreamChunks {
+        let chunks = StreamChunks()
+        let thread = Thread {
+            var parser = ChangeStream.Parser()
+            var started = false
+            do throws(ShoalError) {
+                try StandardStreams.readLines(descriptor) { (line) throws(ShoalError) in
+                    try parser.consume(line: line)
+                    if !started, let start = parser.start {
+                        started = true
+                        chunks.put(.start(site: start.site, since: start.since, claim: start.claim))
+                    }
+                    if parser.pendingCount >= chunkSize { chunks.put(.chunk(parser.takeChanges())) }
+                }
+                let contents = try parser.finish()
+                if !started { chunks.put(.start(site: contents.site, since: contents.since, claim: contents.claim)) }
+                chunks.put(.chunk(contents.changes))
+                chunks.put(.end)
+            } catch {
+                chunks.put(.failure(error))
+            }
+        }
+        thread.start()
+        return chunks
+    }
+
+    func put(_ item: Item) {
+        condition.lock()
+        defer { condition.unlock() }
+        while items.count >= capacity && !closed { condition.wait() }
+        guard !closed else { return }
+        items.append(item)
+        condition.broadcast()
+    }
+
+    func take() -> Item {
+        condition.lock()
+        defer { condition.unlock() }
+        while items.isEmpty { condition.wait() }
+        condition.broadcast()
+        return items.removeFirst()
+    }
+
+    /// Stops accepting items (the reader's `put` returns at once), when the applying side gives up.
+    func close() {
+        condition.lock()
+        closed = true
+        condition.broadcast()
+        condition.unlock()
     }
 }

@@ -145,7 +145,8 @@ import Testing
     @Test func linesWrittenByOtherToolsAreReadExactly() throws {
         // Escapes (including a surrogate pair), spaces and key order as any JSON writer may produce them.
         let hexSite = site.hex
-        let text = #"{ "v" : "a\u0000\ud83d\ude00\/", "t":"t", "k":[ -9223372036854775808 ], "cl":1, "h":5, "#
+        let text =
+            #"{ "v" : "a\u0000\ud83d\ude00\/", "t":"t", "k":[ -9223372036854775808 ], "cl":1, "h":5, "#
             + #""s":"\#(hexSite)", "q":2, "c":"c", "p":"\#(hexSite):1" }"#
         let parsed = try ChangeStream.parse(lines: streamLines(text))
         #expect(parsed.changes.first?.payload == .column("c", .text("a\u{0}😀/")))
@@ -179,7 +180,10 @@ import Testing
             try line.withUnsafeBufferPointer { (buffer) throws(ShoalError) in try parser.consume(line: buffer) }
         } throws: { ($0 as? ShoalError)?.code == .malformedStream }
         // A lone surrogate escape is not text either.
-        let lone = ChangeStream.line(for: column(.text("a"))).replacingOccurrences(of: #""v":"a""#, with: #""v":"\ud800""#)
+        let lone = ChangeStream.line(for: column(.text("a"))).replacingOccurrences(
+            of: #""v":"a""#,
+            with: #""v":"\ud800""#
+        )
         #expect {
             try ChangeStream.parse(lines: streamLines(lone))
         } throws: { ($0 as? ShoalError)?.code == .malformedStream }
@@ -190,7 +194,10 @@ import Testing
             #"{"real":"one"}"#, #"{"blob":"**"}"#, #"{"text_base64":"@"}"#, #"{"date":1}"#, #"{}"#, "1.5", "true",
             "99999999999999999999", #"{"real":1,"blob":""}"#,
         ] {
-            let line = ChangeStream.line(for: column(.null)).replacingOccurrences(of: #""v":null"#, with: #""v":"# + value)
+            let line = ChangeStream.line(for: column(.null)).replacingOccurrences(
+                of: #""v":null"#,
+                with: #""v":"# + value
+            )
             #expect {
                 try ChangeStream.parse(lines: streamLines(line))
             } throws: { error in
@@ -206,7 +213,8 @@ import Testing
         #expect(try ChangeStream.parseVersionVector(json: plain) == vector)
         let header = ChangeStream.headerLine(.init(site: site, since: VersionVector(), claim: vector))
         #expect(try ChangeStream.parseVersionVector(json: header) == vector)
-        let status = #"{"conflicts":0,"digest":"00","name":null,"peers":null,"running":false,"site":"\#(site.hex)","#
+        let status =
+            #"{"conflicts":0,"digest":"00","name":null,"peers":null,"running":false,"site":"\#(site.hex)","#
             + #""tables":[{"counters":[],"name":"t","rows":1,"tombstones":0}],"version_vector":\#(plain)}"#
         #expect(try ChangeStream.parseVersionVector(json: status) == vector)
         #expect(try ChangeStream.parseVersionVector(json: " {} ") == VersionVector())

@@ -85,7 +85,13 @@ let edgeValues: [SQLValue] = {
             var state = RowState(columnCount: 1)
             let stamp = Stamp(hlc: HLC(rawValue: 1), site: SiteID(high: 1, low: 1), seq: 1)
             _ = state.merge(
-                Change(table: "t", primaryKey: [.integer(1)], payload: .column("c", value), causalLength: 1, stamp: stamp),
+                Change(
+                    table: "t",
+                    primaryKey: [.integer(1)],
+                    payload: .column("c", value),
+                    causalLength: 1,
+                    stamp: stamp
+                ),
                 column: 0
             )
             digest.addRow(table: "t", primaryKey: [.integer(1)], state: state, columns: ["c"], values: [value])

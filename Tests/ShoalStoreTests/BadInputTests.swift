@@ -167,6 +167,11 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try storeB.execute("SELECT count(*) FROM t").rows == [[.integer(6)]])
         #expect(try storeB.versionVector() == VersionVector([siteA: 6]))
         #expect(try storeB.digest() == Store(path: a.path).digest())
+        // In sync now: a file holding b's status, or the stream file's header, asks for nothing more.
+        let statusFile = directory.appendingPathComponent("status.json")
+        try shoal(["status", "--db", b.path, "--json"]).write(to: statusFile, atomically: true, encoding: .utf8)
+        let nothing = try shoal(["changes", "--db", a.path, "--since", statusFile.path])
+        #expect(nothing.split(separator: "\n").count == 2, "a header and the end line")
     }
 
     @Test func aClaimWithoutChangesAdvancesNothingOnTheLivePathEither() throws {
@@ -231,5 +236,46 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         try sync(a, b)
         #expect(try b.versionVector()[a.siteID] == 3)
         #expect(try b.digest() == a.digest())
+    }
+
+    @Test func aStreamCutShortAppliesNothingThoughItsFirstChunksWereMerged() throws {
+        let directory = try temporaryDirectory("cut")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = directory.appendingPathComponent("a.db")
+        let b = directory.appendingPathComponent("b.db")
+        for db in [a, b] {
+            try shoal(["init", "--db", db.path])
+            try shoal(["sql", "--db", db.path, "CREATE TABLE t(k INTEGER PRIMARY KEY, v)"])
+            try shoal(["replicate", "--db", db.path, "t"])
+        }
+        // More changes than one chunk (20,000), so apply has merged some before it meets the cut.
+        try shoal([
+            "sql", "--db", a.path,
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50000) "
+                + "INSERT INTO t SELECT i, 'value ' || i FROM n",
+        ])
+        let full = try shoal(["changes", "--db", a.path])
+        let lines = full.split(separator: "\n")
+        let before = try Store(path: b.path).digest()
+        for (name, cut) in [
+            ("no end line", lines.dropLast().joined(separator: "\n") + "\n"),
+            ("cut inside a line", lines.prefix(45_000).joined(separator: "\n") + "\n" + lines[45_000].prefix(20)),
+            (
+                "a bad line late",
+                (lines.prefix(40_000) + ["{\"t\":1}"] + lines.dropFirst(40_000)).joined(separator: "\n")
+            ),
+        ] {
+            let file = directory.appendingPathComponent("cut.jsonl")
+            try cut.write(to: file, atomically: true, encoding: .utf8)
+            #expect(throws: ShoalError.self, "\(name)") { try shoal(["apply", "--db", b.path, file.path]) }
+            let store = try Store(path: b.path)
+            #expect(try store.digest() == before, "\(name)")
+            #expect(try store.execute("SELECT count(*) FROM t").rows == [[.integer(0)]], "\(name)")
+            #expect(try store.versionVector().isEmpty, "\(name)")
+        }
+        let file = directory.appendingPathComponent("whole.jsonl")
+        try full.write(to: file, atomically: true, encoding: .utf8)
+        #expect(try shoal(["apply", "--db", b.path, file.path]).contains("applied: 50000"))
+        #expect(try Store(path: b.path).digest() == Store(path: a.path).digest())
     }
 }

@@ -116,10 +116,13 @@ func pipeChanges(from: URL, to: URL, since: String? = nil) throws -> String {
         let storeB = try Store(path: b.path)
         #expect(try Store(path: a.path).digest() == storeB.digest())
         // 'a' and 'a'||char(0)||'b' are two rows, each with its own value.
-        let pair = try storeB.execute("SELECT hex(v) FROM t WHERE k IN ('a', 'a'||char(0)||'b') ORDER BY length(k)").rows
+        let pair = try storeB.execute("SELECT hex(v) FROM t WHERE k IN ('a', 'a'||char(0)||'b') ORDER BY length(k)")
+            .rows
         #expect(pair == [[.text("780079")], [.text("61FF62")]])
         #expect(try storeB.execute("SELECT v FROM t WHERE k = 'a'").rows == [[.text("x\u{0}y")]])
-        #expect(try storeB.execute("SELECT v FROM t WHERE k = 'neg0'").rows.first?.first.map(Self.bits) == (-0.0).bitPattern)
+        #expect(
+            try storeB.execute("SELECT v FROM t WHERE k = 'neg0'").rows.first?.first.map(Self.bits) == (-0.0).bitPattern
+        )
         #expect(try storeB.execute("SELECT v FROM t WHERE k = 'subnormal'").rows == [[.real(.leastNonzeroMagnitude)]])
         #expect(try storeB.execute("SELECT v FROM t WHERE k = 'inf'").rows == [[.real(.infinity)]])
         #expect(try storeB.execute("SELECT v FROM t WHERE k = 'imin'").rows == [[.integer(.min)]])
@@ -140,8 +143,9 @@ func pipeChanges(from: URL, to: URL, since: String? = nil) throws -> String {
 
     @Test func differentStoredBytesMeanDifferentDigests() throws {
         var digests: [StateDigest] = []
-        for value in ["'x'", "'x'||char(0)||'y'", "CAST(x'78ff' AS TEXT)", "CAST(x'78efbfbd' AS TEXT)", "x'78'", "0.0", "-0.0"]
-        {
+        for value in [
+            "'x'", "'x'||char(0)||'y'", "CAST(x'78ff' AS TEXT)", "CAST(x'78efbfbd' AS TEXT)", "x'78'", "0.0", "-0.0",
+        ] {
             let store = try makeStore()
             try store.execute("CREATE TABLE t(k PRIMARY KEY, v)")
             try store.replicate(table: "t")

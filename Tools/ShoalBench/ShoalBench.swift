@@ -46,6 +46,7 @@ struct StoreBenchmark: ParsableCommand {
         var apply: [Double] = []
         var reapply: [Double] = []
         var pipe: [Double] = []
+        var pipeCPU: [Double] = []
         var piped = 0
         var applied = 0
         var compaction: [Double] = []
@@ -127,7 +128,9 @@ struct StoreBenchmark: ParsableCommand {
             }
             if only == nil || only == "pipe" {
                 let target = try freshStore(replicated: true)
+                let cpuBefore = childrenCPUSeconds()
                 pipe.append(try time { try pipeChanges(from: source.path, to: target.path) })
+                pipeCPU.append(childrenCPUSeconds() - cpuBefore)
                 piped = rows * 3
                 guard try target.digest() == source.digest() else { throw ValidationError("the pipe diverged") }
                 guard only == nil else { continue }
@@ -152,6 +155,8 @@ struct StoreBenchmark: ParsableCommand {
             ("apply_changes_per_s", Double(applied) / median(apply)),
             ("reapply_changes_per_s", Double(applied) / median(reapply)),
             ("pipe_changes_per_s", Double(piped) / median(pipe)),
+            // The same per second of CPU used by both processes together: comparable on a busy machine.
+            ("pipe_changes_per_cpu_s", Double(piped) / median(pipeCPU)),
             ("compact_log_entries_per_s", Double(logBefore) / median(compaction)),
             ("compact_log_kept_ratio", Double(logAfter) / Double(max(1, logBefore))),
         ]
@@ -227,6 +232,14 @@ func pipeChanges(from: String, to: String) throws {
     guard changes.terminationStatus == 0, apply.terminationStatus == 0 else {
         throw ValidationError("shoal changes | shoal apply failed")
     }
+}
+
+/// User and system CPU time used so far by the child processes that have ended.
+func childrenCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_CHILDREN.rawValue), &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
 }
 
 /// How many entries the change log holds.
