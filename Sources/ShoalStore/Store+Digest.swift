@@ -65,11 +65,13 @@ extension Store {
         return digest
     }
 
-    /// Records that rows of `table` (log-format `keys`) changed: their hashes are refreshed at the next read.
-    func noteDigestPending(table: Int64, keys: [UInt8]) throws(ShoalError) {
-        guard !keys.isEmpty else { return }
-        let insert = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
-        try insert.bind([.integer(table), .blob(keys)])
+    /// Records that change-log entry (site, seq, table) changed rows: their hashes are refreshed at the next read.
+    ///
+    /// Only the entry is named, not its keys: compaction may later drop a key from it, but only once a later
+    /// change wrote that row, and that change has an entry of its own here.
+    func noteDigestPending(site: Int64, seq: Int64, table: Int64) throws(ShoalError) {
+        let insert = try statement("INSERT INTO shoal_digest_pending(site, seq, tbl) VALUES (?, ?, ?)")
+        try insert.bind([.integer(site), .integer(seq), .integer(table)])
         try insert.run()
     }
 
@@ -113,7 +115,10 @@ extension Store {
         }
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         var entries: [(id: Int64, table: Int64, keys: [UInt8])] = []
-        let select = try statement("SELECT id, tbl, keys FROM shoal_digest_pending ORDER BY id")
+        let select = try statement(
+            "SELECT p.id, p.tbl, l.keys FROM shoal_digest_pending p LEFT JOIN shoal_log l "
+                + "ON l.site = p.site AND l.seq = p.seq AND l.tbl = p.tbl ORDER BY p.id"
+        )
         while try select.step() {
             entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
         }

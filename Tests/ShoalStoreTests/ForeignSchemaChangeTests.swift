@@ -107,6 +107,8 @@ import Testing
         #expect(digest.status == 0, "\(digest.stderr)")
         #expect(digest.stdout.contains("rows: 3"), "the digest covers notes only: \(digest.stdout)")
         #expect(try shoal("compact", "--db", db).status == 0)
+        let replicateAgain = try shoal("replicate", "--db", db, "items")
+        #expect(replicateAgain.status != 0 && replicateAgain.stderr.contains("is paused"), "\(replicateAgain.stderr)")
         #expect(try shoal("conflicts", "--db", db).status == 0)
 
         // Apply: the peer's notes come in; a stream holding the paused table's rows is refused whole.
@@ -166,7 +168,10 @@ import Testing
         try store.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT)")
         try store.replicate(table: "items")
         try store.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        let fingerprint = try store.schemaFingerprint()
         #expect(try sqlite3Shell(db, "ALTER TABLE items ADD COLUMN extra INTEGER").status == 0)
+        // Peers are not turned away over a local pause: the fingerprint is the one the table was replicated with.
+        #expect(try store.schemaFingerprint() == fingerprint)
         let paused = try store.pausedTables()
         #expect(paused.map(\.name) == ["items"])
         #expect(try store.replicatedTables().isEmpty)
