@@ -114,40 +114,50 @@ extension Store {
             changed.insert(table.id)
         }
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        var entries: [(id: Int64, table: Int64, keys: [UInt8])] = []
+        // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
+        // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
         let select = try statement(
             "SELECT p.id, p.tbl, l.keys FROM shoal_digest_pending p LEFT JOIN shoal_log l "
                 + "ON l.site = p.site AND l.seq = p.seq AND l.tbl = p.tbl ORDER BY p.id"
         )
-        while try select.step() {
-            entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
-        }
-        select.reset()
-        let remove = try statement("DELETE FROM shoal_digest_pending WHERE id = ?")
+        defer { select.reset() }
+        var done: [Int64] = []
         var seen: [Int64: Set<[SQLValue]>] = [:]
-        for entry in entries {
-            guard let table = tablesByID[entry.table] else {
-                // A paused table keeps its pending rows for when it resumes; an unknown one has none to keep.
-                let known = try connection.scalar("SELECT count(*) FROM shoal_tables WHERE id = ?", [.integer(entry.table)])
-                if known.integerValue == 0 {
-                    try remove.bind([.integer(entry.id)])
-                    try remove.run()
+        var seenCount = 0
+        var replicated: Set<Int64>?
+        while try select.step() {
+            let id = select.columnInt64(0)
+            guard let table = tablesByID[select.columnInt64(1)] else {
+                // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
+                if replicated == nil {
+                    replicated = Set(try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue })
                 }
+                if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
                 continue
             }
             var digest = stored[table.id] ?? StateDigest()
-            var reader = ByteReader(entry.keys)
+            var reader = ByteReader(select.columnBytes(2))
             while !reader.isAtEnd {
                 let length = Int(try reader.readVarint())
                 var keyReader = ByteReader(Array(try reader.readBytes(length)))
                 var key: [SQLValue] = []
                 for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                if seenCount >= 100_000 {
+                    seen.removeAll()
+                    seenCount = 0
+                }
                 guard seen[table.id, default: []].insert(key).inserted else { continue }
+                seenCount += 1
                 try rehashRow(table: table, key: key, digest: &digest)
             }
             stored[table.id] = digest
             changed.insert(table.id)
-            try remove.bind([.integer(entry.id)])
+            done.append(id)
+        }
+        select.reset()
+        let remove = try statement("DELETE FROM shoal_digest_pending WHERE id = ?")
+        for id in done {
+            try remove.bind([.integer(id)])
             try remove.run()
         }
         let save = try statement("INSERT OR REPLACE INTO shoal_digest(tbl, sum, rows) VALUES (?, ?, ?)")
