@@ -68,8 +68,11 @@ extension Store {
     /// Records that change-log entry (site, seq, table) changed rows: their hashes are refreshed at the next read.
     ///
     /// Only the entry is named, not its keys: compaction may later drop a key from it, but only once a later
-    /// change wrote that row, and that change has an entry of its own here.
+    /// change wrote that row, and that change has an entry of its own. This node's own transactions need no
+    /// record at all: their sequence numbers only grow, so the entries above the last one folded in are the new
+    /// ones (which keeps the local write path free of any extra write).
     func noteDigestPending(site: Int64, seq: Int64, table: Int64) throws(ShoalError) {
+        if site == Self.localSiteIndex, let stamp = transactionStamp, Int64(bitPattern: stamp.seq) == seq { return }
         let insert = try statement("INSERT INTO shoal_digest_pending(site, seq, tbl) VALUES (?, ?, ?)")
         try insert.bind([.integer(site), .integer(seq), .integer(table)])
         try insert.run()
@@ -96,6 +99,14 @@ extension Store {
 
     private func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
         if capture.tables.contains(where: { stored[$0.id] == nil }) { return true }
+        let watermark = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+            .integerValue ?? 0
+        let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
+        let local = try statement("SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq < ? LIMIT 1")
+        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        let hasLocal = try local.step()
+        local.reset()
+        if hasLocal { return true }
         let active = Set(capture.tables.map(\.id))
         let select = try statement("SELECT DISTINCT tbl FROM shoal_digest_pending")
         defer { select.reset() }
@@ -109,34 +120,19 @@ extension Store {
     private func settleDigest() throws(ShoalError) -> [Int64: StateDigest] {
         var stored = try storedTableDigests()
         var changed = Set<Int64>()
+        // A table without a stored sum is scanned once; its entries then need no second look.
+        var built = Set<Int64>()
         for table in capture.tables where stored[table.id] == nil {
             stored[table.id] = try buildDigest(of: table)
             changed.insert(table.id)
+            built.insert(table.id)
         }
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
-        // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
-        let select = try statement(
-            "SELECT p.id, p.tbl, l.keys FROM shoal_digest_pending p LEFT JOIN shoal_log l "
-                + "ON l.site = p.site AND l.seq = p.seq AND l.tbl = p.tbl ORDER BY p.id"
-        )
-        defer { select.reset() }
-        var done: [Int64] = []
         var seen: [Int64: Set<[SQLValue]>] = [:]
         var seenCount = 0
-        var replicated: Set<Int64>?
-        while try select.step() {
-            let id = select.columnInt64(0)
-            guard let table = tablesByID[select.columnInt64(1)] else {
-                // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
-                if replicated == nil {
-                    replicated = Set(try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue })
-                }
-                if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
-                continue
-            }
+        func rehash(_ keys: [UInt8], of table: ReplicatedTable) throws(ShoalError) {
             var digest = stored[table.id] ?? StateDigest()
-            var reader = ByteReader(select.columnBytes(2))
+            var reader = ByteReader(keys)
             while !reader.isAtEnd {
                 let length = Int(try reader.readVarint())
                 var keyReader = ByteReader(Array(try reader.readBytes(length)))
@@ -152,6 +148,54 @@ extension Store {
             }
             stored[table.id] = digest
             changed.insert(table.id)
+        }
+        // This node's own entries above the watermark (an open transaction's own entry may still grow: not yet).
+        let watermark = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+            .integerValue ?? 0
+        let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
+        let local = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq < ?")
+        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        var highest = watermark
+        var parked: [(seq: Int64, table: Int64)] = []
+        while try local.step() {
+            highest = max(highest, local.columnInt64(0))
+            guard let table = tablesByID[local.columnInt64(1)] else {
+                parked.append((local.columnInt64(0), local.columnInt64(1)))
+                continue
+            }
+            guard !built.contains(table.id) else { continue }
+            try rehash(local.columnBytes(2), of: table)
+        }
+        local.reset()
+        // An entry of a paused table waits in the pending list for the table to resume.
+        for entry in parked { try noteDigestPending(site: Self.localSiteIndex, seq: entry.seq, table: entry.table) }
+        if highest != watermark {
+            try connection.rows(
+                "INSERT INTO shoal_meta(key, value) VALUES ('digest_local_seq', ?) "
+                    + "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [.integer(highest)]
+            )
+        }
+        // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
+        // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
+        let select = try statement(
+            "SELECT p.id, p.tbl, l.keys FROM shoal_digest_pending p LEFT JOIN shoal_log l "
+                + "ON l.site = p.site AND l.seq = p.seq AND l.tbl = p.tbl ORDER BY p.id"
+        )
+        defer { select.reset() }
+        var done: [Int64] = []
+        var replicated: Set<Int64>?
+        while try select.step() {
+            let id = select.columnInt64(0)
+            guard let table = tablesByID[select.columnInt64(1)] else {
+                // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
+                if replicated == nil {
+                    replicated = Set(try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue })
+                }
+                if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
+                continue
+            }
+            try rehash(select.columnBytes(2), of: table)
             done.append(id)
         }
         select.reset()
