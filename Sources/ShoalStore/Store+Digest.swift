@@ -99,7 +99,8 @@ extension Store {
 
     private func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
         if capture.tables.contains(where: { stored[$0.id] == nil }) { return true }
-        let watermark = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+        let watermark =
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
             .integerValue ?? 0
         let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
         let local = try statement("SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq < ? LIMIT 1")
@@ -150,7 +151,8 @@ extension Store {
             changed.insert(table.id)
         }
         // This node's own entries above the watermark (an open transaction's own entry may still grow: not yet).
-        let watermark = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+        let watermark =
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
             .integerValue ?? 0
         let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
         let local = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq < ?")
@@ -190,7 +192,9 @@ extension Store {
             guard let table = tablesByID[select.columnInt64(1)] else {
                 // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
                 if replicated == nil {
-                    replicated = Set(try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue })
+                    replicated = Set(
+                        try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue }
+                    )
                 }
                 if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
                 continue

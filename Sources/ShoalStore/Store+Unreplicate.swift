@@ -72,7 +72,9 @@ struct TableShape: Equatable {
     /// The fingerprint text the table had when replicated with this shape (see ``ReplicatedTable/fingerprintText``).
     func fingerprintText(table: String, counters: [String]) -> String {
         let keys = columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(\.name)
-        let cells = columns.filter { $0.keyOrder == 0 }.map { "\($0.name)\(counters.contains($0.name) ? ":counter" : "")" }
+        let cells = columns.filter { $0.keyOrder == 0 }.map {
+            "\($0.name)\(counters.contains($0.name) ? ":counter" : "")"
+        }
         return "\(table)(\(keys.joined(separator: ","))|\(cells.joined(separator: ",")))"
     }
 

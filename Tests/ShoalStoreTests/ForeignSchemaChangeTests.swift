@@ -53,7 +53,9 @@ import Testing
             #expect(try shoal("init", "--db", path).status == 0)
             #expect(
                 try shoal(
-                    "sql", "--db", path,
+                    "sql",
+                    "--db",
+                    path,
                     "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, note BLOB, qty REAL DEFAULT 0); "
                         + "CREATE TABLE notes(k TEXT PRIMARY KEY, body TEXT)"
                 ).status == 0
@@ -63,14 +65,17 @@ import Testing
         }
         // Realistic rows: a few KB of text, a blob of 100 KB, TEXT with a NUL.
         let insert = try shoal(
-            "sql", "--db", db,
+            "sql",
+            "--db",
+            db,
             "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n WHERE value < 200) "
                 + "INSERT INTO items(id, name, note, qty) SELECT value, printf('%.*c', 3000, 'x'), "
                 + "randomblob(CASE WHEN value = 1 THEN 100000 ELSE 64 END), value * 1.5 FROM n; "
                 + "INSERT INTO notes(k, body) VALUES ('a' || char(0) || 'b', 'x' || char(0) || 'y'), ('plain', 'text')"
         )
         #expect(insert.status == 0, "\(insert.stderr)")
-        let itemsBefore = try sqlite3Shell(db, "SELECT count(*), sum(length(name)), sum(length(note)) FROM items").stdout
+        let itemsBefore = try sqlite3Shell(db, "SELECT count(*), sum(length(name)), sum(length(note)) FROM items")
+            .stdout
 
         let ddl = try sqlite3Shell(db, change.sql)
         #expect(ddl.status == 0, "\(ddl.stderr)")

@@ -46,7 +46,10 @@ import Testing
                         [.integer(id), value(&random), value(&random)]
                     )
                 case 2:
-                    try store.execute("UPDATE items SET name = ?, hits = hits + 1 WHERE id = ?", [value(&random), .integer(id)])
+                    try store.execute(
+                        "UPDATE items SET name = ?, hits = hits + 1 WHERE id = ?",
+                        [value(&random), .integer(id)]
+                    )
                 case 3:
                     try store.execute("DELETE FROM items WHERE id = ?", [.integer(id)])
                 case 4:
@@ -145,4 +148,3 @@ import Testing
         #expect(try store.digest() == store.fullScanDigest())
     }
 }
-
