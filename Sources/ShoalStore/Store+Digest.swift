@@ -65,16 +65,17 @@ extension Store {
         return digest
     }
 
-    /// Records that change-log entry (site, seq, table) changed rows: their hashes are refreshed at the next read.
+    /// Records that a change-log entry gained `keys` (rows of `table`): their hashes are refreshed at the next
+    /// read.
     ///
-    /// Only the entry is named, not its keys: compaction may later drop a key from it, but only once a later
-    /// change wrote that row, and that change has an entry of its own. This node's own transactions need no
-    /// record at all: their sequence numbers only grow, so the entries above the last one folded in are the new
-    /// ones (which keeps the local write path free of any extra write).
-    func noteDigestPending(site: Int64, seq: Int64, table: Int64) throws(ShoalError) {
+    /// This node's own transactions need no record: their sequence numbers only grow, so the log entries above
+    /// the last one folded in are the new ones, and the local write path writes nothing extra. Applied changes
+    /// (a batch at a time, often adding to an entry already there) list the keys each batch added.
+    func noteDigestPending(site: Int64, seq: Int64, table: Int64, keys: [UInt8]) throws(ShoalError) {
         if site == Self.localSiteIndex, let stamp = transactionStamp, Int64(bitPattern: stamp.seq) == seq { return }
-        let insert = try statement("INSERT INTO shoal_digest_pending(site, seq, tbl) VALUES (?, ?, ?)")
-        try insert.bind([.integer(site), .integer(seq), .integer(table)])
+        guard !keys.isEmpty else { return }
+        let insert = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
+        try insert.bind([.integer(table), .blob(keys)])
         try insert.run()
     }
 
@@ -158,11 +159,11 @@ extension Store {
         let local = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq < ?")
         try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
         var highest = watermark
-        var parked: [(seq: Int64, table: Int64)] = []
+        var parked: [(seq: Int64, table: Int64, keys: [UInt8])] = []
         while try local.step() {
             highest = max(highest, local.columnInt64(0))
             guard let table = tablesByID[local.columnInt64(1)] else {
-                parked.append((local.columnInt64(0), local.columnInt64(1)))
+                parked.append((local.columnInt64(0), local.columnInt64(1), local.columnBytes(2)))
                 continue
             }
             guard !built.contains(table.id) else { continue }
@@ -170,7 +171,9 @@ extension Store {
         }
         local.reset()
         // An entry of a paused table waits in the pending list for the table to resume.
-        for entry in parked { try noteDigestPending(site: Self.localSiteIndex, seq: entry.seq, table: entry.table) }
+        for entry in parked {
+            try noteDigestPending(site: Self.localSiteIndex, seq: entry.seq, table: entry.table, keys: entry.keys)
+        }
         if highest != watermark {
             try connection.rows(
                 "INSERT INTO shoal_meta(key, value) VALUES ('digest_local_seq', ?) "
@@ -180,10 +183,7 @@ extension Store {
         }
         // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
         // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
-        let select = try statement(
-            "SELECT p.id, p.tbl, l.keys FROM shoal_digest_pending p LEFT JOIN shoal_log l "
-                + "ON l.site = p.site AND l.seq = p.seq AND l.tbl = p.tbl ORDER BY p.id"
-        )
+        let select = try statement("SELECT id, tbl, keys FROM shoal_digest_pending ORDER BY id")
         defer { select.reset() }
         var done: [Int64] = []
         var replicated: Set<Int64>?

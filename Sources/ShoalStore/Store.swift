@@ -113,8 +113,7 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_digest(tbl INTEGER PRIMARY KEY, sum BLOB NOT NULL, rows INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_row_hashes(
                     tbl INTEGER NOT NULL, key BLOB NOT NULL, hash BLOB NOT NULL, PRIMARY KEY(tbl, key)) WITHOUT ROWID;
-                CREATE TABLE IF NOT EXISTS shoal_digest_pending(
-                    id INTEGER PRIMARY KEY, site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS shoal_digest_pending(id INTEGER PRIMARY KEY, tbl INTEGER NOT NULL, keys BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
