@@ -66,8 +66,14 @@ extension Store {
         return digest
     }
 
-    /// Records that rows of `table` (log-format `keys`) changed: their hashes are refreshed at the next read.
-    func noteDigestPending(table: Int64, keys: [UInt8]) throws(ShoalError) {
+    /// Records that a change-log entry gained `keys` (rows of `table`): their hashes are refreshed at the next
+    /// read.
+    ///
+    /// This node's own transactions need no record: their sequence numbers only grow, so the log entries above
+    /// the last one folded in are the new ones, and the local write path writes nothing extra. Applied changes
+    /// (a batch at a time, often adding to an entry already there) list the keys each batch added.
+    func noteDigestPending(site: Int64, seq: Int64, table: Int64, keys: [UInt8]) throws(ShoalError) {
+        if site == Self.localSiteIndex, let stamp = transactionStamp, Int64(bitPattern: stamp.seq) == seq { return }
         guard !keys.isEmpty else { return }
         let insert = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
         try insert.bind([.integer(table), .blob(keys)])
@@ -95,6 +101,15 @@ extension Store {
 
     private func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
         if capture.tables.contains(where: { stored[$0.id] == nil }) { return true }
+        let watermark =
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+            .integerValue ?? 0
+        let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
+        let local = try statement("SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq < ? LIMIT 1")
+        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        let hasLocal = try local.step()
+        local.reset()
+        if hasLocal { return true }
         let active = Set(capture.tables.map(\.id))
         let select = try statement("SELECT DISTINCT tbl FROM shoal_digest_pending")
         defer { select.reset() }
@@ -108,42 +123,90 @@ extension Store {
     private func settleDigest() throws(ShoalError) -> [Int64: StateDigest] {
         var stored = try storedTableDigests()
         var changed = Set<Int64>()
+        // A table without a stored sum is scanned once; its entries then need no second look.
+        var built = Set<Int64>()
         for table in capture.tables where stored[table.id] == nil {
             stored[table.id] = try buildDigest(of: table)
             changed.insert(table.id)
+            built.insert(table.id)
         }
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        var entries: [(id: Int64, table: Int64, keys: [UInt8])] = []
-        let select = try statement("SELECT id, tbl, keys FROM shoal_digest_pending ORDER BY id")
-        while try select.step() {
-            entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
-        }
-        select.reset()
-        let remove = try statement("DELETE FROM shoal_digest_pending WHERE id = ?")
         var seen: [Int64: Set<[SQLValue]>] = [:]
-        for entry in entries {
-            guard let table = tablesByID[entry.table] else {
-                // A paused table keeps its pending rows for when it resumes; an unknown one has none to keep.
-                let known = try connection.scalar("SELECT count(*) FROM shoal_tables WHERE id = ?", [.integer(entry.table)])
-                if known.integerValue == 0 {
-                    try remove.bind([.integer(entry.id)])
-                    try remove.run()
-                }
-                continue
-            }
+        var seenCount = 0
+        func rehash(_ keys: [UInt8], of table: ReplicatedTable) throws(ShoalError) {
             var digest = stored[table.id] ?? StateDigest()
-            var reader = ByteReader(entry.keys)
+            var reader = ByteReader(keys)
             while !reader.isAtEnd {
                 let length = Int(try reader.readVarint())
                 var keyReader = ByteReader(Array(try reader.readBytes(length)))
                 var key: [SQLValue] = []
                 for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                if seenCount >= 100_000 {
+                    seen.removeAll()
+                    seenCount = 0
+                }
                 guard seen[table.id, default: []].insert(key).inserted else { continue }
+                seenCount += 1
                 try rehashRow(table: table, key: key, digest: &digest)
             }
             stored[table.id] = digest
             changed.insert(table.id)
-            try remove.bind([.integer(entry.id)])
+        }
+        // This node's own entries above the watermark (an open transaction's own entry may still grow: not yet).
+        let watermark =
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
+            .integerValue ?? 0
+        let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
+        let local = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq < ?")
+        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        var highest = watermark
+        var parked: [(seq: Int64, table: Int64, keys: [UInt8])] = []
+        while try local.step() {
+            highest = max(highest, local.columnInt64(0))
+            guard let table = tablesByID[local.columnInt64(1)] else {
+                parked.append((local.columnInt64(0), local.columnInt64(1), local.columnBytes(2)))
+                continue
+            }
+            guard !built.contains(table.id) else { continue }
+            try rehash(local.columnBytes(2), of: table)
+        }
+        local.reset()
+        // An entry of a paused table waits in the pending list for the table to resume.
+        for entry in parked {
+            try noteDigestPending(site: Self.localSiteIndex, seq: entry.seq, table: entry.table, keys: entry.keys)
+        }
+        if highest != watermark {
+            try connection.rows(
+                "INSERT INTO shoal_meta(key, value) VALUES ('digest_local_seq', ?) "
+                    + "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [.integer(highest)]
+            )
+        }
+        // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
+        // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
+        let select = try statement("SELECT id, tbl, keys FROM shoal_digest_pending ORDER BY id")
+        defer { select.reset() }
+        var done: [Int64] = []
+        var replicated: Set<Int64>?
+        while try select.step() {
+            let id = select.columnInt64(0)
+            guard let table = tablesByID[select.columnInt64(1)] else {
+                // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
+                if replicated == nil {
+                    replicated = Set(
+                        try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue }
+                    )
+                }
+                if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
+                continue
+            }
+            try rehash(select.columnBytes(2), of: table)
+            done.append(id)
+        }
+        select.reset()
+        let remove = try statement("DELETE FROM shoal_digest_pending WHERE id = ?")
+        for id in done {
+            try remove.bind([.integer(id)])
             try remove.run()
         }
         let save = try statement("INSERT OR REPLACE INTO shoal_digest(tbl, sum, rows) VALUES (?, ?, ?)")

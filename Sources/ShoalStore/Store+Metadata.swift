@@ -146,7 +146,7 @@ extension Store {
             .integer(Int64(bitPattern: hlc.rawValue)), .blob(keys),
         ])
         try upsert.run()
-        try noteDigestPending(table: table, keys: keys)
+        try noteDigestPending(site: siteIndex, seq: Int64(bitPattern: dot.seq), table: table, keys: keys)
     }
 
     /// This node's version vector: the highest sequence number held per site.

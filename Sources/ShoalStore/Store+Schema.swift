@@ -80,6 +80,9 @@ extension Store {
     /// Calling it again with the same counters does nothing.
     public func replicate(table: String, counters: [String] = []) throws(ShoalError) {
         try refreshSchema()
+        if let paused = pausedTableList.first(where: { $0.name == table }) {
+            throw ShoalError(code: .tablePaused, message: paused.message)
+        }
         if let number = capture.tableNumbers[table] {
             let existing = capture.tables[number]
             let current = existing.columns.indices.filter { existing.isCounter[$0] }.map { existing.columns[$0] }
@@ -269,6 +272,8 @@ extension Store {
     /// A fingerprint of the replicated schema: nodes that exchange changes should share it.
     public func schemaFingerprint() throws(ShoalError) -> String {
         try refreshSchema()
-        return capture.tables.map(\.fingerprintText).sorted().joined(separator: ";")
+        // A paused table counts as it was replicated: a local schema problem does not turn every peer away.
+        return (capture.tables.map(\.fingerprintText) + pausedTableList.compactMap(\.fingerprintText)).sorted()
+            .joined(separator: ";")
     }
 }

@@ -10,6 +10,8 @@ public struct PausedTable: Sendable, Hashable {
     public var change: String
     /// What changed, what it means and what to do.
     public var message: String
+    /// The table's part of the schema fingerprint as it was replicated: a local pause does not turn peers away.
+    var fingerprintText: String?
 }
 
 /// The columns of a table as `PRAGMA table_xinfo` describes them, recorded when the table is replicated and
@@ -65,6 +67,15 @@ struct TableShape: Equatable {
             )
         }
         self.columns = columns
+    }
+
+    /// The fingerprint text the table had when replicated with this shape (see ``ReplicatedTable/fingerprintText``).
+    func fingerprintText(table: String, counters: [String]) -> String {
+        let keys = columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(\.name)
+        let cells = columns.filter { $0.keyOrder == 0 }.map {
+            "\($0.name)\(counters.contains($0.name) ? ":counter" : "")"
+        }
+        return "\(table)(\(keys.joined(separator: ","))|\(cells.joined(separator: ",")))"
     }
 
     /// What turned `self` into `current`, in words ("column note was added; …").
@@ -136,10 +147,15 @@ extension Store {
         for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
             guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
             else { throw ShoalError.corruptMetadata("bad shoal_tables row") }
+            let counterNames = counters.split(separator: ",").map(String.init)
+            let fingerprint = recorded[id].flatMap(TableShape.init(encoded:)).map {
+                $0.fingerprintText(table: name, counters: counterNames)
+            }
             guard let current = try currentShape(of: name) else {
                 paused.append(
                     Self.paused(
                         name,
+                        fingerprint: fingerprint,
                         change: "the table is gone (dropped or renamed by another tool)",
                         remedy: "if it was renamed, rename it back; otherwise run `shoal unreplicate \(name)` to "
                             + "drop Shoal's metadata for it"
@@ -154,6 +170,7 @@ extension Store {
                     paused.append(
                         Self.paused(
                             name,
+                            fingerprint: fingerprint,
                             change: change,
                             remedy: "undo the change, or run `shoal unreplicate \(name)` (it keeps the table and its "
                                 + "rows) and then `shoal replicate \(name)` on every node to replicate it in its new "
@@ -169,13 +186,13 @@ extension Store {
                     [.integer(id), .text(current.encoded)]
                 )
             }
-            let counterNames = counters.split(separator: ",").map(String.init)
             do throws(ShoalError) {
                 active.append(try describeTable(name, id: id, counters: counterNames))
             } catch {
                 paused.append(
                     Self.paused(
                         name,
+                        fingerprint: fingerprint,
                         change: error.message,
                         remedy: "run `shoal unreplicate \(name)` to drop Shoal's metadata for it"
                     )
@@ -185,12 +202,13 @@ extension Store {
         return (active, paused)
     }
 
-    private static func paused(_ name: String, change: String, remedy: String) -> PausedTable {
+    private static func paused(_ name: String, fingerprint: String?, change: String, remedy: String) -> PausedTable {
         PausedTable(
             name: name,
             change: change,
             message: "replication of table \(name) is paused: \(change). Its rows are neither captured, applied "
-                + "nor sent until this is resolved; every other table keeps replicating. To resolve: \(remedy)"
+                + "nor sent until this is resolved; every other table keeps replicating. To resolve: \(remedy)",
+            fingerprintText: fingerprint
         )
     }
 

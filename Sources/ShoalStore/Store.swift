@@ -287,7 +287,7 @@ public final class Store {
         dataStatements.removeAll()
         let (tables, paused) = try loadReplicatedTables()
         for table in paused where !pausedTableList.contains(table) {
-            options.logger.warning("\(table.message)", metadata: ["table": "\(table.name)"])
+            options.logger.info("\(table.message)", metadata: ["table": "\(table.name)"])
         }
         pausedTableList = paused
         capture.setTables(tables)

@@ -141,11 +141,8 @@ actor StoreWorker {
 
     /// The digest, if the cached one is still current (cheap: for acknowledgements).
     func currentDigest() -> StateDigest? {
-        if let cachedDigest, cachedDigest.version == stateVersion { return cachedDigest.digest }
-        // The store keeps its digest incrementally: reading it costs the rows changed since, never a scan.
-        guard let digest = try? store.digest() else { return nil }
-        cachedDigest = (stateVersion, digest)
-        return digest
+        guard let cachedDigest, cachedDigest.version == stateVersion else { return nil }
+        return cachedDigest.digest
     }
 
     /// Recomputes the digest if it is stale, the last computation is at least `interval` ms old, and the data

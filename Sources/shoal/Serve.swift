@@ -193,7 +193,10 @@ final class ServeLock {
             let holder = String(decoding: buffer[0..<count], as: UTF8.self)
                 .trimmingCharacters(in: .whitespacesAndNewlines)
             guard reason == EWOULDBLOCK else {
-                throw ShoalError(code: .databaseInUse, message: "cannot lock \(path): \(String(cString: strerror(reason)))")
+                throw ShoalError(
+                    code: .databaseInUse,
+                    message: "cannot lock \(path): \(String(cString: strerror(reason)))"
+                )
             }
             throw ShoalError(
                 code: .databaseInUse,

@@ -131,12 +131,18 @@ extension ShoalCommand {
                 data = FileHandle.standardInput.readDataToEndOfFile()
             } else {
                 guard let contents = FileManager.default.contents(atPath: source) else {
-                    throw ShoalError(code: .invalidArgument, message: "cannot read the SQL file \(source): no such readable file")
+                    throw ShoalError(
+                        code: .invalidArgument,
+                        message: "cannot read the SQL file \(source): no such readable file"
+                    )
                 }
                 data = contents
             }
             guard let text = String(data: data, encoding: .utf8) else {
-                throw ShoalError(code: .invalidArgument, message: "the SQL in \(source == "-" ? "stdin" : source) is not valid UTF-8")
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "the SQL in \(source == "-" ? "stdin" : source) is not valid UTF-8"
+                )
             }
             guard !text.allSatisfy(\.isWhitespace) else {
                 throw ShoalError(code: .invalidArgument, message: "no SQL in \(source == "-" ? "stdin" : source)")

@@ -12,7 +12,12 @@ struct ProcessOutput {
 /// Runs `executable` with `arguments` (and `input` on stdin) to completion; a watchdog ends it after `timeout`
 /// seconds so a hang fails the test instead of stalling it.
 @discardableResult
-func runProcess(_ executable: URL, _ arguments: [String], input: Data? = nil, timeout: Double = 120) throws
+func runProcess(
+    _ executable: URL,
+    _ arguments: [String],
+    input: Data? = nil,
+    timeout: Double = 120
+) throws
     -> ProcessOutput
 {
     // A child that exits before reading its input must not take the test runner down with SIGPIPE.

@@ -50,13 +50,21 @@ import Testing
         let fromFile = try shoal("sql", "--db", db, "--file", file)
         #expect(fromFile.status == 0, "\(fromFile.stderr)")
         let fromStdin = try shoal(
-            "sql", "--db", db, "-",
+            "sql",
+            "--db",
+            db,
+            "-",
             input: Data("INSERT INTO t(id, v) VALUES (2, 'from stdin');\nSELECT v FROM t ORDER BY id;\n".utf8)
         )
         #expect(fromStdin.status == 0, "\(fromStdin.stderr)")
         #expect(fromStdin.stdout.contains("from a file; with a semicolon") && fromStdin.stdout.contains("from stdin"))
         let dashFile = try shoal(
-            "sql", "--db", db, "--file", "-", "--json",
+            "sql",
+            "--db",
+            db,
+            "--file",
+            "-",
+            "--json",
             input: Data("SELECT count(*) AS n FROM t".utf8)
         )
         #expect(dashFile.stdout.contains("\"n\":2"))
