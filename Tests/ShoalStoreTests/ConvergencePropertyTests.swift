@@ -22,6 +22,9 @@ struct SplitMix: RandomNumberGenerator {
 private struct Replica {
     let store: Store
     let clock: ManualWallClock
+    /// A plain second connection to the same file, on which no Shoal code runs (an app writing with its own
+    /// SQLite library), for the replicas that have one.
+    let foreign: SQLiteConnection?
 }
 
 private let schema = [
@@ -35,16 +38,20 @@ private func runScenario(seed: UInt64) throws {
     let replicaCount = Int.random(in: 3...6, using: &random)
     let base: UInt64 = 1_700_000_000_000
     var replicas: [Replica] = []
-    for _ in 0..<replicaCount {
+    // In one scenario in three, the first replica is a file that another connection writes too.
+    let foreignDirectory = seed % 3 == 0 ? try temporaryDirectory("property-foreign") : nil
+    defer { if let foreignDirectory { try? FileManager.default.removeItem(at: foreignDirectory) } }
+    for index in 0..<replicaCount {
         // Clocks skewed by up to ±2 minutes, inside the 5-minute drift bound.
         let clock = ManualWallClock(milliseconds: base + UInt64.random(in: 0...240_000, using: &random))
         var options = StoreOptions()
         options.clock = clock
-        let store = try Store(path: ":memory:", options: options)
+        let file = index == 0 ? foreignDirectory?.appendingPathComponent("replica.db").path : nil
+        let store = try Store(path: file ?? ":memory:", options: options)
         for sql in schema { try store.execute(sql) }
         try store.replicate(table: "t", counters: ["n"])
         try store.replicate(table: "u")
-        replicas.append(Replica(store: store, clock: clock))
+        replicas.append(Replica(store: store, clock: clock, foreign: try file.map { try SQLiteConnection(path: $0) }))
     }
 
     // Every change ever committed anywhere, captured right after its transaction: the model's input.
@@ -102,9 +109,12 @@ private func runScenario(seed: UInt64) throws {
     }
 
     func localWrite(_ replica: Replica) throws {
-        let store = replica.store
         let key = Int64.random(in: 0..<4, using: &random)
-        let exists = try !store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty
+        let exists = try !replica.store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty
+        // Half of such a replica's writes are made by the other connection, out of Shoal's sight until the
+        // store stamps them (the `changes` call below does).
+        let foreign = replica.foreign.flatMap { Bool.random(using: &random) ? $0 : nil }
+        let store = Writer(store: replica.store, foreign: foreign)
         switch Int.random(in: 0..<8, using: &random) {
         case 0, 1:
             if exists {
@@ -261,6 +271,20 @@ private func runScenario(seed: UInt64) throws {
                     break
                 }
             }
+        }
+    }
+}
+
+/// Runs a test write through a store, or through a plain connection to its file.
+private struct Writer {
+    let store: Store
+    let foreign: SQLiteConnection?
+
+    func execute(_ sql: String, _ arguments: [SQLValue] = []) throws {
+        if let foreign {
+            try foreign.rows(sql, arguments)
+        } else {
+            try store.execute(sql, arguments)
         }
     }
 }
