@@ -8,7 +8,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case invalidArgument, uncapturedCommit
             case malformedMessage, frameTooLarge, unknownMessageType, versionMismatch, clusterMismatch, selfConnection
             case timeout, rejected
-            case discoveryUnavailable
+            case discoveryUnavailable, network
             case counterNotInteger, valueTooLarge
             case missingDatabase, databaseInUse, tablePaused
         }
@@ -62,6 +62,8 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let rejected = Code(.rejected)
         /// mDNS discovery cannot work here (no Avahi daemon or D-Bus, a name conflict, …); static peers still do.
         public static let discoveryUnavailable = Code(.discoveryUnavailable)
+        /// A network or socket failure: a connection lost, reset or refused.
+        public static let network = Code(.network)
         /// A write put something other than an integer (text, a real, NULL, a blob, an overflowed sum) into a
         /// counter column; it was refused and nothing was written.
         public static let counterNotInteger = Code(.counterNotInteger)

@@ -75,7 +75,7 @@ struct PeerConnection {
                 } catch let error as ShoalError {
                     events.yield(.ended(error))
                 } catch {
-                    events.yield(.ended(ShoalError(code: .malformedMessage, message: "\(error)")))
+                    events.yield(.ended(DialFailure.connectionLost(error)))
                 }
             }
             group.addTask {

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import ShoalCore
 
 #if canImport(Glibc)
 import Glibc
@@ -106,6 +107,25 @@ enum DialFailure {
         }
         if let error = error as? IOError { return "cannot connect to \(address): \(describe(error))" }
         return "cannot connect to \(address): \(error)"
+    }
+
+    /// A connection that failed after it was made, in plain words: a network error keeps its own code
+    /// (never labelled as a malformed message or an SQLite error).
+    static func connectionLost(_ error: any Error) -> ShoalError {
+        if let error = error as? ShoalError { return error }
+        if let error = error as? IOError {
+            let reason =
+                switch error.errnoCode {
+                case ECONNRESET: "the peer reset the connection"
+                case EPIPE: "the peer closed the connection while this node was sending"
+                default: describe(error)
+                }
+            return ShoalError(code: .network, message: "the connection was lost: \(reason)")
+        }
+        if let error = error as? ChannelError {
+            return ShoalError(code: .network, message: "the connection was lost: \(error)")
+        }
+        return ShoalError(code: .network, message: "the connection failed: \(error)")
     }
 
     private static func describe(_ error: IOError) -> String {

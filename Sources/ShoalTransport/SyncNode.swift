@@ -703,7 +703,7 @@ public actor SyncNode: Service {
                 )
             }
         } catch {
-            outcome = PeerConnection.Outcome(established: false, error: ShoalError(code: .sqlite, message: "\(error)"))
+            outcome = PeerConnection.Outcome(established: false, error: DialFailure.connectionLost(error))
         }
         if !outcome.established, let error = outcome.error {
             let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
