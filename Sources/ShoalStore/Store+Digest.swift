@@ -37,22 +37,39 @@ extension Store {
         try refreshSites()
         var stored = try storedTableDigests()
         if try digestNeedsSettling(stored) {
-            if connection.isAutocommit {
-                try connection.exec("BEGIN IMMEDIATE")
-                do throws(ShoalError) {
-                    stored = try settleDigest()
-                    try connection.exec("COMMIT")
-                } catch {
-                    try? connection.exec("ROLLBACK")
-                    throw error
-                }
-            } else {
-                stored = try settleDigest()
-            }
+            try inWriteTransaction { () throws(ShoalError) in stored = try settleDigest(budget: nil).stored }
         }
         var digest = StateDigest()
         for table in capture.tables { if let part = stored[table.id] { digest.add(part) } }
         return digest
+    }
+
+    /// Folds at most about `maxRows` changed rows into the maintained digest, in a transaction of its own;
+    /// returns whether nothing is left to fold (then ``digest()`` answers without folding anything).
+    ///
+    /// A node calls this a slice at a time, so that a catch-up of millions of rows never holds the store for
+    /// the seconds a whole fold takes. (A table not yet summed is scanned whole, once.)
+    public func settleDigest(maxRows: Int) throws(ShoalError) -> Bool {
+        try refreshSchema()
+        try captureForeignWritesIfIdle()
+        try refreshSites()
+        guard try digestNeedsSettling(try storedTableDigests()) else { return true }
+        var settled = false
+        try inWriteTransaction { () throws(ShoalError) in settled = try settleDigest(budget: maxRows).settled }
+        return settled
+    }
+
+    /// Runs `body` in the open transaction, or in an immediate one of its own.
+    private func inWriteTransaction(_ body: () throws(ShoalError) -> Void) throws(ShoalError) {
+        guard connection.isAutocommit else { return try body() }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try body()
+            try connection.exec("COMMIT")
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
     }
 
     /// The digest recomputed from a scan of every replicated row, to check the maintained one (``digest()``).
@@ -119,8 +136,9 @@ extension Store {
         return false
     }
 
-    /// Folds the pending rows into the stored sums (in the open transaction); returns the sums.
-    private func settleDigest() throws(ShoalError) -> [Int64: StateDigest] {
+    /// Folds the pending rows into the stored sums (in the open transaction): all of them, or with a `budget`,
+    /// whole log entries until about that many rows were folded. Returns the sums, and whether nothing is left.
+    private func settleDigest(budget: Int?) throws(ShoalError) -> (stored: [Int64: StateDigest], settled: Bool) {
         var stored = try storedTableDigests()
         var changed = Set<Int64>()
         // A table without a stored sum is scanned once; its entries then need no second look.
@@ -133,6 +151,8 @@ extension Store {
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         var seen: [Int64: Set<[SQLValue]>] = [:]
         var seenCount = 0
+        var folded = 0
+        var exhausted: Bool { budget.map { folded >= $0 } ?? false }
         func rehash(_ keys: [UInt8], of table: ReplicatedTable) throws(ShoalError) {
             var digest = stored[table.id] ?? StateDigest()
             var reader = ByteReader(keys)
@@ -147,6 +167,7 @@ extension Store {
                 }
                 guard seen[table.id, default: []].insert(key).inserted else { continue }
                 seenCount += 1
+                folded += 1
                 try rehashRow(table: table, key: key, digest: &digest)
             }
             stored[table.id] = digest
@@ -162,6 +183,11 @@ extension Store {
         var highest = watermark
         var parked: [(seq: Int64, table: Int64, keys: [UInt8])] = []
         while try local.step() {
+            if exhausted {
+                // Entries of the same transaction (one per table) are folded together: stop before this one's.
+                highest = max(watermark, min(highest, local.columnInt64(0) - 1))
+                break
+            }
             highest = max(highest, local.columnInt64(0))
             guard let table = tablesByID[local.columnInt64(1)] else {
                 parked.append((local.columnInt64(0), local.columnInt64(1), local.columnBytes(2)))
@@ -188,7 +214,7 @@ extension Store {
         defer { select.reset() }
         var done: [Int64] = []
         var replicated: Set<Int64>?
-        while try select.step() {
+        while !exhausted, try select.step() {
             let id = select.columnInt64(0)
             guard let table = tablesByID[select.columnInt64(1)] else {
                 // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
@@ -215,7 +241,7 @@ extension Store {
             try save.bind([.integer(id), .blob(digest.bytes), .integer(Int64(bitPattern: digest.rowCount))])
             try save.run()
         }
-        return stored
+        return (stored, !exhausted)
     }
 
     /// Takes a row's old hash out of `digest` and adds its current one.

@@ -145,20 +145,33 @@ actor StoreWorker {
         return cachedDigest.digest
     }
 
-    /// Recomputes the digest if it is stale, the last computation is at least `interval` ms old, and the data
-    /// has been quiet for `quiet` ms (a full scan during a catch-up would only slow it down).
-    @discardableResult
+    /// What a call to ``refreshDigest(minimumIntervalMilliseconds:quietMilliseconds:now:)`` got to.
+    enum DigestRefresh {
+        /// The digest, current.
+        case ready(StateDigest)
+        /// Not now: the data is not quiet yet, or the last refresh is too recent.
+        case notDue
+        /// A slice of the changed rows was folded in; call again (whatever waits for the store runs first).
+        case inProgress
+    }
+
+    /// How many changed rows one refresh call folds into the digest at most.
+    static let digestSliceRows = 20_000
+
+    /// Brings the digest up to date if it is stale, the last refresh is at least `interval` ms old, and the data
+    /// has been quiet for `quiet` ms, folding in changed rows a slice at a time.
     func refreshDigest(
         minimumIntervalMilliseconds interval: UInt64,
         quietMilliseconds quiet: UInt64,
         now: UInt64
-    ) throws(ShoalError) -> StateDigest? {
-        if let current = currentDigest() { return current }
-        guard now >= digestComputedAt + interval, now >= lastChangeAt + quiet else { return nil }
+    ) throws(ShoalError) -> DigestRefresh {
+        if let current = currentDigest() { return .ready(current) }
+        guard now >= digestComputedAt + interval, now >= lastChangeAt + quiet else { return .notDue }
         let version = stateVersion
+        guard try store.settleDigest(maxRows: Self.digestSliceRows) else { return .inProgress }
         let digest = try store.digest()
         cachedDigest = (version, digest)
         digestComputedAt = now
-        return digest
+        return .ready(digest)
     }
 }

@@ -103,22 +103,29 @@ public actor SyncNode: Service {
             }
             return lastRefreshedDigest
         }
-        return try await worker.refreshDigest(
-            minimumIntervalMilliseconds: interval,
-            quietMilliseconds: quiet,
-            now: SystemWallClock().nowMilliseconds()
-        )
+        return try await refreshDigestOnWorker(interval: interval, quiet: quiet)
+    }
+
+    /// Asks the worker to refresh the digest until it is ready or not due, one slice of changed rows a call.
+    private func refreshDigestOnWorker(interval: UInt64, quiet: UInt64) async throws -> StateDigest? {
+        while true {
+            switch try await worker.refreshDigest(
+                minimumIntervalMilliseconds: interval,
+                quietMilliseconds: quiet,
+                now: SystemWallClock().nowMilliseconds()
+            ) {
+            case .ready(let digest): return digest
+            case .notDue: return nil
+            case .inProgress: continue
+            }
+        }
     }
 
     private var digestRefreshing = false
     private var lastRefreshedDigest: StateDigest?
 
     private func refreshDigestInBackground(interval: UInt64, quiet: UInt64) async {
-        lastRefreshedDigest = try? await worker.refreshDigest(
-            minimumIntervalMilliseconds: interval,
-            quietMilliseconds: quiet,
-            now: SystemWallClock().nowMilliseconds()
-        )
+        lastRefreshedDigest = try? await refreshDigestOnWorker(interval: interval, quiet: quiet)
         digestRefreshing = false
     }
 
