@@ -162,7 +162,9 @@ final class ChangeCapture {
         guard lastNumber >= 0 else { return }
         let number = lastNumber
         let table = tables[number]
-        if operation != SQLITE_DELETE, refusal == nil { refusal = oversizedValue(db, table) }
+        if operation != SQLITE_DELETE, refusal == nil {
+            refusal = oversizedValue(db, table) ?? (table.hasCounters ? nonIntegerCounter(db, table) : nil)
+        }
         switch operation {
         case SQLITE_INSERT:
             let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
@@ -214,22 +216,47 @@ final class ChangeCapture {
     /// The refusal for a new TEXT or BLOB value larger than ``Store/maximumValueBytes``, if the row has one
     /// (`sqlite3_value_bytes` is O(1): nothing is copied).
     private func oversizedValue(_ db: OpaquePointer, _ table: ReplicatedTable) -> ShoalError? {
-        let keys = table.keyIsRowid ? [] : [(table.keyPositions, table.keyColumns)]
-        for (positions, names) in keys + [(table.columnPositions, table.columns)] {
-            for (position, name) in zip(positions, names) {
-                var value: OpaquePointer?
-                guard sqlite3_preupdate_new(db, position, &value) == SQLITE_OK, let value else { continue }
-                let type = sqlite3_value_type(value)
-                guard type == SQLITE_TEXT || type == SQLITE_BLOB else { continue }
-                let bytes = Int(sqlite3_value_bytes(value))
-                guard bytes > Store.maximumValueBytes else { continue }
-                return ShoalError(
-                    code: .valueTooLarge,
-                    message: "a \(type == SQLITE_TEXT ? "TEXT" : "BLOB") value of \(bytes) bytes written to "
-                        + "\(table.name).\(name) is larger than the maximum of \(Store.maximumValueBytes) bytes "
-                        + "(256 MiB) a replicated table accepts; nothing was written"
-                )
+        let keyCount = table.keyIsRowid ? 0 : table.keyPositions.count
+        for index in 0..<(keyCount + table.columnPositions.count) {
+            let position = index < keyCount ? table.keyPositions[index] : table.columnPositions[index - keyCount]
+            var value: OpaquePointer?
+            guard sqlite3_preupdate_new(db, position, &value) == SQLITE_OK, let value else { continue }
+            let type = sqlite3_value_type(value)
+            guard type == SQLITE_TEXT || type == SQLITE_BLOB else { continue }
+            let bytes = Int(sqlite3_value_bytes(value))
+            guard bytes > Store.maximumValueBytes else { continue }
+            let name = index < keyCount ? table.keyColumns[index] : table.columns[index - keyCount]
+            return ShoalError(
+                code: .valueTooLarge,
+                message: "a \(type == SQLITE_TEXT ? "TEXT" : "BLOB") value of \(bytes) bytes written to "
+                    + "\(table.name).\(name) is larger than the maximum of \(Store.maximumValueBytes) bytes "
+                    + "(256 MiB) a replicated table accepts; nothing was written"
+            )
+        }
+        return nil
+    }
+
+    /// The refusal for a counter column given anything but an integer (SQLite turns an overflowing sum
+    /// into a REAL).
+    private func nonIntegerCounter(_ db: OpaquePointer, _ table: ReplicatedTable) -> ShoalError? {
+        for index in table.columns.indices where table.isCounter[index] {
+            var value: OpaquePointer?
+            guard sqlite3_preupdate_new(db, table.columnPositions[index], &value) == SQLITE_OK, let value else {
+                continue
             }
+            let kind: String
+            switch sqlite3_value_type(value) {
+            case SQLITE_INTEGER: continue
+            case SQLITE_NULL: kind = "NULL"
+            case SQLITE_FLOAT: kind = "a REAL (a fraction, or a sum that overflowed 64-bit integers)"
+            case SQLITE_TEXT: kind = "TEXT"
+            default: kind = "a BLOB"
+            }
+            return ShoalError(
+                code: .counterNotInteger,
+                message: "counter column \(table.name).\(table.columns[index]) takes integers only; this write puts "
+                    + "\(kind) in it, nothing was written"
+            )
         }
         return nil
     }

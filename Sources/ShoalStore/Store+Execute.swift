@@ -149,6 +149,10 @@ extension Store {
         do throws(ShoalError) {
             defer { statement.reset() }
             while try statement.step() { rows.append(statement.row()) }
+            if userTriggerCreated {
+                userTriggerCreated = false
+                setTriggers(enabled: true)
+            }
             if let refusal = capture.refusal { throw refusal }
             capture.statementSucceeded()
             if wrap {
@@ -161,8 +165,9 @@ extension Store {
             capture.statementFailed()
             if wrap && !connection.isAutocommit {
                 try? connection.exec("ROLLBACK")
-            } else if let refusal, refusal.code == .valueTooLarge, !connection.isAutocommit {
-                // SQLite already stored the statement's rows; only undoing the transaction takes them back.
+            } else if let refusal, !connection.isAutocommit {
+                // The hook saw the rows after SQLite stored them; only undoing the transaction takes them back
+                // (and a trigger's refusal is treated the same, so the rule does not depend on which caught it).
                 try? connection.exec("ROLLBACK")
                 endTransaction()
                 throw ShoalError(code: refusal.code, message: refusal.message + "; the open transaction was rolled back")

@@ -68,6 +68,10 @@ public final class Store {
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
     var outboxCheckedAt: Int64?
+    /// Whether triggers of the main schema run on this connection (see ``updateTriggerSwitch()``).
+    var triggersEnabled = true
+    /// Set when a user statement creates a trigger: triggers go back on once it has run.
+    var userTriggerCreated = false
 
     /// The local site's index in `shoal_sites`.
     static let localSiteIndex: Int64 = 1
@@ -218,7 +222,10 @@ public final class Store {
         if let trigger, trigger.hasPrefix("shoal_capture_") { return SQLITE_OK }
         switch action {
         case SQLITE_CREATE_TRIGGER, SQLITE_CREATE_TEMP_TRIGGER, SQLITE_DROP_TRIGGER, SQLITE_DROP_TEMP_TRIGGER:
-            guard let first, first.lowercased().hasPrefix("shoal_") else { return SQLITE_OK }
+            guard let first, first.lowercased().hasPrefix("shoal_") else {
+                if action == SQLITE_CREATE_TRIGGER { userTriggerCreated = true }
+                return SQLITE_OK
+            }
             authorizerDenial = "trigger \(first) belongs to Shoal's change capture and cannot be changed with SQL"
             return SQLITE_DENY
         case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE, SQLITE_ALTER_TABLE:
@@ -281,6 +288,7 @@ public final class Store {
         }
         capture.setTables(tables)
         schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+        try updateTriggerSwitch()
     }
 
     /// Loads the site table again if another process added sites.

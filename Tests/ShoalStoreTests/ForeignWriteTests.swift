@@ -274,10 +274,31 @@ func outboxRows(_ store: Store) throws -> Int {
                 try store.execute(sql)
             } throws: { ($0 as! ShoalError).code == .unsupportedSchema }
         }
-        // Users' own triggers still fire on Shoal's connection.
+        // Users' own triggers still fire on Shoal's connection, TEMP ones too.
         try store.execute("CREATE TABLE audit(n)")
+        try store.execute("CREATE TEMP TRIGGER scratch AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (-NEW.id); END")
+        try store.execute("INSERT INTO items(id, name) VALUES (6, 'x')")
         try store.execute("CREATE TRIGGER mine AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (NEW.id); END")
         try store.execute("INSERT INTO items(id, name) VALUES (7, 'x')")
-        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(7)]])
+        #expect(try rows(store, "SELECT n FROM audit ORDER BY n") == [[.integer(-7)], [.integer(-6)], [.integer(7)]])
+    }
+
+    @Test func aTriggerCreatedByAnotherConnectionFiresOnShoalsWrites() throws {
+        let directory = try temporaryDirectory("foreign-trigger")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try makeFileStore(directory, "a")
+        try store.execute("CREATE TABLE audit(n)")
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'before')")
+        let created = try sqlite3Shell(
+            store.path,
+            "CREATE TRIGGER mine AFTER UPDATE ON items BEGIN INSERT INTO audit VALUES (NEW.id); END"
+        )
+        #expect(created.status == 0)
+        try store.execute("UPDATE items SET name = 'after' WHERE id = 1")
+        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(1)]])
+        #expect(try outboxRows(store) == 0)  // Shoal's own capture triggers still skip its connection
+        #expect(try sqlite3Shell(store.path, "DROP TRIGGER mine").status == 0)
+        try store.execute("UPDATE items SET name = 'again' WHERE id = 1")
+        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(1)]])
     }
 }
