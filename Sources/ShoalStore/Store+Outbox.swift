@@ -112,7 +112,7 @@ extension Store {
                 + (keys + ["changed"] + counterColumns).joined(separator: ", ") + ")"
         )
         let insertColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
-        func row(op: Int, _ side: String, changed: String, old: Bool, new: Bool) -> String {
+        func row(op: String, _ side: String, changed: String, old: Bool, new: Bool) -> String {
             let keyValues = table.keyColumns.map { "\(side).\(quote($0))" }
             let counterValues = counters.flatMap { index in
                 [
@@ -120,7 +120,7 @@ extension Store {
                     new ? "NEW.\(table.quotedColumns[index])" : "NULL",
                 ]
             }
-            return ([String(op)] + keyValues + [changed] + counterValues).joined(separator: ", ")
+            return ([op] + keyValues + [changed] + counterValues).joined(separator: ", ")
         }
         // Whether a value differs, byte for byte and by storage class (a column's collation must not hide it).
         func differs(_ column: String) -> String {
@@ -128,32 +128,38 @@ extension Store {
         }
         let keyChanged = table.keyColumns.map { differs(quote($0)) }.joined(separator: " OR ")
         let mask = table.quotedColumns.isEmpty ? "''" : table.quotedColumns.map(differs).joined(separator: " || ")
-        let everyColumn = (table.keyColumns.map(quote) + table.quotedColumns)
-        let tooLarge = everyColumn.map { "length(CAST(NEW.\($0) AS BLOB)) > \(Self.maximumValueBytes)" }
-            .joined(separator: " OR ")
-        let refuseLarge =
-            "SELECT RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
+        // Sizes in bytes, O(1): `length` counts a BLOB's bytes but a TEXT's characters, hence the cast.
+        let everyColumn = (table.keyIsRowid ? [] : table.keyColumns.map(quote)) + table.quotedColumns
+        let tooLarge = everyColumn.map {
+            "(CASE typeof(NEW.\($0)) WHEN 'text' THEN length(CAST(NEW.\($0) AS BLOB)) WHEN 'blob' THEN length(NEW.\($0)) "
+                + "ELSE 0 END > \(Self.maximumValueBytes))"
+        }.joined(separator: " OR ")
+        let raiseLarge =
+            "RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
             + "maximum of \(Self.maximumValueBytes) bytes (256 MiB) a replicated table accepts; nothing was "
-            + "written') WHERE \(tooLarge);"
+            + "written')"
+        let refuseLarge = everyColumn.isEmpty ? "" : "SELECT \(raiseLarge) WHERE \(tooLarge);"
+        // For inserts the check rides in the outbox row's op: one statement per row rather than two.
+        let insertOp = everyColumn.isEmpty ? "1" : "CASE WHEN \(tooLarge) THEN \(raiseLarge) ELSE 1 END"
         let prefix = "shoal_capture_\(table.id)"
         statements.append(
-            "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN \(refuseLarge) "
-                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 1, "NEW", changed: "NULL", old: false, new: true))); "
-                + "END"
+            "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "VALUES (\(row(op: insertOp, "NEW", changed: "NULL", old: false, new: true))); END"
         )
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_update AFTER UPDATE ON \(name) \(when) BEGIN \(refuseLarge) "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 2, "OLD", changed: "NULL", old: true, new: false)) WHERE \(keyChanged); "
+                + "SELECT \(row(op: "2", "OLD", changed: "NULL", old: true, new: false)) WHERE \(keyChanged); "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 1, "NEW", changed: "NULL", old: false, new: true)) WHERE \(keyChanged); "
+                + "SELECT \(row(op: "1", "NEW", changed: "NULL", old: false, new: true)) WHERE \(keyChanged); "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 3, "NEW", changed: mask, old: true, new: true)) WHERE NOT (\(keyChanged)); "
+                + "SELECT \(row(op: "3", "NEW", changed: mask, old: true, new: true)) WHERE NOT (\(keyChanged)); "
                 + "END"
         )
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_delete AFTER DELETE ON \(name) \(when) BEGIN "
-                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 2, "OLD", changed: "NULL", old: true, new: false))); "
+                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: "2", "OLD", changed: "NULL", old: true, new: false))); "
                 + "END"
         )
         if !counters.isEmpty {
@@ -301,9 +307,9 @@ extension Store {
                 defer { select.reset() }
                 while try select.step() {
                     let op = select.columnInt64(0)
-                    let keyValues = (0..<keyCount).map { select.column(1 + $0) }
                     let key: PendingKey =
-                        table.keyIsRowid ? .rowid(keyValues[0].integerValue ?? 0) : .values(keyValues)
+                        table.keyIsRowid
+                        ? .rowid(select.columnInt64(1)) : .values((0..<keyCount).map { select.column(1 + $0) })
                     func counterValues(new: Bool) -> [Int64] {
                         var values = table.noDelta
                         for (position, index) in counters.enumerated() {
@@ -367,6 +373,9 @@ extension Store {
             guard !events.isEmpty else { continue }
             if own == nil { own = capture.takePending() }
             for event in events { capture.foldForeign(event) }
+            // Without a pre-update hook SQLite empties a table in one step rather than row by row.
+            sqlite3_preupdate_hook(connection.handle, nil, nil)
+            defer { installPreupdateHook() }
             try statement("DELETE FROM \(outbox)").run()
         }
         outboxCheckedAt = checkedAt

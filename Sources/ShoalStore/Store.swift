@@ -168,8 +168,8 @@ public final class Store {
 
     // MARK: - Hooks
 
-    private func installHooks() {
-        let context = Unmanaged.passUnretained(self).toOpaque()
+    /// Reports every row change on this connection to the capture.
+    func installPreupdateHook() {
         sqlite3_preupdate_hook(
             connection.handle,
             { context, db, operation, _, tableName, oldKey, newKey in
@@ -177,8 +177,13 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.record(db: db, operation: operation, tableName: tableName, oldKey: oldKey, newKey: newKey)
             },
-            context
+            Unmanaged.passUnretained(self).toOpaque()
         )
+    }
+
+    private func installHooks() {
+        installPreupdateHook()
+        let context = Unmanaged.passUnretained(self).toOpaque()
         sqlite3_commit_hook(
             connection.handle,
             { context in
