@@ -38,8 +38,8 @@ public struct QueryResult: Sendable, Hashable {
 ///
 /// Read and write with plain SQL through ``execute(_:_:)``, ``prepare(_:)`` or ``transaction(_:)``; every
 /// INSERT, UPDATE and DELETE on a replicated table becomes part of one change (one *dot*) per committed
-/// transaction. Other SQLite tools may read the file at any time; writes to replicated tables must go
-/// through a `Store` (or `shoal sql`) to be replicated.
+/// transaction. Other SQLite tools may read and write the file at any time: their writes to replicated
+/// tables are captured too (see ``captureForeignWrites()``).
 ///
 /// Not `Sendable`: a store owns one SQLite connection and is used from one thread at a time. Several
 /// processes may open the same file; SQLite's locking orders their transactions.
