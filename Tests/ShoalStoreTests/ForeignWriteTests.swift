@@ -233,6 +233,30 @@ func outboxRows(_ store: Store) throws -> Int {
         #expect(try outboxRows(a) == 0)
     }
 
+    @Test func upsertsIgnoredInsertsAndReplacesKeepCountersExact() throws {
+        let directory = try temporaryDirectory("foreign-upsert")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, hits) VALUES (1, 'a', 5), (2, 'b', 1)")
+        try sync(a, b)
+        let raw = try RawConnection(path: a.path)
+        // The BEFORE INSERT note of the existing row is dropped when no insert of that key follows.
+        try raw.exec("INSERT OR IGNORE INTO items(id, name, hits) VALUES (1, 'ignored', 100)")
+        try raw.exec(
+            "INSERT INTO items(id, name, hits) VALUES (2, 'x', 0) "
+                + "ON CONFLICT(id) DO UPDATE SET hits = hits + 10, name = 'upserted'"
+        )
+        try raw.exec("REPLACE INTO items(id, name, hits) VALUES (1, 'replaced', 2)")
+        try b.execute("UPDATE items SET hits = hits + 1 WHERE id IN (1, 2)")  // concurrent increments
+        try sync(a, b)
+        try sync(b, a)
+        let expected: [[SQLValue]] = [[.integer(1), .text("replaced"), .integer(3)], [.integer(2), .text("upserted"), .integer(12)]]
+        #expect(try rows(a, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+        #expect(try rows(b, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+        #expect(try a.digest() == b.digest())
+    }
+
     @Test func remoteChangesAppliedByShoalDoNotEchoIntoTheOutbox() throws {
         let directory = try temporaryDirectory("foreign-echo")
         defer { try? FileManager.default.removeItem(at: directory) }
