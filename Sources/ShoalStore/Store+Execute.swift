@@ -170,7 +170,10 @@ extension Store {
                 // (and a trigger's refusal is treated the same, so the rule does not depend on which caught it).
                 try? connection.exec("ROLLBACK")
                 endTransaction()
-                throw ShoalError(code: refusal.code, message: refusal.message + "; the open transaction was rolled back")
+                throw ShoalError(
+                    code: refusal.code,
+                    message: refusal.message + "; the open transaction was rolled back"
+                )
             }
             if connection.isAutocommit { endTransaction() }
             throw refusal ?? error

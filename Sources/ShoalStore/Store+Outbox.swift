@@ -131,7 +131,8 @@ extension Store {
         // Sizes in bytes, O(1): `length` counts a BLOB's bytes but a TEXT's characters, hence the cast.
         let everyColumn = (table.keyIsRowid ? [] : table.keyColumns.map(quote)) + table.quotedColumns
         let tooLarge = everyColumn.map {
-            "(CASE typeof(NEW.\($0)) WHEN 'text' THEN length(CAST(NEW.\($0) AS BLOB)) WHEN 'blob' THEN length(NEW.\($0)) "
+            "(CASE typeof(NEW.\($0)) WHEN 'text' THEN length(CAST(NEW.\($0) AS BLOB)) "
+                + "WHEN 'blob' THEN length(NEW.\($0)) "
                 + "ELSE 0 END > \(Self.maximumValueBytes))"
         }.joined(separator: " OR ")
         let raiseLarge =
@@ -159,7 +160,8 @@ extension Store {
         )
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_delete AFTER DELETE ON \(name) \(when) BEGIN "
-                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: "2", "OLD", changed: "NULL", old: true, new: false))); "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "VALUES (\(row(op: "2", "OLD", changed: "NULL", old: true, new: false))); "
                 + "END"
         )
         if !counters.isEmpty {
@@ -178,8 +180,11 @@ extension Store {
             for index in counters {
                 let column = table.columns[index]
                 let quoted = table.quotedColumns[index]
-                let checks = [("null", "NULL"), ("real", "a REAL (a fraction, or a sum that overflowed 64-bit integers)"), ("text", "TEXT"),
-                    ("blob", "a BLOB")].map { kind, words in
+                let checks = [
+                    ("null", "NULL"), ("real", "a REAL (a fraction, or a sum that overflowed 64-bit integers)"),
+                    ("text", "TEXT"),
+                    ("blob", "a BLOB"),
+                ].map { kind, words in
                     "SELECT RAISE(ABORT, 'shoal: counter column \(sqlText(table.name)).\(sqlText(column)) takes "
                         + "integers only; this write puts \(words) in it, nothing was written') "
                         + "WHERE typeof(NEW.\(quoted)) = '\(kind)';"
@@ -297,7 +302,8 @@ extension Store {
             let counters = table.columns.indices.filter { table.isCounter[$0] }
             let keyCount = table.keyColumns.count
             let select = try statement(
-                "SELECT " + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
+                "SELECT "
+                    + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
                     + counters.flatMap { ["o\($0)", "n\($0)"] }).joined(separator: ", ")
                     + " FROM \(outbox) ORDER BY seq"
             )

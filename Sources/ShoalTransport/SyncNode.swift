@@ -340,7 +340,10 @@ public actor SyncNode: Service {
                 if try await worker.changedElsewhere() { broadcast(.localChange) }
             } catch {
                 // Retried with backoff by the worker; other writers' changes wait, nothing is lost.
-                configuration.logger.warning("capturing other connections' writes failed", metadata: ["error": "\(error)"])
+                configuration.logger.warning(
+                    "capturing other connections' writes failed",
+                    metadata: ["error": "\(error)"]
+                )
             }
         }
     }

@@ -34,8 +34,9 @@ final class RawConnection {
     func insertItems(_ range: Range<Int>) throws {
         try exec("BEGIN")
         var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, "INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", -1, &statement, nil)
-            == SQLITE_OK
+        guard
+            sqlite3_prepare_v2(handle, "INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", -1, &statement, nil)
+                == SQLITE_OK
         else { throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle))) }
         defer { sqlite3_finalize(statement) }
         for id in range {
@@ -53,7 +54,11 @@ final class RawConnection {
 
 /// Runs an executable to completion; returns its exit status, stdout and stderr.
 @discardableResult
-func runProcess(_ executable: URL, _ arguments: [String], input: Data? = nil) throws -> (
+func runProcess(
+    _ executable: URL,
+    _ arguments: [String],
+    input: Data? = nil
+) throws -> (
     status: Int32, output: String, error: String
 ) {
     let process = Process()
@@ -73,7 +78,10 @@ func runProcess(_ executable: URL, _ arguments: [String], input: Data? = nil) th
     let outputData = output.fileHandleForReading.readDataToEndOfFile()
     let errorData = error.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: outputData, as: UTF8.self), String(decoding: errorData, as: UTF8.self))
+    return (
+        process.terminationStatus, String(decoding: outputData, as: UTF8.self),
+        String(decoding: errorData, as: UTF8.self)
+    )
 }
 
 /// The `sqlite3` shell (Debian package sqlite3).
@@ -93,7 +101,9 @@ func makeFileStore(_ directory: URL, _ name: String) throws -> Store {
 func outboxRows(_ store: Store) throws -> Int {
     var total = 0
     for table in store.capture.tables {
-        if case .integer(let count) = try store.execute("SELECT count(*) FROM \(Store.outboxTable(table.id))").rows[0][0] {
+        if case .integer(let count) = try store.execute("SELECT count(*) FROM \(Store.outboxTable(table.id))").rows[0][
+            0
+        ] {
             total += Int(count)
         }
     }
@@ -251,7 +261,9 @@ func outboxRows(_ store: Store) throws -> Int {
         try b.execute("UPDATE items SET hits = hits + 1 WHERE id IN (1, 2)")  // concurrent increments
         try sync(a, b)
         try sync(b, a)
-        let expected: [[SQLValue]] = [[.integer(1), .text("replaced"), .integer(3)], [.integer(2), .text("upserted"), .integer(12)]]
+        let expected: [[SQLValue]] = [
+            [.integer(1), .text("replaced"), .integer(3)], [.integer(2), .text("upserted"), .integer(12)],
+        ]
         #expect(try rows(a, "SELECT id, name, hits FROM items ORDER BY id") == expected)
         #expect(try rows(b, "SELECT id, name, hits FROM items ORDER BY id") == expected)
         #expect(try a.digest() == b.digest())
@@ -281,7 +293,8 @@ func outboxRows(_ store: Store) throws -> Int {
         // Remove the triggers as an earlier version would have left the file.
         let raw = try RawConnection(path: path)
         try raw.exec(
-            "SELECT 1; " + (try sqlite3Shell(path, "SELECT name FROM sqlite_schema WHERE type = 'trigger'").output)
+            "SELECT 1; "
+                + (try sqlite3Shell(path, "SELECT name FROM sqlite_schema WHERE type = 'trigger'").output)
                 .split(separator: "\n").map { "DROP TRIGGER \($0);" }.joined()
         )
         let store = try Store(path: path)
@@ -293,14 +306,18 @@ func outboxRows(_ store: Store) throws -> Int {
     @Test func usersCannotChangeShoalsTriggersThroughTheStore() throws {
         let store = try makeStore()
         try makeItems(store)
-        for sql in ["DROP TRIGGER shoal_capture_1_insert", "CREATE TRIGGER shoal_x AFTER INSERT ON items BEGIN SELECT 1; END"] {
+        for sql in [
+            "DROP TRIGGER shoal_capture_1_insert", "CREATE TRIGGER shoal_x AFTER INSERT ON items BEGIN SELECT 1; END",
+        ] {
             #expect {
                 try store.execute(sql)
             } throws: { ($0 as! ShoalError).code == .unsupportedSchema }
         }
         // Users' own triggers still fire on Shoal's connection, TEMP ones too.
         try store.execute("CREATE TABLE audit(n)")
-        try store.execute("CREATE TEMP TRIGGER scratch AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (-NEW.id); END")
+        try store.execute(
+            "CREATE TEMP TRIGGER scratch AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (-NEW.id); END"
+        )
         try store.execute("INSERT INTO items(id, name) VALUES (6, 'x')")
         try store.execute("CREATE TRIGGER mine AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (NEW.id); END")
         try store.execute("INSERT INTO items(id, name) VALUES (7, 'x')")

@@ -41,7 +41,9 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         for withUserTrigger in [false, true] {
             if withUserTrigger {
                 try store.execute("CREATE TABLE audit(n)")
-                try store.execute("CREATE TRIGGER mine AFTER UPDATE ON items BEGIN INSERT INTO audit VALUES (NEW.id); END")
+                try store.execute(
+                    "CREATE TRIGGER mine AFTER UPDATE ON items BEGIN INSERT INTO audit VALUES (NEW.id); END"
+                )
             }
             try store.execute("BEGIN")
             try store.execute("UPDATE items SET name = 'undone' WHERE id = 2")
@@ -57,7 +59,9 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try store.versionVector()[store.siteID] == version[store.siteID])
         // '7' in an INTEGER column is stored as the integer 7: accepted.
         try store.execute("UPDATE items SET hits = '7' WHERE id = 2")
-        #expect(try rows(store, "SELECT hits, typeof(hits) FROM items WHERE id = 2") == [[.integer(7), .text("integer")]])
+        #expect(
+            try rows(store, "SELECT hits, typeof(hits) FROM items WHERE id = 2") == [[.integer(7), .text("integer")]]
+        )
     }
 
     @Test func countersRefuseAnythingButIntegersFromOtherConnections() throws {
@@ -148,9 +152,11 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(shell.status != 0 && shell.error.contains("larger than the maximum of \(maximum) bytes"))
         try raw.exec("INSERT INTO pairs VALUES ('max', 1, zeroblob(\(maximum)))")
         #expect(try store.captureForeignWrites())
-        #expect(try rows(store, "SELECT a, length(v) FROM pairs ORDER BY a") == [
-            [.text("max"), .integer(Int64(maximum))], [.text("small"), .integer(1)],
-        ])
+        #expect(
+            try rows(store, "SELECT a, length(v) FROM pairs ORDER BY a") == [
+                [.text("max"), .integer(Int64(maximum))], [.text("small"), .integer(1)],
+            ]
+        )
         #expect(try store.rowState(table: "pairs", primaryKey: [.text("max"), .integer(1)])?.isAlive == true)
     }
 
