@@ -333,7 +333,8 @@ public actor SyncNode: Service {
     // MARK: - Triggers
 
     private func watchLocalChanges() async throws {
-        _ = try await worker.changedElsewhere()
+        // A failed first capture is retried with backoff by the worker, like any later one.
+        _ = try? await worker.changedElsewhere()
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
             do {
