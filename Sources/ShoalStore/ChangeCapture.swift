@@ -20,6 +20,10 @@ final class ChangeCapture {
     /// A write of the running statement that cannot be replicated (a value over the size maximum); the
     /// store fails the statement with it.
     var refusal: ShoalError?
+    /// Whether the running statement's new values need the size check (see
+    /// ``Store/valueSizesBounded(_:arguments:)``); tables whose defaults are expressions are always checked.
+    var checkSizes = true
+    var tablesWithExpressionDefaults: Set<Int> = []
     /// Net writes per replicated table (indexed like `tables`).
     private(set) var pending: [PendingTable] = []
     private var hasPending = false
@@ -166,7 +170,9 @@ final class ChangeCapture {
         guard lastNumber >= 0 else { return }
         let number = lastNumber
         let table = tables[number]
-        if operation != SQLITE_DELETE, refusal == nil, let position = oversizedPosition(db, number) {
+        if operation != SQLITE_DELETE, refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
+            let position = oversizedPosition(db, number)
+        {
             refusal = oversizedValue(db, table, position: position)
         }
         if operation != SQLITE_DELETE, refusal == nil, table.hasCounters { refusal = nonIntegerCounter(db, table) }

@@ -86,6 +86,15 @@ extension Store {
         defer { count.reset() }
         try count.step()
         setTriggers(enabled: count.columnInt64(0) > 0)
+        // A default computed by an expression (`DEFAULT (randomblob(16))`) can be of any size.
+        let defaults = try statement("SELECT count(*) FROM pragma_table_info(?) WHERE dflt_value LIKE '%(%'")
+        var expressionDefaults: Set<Int> = []
+        for (number, table) in capture.tables.enumerated() {
+            try defaults.bind([.text(table.name)])
+            if try defaults.step(), defaults.columnInt64(0) > 0 { expressionDefaults.insert(number) }
+            defaults.reset()
+        }
+        capture.tablesWithExpressionDefaults = expressionDefaults
     }
 
     /// Switches triggers of the main schema on or off for this connection (prepared statements are

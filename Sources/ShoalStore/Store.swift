@@ -63,6 +63,9 @@ public final class Store {
     var dataStatements: [DataStatementKey: SQLiteStatement] = [:]
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
+    /// Set by the authorizer while a user statement is prepared: it calls a function or reads a column, so
+    /// it could make a value larger than any of its inputs (see ``valueSizesBounded(_:arguments:)``).
+    var userStatementComputesValues = false
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
@@ -223,6 +226,7 @@ public final class Store {
 
     private func authorize(action: Int32, first: String?, second: String?, trigger: String?) -> Int32 {
         guard preparingUserStatement else { return SQLITE_OK }
+        if action == SQLITE_FUNCTION || action == SQLITE_READ { userStatementComputesValues = true }
         // Shoal's capture triggers write the outbox (they are skipped on this connection, but still compiled).
         if let trigger, trigger.hasPrefix("shoal_capture_") { return SQLITE_OK }
         switch action {
@@ -267,6 +271,7 @@ public final class Store {
     /// Prepares one user statement, with the authorizer guarding Shoal's tables.
     func prepareUser(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         preparingUserStatement = true
+        userStatementComputesValues = false
         authorizerDenial = nil
         defer { preparingUserStatement = false }
         do {

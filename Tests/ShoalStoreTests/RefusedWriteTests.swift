@@ -135,6 +135,23 @@ private func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try store.rowState(table: "blobs", primaryKey: [.text("max")])?.isAlive == true)
     }
 
+    @Test func oversizedArgumentsAndDefaultsAreRefusedToo() throws {
+        let store = try makeStore()
+        let maximum = Store.maximumValueBytes
+        try store.execute("CREATE TABLE blobs(k TEXT PRIMARY KEY, v, d DEFAULT (zeroblob(\(maximum + 1))))")
+        try store.execute("CREATE TABLE plain(k)")
+        try store.replicate(table: "blobs")
+        // A statement that only copies its arguments is checked through its arguments.
+        let insert = try store.prepare("INSERT INTO blobs(k, v, d) VALUES (?, ?, 0)")
+        #expect(code { try insert.execute([.text("big"), .blob(Array(repeating: 7, count: maximum + 1))]) } == .valueTooLarge)
+        try insert.execute([.text("small"), .blob([1, 2, 3])])
+        // A default computed by an expression is checked on every insert.
+        #expect(code { try store.execute("INSERT INTO blobs(k, v) VALUES ('default', 1)") } == .valueTooLarge)
+        // Unreplicated tables take anything SQLite does.
+        try store.execute("INSERT INTO plain VALUES (zeroblob(\(maximum + 1)))")
+        #expect(try rows(store, "SELECT k FROM blobs") == [[.text("small")]])
+    }
+
     @Test func valuesOverTheMaximumAreRefusedFromOtherConnections() throws {
         let directory = try temporaryDirectory("size-foreign")
         defer { try? FileManager.default.removeItem(at: directory) }
