@@ -34,7 +34,9 @@ import Glibc
 /// The same triggers refuse, for foreign connections, values larger than ``Store/maximumValueBytes``. Counter
 /// columns have BEFORE triggers refusing anything but an integer. Shoal's own connection checks both in the
 /// pre-update hook (O(1) per value: `sqlite3_value_type`, `sqlite3_value_bytes`) whether its triggers run
-/// or not.
+/// or not; the size check is skipped for statements that can store nothing longer than their arguments
+/// (see ``Store/valueSizesBounded(_:arguments:)``), since reading an inserted row in the hook costs SQLite
+/// an unpacking of the record.
 extension Store {
     /// The largest TEXT or BLOB value, in bytes, a replicated table accepts: 256 MiB. A larger value is
     /// refused at write time (``ShoalError/Code/valueTooLarge``), by Shoal's connection and by any other.
