@@ -20,6 +20,10 @@ final class ChangeCapture {
     /// A write of the running statement that cannot be replicated (a value over the size maximum); the
     /// store fails the statement with it.
     var refusal: ShoalError?
+    /// Whether the running statement's new values need the size check (see
+    /// ``Store/valueSizesBounded(_:arguments:)``); tables whose defaults are expressions are always checked.
+    var checkSizes = true
+    var tablesWithExpressionDefaults: Set<Int> = []
     /// Net writes per replicated table (indexed like `tables`).
     private(set) var pending: [PendingTable] = []
     private var hasPending = false
@@ -31,8 +35,12 @@ final class ChangeCapture {
     private var lastName: [CChar] = []
     private var lastNumber = -1
 
+    /// Per table: the positions whose new values the size check reads (every column but a rowid key).
+    private var sizeCheckPositions: [[Int32]] = []
+
     func setTables(_ tables: [ReplicatedTable]) {
         self.tables = tables
+        sizeCheckPositions = tables.map { ($0.keyIsRowid ? [] : $0.keyPositions) + $0.columnPositions }
         pending = Array(repeating: PendingTable(), count: tables.count)
         hasPending = false
         lastName = []
@@ -162,7 +170,12 @@ final class ChangeCapture {
         guard lastNumber >= 0 else { return }
         let number = lastNumber
         let table = tables[number]
-        if operation != SQLITE_DELETE, refusal == nil { refusal = oversizedValue(db, table) }
+        if operation != SQLITE_DELETE, refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
+            let position = oversizedPosition(db, number)
+        {
+            refusal = oversizedValue(db, table, position: position)
+        }
+        if operation != SQLITE_DELETE, refusal == nil, table.hasCounters { refusal = nonIntegerCounter(db, table) }
         switch operation {
         case SQLITE_INSERT:
             let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
@@ -211,25 +224,53 @@ final class ChangeCapture {
         }
     }
 
-    /// The refusal for a new TEXT or BLOB value larger than ``Store/maximumValueBytes``, if the row has one
+    /// The position of a new TEXT or BLOB value larger than ``Store/maximumValueBytes``, if the row has one
     /// (`sqlite3_value_bytes` is O(1): nothing is copied).
-    private func oversizedValue(_ db: OpaquePointer, _ table: ReplicatedTable) -> ShoalError? {
-        let keys = table.keyIsRowid ? [] : [(table.keyPositions, table.keyColumns)]
-        for (positions, names) in keys + [(table.columnPositions, table.columns)] {
-            for (position, name) in zip(positions, names) {
-                var value: OpaquePointer?
-                guard sqlite3_preupdate_new(db, position, &value) == SQLITE_OK, let value else { continue }
-                let type = sqlite3_value_type(value)
-                guard type == SQLITE_TEXT || type == SQLITE_BLOB else { continue }
-                let bytes = Int(sqlite3_value_bytes(value))
-                guard bytes > Store.maximumValueBytes else { continue }
-                return ShoalError(
-                    code: .valueTooLarge,
-                    message: "a \(type == SQLITE_TEXT ? "TEXT" : "BLOB") value of \(bytes) bytes written to "
-                        + "\(table.name).\(name) is larger than the maximum of \(Store.maximumValueBytes) bytes "
-                        + "(256 MiB) a replicated table accepts; nothing was written"
-                )
+    private func oversizedPosition(_ db: OpaquePointer, _ number: Int) -> Int32? {
+        let position = sizeCheckPositions[number].withUnsafeBufferPointer { positions in
+            shoal_preupdate_oversized(db, positions.baseAddress, Int32(positions.count), Int64(Store.maximumValueBytes))
+        }
+        return position >= 0 ? position : nil
+    }
+
+    /// The refusal for the oversized value at `position`.
+    private func oversizedValue(_ db: OpaquePointer, _ table: ReplicatedTable, position: Int32) -> ShoalError {
+        var value: OpaquePointer?
+        sqlite3_preupdate_new(db, position, &value)
+        let type = sqlite3_value_type(value)
+        let bytes = Int(sqlite3_value_bytes(value))
+        let name =
+            table.keyPositions.firstIndex(of: position).map { table.keyColumns[$0] }
+            ?? table.columnPositions.firstIndex(of: position).map { table.columns[$0] } ?? "?"
+        return ShoalError(
+            code: .valueTooLarge,
+            message: "a \(type == SQLITE_TEXT ? "TEXT" : "BLOB") value of \(bytes) bytes written to "
+                + "\(table.name).\(name) is larger than the maximum of \(Store.maximumValueBytes) bytes "
+                + "(256 MiB) a replicated table accepts; nothing was written"
+        )
+    }
+
+    /// The refusal for a counter column given anything but an integer (SQLite turns an overflowing sum
+    /// into a REAL).
+    private func nonIntegerCounter(_ db: OpaquePointer, _ table: ReplicatedTable) -> ShoalError? {
+        for index in table.columns.indices where table.isCounter[index] {
+            var value: OpaquePointer?
+            guard sqlite3_preupdate_new(db, table.columnPositions[index], &value) == SQLITE_OK, let value else {
+                continue
             }
+            let kind: String
+            switch sqlite3_value_type(value) {
+            case SQLITE_INTEGER: continue
+            case SQLITE_NULL: kind = "NULL"
+            case SQLITE_FLOAT: kind = "a REAL (a fraction, or a sum that overflowed 64-bit integers)"
+            case SQLITE_TEXT: kind = "TEXT"
+            default: kind = "a BLOB"
+            }
+            return ShoalError(
+                code: .counterNotInteger,
+                message: "counter column \(table.name).\(table.columns[index]) takes integers only; this write puts "
+                    + "\(kind) in it, nothing was written"
+            )
         }
         return nil
     }

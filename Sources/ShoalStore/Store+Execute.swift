@@ -7,19 +7,23 @@ public final class PreparedStatement {
     private let statement: SQLiteStatement
     private let control: TransactionControl?
     private let columns: [String]
+    /// Whether the statement can only store values as large as its SQL text or its arguments.
+    private let copiesItsInputs: Bool
 
-    init(store: Store, statement: SQLiteStatement) {
+    init(store: Store, statement: SQLiteStatement, copiesItsInputs: Bool) {
         self.store = store
         self.statement = statement
         self.control = TransactionControl(sql: statement.sql)
         self.columns = (0..<statement.columnCount).map(statement.columnName)
+        self.copiesItsInputs = copiesItsInputs
     }
 
     /// Runs the statement with `arguments` and returns its rows.
     @discardableResult
     public func execute(_ arguments: [SQLValue] = []) throws(ShoalError) -> QueryResult {
         try statement.bind(arguments)
-        return QueryResult(columns: columns, rows: try store.run(statement, control: control))
+        let checkSizes = !store.valueSizesBounded(copiesItsInputs, arguments: arguments)
+        return QueryResult(columns: columns, rows: try store.run(statement, control: control, checkSizes: checkSizes))
     }
 }
 
@@ -75,6 +79,7 @@ extension Store {
             var handle: OpaquePointer?
             var tail: UnsafePointer<CChar>?
             preparingUserStatement = true
+            userStatementComputesValues = false
             authorizerDenial = nil
             let code = remaining.withUnsafeBufferPointer { buffer in
                 sqlite3_prepare_v2(connection.handle, buffer.baseAddress! + offset, -1, &handle, &tail)
@@ -98,7 +103,8 @@ extension Store {
                 }
                 try statement.bind(arguments)
             }
-            let rows = try run(statement, control: TransactionControl(sql: statement.sql))
+            let checkSizes = !valueSizesBounded(copiesInputs(statement), arguments: arguments)
+            let rows = try run(statement, control: TransactionControl(sql: statement.sql), checkSizes: checkSizes)
             result = QueryResult(columns: (0..<statement.columnCount).map(statement.columnName), rows: rows)
         }
         remaining.removeAll()
@@ -112,7 +118,31 @@ extension Store {
     /// Prepares one statement to run many times (bulk writes bind and run it in a loop).
     public func prepare(_ sql: String) throws(ShoalError) -> PreparedStatement {
         try refreshSchemaIfIdle()
-        return PreparedStatement(store: self, statement: try prepareUser(sql))
+        let statement = try prepareUser(sql)
+        return PreparedStatement(store: self, statement: statement, copiesItsInputs: copiesInputs(statement))
+    }
+
+    /// Whether a just-prepared user statement only copies its inputs into the rows it writes: it calls no
+    /// function, reads no column and concatenates nothing, so no value it stores is longer than its SQL
+    /// text or one of its arguments.
+    private func copiesInputs(_ statement: SQLiteStatement) -> Bool {
+        let sql = statement.sql
+        return !userStatementComputesValues && !sql.contains("||") && sql.utf8.count <= Self.maximumValueBytes
+    }
+
+    /// Whether the values a statement stores cannot exceed ``maximumValueBytes``, so the pre-update hook
+    /// may skip its per-row size check (reading a new row's values in the hook makes SQLite unpack the
+    /// record, about a tenth of the cost of a bulk insert). Users' triggers may compute anything, so with
+    /// them every row is checked.
+    func valueSizesBounded(_ copiesItsInputs: Bool, arguments: [SQLValue]) -> Bool {
+        guard copiesItsInputs, !triggersEnabled else { return false }
+        return arguments.allSatisfy { argument in
+            switch argument {
+            case .text(let text): text.utf8.count <= Self.maximumValueBytes
+            case .blob(let bytes): bytes.count <= Self.maximumValueBytes
+            default: true
+            }
+        }
     }
 
     /// Runs `body` in one transaction: every write in it is one change, committed together or not at all.
@@ -134,7 +164,13 @@ extension Store {
 
     /// Runs one user statement with capture: flushes captured writes before anything that may end the
     /// transaction, and wraps a lone write in a transaction of its own so its metadata commits with it.
-    func run(_ statement: SQLiteStatement, control: TransactionControl?) throws(ShoalError) -> [[SQLValue]] {
+    func run(
+        _ statement: SQLiteStatement,
+        control: TransactionControl?,
+        checkSizes: Bool = true
+    ) throws(ShoalError) -> [[SQLValue]] {
+        capture.checkSizes = checkSizes
+        defer { capture.checkSizes = true }
         switch control {
         case .commit, .savepoint, .release:
             try flushCaptured()
@@ -149,6 +185,10 @@ extension Store {
         do throws(ShoalError) {
             defer { statement.reset() }
             while try statement.step() { rows.append(statement.row()) }
+            if userTriggerCreated {
+                userTriggerCreated = false
+                setTriggers(enabled: true)
+            }
             if let refusal = capture.refusal { throw refusal }
             capture.statementSucceeded()
             if wrap {
@@ -161,11 +201,15 @@ extension Store {
             capture.statementFailed()
             if wrap && !connection.isAutocommit {
                 try? connection.exec("ROLLBACK")
-            } else if let refusal, refusal.code == .valueTooLarge, !connection.isAutocommit {
-                // SQLite already stored the statement's rows; only undoing the transaction takes them back.
+            } else if let refusal, !connection.isAutocommit {
+                // The hook saw the rows after SQLite stored them; only undoing the transaction takes them back
+                // (and a trigger's refusal is treated the same, so the rule does not depend on which caught it).
                 try? connection.exec("ROLLBACK")
                 endTransaction()
-                throw ShoalError(code: refusal.code, message: refusal.message + "; the open transaction was rolled back")
+                throw ShoalError(
+                    code: refusal.code,
+                    message: refusal.message + "; the open transaction was rolled back"
+                )
             }
             if connection.isAutocommit { endTransaction() }
             throw refusal ?? error

@@ -25,9 +25,18 @@ import Glibc
 /// across change sets; several foreign transactions drained together share one dot (one local sequence
 /// number), which is allowed: a dot names what this node wrote together, and they reach peers together.
 ///
-/// The same triggers refuse, for foreign connections, values larger than ``Store/maximumValueBytes``; Shoal's
-/// own connection checks sizes in the pre-update hook instead. Counter columns have BEFORE triggers, which
-/// fire on every connection, refusing anything but an integer.
+/// Even skipped, a trigger costs SQLite a sub-program call per row (it made the 100k-row write transaction
+/// about 25 % slower), so Shoal's connection also turns triggers of the main schema off
+/// (`SQLITE_DBCONFIG_ENABLE_TRIGGER`) while the database has no triggers but Shoal's; as soon as it has one
+/// of its own (created by anyone), they are on, and the `WHEN` clause keeps Shoal's skipped. TEMP triggers
+/// always run.
+///
+/// The same triggers refuse, for foreign connections, values larger than ``Store/maximumValueBytes``. Counter
+/// columns have BEFORE triggers refusing anything but an integer. Shoal's own connection checks both in the
+/// pre-update hook (O(1) per value: `sqlite3_value_type`, `sqlite3_value_bytes`) whether its triggers run
+/// or not; the size check is skipped for statements that can store nothing longer than their arguments
+/// (see ``Store/valueSizesBounded(_:arguments:)``), since reading an inserted row in the hook costs SQLite
+/// an unpacking of the record.
 extension Store {
     /// The largest TEXT or BLOB value, in bytes, a replicated table accepts: 256 MiB. A larger value is
     /// refused at write time (``ShoalError/Code/valueTooLarge``), by Shoal's connection and by any other.
@@ -70,6 +79,34 @@ extension Store {
         guard code == SQLITE_OK else { throw connection.error(code, "installing the capture switch") }
     }
 
+    /// Turns the main schema's triggers off on this connection while the only triggers are Shoal's capture
+    /// triggers (which skip this connection anyway), and on otherwise, so that users' triggers always fire.
+    func updateTriggerSwitch() throws(ShoalError) {
+        let count = try statement(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND substr(name, 1, 14) <> 'shoal_capture_'"
+        )
+        defer { count.reset() }
+        try count.step()
+        setTriggers(enabled: count.columnInt64(0) > 0)
+        // A default computed by an expression (`DEFAULT (randomblob(16))`) can be of any size.
+        let defaults = try statement("SELECT count(*) FROM pragma_table_info(?) WHERE dflt_value LIKE '%(%'")
+        var expressionDefaults: Set<Int> = []
+        for (number, table) in capture.tables.enumerated() {
+            try defaults.bind([.text(table.name)])
+            if try defaults.step(), defaults.columnInt64(0) > 0 { expressionDefaults.insert(number) }
+            defaults.reset()
+        }
+        capture.tablesWithExpressionDefaults = expressionDefaults
+    }
+
+    /// Switches triggers of the main schema on or off for this connection (prepared statements are
+    /// recompiled by SQLite when they next run).
+    func setTriggers(enabled: Bool) {
+        guard enabled != triggersEnabled else { return }
+        shoal_db_config_flag(connection.handle, SQLITE_DBCONFIG_ENABLE_TRIGGER, enabled ? 1 : 0)
+        triggersEnabled = enabled
+    }
+
     // MARK: - Triggers
 
     /// The outbox table and the triggers of one replicated table.
@@ -86,7 +123,7 @@ extension Store {
                 + (keys + ["changed"] + counterColumns).joined(separator: ", ") + ")"
         )
         let insertColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
-        func row(op: Int, _ side: String, changed: String, old: Bool, new: Bool) -> String {
+        func row(op: String, _ side: String, changed: String, old: Bool, new: Bool) -> String {
             let keyValues = table.keyColumns.map { "\(side).\(quote($0))" }
             let counterValues = counters.flatMap { index in
                 [
@@ -94,7 +131,7 @@ extension Store {
                     new ? "NEW.\(table.quotedColumns[index])" : "NULL",
                 ]
             }
-            return ([String(op)] + keyValues + [changed] + counterValues).joined(separator: ", ")
+            return ([op] + keyValues + [changed] + counterValues).joined(separator: ", ")
         }
         // Whether a value differs, byte for byte and by storage class (a column's collation must not hide it).
         func differs(_ column: String) -> String {
@@ -102,32 +139,40 @@ extension Store {
         }
         let keyChanged = table.keyColumns.map { differs(quote($0)) }.joined(separator: " OR ")
         let mask = table.quotedColumns.isEmpty ? "''" : table.quotedColumns.map(differs).joined(separator: " || ")
-        let everyColumn = (table.keyColumns.map(quote) + table.quotedColumns)
-        let tooLarge = everyColumn.map { "length(CAST(NEW.\($0) AS BLOB)) > \(Self.maximumValueBytes)" }
-            .joined(separator: " OR ")
-        let refuseLarge =
-            "SELECT RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
+        // Sizes in bytes, O(1): `length` counts a BLOB's bytes but a TEXT's characters, hence the cast.
+        let everyColumn = (table.keyIsRowid ? [] : table.keyColumns.map(quote)) + table.quotedColumns
+        let tooLarge = everyColumn.map {
+            "(CASE typeof(NEW.\($0)) WHEN 'text' THEN length(CAST(NEW.\($0) AS BLOB)) "
+                + "WHEN 'blob' THEN length(NEW.\($0)) "
+                + "ELSE 0 END > \(Self.maximumValueBytes))"
+        }.joined(separator: " OR ")
+        let raiseLarge =
+            "RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
             + "maximum of \(Self.maximumValueBytes) bytes (256 MiB) a replicated table accepts; nothing was "
-            + "written') WHERE \(tooLarge);"
+            + "written')"
+        let refuseLarge = everyColumn.isEmpty ? "" : "SELECT \(raiseLarge) WHERE \(tooLarge);"
+        // For inserts the check rides in the outbox row's op: one statement per row rather than two.
+        let insertOp = everyColumn.isEmpty ? "1" : "CASE WHEN \(tooLarge) THEN \(raiseLarge) ELSE 1 END"
         let prefix = "shoal_capture_\(table.id)"
         statements.append(
-            "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN \(refuseLarge) "
-                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 1, "NEW", changed: "NULL", old: false, new: true))); "
-                + "END"
+            "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "VALUES (\(row(op: insertOp, "NEW", changed: "NULL", old: false, new: true))); END"
         )
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_update AFTER UPDATE ON \(name) \(when) BEGIN \(refuseLarge) "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 2, "OLD", changed: "NULL", old: true, new: false)) WHERE \(keyChanged); "
+                + "SELECT \(row(op: "2", "OLD", changed: "NULL", old: true, new: false)) WHERE \(keyChanged); "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 1, "NEW", changed: "NULL", old: false, new: true)) WHERE \(keyChanged); "
+                + "SELECT \(row(op: "1", "NEW", changed: "NULL", old: false, new: true)) WHERE \(keyChanged); "
                 + "INSERT INTO \(outbox)(\(insertColumns)) "
-                + "SELECT \(row(op: 3, "NEW", changed: mask, old: true, new: true)) WHERE NOT (\(keyChanged)); "
+                + "SELECT \(row(op: "3", "NEW", changed: mask, old: true, new: true)) WHERE NOT (\(keyChanged)); "
                 + "END"
         )
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_delete AFTER DELETE ON \(name) \(when) BEGIN "
-                + "INSERT INTO \(outbox)(\(insertColumns)) VALUES (\(row(op: 2, "OLD", changed: "NULL", old: true, new: false))); "
+                + "INSERT INTO \(outbox)(\(insertColumns)) "
+                + "VALUES (\(row(op: "2", "OLD", changed: "NULL", old: true, new: false))); "
                 + "END"
         )
         if !counters.isEmpty {
@@ -146,8 +191,11 @@ extension Store {
             for index in counters {
                 let column = table.columns[index]
                 let quoted = table.quotedColumns[index]
-                let checks = [("null", "NULL"), ("real", "a REAL (integer overflow turns into one)"), ("text", "TEXT"),
-                    ("blob", "a BLOB")].map { kind, words in
+                let checks = [
+                    ("null", "NULL"), ("real", "a REAL (a fraction, or a sum that overflowed 64-bit integers)"),
+                    ("text", "TEXT"),
+                    ("blob", "a BLOB"),
+                ].map { kind, words in
                     "SELECT RAISE(ABORT, 'shoal: counter column \(sqlText(table.name)).\(sqlText(column)) takes "
                         + "integers only; this write puts \(words) in it, nothing was written') "
                         + "WHERE typeof(NEW.\(quoted)) = '\(kind)';"
@@ -279,7 +327,8 @@ extension Store {
             let counters = table.columns.indices.filter { table.isCounter[$0] }
             let keyCount = table.keyColumns.count
             let select = try statement(
-                "SELECT " + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
+                "SELECT "
+                    + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
                     + counters.flatMap { ["o\($0)", "n\($0)"] }).joined(separator: ", ")
                     + " FROM \(outbox) ORDER BY seq"
             )
@@ -289,9 +338,9 @@ extension Store {
                 defer { select.reset() }
                 while try select.step() {
                     let op = select.columnInt64(0)
-                    let keyValues = (0..<keyCount).map { select.column(1 + $0) }
                     let key: PendingKey =
-                        table.keyIsRowid ? .rowid(keyValues[0].integerValue ?? 0) : .values(keyValues)
+                        table.keyIsRowid
+                        ? .rowid(select.columnInt64(1)) : .values((0..<keyCount).map { select.column(1 + $0) })
                     func counterValues(new: Bool) -> [Int64] {
                         var values = table.noDelta
                         for (position, index) in counters.enumerated() {
@@ -355,6 +404,9 @@ extension Store {
             guard !events.isEmpty else { continue }
             if own == nil { own = capture.takePending() }
             for event in events { capture.foldForeign(event) }
+            // Without a pre-update hook SQLite empties a table in one step rather than row by row.
+            sqlite3_preupdate_hook(connection.handle, nil, nil)
+            defer { installPreupdateHook() }
             try statement("DELETE FROM \(outbox)").run()
         }
         outboxCheckedAt = checkedAt

@@ -190,7 +190,8 @@ extension Store {
             guard declared.uppercased().contains("INT") else {
                 throw ShoalError(
                     code: .unsupportedSchema,
-                    message: "column \(table.name).\(column) is declared \(declared.isEmpty ? "with no type" : declared); "
+                    message: "column \(table.name).\(column) is declared "
+                        + "\(declared.isEmpty ? "with no type" : declared); "
                         + "a counter column must be declared INTEGER, since counters merge by adding integers"
                 )
             }
@@ -221,8 +222,9 @@ extension Store {
             if bytes > Self.maximumValueBytes {
                 throw ShoalError(
                     code: .valueTooLarge,
-                    message: "\(table.name).\(names[position]) holds a value of \(bytes) bytes, larger than the maximum "
-                        + "of \(Self.maximumValueBytes) bytes a replicated table accepts; shorten it, then replicate"
+                    message: "\(table.name).\(names[position]) holds a value of \(bytes) bytes, larger than the "
+                        + "maximum of \(Self.maximumValueBytes) bytes a replicated table accepts; shorten it, then "
+                        + "replicate"
                 )
             }
             let isInteger = if case .integer = value { true } else { false }

@@ -38,8 +38,8 @@ public struct QueryResult: Sendable, Hashable {
 ///
 /// Read and write with plain SQL through ``execute(_:_:)``, ``prepare(_:)`` or ``transaction(_:)``; every
 /// INSERT, UPDATE and DELETE on a replicated table becomes part of one change (one *dot*) per committed
-/// transaction. Other SQLite tools may read the file at any time; writes to replicated tables must go
-/// through a `Store` (or `shoal sql`) to be replicated.
+/// transaction. Other SQLite tools may read and write the file at any time: their writes to replicated
+/// tables are captured too (see ``captureForeignWrites()``).
 ///
 /// Not `Sendable`: a store owns one SQLite connection and is used from one thread at a time. Several
 /// processes may open the same file; SQLite's locking orders their transactions.
@@ -65,11 +65,18 @@ public final class Store {
     var dataStatements: [DataStatementKey: SQLiteStatement] = [:]
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
+    /// Set by the authorizer while a user statement is prepared: it calls a function or reads a column, so
+    /// it could make a value larger than any of its inputs (see ``valueSizesBounded(_:arguments:)``).
+    var userStatementComputesValues = false
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
     var outboxCheckedAt: Int64?
+    /// Whether triggers of the main schema run on this connection (see ``updateTriggerSwitch()``).
+    var triggersEnabled = true
+    /// Set when a user statement creates a trigger: triggers go back on once it has run.
+    var userTriggerCreated = false
 
     /// The local site's index in `shoal_sites`.
     static let localSiteIndex: Int64 = 1
@@ -171,8 +178,8 @@ public final class Store {
 
     // MARK: - Hooks
 
-    private func installHooks() {
-        let context = Unmanaged.passUnretained(self).toOpaque()
+    /// Reports every row change on this connection to the capture.
+    func installPreupdateHook() {
         sqlite3_preupdate_hook(
             connection.handle,
             { context, db, operation, _, tableName, oldKey, newKey in
@@ -180,8 +187,13 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.record(db: db, operation: operation, tableName: tableName, oldKey: oldKey, newKey: newKey)
             },
-            context
+            Unmanaged.passUnretained(self).toOpaque()
         )
+    }
+
+    private func installHooks() {
+        installPreupdateHook()
+        let context = Unmanaged.passUnretained(self).toOpaque()
         sqlite3_commit_hook(
             connection.handle,
             { context in
@@ -221,11 +233,15 @@ public final class Store {
 
     private func authorize(action: Int32, first: String?, second: String?, trigger: String?) -> Int32 {
         guard preparingUserStatement else { return SQLITE_OK }
+        if action == SQLITE_FUNCTION || action == SQLITE_READ { userStatementComputesValues = true }
         // Shoal's capture triggers write the outbox (they are skipped on this connection, but still compiled).
         if let trigger, trigger.hasPrefix("shoal_capture_") { return SQLITE_OK }
         switch action {
         case SQLITE_CREATE_TRIGGER, SQLITE_CREATE_TEMP_TRIGGER, SQLITE_DROP_TRIGGER, SQLITE_DROP_TEMP_TRIGGER:
-            guard let first, first.lowercased().hasPrefix("shoal_") else { return SQLITE_OK }
+            guard let first, first.lowercased().hasPrefix("shoal_") else {
+                if action == SQLITE_CREATE_TRIGGER { userTriggerCreated = true }
+                return SQLITE_OK
+            }
             authorizerDenial = "trigger \(first) belongs to Shoal's change capture and cannot be changed with SQL"
             return SQLITE_DENY
         case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE, SQLITE_ALTER_TABLE:
@@ -268,6 +284,7 @@ public final class Store {
     /// Prepares one user statement, with the authorizer guarding Shoal's tables.
     func prepareUser(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         preparingUserStatement = true
+        userStatementComputesValues = false
         authorizerDenial = nil
         defer { preparingUserStatement = false }
         do {
@@ -292,6 +309,7 @@ public final class Store {
         pausedTableList = paused
         capture.setTables(tables)
         schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+        try updateTriggerSwitch()
     }
 
     /// Loads the site table again if another process added sites.

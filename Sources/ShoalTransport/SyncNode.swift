@@ -411,14 +411,18 @@ public actor SyncNode: Service {
     // MARK: - Triggers
 
     private func watchLocalChanges() async throws {
-        _ = try await worker.changedElsewhere()
+        // A failed first capture is retried with backoff by the worker, like any later one.
+        _ = try? await worker.changedElsewhere()
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
             do {
                 if try await worker.changedElsewhere() { broadcast(.localChange) }
             } catch {
                 // Retried with backoff by the worker; other writers' changes wait, nothing is lost.
-                configuration.logger.warning("capturing other connections' writes failed", metadata: ["error": "\(error)"])
+                configuration.logger.warning(
+                    "capturing other connections' writes failed",
+                    metadata: ["error": "\(error)"]
+                )
             }
         }
     }

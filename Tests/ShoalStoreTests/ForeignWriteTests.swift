@@ -34,8 +34,9 @@ final class RawConnection {
     func insertItems(_ range: Range<Int>) throws {
         try exec("BEGIN")
         var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, "INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", -1, &statement, nil)
-            == SQLITE_OK
+        guard
+            sqlite3_prepare_v2(handle, "INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", -1, &statement, nil)
+                == SQLITE_OK
         else { throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle))) }
         defer { sqlite3_finalize(statement) }
         for id in range {
@@ -63,7 +64,9 @@ func makeFileStore(_ directory: URL, _ name: String) throws -> Store {
 func outboxRows(_ store: Store) throws -> Int {
     var total = 0
     for table in store.capture.tables {
-        if case .integer(let count) = try store.execute("SELECT count(*) FROM \(Store.outboxTable(table.id))").rows[0][0] {
+        if case .integer(let count) = try store.execute("SELECT count(*) FROM \(Store.outboxTable(table.id))").rows[0][
+            0
+        ] {
             total += Int(count)
         }
     }
@@ -203,6 +206,32 @@ func outboxRows(_ store: Store) throws -> Int {
         #expect(try outboxRows(a) == 0)
     }
 
+    @Test func upsertsIgnoredInsertsAndReplacesKeepCountersExact() throws {
+        let directory = try temporaryDirectory("foreign-upsert")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, hits) VALUES (1, 'a', 5), (2, 'b', 1)")
+        try sync(a, b)
+        let raw = try RawConnection(path: a.path)
+        // The BEFORE INSERT note of the existing row is dropped when no insert of that key follows.
+        try raw.exec("INSERT OR IGNORE INTO items(id, name, hits) VALUES (1, 'ignored', 100)")
+        try raw.exec(
+            "INSERT INTO items(id, name, hits) VALUES (2, 'x', 0) "
+                + "ON CONFLICT(id) DO UPDATE SET hits = hits + 10, name = 'upserted'"
+        )
+        try raw.exec("REPLACE INTO items(id, name, hits) VALUES (1, 'replaced', 2)")
+        try b.execute("UPDATE items SET hits = hits + 1 WHERE id IN (1, 2)")  // concurrent increments
+        try sync(a, b)
+        try sync(b, a)
+        let expected: [[SQLValue]] = [
+            [.integer(1), .text("replaced"), .integer(3)], [.integer(2), .text("upserted"), .integer(12)],
+        ]
+        #expect(try rows(a, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+        #expect(try rows(b, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+        #expect(try a.digest() == b.digest())
+    }
+
     @Test func remoteChangesAppliedByShoalDoNotEchoIntoTheOutbox() throws {
         let directory = try temporaryDirectory("foreign-echo")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -239,15 +268,40 @@ func outboxRows(_ store: Store) throws -> Int {
     @Test func usersCannotChangeShoalsTriggersThroughTheStore() throws {
         let store = try makeStore()
         try makeItems(store)
-        for sql in ["DROP TRIGGER shoal_capture_1_insert", "CREATE TRIGGER shoal_x AFTER INSERT ON items BEGIN SELECT 1; END"] {
+        for sql in [
+            "DROP TRIGGER shoal_capture_1_insert", "CREATE TRIGGER shoal_x AFTER INSERT ON items BEGIN SELECT 1; END",
+        ] {
             #expect {
                 try store.execute(sql)
             } throws: { ($0 as! ShoalError).code == .unsupportedSchema }
         }
-        // Users' own triggers still fire on Shoal's connection.
+        // Users' own triggers still fire on Shoal's connection, TEMP ones too.
         try store.execute("CREATE TABLE audit(n)")
+        try store.execute(
+            "CREATE TEMP TRIGGER scratch AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (-NEW.id); END"
+        )
+        try store.execute("INSERT INTO items(id, name) VALUES (6, 'x')")
         try store.execute("CREATE TRIGGER mine AFTER INSERT ON items BEGIN INSERT INTO audit VALUES (NEW.id); END")
         try store.execute("INSERT INTO items(id, name) VALUES (7, 'x')")
-        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(7)]])
+        #expect(try rows(store, "SELECT n FROM audit ORDER BY n") == [[.integer(-7)], [.integer(-6)], [.integer(7)]])
+    }
+
+    @Test func aTriggerCreatedByAnotherConnectionFiresOnShoalsWrites() throws {
+        let directory = try temporaryDirectory("foreign-trigger")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try makeFileStore(directory, "a")
+        try store.execute("CREATE TABLE audit(n)")
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'before')")
+        let created = try sqlite3Shell(
+            store.path,
+            "CREATE TRIGGER mine AFTER UPDATE ON items BEGIN INSERT INTO audit VALUES (NEW.id); END"
+        )
+        #expect(created.status == 0)
+        try store.execute("UPDATE items SET name = 'after' WHERE id = 1")
+        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(1)]])
+        #expect(try outboxRows(store) == 0)  // Shoal's own capture triggers still skip its connection
+        #expect(try sqlite3Shell(store.path, "DROP TRIGGER mine").status == 0)
+        try store.execute("UPDATE items SET name = 'again' WHERE id = 1")
+        #expect(try rows(store, "SELECT n FROM audit") == [[.integer(1)]])
     }
 }
