@@ -26,6 +26,10 @@ public enum SQLValue: Sendable, CustomStringConvertible {
         return text(bytes: UnsafeBufferPointer(start: start, count: count))
     }
 
+    /// The largest TEXT or BLOB value, in bytes, that Shoal replicates: 256 MiB. Stores refuse larger values at
+    /// write time and peers refuse them on the wire, so no value is accepted and then stuck.
+    public static let maximumBytes = 256 * 1024 * 1024
+
     /// Whether the value is TEXT (of either case).
     public var isText: Bool {
         switch self {

@@ -38,9 +38,10 @@ import Glibc
 /// (see ``Store/valueSizesBounded(_:arguments:)``), since reading an inserted row in the hook costs SQLite
 /// an unpacking of the record.
 extension Store {
-    /// The largest TEXT or BLOB value, in bytes, a replicated table accepts: 256 MiB. A larger value is
-    /// refused at write time (``ShoalError/Code/valueTooLarge``), by Shoal's connection and by any other.
-    public static let maximumValueBytes = 256 * 1024 * 1024
+    /// The largest TEXT or BLOB value, in bytes, a replicated table accepts: ``SQLValue/maximumBytes`` (256 MiB).
+    /// A larger value is refused at write time (``ShoalError/Code/valueTooLarge``), by Shoal's connection and by
+    /// any other.
+    public static let maximumValueBytes = SQLValue.maximumBytes
 
     /// The compile-option name whose `sqlite_compileoption_used` answer tells Shoal's connection apart.
     static let ownConnectionOption = "SHOAL_OWN_CONNECTION"

@@ -14,9 +14,8 @@ public enum WireProtocol {
     /// The default largest frame accepted, in bytes (16 MiB).
     public static let defaultMaximumFrameLength = 16 * 1024 * 1024
     /// The largest value (its canonical encoding, tag and length included, minus 16 bytes of slack) a node
-    /// accepts: 256 MiB, the documented maximum value size. (The same number as the store's maximum value
-    /// size; kept here so the wire layer does not depend on the store.)
-    public static let maximumValueBytes = 256 * 1024 * 1024
+    /// accepts: ``SQLValue/maximumBytes``, the documented maximum value size.
+    public static let maximumValueBytes = SQLValue.maximumBytes
     /// The default target size of a change batch's frame, in bytes (2 MiB): batches are cut by bytes as well
     /// as by count, well under the frame maximum.
     public static let defaultBatchBytes = 2 * 1024 * 1024
