@@ -19,7 +19,13 @@ struct ShoalCommand: AsyncParsableCommand {
                 try command.run()
             }
         } catch {
-            if error is CleanExit || error is ExitCode { exit(withError: error) }
+            // Help, usage and validation errors (thrown by the argument parser's own commands too) print as the
+            // parser prints them.
+            if error is CleanExit || error is ExitCode || error is ValidationError
+                || String(reflecting: type(of: error)).hasPrefix("ArgumentParser.")
+            {
+                exit(withError: error)
+            }
             let activity = (command as? any DescribedActivity)?.activity
             FileHandle.standardError.write(Data("shoal: \(Output.failure(error, while: activity))\n".utf8))
             Foundation.exit(1)

@@ -7,6 +7,17 @@ import Testing
 /// The CLI's rough edges, over the real binary: only `init` creates a database, one `serve` per file, plain
 /// error messages, SQL from a file or stdin.
 @Suite struct CommandLineTests {
+    @Test func helpAndUsageErrorsPrintAsTheArgumentParserPrintsThem() throws {
+        let help = try shoal("--help")
+        #expect(help.status == 0)
+        #expect(help.stdout.contains("USAGE: shoal <subcommand>") && help.stdout.contains("unreplicate"), "\(help.stdout)")
+        let sqlHelp = try shoal("sql", "--help")
+        #expect(sqlHelp.status == 0 && sqlHelp.stdout.contains("--file"), "\(sqlHelp.stdout)")
+        let unknown = try shoal("no-such-command")
+        #expect(unknown.status == 64 && unknown.stderr.contains("Unexpected argument 'no-such-command'"))
+        #expect(!help.stdout.contains("CommandError") && !sqlHelp.stdout.contains("CommandError"))
+    }
+
     @Test func onlyInitCreatesADatabase() throws {
         let directory = try temporaryDirectory("cli-missing")
         defer { try? FileManager.default.removeItem(at: directory) }
