@@ -11,10 +11,12 @@ extension Store {
     /// A row's replication metadata (causal length and per-column clocks), or `nil` if never seen.
     public func rowState(table: String, primaryKey: [SQLValue]) throws(ShoalError) -> RowState? {
         try refreshSchema()
-        try refreshSites()
-        guard let number = capture.tableNumbers[table] else {
-            throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")
+        return try inReadSnapshot { () throws(ShoalError) in
+            try refreshSites()
+            guard let number = capture.tableNumbers[table] else {
+                throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")
+            }
+            return try loadState(table: capture.tables[number], key: primaryKey)
         }
-        return try loadState(table: capture.tables[number], key: primaryKey)
     }
 }

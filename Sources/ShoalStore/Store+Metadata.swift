@@ -151,6 +151,10 @@ extension Store {
 
     /// This node's version vector: the highest sequence number held per site.
     public func versionVector() throws(ShoalError) -> VersionVector {
+        try inReadSnapshot { () throws(ShoalError) in try readVersionVector() }
+    }
+
+    private func readVersionVector() throws(ShoalError) -> VersionVector {
         try refreshSites()
         var vector = VersionVector()
         for row in try connection.rows("SELECT site, seq FROM shoal_claims") {
@@ -163,5 +167,14 @@ extension Store {
         if try latest.step(), case .integer(let seq) = latest.column(0) { vector.advance(siteID, to: UInt64(seq)) }
         latest.reset()
         return vector
+    }
+
+    /// Runs `body` in one read transaction when none is open, so that what it reads in several statements is
+    /// one snapshot: another process's commit in between (a new site, and claims naming it) cannot be seen half.
+    func inReadSnapshot<T>(_ body: () throws(ShoalError) -> T) throws(ShoalError) -> T {
+        guard connection.isAutocommit else { return try body() }
+        try connection.exec("BEGIN")
+        defer { try? connection.exec("COMMIT") }
+        return try body()
     }
 }
