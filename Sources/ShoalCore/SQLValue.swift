@@ -30,6 +30,18 @@ public enum SQLValue: Sendable, CustomStringConvertible {
     /// write time and peers refuse them on the wire, so no value is accepted and then stuck.
     public static let maximumBytes = 256 * 1024 * 1024
 
+    /// The length of the value's canonical encoding (tag, length and payload), at most: what it costs in a
+    /// batch on the wire.
+    public var encodedSizeBound: Int {
+        switch self {
+        case .null: 1
+        case .integer, .real: 9
+        case .text(let text): 11 + text.utf8.count
+        case .invalidText(let bytes): 11 + bytes.count
+        case .blob(let bytes): 11 + bytes.count
+        }
+    }
+
     /// Whether the value is TEXT (of either case).
     public var isText: Bool {
         switch self {

@@ -197,25 +197,12 @@ extension Change {
     /// name, the key, the value, and the fixed fields).
     var estimatedEncodedBytes: Int {
         var size = 40 + table.utf8.count
-        for value in primaryKey { size += value.estimatedEncodedBytes }
+        for value in primaryKey { size += value.encodedSizeBound }
         switch payload {
         case .row: break
-        case .column(let name, let value): size += name.utf8.count + value.estimatedEncodedBytes
+        case .column(let name, let value): size += name.utf8.count + value.encodedSizeBound
         case .counter(let name, _, _): size += name.utf8.count + 20
         }
         return size
-    }
-}
-
-extension SQLValue {
-    /// The length of the canonical encoding, at most.
-    var estimatedEncodedBytes: Int {
-        switch self {
-        case .null: 1
-        case .integer, .real: 9
-        case .text(let text): 11 + text.utf8.count
-        case .invalidText(let bytes): 11 + bytes.count
-        case .blob(let bytes): 11 + bytes.count
-        }
     }
 }

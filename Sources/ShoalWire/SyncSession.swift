@@ -1,18 +1,5 @@
 import ShoalCore
 
-extension SQLValue {
-    /// The length of the value's canonical encoding (tag, length and payload).
-    var wireSize: Int {
-        switch self {
-        case .null: 1
-        case .integer, .real: 9
-        case .text(let text): 11 + text.utf8.count
-        case .invalidText(let bytes): 11 + bytes.count
-        case .blob(let bytes): 11 + bytes.count
-        }
-    }
-}
-
 /// One anti-entropy conversation with one peer, as a pure state machine.
 ///
 /// The session does no I/O and reads no clock: the shell that owns the connection feeds it messages,
@@ -401,7 +388,7 @@ public struct SyncSession: Sendable {
         var pieced: [(change: UInt32, encoded: [UInt8])] = []
         for index in message.batch.changes.indices {
             guard case .column(let name, let value) = message.batch.changes[index].payload else { continue }
-            let size = value.wireSize
+            let size = value.encodedSizeBound
             if size > maximumValueBytes + 16 {
                 let change = message.batch.changes[index]
                 throw ShoalError(

@@ -311,11 +311,11 @@ extension ChangeBatchMessage {
         var pieced = Set(piecedValues)
         for (index, change) in batch.changes.enumerated() {
             size += 60 + change.table.utf8.count
-            for value in change.primaryKey { size += value.wireSize }
+            for value in change.primaryKey { size += value.encodedSizeBound }
             switch change.payload {
             case .row: break
             case .column(let name, let value):
-                size += name.utf8.count + (pieced.remove(UInt32(index)) != nil ? 0 : value.wireSize)
+                size += name.utf8.count + (pieced.remove(UInt32(index)) != nil ? 0 : value.encodedSizeBound)
             case .counter(let name, _, _): size += name.utf8.count + 20
             }
         }

@@ -4,7 +4,8 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 
-private func code(_ body: () throws -> Void) -> ShoalError.Code? {
+/// The code of the ShoalError `body` throws; `nil` if it throws nothing (or something else).
+func code(_ body: () throws -> Void) -> ShoalError.Code? {
     do {
         try body()
         return nil

@@ -5,17 +5,6 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 
-private func code(_ body: () throws -> Void) -> ShoalError.Code? {
-    do {
-        try body()
-        return nil
-    } catch let error as ShoalError {
-        return error.code
-    } catch {
-        return nil
-    }
-}
-
 @Suite struct RefusedWriteTests {
     @Test func countersRefuseAnythingButIntegersFromShoalsConnection() throws {
         let store = try makeStore()
