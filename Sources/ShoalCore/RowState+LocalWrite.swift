@@ -61,7 +61,8 @@ extension RowState {
         if delta >= 0 {
             entry.increments &+= UInt64(delta)
         } else {
-            entry.decrements &+= UInt64(0 &- delta)
+            // `magnitude`, not negation: Int64.min has no positive counterpart.
+            entry.decrements &+= delta.magnitude
         }
         entry.seq = stamp.seq
         entry.hlc = stamp.hlc

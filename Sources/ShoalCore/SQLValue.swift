@@ -42,6 +42,15 @@ public enum SQLValue: Sendable, CustomStringConvertible {
         }
     }
 
+    /// The bytes a TEXT or BLOB value holds; `nil` for other types.
+    public var storedByteCount: Int? {
+        switch self {
+        case .text(let text): text.utf8.count
+        case .invalidText(let bytes), .blob(let bytes): bytes.count
+        default: nil
+        }
+    }
+
     /// Whether the value is TEXT (of either case).
     public var isText: Bool {
         switch self {

@@ -157,6 +157,17 @@ extension Store {
                         message: "change \(number) writes a column of a deleted row. Nothing was applied"
                     )
                 }
+                // The same maximum as for local writes: a value no node would accept is not stored here either.
+                if case .column(_, let value) = change.payload, let bytes = value.storedByteCount,
+                    bytes > SQLValue.maximumBytes
+                {
+                    throw ShoalError(
+                        code: .valueTooLarge,
+                        message: "change \(number) stores \(bytes) bytes in \(table.name).\(column), more than the "
+                            + "maximum of \(SQLValue.maximumBytes) bytes (256 MiB) a replicated table accepts. Nothing "
+                            + "was applied"
+                    )
+                }
             }
             guard change.causalLength > 0, change.stamp.seq > 0 else {
                 throw ShoalError(code: .malformedStream, message: "change \(number) has a zero causal length or seq")

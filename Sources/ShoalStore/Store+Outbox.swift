@@ -139,7 +139,8 @@ extension Store {
             "(OLD.\(column) IS NOT NEW.\(column) COLLATE BINARY OR typeof(OLD.\(column)) IS NOT typeof(NEW.\(column)))"
         }
         let keyChanged = table.keyColumns.map { differs(quote($0)) }.joined(separator: " OR ")
-        let mask = table.quotedColumns.isEmpty ? "''" : table.quotedColumns.map(differs).joined(separator: " || ")
+        // Always TEXT, one "0"/"1" per non-key column (a lone comparison would be an integer).
+        let mask = (["''"] + table.quotedColumns.map(differs)).joined(separator: " || ")
         // Sizes in bytes, O(1): `length` counts a BLOB's bytes but a TEXT's characters, hence the cast.
         let everyColumn = (table.keyIsRowid ? [] : table.keyColumns.map(quote)) + table.quotedColumns
         let tooLarge = everyColumn.map {
@@ -216,7 +217,31 @@ extension Store {
 
     /// Creates the outbox and triggers of every replicated table that lacks them (databases replicated by
     /// an earlier version): a migration run when the store opens.
+    /// Whether this database's replicated tables have capture triggers (set once they were installed): from
+    /// then on, a table without them was re-created behind Shoal's back.
+    var capturesForeignWrites: Bool {
+        get throws(ShoalError) {
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_triggers'").integerValue == 1
+        }
+    }
+
+    /// Whether table `tableID`'s capture triggers exist.
+    func hasCaptureTriggers(tableID: Int64) throws(ShoalError) -> Bool {
+        try connection.scalar(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?",
+            [.text("shoal_capture_\(tableID)_delete")]
+        ).integerValue ?? 0 > 0
+    }
+
+    /// Notes that every replicated table now has its capture triggers.
+    func recordCaptureTriggers() throws(ShoalError) {
+        try connection.rows("INSERT OR REPLACE INTO shoal_meta(key, value) VALUES ('capture_triggers', 1)")
+    }
+
+    /// Once a database's tables all had their triggers, one that lacks them was re-created by another tool and is
+    /// paused (``loadReplicatedTables()``), never silently re-armed.
     func installMissingCaptureTriggers() throws(ShoalError) {
+        guard try !capturesForeignWrites else { return }
         var missing: [ReplicatedTable] = []
         let exists = try statement("SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?")
         for table in capture.tables {
@@ -225,12 +250,17 @@ extension Store {
             exists.reset()
             if !present { missing.append(table) }
         }
-        guard !missing.isEmpty else { return }
+        guard !missing.isEmpty else {
+            // (A read-only file only delays this.)
+            _ = try? recordCaptureTriggers()
+            return
+        }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             for table in missing {
                 for sql in captureSchema(table) { try connection.exec(sql) }
             }
+            try recordCaptureTriggers()
             try connection.exec("COMMIT")
         } catch {
             try? connection.exec("ROLLBACK")
@@ -384,10 +414,19 @@ extension Store {
                             )
                         )
                     case 3:
-                        guard case .text(let maskText) = select.column(keyCount + 1),
-                            maskText.utf8.count == table.columns.count
-                        else { throw ShoalError.corruptMetadata("bad change mask in \(outbox)") }
-                        let changed = maskText.utf8.map { $0 == UInt8(ascii: "1") }
+                        // One flag per non-key column, as text ("0110"); with a single column SQLite leaves the one
+                        // comparison an integer.
+                        let changed: [Bool]
+                        switch select.column(keyCount + 1) {
+                        case .text(let mask) where mask.utf8.count == table.columns.count:
+                            changed = mask.utf8.map { $0 == UInt8(ascii: "1") }
+                        case .integer(let flag) where table.columns.count == 1:
+                            changed = [flag != 0]
+                        case .null where table.columns.isEmpty, .text("") where table.columns.isEmpty:
+                            changed = []
+                        default:
+                            throw ShoalError.corruptMetadata("bad change mask in \(outbox)")
+                        }
                         var delta: [Int64]?
                         if table.hasCounters {
                             delta = zip(counterValues(new: true), counterValues(new: false)).map { $0 &- $1 }

@@ -155,7 +155,7 @@ extension Store {
         }
     }
 
-    private func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
+    func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
         for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
             guard case .text(let column) = row[1], case .integer(let notNull) = row[3], notNull != 0,
                 case .null = row[4], table.columnIndex[column] != nil

@@ -186,15 +186,34 @@ extension Store {
                     [.integer(id), .text(current.encoded)]
                 )
             }
+            if try capturesForeignWrites, try !hasCaptureTriggers(tableID: id) {
+                // Dropped and created again (a table rebuild: copy, drop, rename) by another tool: the triggers went
+                // with the old table, so writes made since were not captured.
+                paused.append(
+                    Self.paused(
+                        name,
+                        fingerprint: fingerprint,
+                        change: "the table was dropped and created again by another tool, so writes made to it since "
+                            + "may not have been captured",
+                        remedy: "run `shoal unreplicate \(name)` and then `shoal replicate \(name)` (its rows become "
+                            + "this node's changes again)"
+                    )
+                )
+                continue
+            }
             do throws(ShoalError) {
-                active.append(try describeTable(name, id: id, counters: counterNames))
+                let described = try describeTable(name, id: id, counters: counterNames)
+                // A unique index or a NOT NULL column without a default added since it was replicated.
+                try validateReplicable(described)
+                active.append(described)
             } catch {
                 paused.append(
                     Self.paused(
                         name,
                         fingerprint: fingerprint,
                         change: error.message,
-                        remedy: "run `shoal unreplicate \(name)` to drop Shoal's metadata for it"
+                        remedy: "undo the change (drop the index, give the column a default), or run "
+                            + "`shoal unreplicate \(name)` to drop Shoal's metadata for it"
                     )
                 )
             }

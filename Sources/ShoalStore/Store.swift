@@ -168,6 +168,28 @@ public final class Store {
         }
     }
 
+    /// Whether the file at `path` is a Shoal database (it holds a site id), read without writing anything.
+    public static func isShoalDatabase(path: String) throws(ShoalError) -> Bool {
+        var handle: OpaquePointer?
+        defer { sqlite3_close_v2(handle) }
+        let opened = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY, nil)
+        guard opened == SQLITE_OK, let handle else {
+            throw ShoalError(code: .sqlite, message: "cannot open \(path): \(String(cString: sqlite3_errstr(opened)))")
+        }
+        sqlite3_busy_timeout(handle, 10_000)
+        var statement: OpaquePointer?
+        defer { sqlite3_finalize(statement) }
+        let sql = "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'shoal_meta'"
+        let code = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
+        guard code == SQLITE_OK, sqlite3_step(statement) == SQLITE_ROW else {
+            throw ShoalError(
+                code: .sqlite,
+                message: "cannot read \(path) as an SQLite database: \(String(cString: sqlite3_errmsg(handle)))"
+            )
+        }
+        return sqlite3_column_int64(statement, 0) > 0
+    }
+
     /// The node name stored in the database, if any.
     public func nodeName() throws(ShoalError) -> String? {
         if case .text(let name) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'node_name'") {

@@ -72,6 +72,14 @@ struct DatabaseOptions: ParsableArguments {
         guard !isDirectory.boolValue else {
             throw ShoalError(code: .missingDatabase, message: "\(db) is a directory, not a database file")
         }
+        // A plain SQLite file (an app's) is left untouched until `init` makes it a Shoal database.
+        guard try Store.isShoalDatabase(path: db) else {
+            throw ShoalError(
+                code: .missingDatabase,
+                message: "\(db) is not a Shoal database yet (no site id); make it one with `shoal init --db \(db)` "
+                    + "(its tables and rows stay as they are)"
+            )
+        }
     }
 }
 

@@ -279,4 +279,22 @@ func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try shoal(["apply", "--db", b.path, file.path]).contains("applied: 50000"))
         #expect(try Store(path: b.path).digest() == Store(path: a.path).digest())
     }
+
+    @Test func anAppliedValueOverTheMaximumIsRefusedWhole() throws {
+        let source = try makeStore()
+        try source.execute("CREATE TABLE kv(k INTEGER PRIMARY KEY, v)")
+        try source.replicate(table: "kv")
+        try source.execute("INSERT INTO kv VALUES (1, 'small')")
+        var changes = try source.changes(since: VersionVector()).flatMap(\.changes)
+        guard let index = changes.firstIndex(where: { $0.columnName == "v" }) else {
+            Issue.record("no column change to forge")
+            return
+        }
+        changes[index].payload = .column("v", .blob([UInt8](repeating: 7, count: SQLValue.maximumBytes + 1)))
+        let target = try makeStore()
+        try target.execute("CREATE TABLE kv(k INTEGER PRIMARY KEY, v)")
+        try target.replicate(table: "kv")
+        #expect(code { try target.apply(changes) } == .valueTooLarge)
+        #expect(try target.execute("SELECT count(*) FROM kv").rows == [[.integer(0)]])
+    }
 }

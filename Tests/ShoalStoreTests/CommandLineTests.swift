@@ -7,6 +7,20 @@ import Testing
 /// The CLI's rough edges, over the real binary: only `init` creates a database, one `serve` per file, plain
 /// error messages, SQL from a file or stdin.
 @Suite struct CommandLineTests {
+    @Test func aPlainSQLiteFileIsLeftUntouchedUntilInit() throws {
+        let directory = try temporaryDirectory("cli-plain")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let plain = directory.appendingPathComponent("app.db").path
+        #expect(try sqlite3Shell(plain, "CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)").status == 0)
+        for arguments in [["status", "--db", plain], ["digest", "--db", plain], ["sql", "--db", plain, "SELECT 1"]] {
+            let result = try runProcess(try shoalExecutable(), arguments)
+            #expect(result.status != 0 && result.stderr.contains("is not a Shoal database yet"), "\(result.stderr)")
+        }
+        #expect(try sqlite3Shell(plain, "SELECT name FROM sqlite_schema").stdout == "notes\n")
+        #expect(try shoal("init", "--db", plain).status == 0)
+        #expect(try shoal("status", "--db", plain).status == 0)
+    }
+
     @Test func helpAndUsageErrorsPrintAsTheArgumentParserPrintsThem() throws {
         let help = try shoal("--help")
         #expect(help.status == 0)

@@ -198,4 +198,36 @@ import Testing
         #expect(try store.digest() == store.fullScanDigest())
         #expect(try store.digest().rowCount == 2)
     }
+
+    @Test func aUniqueIndexOrARebuildByAnotherToolPausesTheTable() throws {
+        let directory = try temporaryDirectory("ddl-unique")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("a.db").path
+        #expect(try shoal("init", "--db", db).status == 0)
+        #expect(try shoal("sql", "--db", db, "CREATE TABLE t(id INTEGER PRIMARY KEY, email TEXT, name TEXT)").status == 0)
+        #expect(try shoal("replicate", "--db", db, "t").status == 0)
+        #expect(try shoal("sql", "--db", db, "INSERT INTO t VALUES (1, 'a@x', 'A')").status == 0)
+
+        // A unique index could make an apply's REPLACE delete another row unseen: the table pauses.
+        #expect(try sqlite3Shell(db, "CREATE UNIQUE INDEX by_email ON t(email)").status == 0)
+        var status = try shoal("status", "--db", db)
+        #expect(status.stdout.contains("has a unique constraint (by_email)"), "\(status.stdout)")
+        #expect(try shoal("sql", "--db", db, "INSERT INTO t VALUES (2, 'b@x', 'B')").status != 0)
+        #expect(try sqlite3Shell(db, "DROP INDEX by_email").status == 0)
+        status = try shoal("status", "--db", db)
+        #expect(!status.stdout.contains("paused"), "dropping the index resumes it: \(status.stdout)")
+
+        // A rebuild (copy, drop, rename) takes the capture triggers with the old table: the table pauses rather
+        // than miss the writes made after it.
+        let rebuild =
+            "BEGIN; CREATE TABLE t2(id INTEGER PRIMARY KEY, email TEXT, name TEXT); INSERT INTO t2 SELECT * FROM t; "
+            + "DROP TABLE t; ALTER TABLE t2 RENAME TO t; COMMIT; INSERT INTO t VALUES (3, 'c@x', 'C')"
+        #expect(try sqlite3Shell(db, rebuild).status == 0)
+        status = try shoal("status", "--db", db)
+        #expect(status.stdout.contains("dropped and created again by another tool"), "\(status.stdout)")
+        #expect(try shoal("unreplicate", "--db", db, "t").status == 0)
+        #expect(try shoal("replicate", "--db", db, "t").status == 0)
+        let changes = try shoal("changes", "--db", db).stdout
+        #expect(changes.contains("c@x"), "the row written after the rebuild is replicated once resolved")
+    }
 }
