@@ -99,6 +99,7 @@ extension Store {
 
     /// Drops every trace of a table from the digest (it is no longer replicated).
     func forgetDigest(ofTable table: Int64) throws(ShoalError) {
+        try forgetDigestScan(ofTable: table)
         for name in ["shoal_digest", "shoal_row_hashes", "shoal_digest_pending"] {
             try connection.rows("DELETE FROM \(name) WHERE tbl = ?", [.integer(table)])
         }
@@ -141,18 +142,36 @@ extension Store {
     private func settleDigest(budget: Int?) throws(ShoalError) -> (stored: [Int64: StateDigest], settled: Bool) {
         var stored = try storedTableDigests()
         var changed = Set<Int64>()
-        // A table without a stored sum is scanned once; its entries then need no second look.
-        var built = Set<Int64>()
-        for table in capture.tables where stored[table.id] == nil {
-            stored[table.id] = try buildDigest(of: table)
-            changed.insert(table.id)
-            built.insert(table.id)
-        }
-        let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        var seen: [Int64: Set<[SQLValue]>] = [:]
-        var seenCount = 0
         var folded = 0
         var exhausted: Bool { budget.map { folded >= $0 } ?? false }
+        // A table without a stored sum is scanned once: whole, or with a budget a slice at a time (resumed from
+        // the last key scanned). Entries of a table scanned whole in this call need no second look; those of a
+        // table still being scanned wait in the pending list until its scan is done.
+        var built = Set<Int64>()
+        var building = Set<Int64>()
+        for table in capture.tables where stored[table.id] == nil {
+            if let budget {
+                let slice = max(0, budget - folded)
+                let (digest, scanned, wasStarted) = try buildDigestSlice(of: table, maxRows: slice)
+                folded += scanned
+                if let digest {
+                    stored[table.id] = digest
+                    changed.insert(table.id)
+                    if !wasStarted { built.insert(table.id) }
+                } else {
+                    building.insert(table.id)
+                }
+            } else {
+                stored[table.id] = try buildDigest(of: table)
+                changed.insert(table.id)
+                built.insert(table.id)
+            }
+        }
+        let tablesByID = Dictionary(
+            uniqueKeysWithValues: capture.tables.filter { !building.contains($0.id) }.map { ($0.id, $0) }
+        )
+        var seen: [Int64: Set<[SQLValue]>] = [:]
+        var seenCount = 0
         func rehash(_ keys: [UInt8], of table: ReplicatedTable) throws(ShoalError) {
             var digest = stored[table.id] ?? StateDigest()
             var reader = ByteReader(keys)
@@ -217,13 +236,16 @@ extension Store {
         while !exhausted, try select.step() {
             let id = select.columnInt64(0)
             guard let table = tablesByID[select.columnInt64(1)] else {
-                // A paused table keeps its pending rows for when it resumes; a table no longer replicated has none.
+                // A paused table keeps its pending rows for when it resumes, and so does a table still being
+                // scanned; a table no longer replicated has none.
                 if replicated == nil {
                     replicated = Set(
                         try connection.rows("SELECT id FROM shoal_tables").compactMap { $0[0].integerValue }
                     )
                 }
-                if replicated?.contains(select.columnInt64(1)) == false { done.append(id) }
+                if replicated?.contains(select.columnInt64(1)) == false, !building.contains(select.columnInt64(1)) {
+                    done.append(id)
+                }
                 continue
             }
             try rehash(select.columnBytes(2), of: table)
@@ -241,7 +263,7 @@ extension Store {
             try save.bind([.integer(id), .blob(digest.bytes), .integer(Int64(bitPattern: digest.rowCount))])
             try save.run()
         }
-        return (stored, !exhausted)
+        return (stored, !exhausted && building.isEmpty)
     }
 
     /// Takes a row's old hash out of `digest` and adds its current one.
@@ -285,8 +307,75 @@ extension Store {
         }
     }
 
+    /// Scans up to `maxRows` more rows of a table that has no stored sum, after the last one a previous slice
+    /// scanned: stores their hashes and adds them to the partial sum (kept in `shoal_meta`). Returns the table's
+    /// digest once the scan is complete, the rows scanned, and whether an earlier call had started the scan.
+    private func buildDigestSlice(
+        of table: ReplicatedTable,
+        maxRows: Int
+    ) throws(ShoalError) -> (digest: StateDigest?, scanned: Int, wasStarted: Bool) {
+        let positionKey = "digest_build_\(table.id)"
+        let sumKey = "digest_build_sum_\(table.id)"
+        let countKey = "digest_build_rows_\(table.id)"
+        func meta(_ key: String) throws(ShoalError) -> SQLValue {
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = ?", [.text(key)])
+        }
+        var after: [SQLValue]?
+        var digest = StateDigest()
+        let started: Bool
+        if case .blob(let position) = try meta(positionKey) {
+            started = true
+            var reader = ByteReader(position)
+            var key: [SQLValue] = []
+            for _ in table.keyColumns { key.append(try SQLValue.decode(from: &reader)) }
+            after = key
+            guard case .blob(let sum) = try meta(sumKey), let count = try meta(countKey).integerValue,
+                let partial = StateDigest(bytes: sum, rowCount: UInt64(bitPattern: count))
+            else { throw ShoalError.corruptMetadata("bad partial digest of table \(table.name)") }
+            digest = partial
+        } else {
+            started = false
+            try connection.rows("DELETE FROM shoal_row_hashes WHERE tbl = ?", [.integer(table.id)])
+            try connection.rows("DELETE FROM shoal_digest_pending WHERE tbl = ?", [.integer(table.id)])
+        }
+        let insert = try statement("INSERT INTO shoal_row_hashes(tbl, key, hash) VALUES (?, ?, ?)")
+        var scanned = 0
+        var last: [SQLValue]?
+        try scanRows(of: table, after: after, limit: max(1, maxRows)) { hash, key throws(ShoalError) in
+            digest.add(rowHash: hash)
+            try insert.bind([.integer(table.id), .blob(SQLValue.encodeKey(key)), .blob(hash)])
+            try insert.run()
+            scanned += 1
+            last = key
+        }
+        let save = try statement(
+            "INSERT INTO shoal_meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+        )
+        if scanned < max(1, maxRows) {
+            try forgetDigestScan(ofTable: table.id)
+            return (digest, scanned, started)
+        }
+        for (key, value) in [
+            (positionKey, SQLValue.blob(SQLValue.encodeKey(last ?? []))), (sumKey, .blob(digest.bytes)),
+            (countKey, .integer(Int64(bitPattern: digest.rowCount))),
+        ] {
+            try save.bind([.text(key), value])
+            try save.run()
+        }
+        return (nil, scanned, started)
+    }
+
+    /// Forgets a sliced scan in progress (done, restarted whole, or the table is no longer replicated).
+    func forgetDigestScan(ofTable id: Int64) throws(ShoalError) {
+        try connection.rows(
+            "DELETE FROM shoal_meta WHERE key IN (?, ?, ?)",
+            [.text("digest_build_\(id)"), .text("digest_build_sum_\(id)"), .text("digest_build_rows_\(id)")]
+        )
+    }
+
     /// Scans a table once: stores every row's hash and returns the table's digest.
     private func buildDigest(of table: ReplicatedTable) throws(ShoalError) -> StateDigest {
+        try forgetDigestScan(ofTable: table.id)
         try connection.rows("DELETE FROM shoal_row_hashes WHERE tbl = ?", [.integer(table.id)])
         try connection.rows("DELETE FROM shoal_digest_pending WHERE tbl = ?", [.integer(table.id)])
         let insert = try statement("INSERT INTO shoal_row_hashes(tbl, key, hash) VALUES (?, ?, ?)")
@@ -299,18 +388,27 @@ extension Store {
         return digest
     }
 
-    /// Every row of `table` that has metadata, with its hash.
+    /// Every row of `table` that has metadata, with its hash; or, with `limit`, that many at most in key order,
+    /// after key `after`.
     private func scanRows(
         of table: ReplicatedTable,
+        after: [SQLValue]? = nil,
+        limit: Int? = nil,
         _ body: (_ hash: [UInt8], _ key: [SQLValue]) throws(ShoalError) -> Void
     ) throws(ShoalError) {
         let keys = table.keyColumns.indices.map { "c.k\($0)" }
         let values = table.columns.map { "d.\(quote($0))" }
         let join = table.keyColumns.enumerated().map { "d.\(quote($0.element)) = c.k\($0.offset)" }
-        let select = try connection.prepare(
+        var sql =
             "SELECT \((keys + ["c.meta"] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
-                + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
-        )
+            + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
+        if after != nil {
+            let marks = Array(repeating: "?", count: keys.count).joined(separator: ", ")
+            sql += " WHERE (\(keys.joined(separator: ", "))) > (\(marks))"
+        }
+        if let limit { sql += " ORDER BY \(keys.joined(separator: ", ")) LIMIT \(limit)" }
+        let select = try connection.prepare(sql)
+        if let after { try select.bind(after) }
         let keyCount = table.keyColumns.count
         while try select.step() {
             let row = select.row()
