@@ -147,24 +147,37 @@ extension Store {
         // A table without a stored sum is scanned once: whole, or with a budget a slice at a time (resumed from
         // the last key scanned). Entries of a table scanned whole in this call need no second look; those of a
         // table still being scanned wait in the pending list until its scan is done.
-        var built = Set<Int64>()
+        // Per table whose scan has ended: this node's log entries up to this seq are in the scan, and need no
+        // second look (kept in `shoal_meta` until the watermark passes them, since a slice may end first).
+        var covered: [Int64: Int64] = [:]
+        for row in try connection.rows("SELECT key, value FROM shoal_meta WHERE key LIKE 'digest_covered_%'") {
+            guard case .text(let key) = row[0], let id = Int64(key.dropFirst("digest_covered_".count)),
+                let seq = row[1].integerValue
+            else { continue }
+            covered[id] = seq
+        }
         var building = Set<Int64>()
         for table in capture.tables where stored[table.id] == nil {
             if let budget {
-                let slice = max(0, budget - folded)
-                let (digest, scanned, wasStarted) = try buildDigestSlice(of: table, maxRows: slice)
-                folded += scanned
+                // Scanning a row costs a fraction of refolding one (three lookups and a write): larger slices.
+                let slice = max(0, budget - folded) * 10
+                let (digest, scanned, coveredSeq) = try buildDigestSlice(of: table, maxRows: slice)
+                folded += scanned / 10
                 if let digest {
                     stored[table.id] = digest
                     changed.insert(table.id)
-                    if !wasStarted { built.insert(table.id) }
+                    covered[table.id] = coveredSeq
+                    try connection.rows(
+                        "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+                        [.text("digest_covered_\(table.id)"), .integer(coveredSeq)]
+                    )
                 } else {
                     building.insert(table.id)
                 }
             } else {
                 stored[table.id] = try buildDigest(of: table)
                 changed.insert(table.id)
-                built.insert(table.id)
+                covered[table.id] = .max
             }
         }
         let tablesByID = Dictionary(
@@ -212,7 +225,7 @@ extension Store {
                 parked.append((local.columnInt64(0), local.columnInt64(1), local.columnBytes(2)))
                 continue
             }
-            guard !built.contains(table.id) else { continue }
+            if let seq = covered[table.id], local.columnInt64(0) <= seq { continue }
             try rehash(local.columnBytes(2), of: table)
         }
         local.reset()
@@ -226,6 +239,9 @@ extension Store {
                     + "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 [.integer(highest)]
             )
+        }
+        for (id, seq) in covered where seq != .max && seq <= highest {
+            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text("digest_covered_\(id)")])
         }
         // Entries are read one at a time (a catch-up may leave millions of rows pending); a row named by several
         // is rehashed once while the set of rows seen stays small, and at worst again (rehashing is idempotent).
@@ -309,22 +325,24 @@ extension Store {
 
     /// Scans up to `maxRows` more rows of a table that has no stored sum, after the last one a previous slice
     /// scanned: stores their hashes and adds them to the partial sum (kept in `shoal_meta`). Returns the table's
-    /// digest once the scan is complete, the rows scanned, and whether an earlier call had started the scan.
+    /// digest once the scan is complete, the rows scanned, and the newest local sequence number the scan covers
+    /// (the one when it started: later local writes may have changed rows it had passed).
     private func buildDigestSlice(
         of table: ReplicatedTable,
         maxRows: Int
-    ) throws(ShoalError) -> (digest: StateDigest?, scanned: Int, wasStarted: Bool) {
+    ) throws(ShoalError) -> (digest: StateDigest?, scanned: Int, coveredSeq: Int64) {
         let positionKey = "digest_build_\(table.id)"
         let sumKey = "digest_build_sum_\(table.id)"
         let countKey = "digest_build_rows_\(table.id)"
+        let seqKey = "digest_build_seq_\(table.id)"
         func meta(_ key: String) throws(ShoalError) -> SQLValue {
             try connection.scalar("SELECT value FROM shoal_meta WHERE key = ?", [.text(key)])
         }
         var after: [SQLValue]?
         var digest = StateDigest()
-        let started: Bool
+        let coveredSeq: Int64
         if case .blob(let position) = try meta(positionKey) {
-            started = true
+            coveredSeq = try meta(seqKey).integerValue ?? 0
             var reader = ByteReader(position)
             var key: [SQLValue] = []
             for _ in table.keyColumns { key.append(try SQLValue.decode(from: &reader)) }
@@ -334,7 +352,10 @@ extension Store {
             else { throw ShoalError.corruptMetadata("bad partial digest of table \(table.name)") }
             digest = partial
         } else {
-            started = false
+            // This node's transactions so far are all in what the scan reads; later ones may change rows it passed.
+            coveredSeq =
+                try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(Self.localSiteIndex)])
+                .integerValue ?? 0
             try connection.rows("DELETE FROM shoal_row_hashes WHERE tbl = ?", [.integer(table.id)])
             try connection.rows("DELETE FROM shoal_digest_pending WHERE tbl = ?", [.integer(table.id)])
         }
@@ -353,23 +374,29 @@ extension Store {
         )
         if scanned < max(1, maxRows) {
             try forgetDigestScan(ofTable: table.id)
-            return (digest, scanned, started)
+            return (digest, scanned, coveredSeq)
         }
         for (key, value) in [
             (positionKey, SQLValue.blob(SQLValue.encodeKey(last ?? []))), (sumKey, .blob(digest.bytes)),
-            (countKey, .integer(Int64(bitPattern: digest.rowCount))),
+            (countKey, .integer(Int64(bitPattern: digest.rowCount))), (seqKey, .integer(coveredSeq)),
         ] {
             try save.bind([.text(key), value])
             try save.run()
         }
-        return (nil, scanned, started)
+        return (nil, scanned, coveredSeq)
     }
 
     /// Forgets a sliced scan in progress (done, restarted whole, or the table is no longer replicated).
     func forgetDigestScan(ofTable id: Int64) throws(ShoalError) {
         try connection.rows(
-            "DELETE FROM shoal_meta WHERE key IN (?, ?, ?)",
-            [.text("digest_build_\(id)"), .text("digest_build_sum_\(id)"), .text("digest_build_rows_\(id)")]
+            "DELETE FROM shoal_meta WHERE key IN (?, ?, ?, ?)",
+            [
+                .text("digest_build_\(id)"), .text("digest_build_sum_\(id)"), .text("digest_build_rows_\(id)"),
+                .text("digest_build_seq_\(id)"),
+            ]
+        )
+        try connection.rows(
+            "DELETE FROM shoal_meta WHERE key = ?", [.text("digest_covered_\(id)")]
         )
     }
 

@@ -173,7 +173,7 @@ import Testing
         var random = SplitMix(state: 8)
         var slices = 0
         // Between slices: updates, inserts below and above the scan's position, deletes, applied changes.
-        while try !store.settleDigest(maxRows: 97) {
+        while try !store.settleDigest(maxRows: 9) {
             slices += 1
             let id = Int64(random.next() % 4100)
             try store.execute("UPDATE items SET name = 'edited', hits = hits + 1 WHERE id = ?", [.integer(id)])
