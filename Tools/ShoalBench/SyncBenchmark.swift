@@ -83,24 +83,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
         }
         let target = try makeDatabase(directory + "/target.db", name: "target")
-        let goal = try source.versionVector()
-        let serving = try ServeProcess.startIsolated(database: directory + "/source.db", name: "source", peers: [])
-        defer { serving.stop() }
-        let started = Date()
-        let catching = try ServeProcess.startIsolated(
-            database: directory + "/target.db",
-            name: "target",
-            peers: [serving.port]
-        )
-        defer { catching.stop() }
-        var peak = 0.0
-        while try !target.versionVector().dominatesOrEquals(goal) {
-            peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
-            Thread.sleep(forTimeInterval: 0.05)  // sampling, not synchronisation
-        }
-        let seconds = Date().timeIntervalSince(started)
-        peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
-        guard try target.digest() == source.digest() else { throw ServeError(message: "catch-up diverged") }
+        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
         return [
             ("catchup_seconds", seconds), ("catchup_rows_per_s", Double(rows) / seconds), ("catchup_peak_rss_mb", peak),
         ]
