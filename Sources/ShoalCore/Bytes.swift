@@ -24,6 +24,7 @@ public struct ByteReader {
     /// How many bytes there are in all.
     public var count: Int { bytes.count }
 
+    /// Reads `bytes` from the start.
     public init(_ bytes: [UInt8]) {
         self.bytes = bytes
         self.offset = 0
@@ -32,12 +33,14 @@ public struct ByteReader {
     /// Whether everything has been read.
     public var isAtEnd: Bool { offset >= bytes.count }
 
+    /// Reads one byte.
     public mutating func readByte() throws(ShoalError) -> UInt8 {
         guard offset < bytes.count else { throw ShoalError.corruptMetadata("truncated encoding") }
         defer { offset += 1 }
         return bytes[offset]
     }
 
+    /// Reads an unsigned LEB128 varint of at most 64 bits.
     public mutating func readVarint() throws(ShoalError) -> UInt64 {
         var result: UInt64 = 0
         var shift: UInt64 = 0
@@ -57,6 +60,7 @@ public struct ByteReader {
         return Int(length)
     }
 
+    /// Reads 8 big-endian bytes.
     public mutating func readBigEndianUInt64() throws(ShoalError) -> UInt64 {
         guard bytes.count - offset >= 8 else { throw ShoalError.corruptMetadata("truncated encoding") }
         var value: UInt64 = 0
@@ -65,6 +69,7 @@ public struct ByteReader {
         return value
     }
 
+    /// Reads the next `count` bytes, without copying them.
     public mutating func readBytes(_ count: Int) throws(ShoalError) -> ArraySlice<UInt8> {
         guard count >= 0, bytes.count - offset >= count else { throw ShoalError.corruptMetadata("truncated encoding") }
         defer { offset += count }

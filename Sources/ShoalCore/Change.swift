@@ -13,15 +13,21 @@ public struct Change: Hashable, Sendable {
         case counter(String, increments: UInt64, decrements: UInt64)
     }
 
+    /// The replicated table the change belongs to.
     public var table: String
+    /// The row's primary key values, in the key's column order.
     public var primaryKey: [SQLValue]
+    /// What the change sets.
     public var payload: Payload
+    /// The row's causal length as the writer saw it: odd while the row is alive, even once deleted.
     public var causalLength: UInt64
+    /// When, where and in which transaction the change was made.
     public var stamp: Stamp
     /// For a column value: the write it overwrote where it was made, if any. A change that overwrote exactly
     /// the value a receiver holds is a successor of it, not a conflict.
     public var previous: Dot?
 
+    /// A change; `previous` is the write it overwrote where it was made, if any.
     public init(
         table: String,
         primaryKey: [SQLValue],
@@ -57,6 +63,7 @@ public struct ChangeBatch: Hashable, Sendable {
     /// The version the receiver holds once it has applied this batch and every one before it.
     public var claim: VersionVector
 
+    /// A batch of `changes` that lets the receiver claim `claim` once applied.
     public init(changes: [Change], claim: VersionVector) {
         self.changes = changes
         self.claim = claim

@@ -24,6 +24,7 @@ extension ChangeStream {
         private var lastTable = ""
         private var columnNames: [(bytes: [UInt8], name: String)] = []
 
+        /// A parser that has read nothing yet.
         public init() {}
 
         /// How many changes were read so far.

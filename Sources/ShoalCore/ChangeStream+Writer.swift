@@ -7,6 +7,7 @@ extension ChangeStream {
         private var lastSite: SiteID?
         private var lastSiteHex: [UInt8] = []
 
+        /// A writer that has written nothing yet.
         public init() {}
 
         /// Appends `change` as one line, without its newline. Keys are written in sorted order.

@@ -30,6 +30,7 @@ public enum ChangeStream {
     public struct Header: Codable, Hashable, Sendable {
         /// Always "shoal-changes".
         public var format: String
+        /// The stream format version (``ChangeStream/formatVersion``).
         public var version: Int
         /// The sending database's site id.
         public var site: String
@@ -39,6 +40,7 @@ public enum ChangeStream {
         /// far as the stream proves it (see `Store.apply`).
         public var claim: [String: UInt64]
 
+        /// The header of a stream from `site`, cut for `since`, that lets the receiver claim `claim`.
         public init(site: SiteID, since: VersionVector, claim: VersionVector) {
             self.format = "shoal-changes"
             self.version = ChangeStream.formatVersion
@@ -50,9 +52,13 @@ public enum ChangeStream {
 
     /// A parsed stream.
     public struct Contents: Sendable {
+        /// The sending database's site id.
         public var site: SiteID
+        /// The version vector the stream was cut for.
         public var since: VersionVector
+        /// What the receiver may claim once it has applied the whole stream.
         public var claim: VersionVector
+        /// The stream's changes, in order.
         public var changes: [Change]
     }
 

@@ -34,8 +34,10 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// The logical counter.
     public var logical: UInt16 { UInt16(truncatingIfNeeded: rawValue) }
 
+    /// `milliseconds.logical`.
     public var description: String { "\(milliseconds).\(logical)" }
 
+    /// Orders by physical time, then by the logical counter.
     public static func < (lhs: HLC, rhs: HLC) -> Bool { lhs.rawValue < rhs.rawValue }
 }
 
@@ -47,8 +49,10 @@ public protocol WallClock: Sendable {
 
 /// The system's real-time clock.
 public struct SystemWallClock: WallClock {
+    /// The system's real-time clock.
     public init() {}
 
+    /// Milliseconds since the Unix epoch, read from `CLOCK_REALTIME`.
     public func nowMilliseconds() -> UInt64 {
         var spec = timespec()
         clock_gettime(CLOCK_REALTIME, &spec)
@@ -65,6 +69,7 @@ public final class ManualWallClock: WallClock {
         self.now = Mutex(milliseconds)
     }
 
+    /// The time it was last set to.
     public func nowMilliseconds() -> UInt64 {
         now.withLock { $0 }
     }

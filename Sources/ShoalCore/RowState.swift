@@ -30,6 +30,7 @@ public struct RowState: Hashable, Sendable {
         self.cells = Array(repeating: .empty, count: columnCount)
     }
 
+    /// A row with this causal length, the stamp that set it, and one cell per non-key column.
     public init(causalLength: UInt64, lengthStamp: Stamp?, cells: [Cell]) {
         self.causalLength = causalLength
         self.lengthStamp = lengthStamp

@@ -5,11 +5,15 @@
 /// read from bytes with ``text(bytes:)``, which picks the case: equal bytes always give the same case. Both
 /// cases have the same canonical encoding (tag 3, then the bytes), and compare and hash by their bytes.
 public enum SQLValue: Sendable, CustomStringConvertible {
+    /// SQL NULL.
     case null
+    /// A 64-bit signed INTEGER.
     case integer(Int64)
+    /// An IEEE 754 REAL, NaN and infinities included.
     case real(Double)
     /// TEXT whose bytes are valid UTF-8 (it may hold NUL characters).
     case text(String)
+    /// A BLOB, byte for byte.
     case blob([UInt8])
     /// TEXT whose bytes are not valid UTF-8, exactly as stored. Only ``text(bytes:)`` should make it.
     case invalidText([UInt8])
@@ -68,6 +72,7 @@ public enum SQLValue: Sendable, CustomStringConvertible {
         }
     }
 
+    /// The value as SQL shows it, for messages (never logged with row payloads).
     public var description: String {
         switch self {
         case .null: "NULL"
@@ -104,6 +109,7 @@ public enum SQLValue: Sendable, CustomStringConvertible {
 extension SQLValue: Hashable {
     // Reals compare by bit pattern: the digest and merge need byte-for-byte identity, not IEEE equality.
     // TEXT compares by bytes, whichever case holds it.
+    /// Equal when both have the same storage class and the same canonical encoding (TEXT compares by its bytes).
     public static func == (lhs: SQLValue, rhs: SQLValue) -> Bool {
         switch (lhs, rhs) {
         case (.null, .null): true
@@ -117,6 +123,7 @@ extension SQLValue: Hashable {
         }
     }
 
+    /// Hashes what ``==`` compares.
     public func hash(into hasher: inout Hasher) {
         switch self {
         case .null: hasher.combine(0)

@@ -61,8 +61,10 @@ public struct SiteID: Hashable, Comparable, Sendable, CustomStringConvertible {
         Self.hex16(high) + Self.hex16(low)
     }
 
+    /// The 32 lowercase hex digits.
     public var description: String { hex }
 
+    /// Orders as the 128-bit numbers compare.
     public static func < (lhs: SiteID, rhs: SiteID) -> Bool {
         (lhs.high, lhs.low) < (rhs.high, rhs.low)
     }

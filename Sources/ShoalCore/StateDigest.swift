@@ -8,12 +8,15 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
     /// How many rows (alive or deleted) were added.
     public private(set) var rowCount: UInt64 = 0
 
+    /// The digest of an empty state.
     public init() {}
 
+    /// Equal when both the hash sum and the row count are.
     public static func == (lhs: StateDigest, rhs: StateDigest) -> Bool {
         lhs.limbs == rhs.limbs && lhs.rowCount == rhs.rowCount
     }
 
+    /// Hashes what ``==`` compares.
     public func hash(into hasher: inout Hasher) {
         hasher.combine(limbs.0)
         hasher.combine(limbs.1)
@@ -158,5 +161,6 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         }.joined()
     }
 
+    /// The digest as hex (``hex``).
     public var description: String { hex }
 }

@@ -1,15 +1,20 @@
 /// A change's identity: the site that made it and that site's transaction sequence number.
 public struct Dot: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The site that made the transaction.
     public var site: SiteID
+    /// The site's sequence number of the transaction (from 1).
     public var seq: UInt64
 
+    /// The dot of transaction `seq` of `site`.
     public init(site: SiteID, seq: UInt64) {
         self.site = site
         self.seq = seq
     }
 
+    /// `site:seq`.
     public var description: String { "\(site.hex):\(seq)" }
 
+    /// Orders by site, then sequence number (the order changes travel in).
     public static func < (lhs: Dot, rhs: Dot) -> Bool { (lhs.site, lhs.seq) < (rhs.site, rhs.seq) }
 }
 
@@ -92,6 +97,7 @@ public struct VersionVector: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
+    /// `{site8:seq, …}`, sorted by site.
     public var description: String {
         "{" + sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: ", ") + "}"
     }

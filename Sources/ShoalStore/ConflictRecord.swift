@@ -4,20 +4,30 @@ import ShoalCore
 public struct ConflictRecord: Sendable, Hashable {
     /// Which side's value the table holds now.
     public enum Winner: String, Sendable, Hashable {
+        /// The value this node held, or the one that arrived.
         case local, remote
     }
 
+    /// The table of the conflicting write.
     public var table: String
+    /// The row's primary key values.
     public var primaryKey: [SQLValue]
+    /// The column both sides wrote.
     public var column: String
+    /// The value this node held.
     public var localValue: SQLValue
+    /// The stamp of the value this node held.
     public var localStamp: Stamp
+    /// The value that arrived.
     public var remoteValue: SQLValue
+    /// The stamp of the value that arrived.
     public var remoteStamp: Stamp
+    /// Which side's value the table holds now (the larger stamp).
     public var winner: Winner
     /// When it was recorded (milliseconds since the Unix epoch); 0 before it is stored.
     public var recordedAt: UInt64 = 0
 
+    /// A conflict between the value held here and one that arrived, not yet recorded.
     public init(
         table: String,
         primaryKey: [SQLValue],

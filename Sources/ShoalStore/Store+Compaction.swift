@@ -11,8 +11,10 @@ public struct CompactionReport: Sendable, Hashable, CustomStringConvertible {
     /// Whether the pass reached the end of the log (the next one starts again from its beginning).
     public var reachedEnd = false
 
+    /// A report of a pass that did nothing yet.
     public init() {}
 
+    /// One line for the log.
     public var description: String {
         "examined \(examined) log entries: removed \(removed), dropped \(keysDropped) overwritten rows from others"
     }

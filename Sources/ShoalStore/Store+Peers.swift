@@ -2,8 +2,11 @@ import ShoalCore
 
 /// A peer this node has connected to before, and where.
 public struct KnownPeer: Sendable, Hashable {
+    /// The peer's site id.
     public var siteID: SiteID
+    /// The host it was reached at.
     public var host: String
+    /// The port it listens on.
     public var port: Int
     /// When the node last connected to it (milliseconds since the Unix epoch).
     public var lastSeen: UInt64
