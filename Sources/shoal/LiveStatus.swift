@@ -1,7 +1,7 @@
 import Foundation
 import Shoal
 
-/// What a running `shoal serve` publishes beside its database, once a second, for `shoal status`.
+/// What a running `shoal serve` publishes beside its database, every 250 ms, for `shoal status`.
 struct LiveStatus: Codable {
     struct Peer: Codable {
         var site: String
