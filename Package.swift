@@ -56,20 +56,17 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
-        // Message types, the binary codec, and the frame decoder/encoder of the wire protocol.
+        // The wire protocol without I/O: message types, their binary codec, and the anti-entropy session.
         .target(
-            name: "ShoalWire",
-            dependencies: [
-                "ShoalCore",
-                .product(name: "NIOCore", package: "swift-nio"),
-            ],
+            name: "ShoalProtocol",
+            dependencies: ["ShoalCore"],
             swiftSettings: strict
         ),
         // SwiftNIO TCP server and client driving sync sessions.
         .target(
             name: "ShoalTransport",
             dependencies: [
-                "ShoalCore", "ShoalStore", "ShoalWire", "ShoalDiscovery",
+                "ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalDiscovery",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -80,7 +77,7 @@ let package = Package(
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore", "ShoalWire", "ShoalTransport", "ShoalDiscovery"],
+            dependencies: ["ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalDiscovery"],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.
@@ -127,21 +124,18 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
-            name: "ShoalWireTests",
-            dependencies: [
-                "ShoalWire", "ShoalCore",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "NIOTestUtils", package: "swift-nio"),
-            ],
+            name: "ShoalProtocolTests",
+            dependencies: ["ShoalProtocol", "ShoalCore"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "ShoalTransportTests",
             dependencies: [
-                "ShoalTransport", "ShoalStore", "ShoalWire", "ShoalCore", "shoal",
+                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "shoal", "ShoalToolSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOTestUtils", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),
@@ -162,7 +156,7 @@ let package = Package(
         .testTarget(
             name: "ShoalStoreTests",
             dependencies: [
-                "ShoalStore", "ShoalCore", "ShoalWire", "shoal",
+                "ShoalStore", "ShoalCore", "ShoalProtocol", "shoal",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict

@@ -3,4 +3,4 @@
 @_exported import ShoalDiscovery
 @_exported import ShoalStore
 @_exported import ShoalTransport
-@_exported import ShoalWire
+@_exported import ShoalProtocol

@@ -1,11 +1,3 @@
-import Synchronization
-
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 /// A hybrid logical clock value: physical milliseconds since the Unix epoch in the high 48 bits, a logical
 /// counter in the low 16 bits.
 ///
@@ -39,50 +31,6 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     /// Orders by physical time, then by the logical counter.
     public static func < (lhs: HLC, rhs: HLC) -> Bool { lhs.rawValue < rhs.rawValue }
-}
-
-/// A source of physical time, injected so that tests drive time instead of sleeping.
-public protocol WallClock: Sendable {
-    /// Milliseconds since the Unix epoch.
-    func nowMilliseconds() -> UInt64
-}
-
-/// The system's real-time clock.
-public struct SystemWallClock: WallClock {
-    /// The system's real-time clock.
-    public init() {}
-
-    /// Milliseconds since the Unix epoch, read from `CLOCK_REALTIME`.
-    public func nowMilliseconds() -> UInt64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_REALTIME, &spec)
-        return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
-    }
-}
-
-/// A clock that only moves when told to; for tests.
-public final class ManualWallClock: WallClock {
-    private let now: Mutex<UInt64>
-
-    /// Starts at `milliseconds`.
-    public init(milliseconds: UInt64) {
-        self.now = Mutex(milliseconds)
-    }
-
-    /// The time it was last set to.
-    public func nowMilliseconds() -> UInt64 {
-        now.withLock { $0 }
-    }
-
-    /// Moves the clock by `milliseconds` (which may be negative, to model a clock stepped back).
-    public func advance(by milliseconds: Int64) {
-        now.withLock { $0 = UInt64(Int64($0) + milliseconds) }
-    }
-
-    /// Sets the clock.
-    public func set(milliseconds: UInt64) {
-        now.withLock { $0 = milliseconds }
-    }
 }
 
 /// The hybrid logical clock of one node: issues monotonic timestamps and folds in the clocks it observes.

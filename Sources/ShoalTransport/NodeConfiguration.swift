@@ -1,7 +1,9 @@
 import Logging
+import NIOCore
+import NIOPosix
 import ShoalCore
 import ShoalStore
-import ShoalWire
+import ShoalProtocol
 
 /// A host and port to dial.
 public struct PeerAddress: Hashable, Sendable, CustomStringConvertible {
@@ -52,9 +54,18 @@ public struct NodeConfiguration: Sendable {
     public var maxChangesPerBatch = 5_000
     /// Batches are also cut by size: about this many encoded bytes at most (a single larger row goes alone).
     public var maxBytesPerBatch = WireProtocol.defaultBatchBytes
-    /// Values whose encoding is longer than this travel in pieces of ``pieceBytes`` (protocol version 2).
-    public var inlineValueLimit = WireProtocol.defaultInlineValueLimit
-    public var pieceBytes = WireProtocol.defaultPieceBytes
+    /// Values whose encoding is longer than this travel in pieces of ``pieceBytes`` (protocol version 2); the
+    /// session's ``SyncSession/Configuration/inlineValueLimit``.
+    public var inlineValueLimit: Int {
+        get { session.inlineValueLimit }
+        set { session.inlineValueLimit = newValue }
+    }
+    /// The size of each piece of a value that travels in pieces; the session's
+    /// ``SyncSession/Configuration/pieceBytes``.
+    public var pieceBytes: Int {
+        get { session.pieceBytes }
+        set { session.pieceBytes = newValue }
+    }
     /// Established connections (after the handshake) the node keeps at most.
     public var maximumConnections = 64
     /// Inbound connections still handshaking (not yet past hello) the node holds at most, in a pool of their
@@ -63,12 +74,31 @@ public struct NodeConfiguration: Sendable {
     /// Of those, how many may come from one remote IP address: a client holding silent sockets keeps no
     /// other address out.
     public var maximumPendingPerAddress = 4
-    public var maximumFrameLength = WireProtocol.defaultMaximumFrameLength
+    /// The largest frame sent or accepted; the session's ``SyncSession/Configuration/maximumFrameLength``, also
+    /// used by the default channel setup.
+    public var maximumFrameLength: Int {
+        get { session.maximumFrameLength }
+        set { session.maximumFrameLength = newValue }
+    }
     /// Reconnection backoff after failures: from the first delay, doubling to the cap, with jitter.
     public var backoffInitialMilliseconds: UInt64 = 100
     public var backoffMaximumMilliseconds: UInt64 = 30_000
+    /// The anti-entropy session's time limits and sizes.
     public var session = SyncSession.Configuration()
+    /// How the node's store opens and writes.
     public var storeOptions = StoreOptions()
+    /// The one clock the node reads: the store's HLC, the sessions' timeouts, the reports. The same value as
+    /// ``StoreOptions/clock``.
+    public var clock: any WallClock {
+        get { storeOptions.clock }
+        set { storeOptions.clock = newValue }
+    }
+    /// How each connection's pipeline is built; `nil` is plain framing (``FramingChannelSetup``) at
+    /// ``maximumFrameLength``. Other setups (TLS) wrap the framing one.
+    public var channelSetup: (any ChannelSetup)?
+    /// The event loops the node's sockets run on.
+    public var eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    /// Where the node logs (info and below; never row payloads).
     public var logger = Logger(label: "shoal.node")
 
     public init(databasePath: String) {

@@ -1,7 +1,7 @@
 import Logging
 import ShoalCore
 import ShoalStore
-import ShoalWire
+import ShoalProtocol
 import Synchronization
 
 /// Owns the node's ``Store`` and runs every database operation, one at a time, off the event loops.

@@ -5,11 +5,7 @@ import ServiceLifecycle
 import ShoalCore
 import ShoalDiscovery
 import ShoalStore
-import ShoalWire
-
-#if canImport(Glibc)
-import Glibc
-#endif
+import ShoalProtocol
 
 /// A Shoal node: listens for peers, dials static peers, and keeps every connected peer in sync.
 ///
@@ -21,8 +17,8 @@ public actor SyncNode: Service {
     /// Events as they happen, for observers and tests.
     public nonisolated let events: AsyncStream<NodeEvent>
     private let eventSink: AsyncStream<NodeEvent>.Continuation
-    private var connections: [Int: ConnectionEntry] = [:]
-    private var nextConnectionID = 0
+    /// Open connections and the pools that admit them.
+    private var registry: ConnectionRegistry
     private var peers: [SiteID: PeerStatus] = [:]
     /// Dial loops for peers found by mDNS, by site; cancelled when the peer leaves.
     private var discoveredDialers:
@@ -37,26 +33,27 @@ public actor SyncNode: Service {
     public private(set) var listeningPort: Int?
     public nonisolated let siteID: SiteID
 
-    struct ConnectionEntry {
-        let dialed: Bool
-        /// An inbound connection that has not finished its handshake: counted in the bounded pre-handshake pool.
-        var pending: Bool
-        var peer: SiteID?
-        /// The peer's IP address, as the socket sees it.
-        let remoteIP: String?
-        let inbox: AsyncStream<ConnectionEvent>.Continuation
-    }
-
     public init(configuration: NodeConfiguration) async throws {
         self.configuration = configuration
         let worker = try StoreWorker(path: configuration.databasePath, options: configuration.storeOptions)
         self.worker = worker
         self.siteID = await worker.siteID
+        self.registry = ConnectionRegistry(
+            localSite: siteID,
+            limits: ConnectionRegistry.Limits(
+                maximumConnections: configuration.maximumConnections,
+                maximumPending: configuration.maximumPendingConnections,
+                maximumPendingPerAddress: configuration.maximumPendingPerAddress
+            )
+        )
         (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
     }
 
     /// Open connections (handshaking or established).
-    public var connectionCount: Int { connections.count }
+    public var connectionCount: Int { registry.count }
+
+    /// The most handshaking connections seen at once from each remote address (for tests and diagnostics).
+    var pendingHighWater: [String: Int] { registry.pendingHighWater }
 
     /// Peers seen since start, connected or not.
     public func peerStatuses() -> [PeerStatus] {
@@ -112,7 +109,7 @@ public actor SyncNode: Service {
             switch try await worker.refreshDigest(
                 minimumIntervalMilliseconds: interval,
                 quietMilliseconds: quiet,
-                now: SystemWallClock().nowMilliseconds()
+                now: configuration.clock.nowMilliseconds()
             ) {
             case .ready(let digest): return digest
             case .notDue: return nil
@@ -140,15 +137,14 @@ public actor SyncNode: Service {
     }
 
     private func serve() async throws {
-        let maximumFrame = configuration.maximumFrameLength
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .serverChannelOption(.backlog, value: 256)
-            .bind(host: configuration.listenHost, port: configuration.listenPort) { channel in
-                Self.wrap(channel, maximumFrame: maximumFrame)
-            }
+        let listener = try await PeerListener.bind(
+            host: configuration.listenHost,
+            port: configuration.listenPort,
+            group: configuration.eventLoopGroup,
+            setup: channelSetup
+        )
         _ = try? await worker.versionVector()
-        listeningPort = server.channel.localAddress?.port
+        listeningPort = listener.port
         if let listeningPort { eventSink.yield(.listening(port: listeningPort)) }
         configuration.logger.info(
             "listening",
@@ -161,21 +157,12 @@ public actor SyncNode: Service {
                 // closed, the loop drains what was already accepted, and every connection is told to close.
                 // (A channel created by NIO must always reach executeThenClose, or NIO traps.)
                 let acceptor = Task {
-                    try await server.executeThenClose { inbound in
-                        try await withThrowingDiscardingTaskGroup { connections in
-                            for try await child in inbound {
-                                let address =
-                                    child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
-                                    ?? "unknown"
-                                connections.addTask { _ = await self.handle(child, dialed: false, address: address) }
-                            }
-                        }
-                    }
+                    try await listener.run { child, address in _ = await self.handle(child, dialed: false, address: address) }
                 }
                 await withTaskCancellationHandler {
                     _ = await acceptor.result
                 } onCancel: {
-                    server.channel.close(promise: nil)
+                    listener.close()
                     Task { await self.closeAllConnections() }
                 }
             }
@@ -203,19 +190,9 @@ public actor SyncNode: Service {
         }
     }
 
-    private static func wrap(
-        _ channel: Channel,
-        maximumFrame: Int
-    ) -> EventLoopFuture<NIOAsyncChannel<WireMessage, WireMessage>> {
-        channel.eventLoop.makeCompletedFuture {
-            try channel.pipeline.syncOperations.addHandler(
-                ByteToMessageHandler(WireMessageDecoder(maximumFrameLength: maximumFrame))
-            )
-            try channel.pipeline.syncOperations.addHandler(
-                MessageToByteHandler(WireMessageEncoder(maximumFrameLength: maximumFrame))
-            )
-            return try NIOAsyncChannel<WireMessage, WireMessage>(wrappingChannelSynchronously: channel)
-        }
+    /// How every connection's pipeline is built: the configured setup, or plain framing.
+    private var channelSetup: any ChannelSetup {
+        configuration.channelSetup ?? FramingChannelSetup(maximumFrameLength: configuration.maximumFrameLength)
     }
 
     // MARK: - Discovery
@@ -326,7 +303,8 @@ public actor SyncNode: Service {
         if addressOrigins[address.description] == nil { addressOrigins[address.description] = "static" }
         let site = site
         var backoff = configuration.backoffInitialMilliseconds
-        let maximumFrame = configuration.maximumFrameLength
+        let setup = channelSetup
+        let group = configuration.eventLoopGroup
         while !Task.isCancelled {
             if let site = site ?? addressSites[address.description], peers[site]?.isConnected == true {
                 // Already connected to this peer (perhaps it dialled us): nothing to do for now.
@@ -337,10 +315,10 @@ public actor SyncNode: Service {
             do {
                 // Connect in a task of its own: cancelling the node must not abandon a channel NIO has created.
                 let connecting = Task {
-                    try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    try await ClientBootstrap(group: group)
                         .connectTimeout(.seconds(3))
                         .connect(host: address.host, port: address.port) { channel in
-                            Self.wrap(channel, maximumFrame: maximumFrame)
+                            setup.configure(channel, role: .client)
                         }
                 }
                 let channel = try await connecting.value
@@ -489,82 +467,26 @@ public actor SyncNode: Service {
 
     private func closeAllConnections() {
         shuttingDown = true
-        for entry in connections.values { entry.inbox.yield(.shutdown) }
+        for inbox in registry.inboxes { inbox.yield(.shutdown) }
     }
 
     private func broadcast(_ event: ConnectionEvent) {
-        for entry in connections.values { entry.inbox.yield(event) }
+        for inbox in registry.inboxes { inbox.yield(event) }
     }
 
     // MARK: - Connections
-
-    private func register(
-        dialed: Bool,
-        remoteIP: String?,
-        inbox: AsyncStream<ConnectionEvent>.Continuation
-    ) -> (id: Int?, refusal: Rejection?) {
-        if !dialed {
-            // Connections that have not said hello yet have a pool of their own, with a cap per remote address:
-            // one client holding silent sockets cannot keep anyone else out, and each is closed at the
-            // handshake deadline.
-            let pending = connections.values.filter(\.pending)
-            if pending.count >= configuration.maximumPendingConnections {
-                return (nil, Rejection(.tooManyConnections, "too many connections are still handshaking"))
-            }
-            if pending.filter({ $0.remoteIP == remoteIP }).count >= configuration.maximumPendingPerAddress {
-                let from = remoteIP ?? "this address"
-                return (nil, Rejection(.tooManyConnections, "too many connections from \(from) are still handshaking"))
-            }
-        }
-        if !dialed, let remoteIP {
-            let pending = connections.values.filter { $0.pending && $0.remoteIP == remoteIP }.count + 1
-            if pendingHighWater.count >= 1_024 { pendingHighWater.removeAll() }  // diagnostics only: stays bounded
-            pendingHighWater[remoteIP] = max(pendingHighWater[remoteIP] ?? 0, pending)
-        }
-        nextConnectionID += 1
-        connections[nextConnectionID] = ConnectionEntry(
-            dialed: dialed,
-            pending: !dialed,
-            peer: nil,
-            remoteIP: remoteIP,
-            inbox: inbox
-        )
-        return (nextConnectionID, nil)
-    }
-
-    /// The most handshaking connections seen at once from each remote address (for tests and diagnostics).
-    private(set) var pendingHighWater: [String: Int] = [:]
-
-    /// What becomes of a connection whose handshake succeeded.
-    enum Admission: Sendable {
-        case accepted
-        /// Another connection with the same peer is kept.
-        case duplicate
-        /// The node holds its maximum of established connections.
-        case full
-    }
 
     /// Records an established connection; `false` when it duplicates a live one and must close.
     ///
     /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
     private func established(_ id: Int, peer hello: Hello, address: String) -> Admission {
-        guard var entry = connections[id] else { return .duplicate }
-        entry.pending = false
-        connections[id] = entry
+        guard let entry = registry.entries[id] else { return .duplicate }
         // Learn who is behind a dialled address before anything else, so its dialer can stand by while that
         // peer is connected, even when this connection loses to another one.
         if entry.dialed { addressSites[address] = hello.siteID }
-        if let (otherID, other) = connections.first(where: { $0.key != id && $0.value.peer == hello.siteID }) {
-            let keepDialled = siteID < hello.siteID
-            let keepThis = entry.dialed == keepDialled
-            if !keepThis { return .duplicate }
-            other.inbox.yield(.duplicate)
-            connections[otherID]?.peer = nil
-        } else if connections.values.filter({ !$0.pending && $0.peer != nil }).count >= configuration.maximumConnections {
-            return .full
-        }
-        entry.peer = hello.siteID
-        connections[id] = entry
+        let (admission, evicted) = registry.establish(id, peer: hello.siteID)
+        evicted?.yield(.duplicate)
+        guard admission == .accepted else { return admission }
         var status =
             peers[hello.siteID]
             ?? PeerStatus(siteID: hello.siteID, name: hello.nodeName, address: address, isConnected: true)
@@ -576,7 +498,7 @@ public actor SyncNode: Service {
         status.address = address
         // How we learned of it: the origin of the address dialled; for a peer that dialled us, what we knew of
         // it before (found by mDNS, remembered, …), or "inbound" for a stranger.
-        if connections[id]?.dialed == true { status.foundBy = addressOrigins[address] ?? "static" }
+        if entry.dialed { status.foundBy = addressOrigins[address] ?? "static" }
         peers[hello.siteID] = status
         // While the same failure repeats, its reconnections are not announced each time.
         if !failures.isRepeating(hello.siteID.hex) {
@@ -601,9 +523,9 @@ public actor SyncNode: Service {
     }
 
     private func closed(_ id: Int, error: ShoalError?, refusal: Rejection? = nil) {
-        guard let entry = connections.removeValue(forKey: id) else { return }
+        guard let entry = registry.remove(id) else { return }
         guard let peer = entry.peer else { return }
-        if !connections.values.contains(where: { $0.peer == peer }) { peers[peer]?.isConnected = false }
+        if !registry.isConnected(peer) { peers[peer]?.isConnected = false }
         // Errors while this node stops (a send cut short, …) say nothing about the peer.
         if shuttingDown {
             eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))
@@ -636,7 +558,7 @@ public actor SyncNode: Service {
     }
 
     private func roundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
-        peers[peer]?.lastSuccessfulSync = SystemWallClock().nowMilliseconds()
+        peers[peer]?.lastSuccessfulSync = configuration.clock.nowMilliseconds()
         if !refusedByPeer.contains(peer) { failureOver(peer) }
         peers[peer]?.roundsFinished += 1
         peers[peer]?.recentRoundMilliseconds.append(milliseconds)
@@ -668,28 +590,28 @@ public actor SyncNode: Service {
         _ channel: NIOAsyncChannel<WireMessage, WireMessage>,
         dialed: Bool,
         address: String
-    ) async -> PeerConnection.Outcome {
+    ) async -> ConnectionDriver.Outcome {
         let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
         if shuttingDown || Task.isCancelled {
             try? await channel.executeThenClose { _, _ in }
-            return PeerConnection.Outcome(established: false, error: nil)
+            return ConnectionDriver.Outcome(established: false, error: nil)
         }
         let remoteIP = channel.channel.remoteAddress?.ipAddress
-        let registration = register(dialed: dialed, remoteIP: remoteIP, inbox: continuation)
-        guard let id = registration.id else {
-            let rejection = registration.refusal ?? Rejection(.tooManyConnections, "too many connections")
+        let id: Int
+        switch registry.register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) {
+        case .admitted(let registered):
+            id = registered
+        case .refused(let rejection):
             try? await channel.executeThenClose { _, outbound in try await outbound.write(.reject(rejection)) }
-            return PeerConnection.Outcome(established: false, error: nil)
+            return ConnectionDriver.Outcome(established: false, error: nil)
         }
-        var connection = PeerConnection(
+        var driver = ConnectionDriver(
             id: id,
-            channel: channel.channel,
-            node: self,
+            address: address,
             worker: worker,
-            configuration: configuration,
-            address: address
+            delegate: self,
+            settings: driverSettings
         )
-        let outcome: PeerConnection.Outcome
         let hello: Hello
         do {
             hello = try await worker.hello(
@@ -701,20 +623,16 @@ public actor SyncNode: Service {
             // Every channel NIO created must be closed through executeThenClose.
             try? await channel.executeThenClose { _, _ in }
             closed(id, error: error)
-            return PeerConnection.Outcome(established: false, error: error, failedHere: true)
+            return ConnectionDriver.Outcome(established: false, error: error, failedHere: true)
         }
+        let outcome: ConnectionDriver.Outcome
         do {
             outcome = try await channel.executeThenClose { inbound, outbound in
-                try await connection.run(
-                    hello: hello,
-                    inbound: inbound,
-                    outbound: outbound,
-                    inbox: inbox,
-                    events: continuation
-                )
+                let stream = ChannelMessageStream(inbound: inbound, outbound: outbound, channel: channel.channel)
+                return await driver.run(hello: hello, over: stream, inbox: inbox, events: continuation)
             }
         } catch {
-            outcome = PeerConnection.Outcome(established: false, error: DialFailure.connectionLost(error))
+            outcome = ConnectionDriver.Outcome(established: false, error: DialFailure.connectionLost(error))
         }
         if !outcome.established, let error = outcome.error {
             let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
@@ -726,7 +644,18 @@ public actor SyncNode: Service {
         return outcome
     }
 
-    // Entry points for PeerConnection.
+    /// What every connection's driver runs with.
+    private var driverSettings: ConnectionDriver.Settings {
+        ConnectionDriver.Settings(
+            session: configuration.session,
+            maxChangesPerBatch: configuration.maxChangesPerBatch,
+            maxBytesPerBatch: configuration.maxBytesPerBatch,
+            clock: configuration.clock
+        )
+    }
+
+    // MARK: - ConnectionDelegate (what the connections' drivers report)
+
     func connectionEstablished(_ id: Int, peer: Hello, address: String) -> Admission {
         established(id, peer: peer, address: address)
     }
@@ -776,15 +705,4 @@ public actor SyncNode: Service {
     }
 }
 
-/// What reaches a connection's loop.
-enum ConnectionEvent: Sendable {
-    case message(WireMessage)
-    case ended(ShoalError?)
-    case tick
-    /// Something changed locally (or a periodic round is due): pull, so the peer pulls too.
-    case localChange
-    /// Another connection to the same peer won.
-    case duplicate
-    /// The node is shutting down.
-    case shutdown
-}
+extension SyncNode: ConnectionDelegate {}

@@ -3,7 +3,7 @@ import Testing
 
 @testable import ShoalCore
 @testable import ShoalStore
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 /// Runs the real `shoal` executable; returns its standard output, and fails on a non-zero exit.
 @discardableResult

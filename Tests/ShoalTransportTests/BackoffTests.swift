@@ -4,7 +4,7 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 /// The system clock shifted by a fixed amount.
 private struct ShiftedClock: WallClock {

@@ -6,7 +6,7 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 /// A socket from `source` (a loopback address) to `port` that never says anything.
 private func silentSocket(to port: Int, from source: String) async throws -> NIOAsyncChannel<ByteBuffer, ByteBuffer> {

@@ -6,7 +6,7 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 /// Rows count on `node` for `sql` (one integer).
 private func count(_ node: RunningNode, _ sql: String) async throws -> Int64? {

@@ -4,7 +4,7 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 @Suite struct SyncNodeTests {
     @Test func twoNodesSyncBothWaysIncludingWritesFromAnotherProcess() async throws {

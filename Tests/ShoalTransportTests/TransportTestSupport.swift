@@ -6,7 +6,7 @@ import Testing
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 /// Collects a node's events so tests can wait for one (with a deadline) instead of sleeping.
 actor EventLog {

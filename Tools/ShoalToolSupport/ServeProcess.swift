@@ -103,4 +103,13 @@ public struct SeededRandom: RandomNumberGenerator {
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
     }
+
+    /// A generator seeded from `SHOAL_TEST_SEED` when it is set, else from a random seed; the seed is printed
+    /// with `test`'s name, so a failure replays with `SHOAL_TEST_SEED=<seed>`.
+    public static func fromEnvironment(test: String) -> SeededRandom {
+        let given = ProcessInfo.processInfo.environment["SHOAL_TEST_SEED"].flatMap { UInt64($0) }
+        let seed = given ?? UInt64.random(in: 0...UInt64.max)
+        print("\(test): seed \(seed) (replay with SHOAL_TEST_SEED=\(seed))")
+        return SeededRandom(state: seed)
+    }
 }

@@ -1,10 +1,12 @@
 import NIOCore
 import NIOEmbedded
 import NIOTestUtils
+import ShoalToolSupport
 import Testing
 
 @testable import ShoalCore
-@testable import ShoalWire
+@testable import ShoalProtocol
+@testable import ShoalTransport
 
 private let siteA = SiteID(high: 0x0102_0304_0506_0708, low: 0x090A_0B0C_0D0E_0F10)
 private let siteB = SiteID(high: 42, low: 7)
@@ -78,7 +80,7 @@ private let messages: [WireMessage] = [
     .reject(Rejection(.clusterMismatch, "this node belongs to cluster \"lab\"")),
 ]
 
-private func frame(_ message: WireMessage) -> ByteBuffer {
+private func frameBuffer(_ message: WireMessage) -> ByteBuffer {
     var buffer = ByteBuffer()
     try! WireMessageEncoder.write(message, to: &buffer, maximumFrameLength: WireProtocol.defaultMaximumFrameLength)
     return buffer
@@ -94,7 +96,8 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
     }
 }
 
-@Suite struct WireCodecTests {
+/// The frame decoder and encoder, and the codec through them.
+@Suite struct WireFramingTests {
     @Test func everyMessageRoundTrips() throws {
         for message in messages {
             #expect(try WireMessage.decode(message.encoded()) == message)
@@ -102,7 +105,7 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
     }
 
     @Test func theDecoderHandlesAnyFragmentation() throws {
-        let pairs = messages.map { (frame($0), [$0]) }
+        let pairs = messages.map { (frameBuffer($0), [$0]) }
         try ByteToMessageDecoderVerifier.verifyDecoder(inputOutputPairs: pairs) { WireMessageDecoder() }
     }
 
@@ -140,7 +143,7 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
 
     @Test func aPartialFrameAtEndOfStreamIsAnError() throws {
         let channel = EmbeddedChannel(handler: ByteToMessageHandler(WireMessageDecoder()))
-        var bytes = frame(.ping(1))
+        var bytes = frameBuffer(.ping(1))
         bytes.moveWriterIndex(to: bytes.writerIndex - 2)
         try channel.writeInbound(bytes)
         #expect(try channel.readInbound(as: WireMessage.self) == nil)
@@ -148,8 +151,9 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
     }
 
     @Test func randomCorruptionNeverCrashesTheDecoder() {
-        var random = SystemRandomNumberGenerator()
-        let valid = messages.map { Array(frame($0).readableBytesView) }
+        // Seeded, and the seed printed, so a failure replays with SHOAL_TEST_SEED=<seed>.
+        var random = SeededRandom.fromEnvironment(test: "randomCorruptionNeverCrashesTheDecoder")
+        let valid = messages.map { Array(frameBuffer($0).readableBytesView) }
         var refused = 0
         for _ in 0..<5_000 {
             var bytes = valid.randomElement(using: &random)!

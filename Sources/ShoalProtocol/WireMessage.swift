@@ -31,7 +31,7 @@ public enum WireProtocol {
     }
 }
 
-/// Every message of the wire protocol. The byte layout is specified in the ShoalWire documentation.
+/// Every message of the wire protocol. The byte layout is specified in the ShoalProtocol documentation.
 public enum WireMessage: Hashable, Sendable {
     /// The first message each side sends.
     case hello(Hello)

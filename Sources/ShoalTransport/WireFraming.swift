@@ -1,4 +1,5 @@
 import NIOCore
+import ShoalProtocol
 import ShoalCore
 
 /// Splits the inbound byte stream into frames and decodes each frame's message.

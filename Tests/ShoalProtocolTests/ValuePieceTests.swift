@@ -1,7 +1,7 @@
 import Testing
 
 @testable import ShoalCore
-@testable import ShoalWire
+@testable import ShoalProtocol
 
 private let siteA = SiteID(high: 1, low: 1)
 private let siteB = SiteID(high: 2, low: 2)

@@ -1,0 +1,46 @@
+import ShoalCore
+import ShoalProtocol
+
+/// What becomes of a connection whose handshake succeeded.
+enum Admission: Sendable {
+    /// Keep it.
+    case accepted
+    /// Another connection with the same peer is kept.
+    case duplicate
+    /// The node holds its maximum of established connections.
+    case full
+}
+
+/// What reaches a connection's loop, one at a time.
+enum ConnectionEvent: Sendable {
+    /// The peer sent a message.
+    case message(WireMessage)
+    /// The inbound stream ended: the peer closed (`nil`), or what arrived could not be decoded.
+    case ended(ShoalError?)
+    /// Time passed (the session reads the clock).
+    case tick
+    /// Something changed locally (or a periodic round is due): pull, so the peer pulls too.
+    case localChange
+    /// Another connection to the same peer won.
+    case duplicate
+    /// The node is shutting down.
+    case shutdown
+}
+
+/// Who a ``ConnectionDriver`` reports to: the node (its peer records, events and log), or a test.
+protocol ConnectionDelegate: Sendable {
+    /// The handshake with `peer` succeeded on connection `id` (reached at `address`): keep the connection or not.
+    func connectionEstablished(_ id: Int, peer: Hello, address: String) async -> Admission
+    /// A pull from `peer` finished: `applied` changes took effect in `milliseconds`.
+    func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) async
+    /// A pull spanning several batches is under way.
+    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) async
+    /// `peer` acknowledged holding our changes.
+    func connectionAcknowledged(peer: SiteID, _ ack: Ack) async
+    /// A round with `peer` failed here.
+    func connectionRoundFailed(peer: SiteID, reason: String) async
+    /// The newest clock in a batch `peer` sent was this far ahead of local time (negative: behind).
+    func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) async
+    /// Rewrites a clock refusal of `batch` from `peer` so that it says how far apart the clocks are.
+    func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) async -> ShoalError
+}

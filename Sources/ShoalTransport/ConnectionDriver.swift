@@ -1,0 +1,296 @@
+import ShoalCore
+import ShoalProtocol
+import Synchronization
+
+/// Carries out one ``SyncSession`` over one ``MessageStream``: the only shell around the pure state machine.
+///
+/// The node runs it over TCP, tests run it over an in-memory pair: the same code either way. Messages, ticks and
+/// the node's signals arrive through one event stream and are handled one at a time, so the session never sees
+/// two things at once. Every rule of the exchange is the session's; the driver only moves bytes, calls the store
+/// and reports to its ``ConnectionDelegate``.
+struct ConnectionDriver {
+    /// How a connection ended.
+    struct Outcome: Sendable {
+        /// Whether the handshake succeeded (and the node kept the connection).
+        var established: Bool
+        /// What closed the connection, if anything did.
+        var error: ShoalError?
+        /// How the peer refused us, if it did.
+        var refusal: Rejection?
+        /// Whether a pull finished and the connection did not end in a failure or refusal: only then does the
+        /// dialer start again from its shortest backoff.
+        var healthy = false
+        /// A round failed here (apply, send, …): the connection ended because of it.
+        var failedHere = false
+    }
+
+    /// What the driver needs besides the session's own configuration.
+    struct Settings: Sendable {
+        /// The session's time limits and sizes.
+        var session = SyncSession.Configuration()
+        /// Changes per batch at most, when answering a pull.
+        var maxChangesPerBatch = 5_000
+        /// Encoded bytes per batch, about, at most.
+        var maxBytesPerBatch = WireProtocol.defaultBatchBytes
+        /// The node's clock: the session runs on its monotonic time, clock views use its wall time.
+        var clock: any WallClock = SystemWallClock()
+        /// How often the session is told that time passed.
+        var tickMilliseconds: UInt64 = 100
+    }
+
+    /// The connection's number in the node's registry.
+    let id: Int
+    /// Where the peer is, for the delegate and the log.
+    let address: String
+    let worker: StoreWorker
+    let delegate: any ConnectionDelegate
+    let settings: Settings
+    private var peer: SiteID?
+    private var roundStarted: UInt64 = 0
+    private var appliedThisRound = 0
+    private var roundsFinished = 0
+
+    init(id: Int, address: String, worker: StoreWorker, delegate: any ConnectionDelegate, settings: Settings) {
+        self.id = id
+        self.address = address
+        self.worker = worker
+        self.delegate = delegate
+        self.settings = settings
+    }
+
+    private var now: UInt64 { settings.clock.monotonicMilliseconds() }
+
+    /// Runs the session from the hellos to the end of the connection. `inbox` is where the node's signals arrive,
+    /// and `events` its writing end (the driver adds the peer's messages and ticks to it).
+    mutating func run(
+        hello: Hello,
+        over stream: some MessageStream,
+        inbox: AsyncStream<ConnectionEvent>,
+        events: AsyncStream<ConnectionEvent>.Continuation
+    ) async -> Outcome {
+        var session = SyncSession(local: hello, configuration: settings.session, now: now)
+        var outcome = Outcome(established: false, error: nil)
+        let tick = settings.tickMilliseconds
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                do {
+                    for try await message in stream.inbound { events.yield(.message(message)) }
+                    events.yield(.ended(nil))
+                } catch let error as ShoalError {
+                    events.yield(.ended(error))
+                } catch {
+                    events.yield(.ended(DialFailure.connectionLost(error)))
+                }
+            }
+            group.addTask {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: .milliseconds(tick))
+                    events.yield(.tick)
+                }
+            }
+            var actions = session.start()
+            var incoming = inbox.makeAsyncIterator()
+            while true {
+                await perform(&actions, session: &session, stream: stream, outcome: &outcome)
+                if session.phase == .closed { break }
+                guard let event = await incoming.next() else { break }
+                switch event {
+                case .message(let message):
+                    actions = session.receive(message, now: now)
+                case .tick:
+                    actions = session.tick(now: now)
+                case .localChange:
+                    actions = session.localChange()
+                case .shutdown:
+                    actions = session.close(
+                        ShoalError(code: .rejected, message: "the node is shutting down"),
+                        reason: .shuttingDown
+                    )
+                case .duplicate:
+                    actions = session.close(
+                        ShoalError(code: .rejected, message: "another connection to this peer is kept"),
+                        reason: .duplicateConnection
+                    )
+                case .ended(let error):
+                    actions = session.streamEnded(error)
+                }
+            }
+            group.cancelAll()
+        }
+        stream.finish()
+        outcome.healthy =
+            outcome.established && roundsFinished > 0 && outcome.refusal == nil && !outcome.failedHere
+        return outcome
+    }
+
+    /// Carries out actions, and the ones they lead to.
+    private mutating func perform(
+        _ actions: inout [SyncSession.Action],
+        session: inout SyncSession,
+        stream: some MessageStream,
+        outcome: inout Outcome
+    ) async {
+        while !actions.isEmpty {
+            let action = actions.removeFirst()
+            do throws(ShoalError) {
+                switch action {
+                case .send(.reject(let rejection)):
+                    // Best effort: the connection is closing anyway, and its reason must not be replaced.
+                    try? await write(.reject(rejection), to: stream)
+                case .send(let message):
+                    try await write(message, to: stream)
+                case .established(let hello, _):
+                    switch await delegate.connectionEstablished(id, peer: hello, address: address) {
+                    case .accepted:
+                        peer = hello.siteID
+                        outcome.established = true
+                    case .duplicate:
+                        actions = session.close(
+                            ShoalError(code: .rejected, message: "already connected to \(hello.siteID.hex)"),
+                            reason: .duplicateConnection
+                        )
+                    case .full:
+                        actions = session.close(
+                            ShoalError(code: .rejected, message: "this node is at its connection limit"),
+                            reason: .tooManyConnections
+                        )
+                    }
+                case .wantRound:
+                    if session.outstandingRequest == nil {
+                        roundStarted = now
+                        appliedThisRound = 0
+                    }
+                    actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
+                case .serve(let request):
+                    try await serve(request, session: &session, stream: stream)
+                    actions += session.served(request, localVersionVector: try await worker.versionVector())
+                case .apply(let message):
+                    actions += try await apply(message, session: &session)
+                case .roundFinished:
+                    roundsFinished += 1
+                    if let peer {
+                        await delegate.connectionRoundFinished(
+                            peer: peer,
+                            applied: appliedThisRound,
+                            milliseconds: now - roundStarted
+                        )
+                    }
+                case .peerAcknowledged(let ack):
+                    if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
+                case .peerRefused(let rejection):
+                    outcome.refusal = rejection
+                    outcome.failedHere = false
+                case .close(let error):
+                    if outcome.error == nil { outcome.error = error }
+                }
+            } catch {
+                outcome.failedHere = true
+                if let peer, session.phase == .established {
+                    await delegate.connectionRoundFailed(peer: peer, reason: error.message)
+                }
+                actions = session.fail(error, now: now)
+            }
+        }
+    }
+
+    /// Answers the peer's pull, one bounded batch at a time: memory stays flat however much the peer lacks.
+    private func serve(
+        _ request: SyncRequest,
+        session: inout SyncSession,
+        stream: some MessageStream
+    ) async throws(ShoalError) {
+        let cursor = try await worker.openCursor(since: request.versionVector)
+        do throws(ShoalError) {
+            while let (batch, isLast, remaining) = try await worker.nextBatch(
+                cursor,
+                maxChanges: settings.maxChangesPerBatch,
+                maxBytes: settings.maxBytesPerBatch
+            ) {
+                let prepared = try session.outgoingBatch(
+                    answering: request,
+                    consume batch,
+                    isLast: isLast,
+                    estimatedRemaining: remaining
+                )
+                for (change, encoded) in prepared.pieced {
+                    for piece in SyncSession.pieces(
+                        requestID: request.requestID,
+                        sequence: prepared.message.sequence,
+                        change: change,
+                        of: encoded,
+                        pieceBytes: settings.session.pieceBytes
+                    ) {
+                        try await write(piece, to: stream)
+                    }
+                }
+                try await write(.changeBatch(prepared.message), to: stream)
+            }
+        } catch {
+            await worker.closeCursor(cursor)
+            throw error
+        }
+    }
+
+    /// Applies one batch of our pull and tells the session.
+    private mutating func apply(
+        _ message: ChangeBatchMessage,
+        session: inout SyncSession
+    ) async throws(ShoalError) -> [SyncSession.Action] {
+        let result: (applied: Int, versionVector: VersionVector)
+        do {
+            result = try await worker.apply(message.batch)
+        } catch where error.code == .clockTooFarAhead {
+            throw await delegate.describeClockRefusal(error, batch: message.batch, peer: peer)
+        }
+        appliedThisRound += result.applied
+        if let peer, let newest = message.batch.changes.map(\.stamp.hlc.milliseconds).max() {
+            let wall = settings.clock.nowMilliseconds()
+            await delegate.connectionClockView(peer: peer, aheadMilliseconds: Int64(newest) - Int64(wall))
+        }
+        if !message.isLast, let peer {
+            await delegate.connectionProgress(
+                peer: peer,
+                changes: appliedThisRound,
+                remaining: message.estimatedRemaining,
+                milliseconds: now - roundStarted
+            )
+        }
+        return session.applied(
+            message,
+            versionVector: result.versionVector,
+            digest: message.isLast ? await worker.currentDigest()?.bytes : nil,
+            now: now
+        )
+    }
+
+    /// Sends one message; a peer that stops reading makes the write wait, and after the idle timeout the
+    /// connection is closed rather than left hanging.
+    private func write(_ message: WireMessage, to stream: some MessageStream) async throws(ShoalError) {
+        let limit = settings.session.idleTimeout
+        let fired = Flag()
+        let watchdog = Task {
+            try await Task.sleep(for: .milliseconds(limit))
+            fired.set()
+            stream.close()
+        }
+        defer { watchdog.cancel() }
+        do {
+            try await stream.write(message)
+        } catch {
+            if fired.isSet {
+                throw ShoalError(code: .timeout, message: "the peer stopped reading: a write waited \(limit) ms")
+            }
+            throw ShoalError(code: .network, message: "could not send to the peer: \(error)")
+        }
+    }
+}
+
+/// A flag set once, from any thread.
+final class Flag: Sendable {
+    private let value = Mutex(false)
+
+    /// Sets the flag.
+    func set() { value.withLock { $0 = true } }
+    /// Whether it was set.
+    var isSet: Bool { value.withLock { $0 } }
+}

@@ -1,0 +1,264 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalProtocol
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// What a driver reported, for the test to wait on.
+private enum Report: Sendable {
+    case established(SiteID)
+    case roundFinished(applied: Int)
+    case progress
+    case acknowledged
+    case roundFailed(String)
+}
+
+/// A delegate that admits every connection and streams what it is told.
+private final class Recorder: ConnectionDelegate {
+    let reports: AsyncStream<Report>
+    private let sink: AsyncStream<Report>.Continuation
+
+    init() {
+        (reports, sink) = AsyncStream.makeStream(of: Report.self)
+    }
+
+    func connectionEstablished(_ id: Int, peer: Hello, address: String) async -> Admission {
+        sink.yield(.established(peer.siteID))
+        return .accepted
+    }
+    func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) async {
+        sink.yield(.roundFinished(applied: applied))
+    }
+    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) async {
+        sink.yield(.progress)
+    }
+    func connectionAcknowledged(peer: SiteID, _ ack: Ack) async { sink.yield(.acknowledged) }
+    func connectionRoundFailed(peer: SiteID, reason: String) async { sink.yield(.roundFailed(reason)) }
+    func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) async {}
+    func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) async -> ShoalError { error }
+
+    /// Waits for a report matching `matches`; `false` if the stream ended or `seconds` passed first.
+    func wait(within seconds: Double = 20, for matches: @escaping @Sendable (Report) -> Bool) async -> Bool {
+        let reports = self.reports
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                for await report in reports where matches(report) { return true }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+    }
+}
+
+/// Messages, appended from any task.
+private final class MessageLog: Sendable {
+    let messages = Mutex<[WireMessage]>([])
+}
+
+/// A message stream that remembers what was written through it.
+private struct RecordingStream: MessageStream {
+    let inner: InMemoryMessageStream
+    let written = MessageLog()
+
+    var inbound: AsyncThrowingStream<WireMessage, any Error> { inner.inbound }
+
+    func write(_ message: WireMessage) async throws {
+        written.messages.withLock { $0.append(message) }
+        try await inner.write(message)
+    }
+    func finish() { inner.finish() }
+    func close() { inner.close() }
+}
+
+/// One end: a real store behind a StoreWorker, a driver and its inbox.
+private struct Side {
+    let worker: StoreWorker
+    let recorder = Recorder()
+    let inbox: AsyncStream<ConnectionEvent>
+    let signals: AsyncStream<ConnectionEvent>.Continuation
+    var settings = ConnectionDriver.Settings()
+
+    init(_ directory: URL, _ name: String, schema: String = "CREATE TABLE kv(k TEXT PRIMARY KEY, v, n INTEGER DEFAULT 0)")
+        throws
+    {
+        let path = directory.appendingPathComponent("\(name).db").path
+        let store = try Store(path: path)
+        try store.execute(schema)
+        try store.replicate(table: schema.contains(" kv(") ? "kv" : "other", counters: schema.contains(" n ") ? ["n"] : [])
+        worker = try StoreWorker(path: path, options: StoreOptions())
+        (inbox, signals) = AsyncStream.makeStream(of: ConnectionEvent.self)
+        settings.tickMilliseconds = 10
+    }
+
+    func hello() async throws -> Hello {
+        try await worker.hello(clusterID: "test", nodeName: nil, listenPort: 0)
+    }
+
+    func write(_ sql: String) async throws {
+        _ = try await worker.withStore { try $0.execute(sql) }
+    }
+
+    /// Runs a driver over `stream` until it ends.
+    func run(over stream: some MessageStream) -> Task<ConnectionDriver.Outcome, any Error> {
+        let worker = self.worker
+        let recorder = self.recorder
+        let settings = self.settings
+        let inbox = self.inbox
+        let signals = self.signals
+        return Task {
+            let hello = try await worker.hello(clusterID: "test", nodeName: nil, listenPort: 0)
+            var driver = ConnectionDriver(
+                id: 1,
+                address: "memory",
+                worker: worker,
+                delegate: recorder,
+                settings: settings
+            )
+            return await driver.run(hello: hello, over: stream, inbox: inbox, events: signals)
+        }
+    }
+}
+
+/// Runs two drivers against each other over an in-memory pair until both finished a round and their stores
+/// match, then shuts one down; returns both outcomes and what each side wrote.
+private func exchange(
+    _ a: Side,
+    _ b: Side
+) async throws -> (a: ConnectionDriver.Outcome, b: ConnectionDriver.Outcome, sentByB: [WireMessage]) {
+    let (left, right) = InMemoryMessageStream.pair()
+    let recordedB = RecordingStream(inner: right)
+    let runA = a.run(over: left)
+    let runB = b.run(over: recordedB)
+    // Both pull at the handshake; wait until the two stores agree (each finished round is a chance to check).
+    var agreed = false
+    for _ in 0..<50 {
+        if try await a.worker.digest() == b.worker.digest() {
+            agreed = true
+            break
+        }
+        _ = await a.recorder.wait(within: 0.5) { if case .roundFinished = $0 { true } else { false } }
+    }
+    #expect(agreed, "the two stores did not converge")
+    a.signals.yield(.shutdown)
+    return (try await runA.value, try await runB.value, recordedB.written.messages.withLock { $0 })
+}
+
+/// The one connection driver, run over an in-memory message stream on real stores: the code the node runs over
+/// TCP, without sockets.
+@Suite struct ConnectionDriverTests {
+    @Test func oneRoundSyncsBothDirections() async throws {
+        let directory = try temporaryDirectory("driver-both")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Side(directory, "a")
+        let b = try Side(directory, "b")
+        try await a.write("INSERT INTO kv(k, v) VALUES ('1', 'a'), ('2', 'b'), ('3', 'c')")
+        try await b.write("INSERT INTO kv(k, v) VALUES ('x', 'y')")
+        try await b.write("UPDATE kv SET n = n + 1 WHERE k = 'x'")
+        let (outcomeA, outcomeB, _) = try await exchange(a, b)
+        #expect(try await a.worker.versionVector() == b.worker.versionVector())
+        #expect(outcomeA.established && outcomeB.established)
+        #expect(outcomeA.healthy && outcomeB.refusal?.reason == .shuttingDown)
+    }
+
+    @Test func anAnswerTravelsInNumberedBatches() async throws {
+        let directory = try temporaryDirectory("driver-batches")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var a = try Side(directory, "a")
+        var b = try Side(directory, "b")
+        a.settings.maxChangesPerBatch = 3
+        b.settings.maxChangesPerBatch = 3
+        for index in 0..<20 { try await b.write("INSERT INTO kv(k, v) VALUES ('\(index)', \(index))") }
+        let (_, _, sentByB) = try await exchange(a, b)
+        let batches = sentByB.compactMap { message -> ChangeBatchMessage? in
+            if case .changeBatch(let batch) = message, !batch.batch.changes.isEmpty { batch } else { nil }
+        }
+        #expect(batches.count >= 7)
+        #expect(batches.map(\.sequence) == (0..<UInt32(batches.count)).map { $0 })
+        #expect(batches.map(\.isLast) == Array(repeating: false, count: batches.count - 1) + [true])
+        #expect(try await a.worker.digest() == b.worker.digest())
+    }
+
+    @Test func aLargeValueTravelsInPieces() async throws {
+        let directory = try temporaryDirectory("driver-pieces")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Side(directory, "a")
+        var b = try Side(directory, "b")
+        b.settings.session.inlineValueLimit = 1_000
+        b.settings.session.pieceBytes = 256
+        try await b.write("INSERT INTO kv(k, v) VALUES ('big', randomblob(10000))")
+        let (_, _, sentByB) = try await exchange(a, b)
+        let pieces = sentByB.filter { if case .valuePiece = $0 { true } else { false } }
+        #expect(pieces.count == 40)  // 10,000 bytes and a 3-byte header, in pieces of 256
+        let held = try await a.worker.withStore { try $0.execute("SELECT length(v) FROM kv WHERE k = 'big'") }
+        #expect(held.rows == [[.integer(10_000)]])
+    }
+
+    @Test func differentSchemasAreRefusedAtHello() async throws {
+        let directory = try temporaryDirectory("driver-schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Side(directory, "a")
+        let b = try Side(directory, "b", schema: "CREATE TABLE other(id INTEGER PRIMARY KEY, v)")
+        let (left, right) = InMemoryMessageStream.pair()
+        let runA = a.run(over: left)
+        let runB = b.run(over: right)
+        let outcomeA = try await runA.value
+        let outcomeB = try await runB.value
+        #expect(!outcomeA.established && !outcomeB.established)
+        #expect(outcomeA.error?.code == .unsupportedSchema || outcomeA.refusal?.reason == .schemaMismatch)
+        #expect(outcomeB.error?.code == .unsupportedSchema || outcomeB.refusal?.reason == .schemaMismatch)
+    }
+
+    @Test func aFailedApplyReachesThePeerAsItsReason() async throws {
+        let directory = try temporaryDirectory("driver-refusal")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // B's clock is a day ahead: A refuses its changes, and B hears why (not just a closed connection).
+        let a = try Side(directory, "a")
+        let b = try Side(directory, "b")
+        let ahead = try Store(
+            path: directory.appendingPathComponent("b.db").path,
+            options: {
+                var options = StoreOptions()
+                options.clock = ManualWallClock(milliseconds: SystemWallClock().nowMilliseconds() + 86_400_000)
+                return options
+            }()
+        )
+        try ahead.execute("INSERT INTO kv(k, v) VALUES ('future', 1)")
+        _ = try await b.worker.changedElsewhere()
+        let (left, right) = InMemoryMessageStream.pair()
+        let runA = a.run(over: left)
+        let runB = b.run(over: right)
+        let outcomeA = try await runA.value
+        let outcomeB = try await runB.value
+        #expect(outcomeA.failedHere)
+        #expect(outcomeA.error?.code == .clockTooFarAhead)
+        #expect(outcomeB.refusal?.reason == .applyFailed)
+        #expect(!outcomeB.healthy)
+    }
+
+    @Test func aSilentPeerTimesOutOnTheInjectedClock() async throws {
+        let directory = try temporaryDirectory("driver-idle")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var a = try Side(directory, "a")
+        let clock = ManualWallClock(milliseconds: 1_000_000)
+        a.settings.clock = clock
+        let (left, silent) = InMemoryMessageStream.pair()
+        let run = a.run(over: left)
+        // The silent end says hello (as another site) and then nothing at all.
+        var hello = try await a.hello()
+        hello.siteID = SiteID(high: 9, low: 9)
+        try await silent.write(.hello(hello))
+        #expect(await a.recorder.wait { if case .established = $0 { true } else { false } })
+        clock.advance(by: Int64(a.settings.session.idleTimeout) + 1)
+        let outcome = try await run.value
+        #expect(outcome.error?.code == .timeout)
+    }
+}
