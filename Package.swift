@@ -37,11 +37,11 @@ let package = Package(
             name: "CDNSSD",
             providers: [.apt(["libavahi-compat-libdnssd-dev"])]
         ),
-        // mDNS/DNS-SD: register, browse and resolve `_shoal._tcp`.
+        // mDNS/DNS-SD: register, browse and resolve `_shoal._tcp`; a peer source for the node.
         .target(
             name: "ShoalDiscovery",
             dependencies: [
-                "ShoalCore", "CDNSSD",
+                "ShoalCore", "ShoalProtocol", "ShoalTransport", "CDNSSD",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -66,7 +66,7 @@ let package = Package(
         .target(
             name: "ShoalTransport",
             dependencies: [
-                "ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalDiscovery",
+                "ShoalCore", "ShoalStore", "ShoalProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -131,7 +131,7 @@ let package = Package(
         .testTarget(
             name: "ShoalTransportTests",
             dependencies: [
-                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "shoal", "ShoalToolSupport",
+                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "shoal", "ShoalToolSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

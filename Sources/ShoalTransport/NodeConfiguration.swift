@@ -5,30 +5,6 @@ import ShoalCore
 import ShoalStore
 import ShoalProtocol
 
-/// A host and port to dial.
-public struct PeerAddress: Hashable, Sendable, CustomStringConvertible {
-    public var host: String
-    public var port: Int
-
-    public init(host: String, port: Int) {
-        self.host = host
-        self.port = port
-    }
-
-    /// Parses `host:port` or `[ipv6]:port`.
-    public init?(parsing text: String) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
-            (0...65_535).contains(port)
-        else { return nil }
-        var host = String(text[..<colon])
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        guard !host.isEmpty else { return nil }
-        self.init(host: host, port: port)
-    }
-
-    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
-}
-
 /// How a ``SyncNode`` runs.
 public struct NodeConfiguration: Sendable {
     public var databasePath: String
@@ -39,9 +15,9 @@ public struct NodeConfiguration: Sendable {
     /// 0 picks a free port.
     public var listenPort = 0
     public var staticPeers: [PeerAddress] = []
-    /// Advertise and browse `_shoal._tcp` through the Avahi daemon, and dial peers of the same cluster found
-    /// that way.
-    public var mdns = false
+    /// Where peers come from besides ``staticPeers`` and the remembered ones: mDNS (the `Shoal` module's
+    /// `MDNSPeerSource`), later the relay. The node follows each for as long as it runs and dials what it finds.
+    public var peerSources: [any PeerSource] = []
     /// Remember peers' addresses in the database and dial them again after a restart.
     public var rememberPeers = true
     /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
@@ -116,7 +92,9 @@ public enum NodeEvent: Sendable, Hashable {
     /// A pull spanning several batches is under way: `changes` applied so far, in `milliseconds`; the
     /// sender estimates `remaining` more.
     case catchUpProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64)
-    /// mDNS found a peer of this cluster (it will be dialled, by the side with the smaller site id).
+    /// mDNS found a peer of this cluster. Both sides dial what they find (a node that returns reconnects as soon
+    /// as it sees the ones that stayed); of two connections between a pair, both keep the one dialled by the
+    /// smaller site id.
     case peerDiscovered(SiteID, address: String)
     /// mDNS cannot work; the node goes on with static peers, and tries again now and then (with backoff, up to
     /// every 30 s). Said once, with the fix, until discovery works again.
@@ -145,9 +123,9 @@ public struct PeerStatus: Sendable, Hashable {
     public var versionVector: VersionVector
     /// The state digest the peer last reported (with an acknowledgement), hex.
     public var digest: String?
-    /// How the node learned of the peer: "static", "mdns", "remembered" (from an earlier run), or "inbound"
-    /// (the peer dialled us).
-    public var foundBy: String = "inbound"
+    /// How the node learned of the peer (for a peer that dialled us: what the node knew of it before, or
+    /// ``PeerOrigin/inbound`` for a stranger).
+    public var foundBy: PeerOrigin = .inbound
     /// Every address the peer is known at, sorted: advertised by mDNS, given with `--peer`, remembered, and the
     /// IP address (with its listening port) of each connection made with it.
     public var addresses: [String] = []
@@ -163,8 +141,8 @@ public struct PeerStatus: Sendable, Hashable {
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.
 public struct UnreachedPeer: Sendable, Hashable {
     public var address: String
-    /// How the node learned of the address ("static").
-    public var foundBy: String
+    /// How the node learned of the address (``PeerOrigin/static``).
+    public var foundBy: PeerOrigin
     /// How many times it was dialled.
     public var attempts: Int
     public var consecutiveFailures: Int

@@ -72,7 +72,7 @@ struct LiveStatus: Codable {
                     uniqueKeysWithValues: peer.versionVector.entries.map { ($0.key.hex, $0.value) }
                 ),
                 digest: peer.digest,
-                foundBy: peer.foundBy,
+                foundBy: peer.foundBy.rawValue,
                 addresses: peer.addresses,
                 lastError: peer.lastError,
                 everConnected: peer.everConnected
@@ -90,7 +90,7 @@ struct LiveStatus: Codable {
                 roundsFinished: 0,
                 roundsFailed: 0,
                 versionVector: [:],
-                foundBy: peer.foundBy,
+                foundBy: peer.foundBy.rawValue,
                 addresses: [peer.address],
                 lastError: peer.lastError ?? (peer.attempts == 0 ? "not dialled yet" : nil),
                 everConnected: false

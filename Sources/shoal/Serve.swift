@@ -52,17 +52,7 @@ extension ShoalCommand {
                 }
                 return peer
             }
-            let node: SyncNode
-            do {
-                node = try await SyncNode(configuration: configuration)
-            } catch let error as ShoalError {
-                throw error
-            } catch {
-                throw ShoalError(
-                    code: .invalidArgument,
-                    message: "could not start listening on \(listen): \(Output.failure(error, while: nil))"
-                )
-            }
+            let node = try await SyncNode(configuration: configuration)
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
@@ -77,7 +67,7 @@ extension ShoalCommand {
                 while !Task.isCancelled {
                     try? LiveStatus(
                         node: node.siteID,
-                        pendingLocalChanges: (try? await node.pendingLocalChanges()) ?? 0,
+                        pendingLocalChanges: await node.pendingLocalChanges(),
                         digest: try? await node.refreshDigest(waiting: false),
                         peers: await node.peerStatuses(),
                         unreached: await node.unreachedPeers()

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+import ShoalDiscovery
+
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalTransport
@@ -62,7 +64,7 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
             #expect(!unavailable, "mDNS unavailable: is avahi-daemon running? (Tools/start-daemons.sh)")
             let peers = await node.node.peerStatuses().filter(\.isConnected)
             #expect(peers.count == 2)
-            #expect(peers.allSatisfy { $0.foundBy == "mdns" || $0.foundBy == "inbound" })
+            #expect(peers.allSatisfy { $0.foundBy == .mdns || $0.foundBy == .inbound })
         }
 
         // avahi-browse lists every node with its TXT fields. It prints what it has resolved so far and exits,
@@ -192,7 +194,7 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         // And b holds a's row once it acknowledges it (acknowledgements come with finished rounds).
         var acknowledged = false
         for _ in 0..<60 where !acknowledged {
-            acknowledged = try await a.node.pendingLocalChanges() == 0
+            acknowledged = await a.node.pendingLocalChanges() == 0
             if !acknowledged {
                 _ = await a.log.next(within: 0.5) { if case .roundFinished = $0 { true } else { false } }
             }

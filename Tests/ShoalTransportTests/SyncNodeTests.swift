@@ -253,7 +253,7 @@ import Testing
         b = try await startNode(in: directory, name: "b")
         #expect(try await converge(a, b, within: 30))
         let peers = await b.node.peerStatuses()
-        #expect(peers.count == 1 && peers[0].foundBy == "remembered" && peers[0].siteID == a.node.siteID)
+        #expect(peers.count == 1 && peers[0].foundBy == .remembered && peers[0].siteID == a.node.siteID)
         await b.stop()
         await a.stop()
     }

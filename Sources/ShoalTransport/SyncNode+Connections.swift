@@ -1,0 +1,183 @@
+import NIOCore
+import ShoalCore
+import ShoalProtocol
+import ShoalStore
+
+/// Connections: running each one's driver, admitting it, and recording how it went.
+extension SyncNode {
+    /// Runs one connection to its end; returns whether the handshake succeeded, and why not.
+    func handle(
+        _ channel: NIOAsyncChannel<WireMessage, WireMessage>,
+        dialed: Bool,
+        address: String
+    ) async -> ConnectionDriver.Outcome {
+        let (inbox, continuation) = AsyncStream.makeStream(of: ConnectionEvent.self)
+        if shuttingDown || Task.isCancelled {
+            try? await channel.executeThenClose { _, _ in }
+            return ConnectionDriver.Outcome(established: false, error: nil)
+        }
+        let remoteIP = channel.channel.remoteAddress?.ipAddress
+        let id: Int
+        switch registry.register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) {
+        case .admitted(let registered):
+            id = registered
+        case .refused(let rejection):
+            try? await channel.executeThenClose { _, outbound in try await outbound.write(.reject(rejection)) }
+            return ConnectionDriver.Outcome(established: false, error: nil)
+        }
+        var driver = ConnectionDriver(
+            id: id,
+            address: address,
+            worker: worker,
+            delegate: self,
+            settings: driverSettings
+        )
+        let hello: Hello
+        do {
+            hello = try await worker.hello(
+                clusterID: configuration.clusterID,
+                nodeName: configuration.nodeName,
+                listenPort: UInt16(listeningPort ?? 0)
+            )
+        } catch {
+            // Every channel NIO created must be closed through executeThenClose.
+            try? await channel.executeThenClose { _, _ in }
+            closed(id, error: error)
+            return ConnectionDriver.Outcome(established: false, error: error, failedHere: true)
+        }
+        let outcome: ConnectionDriver.Outcome
+        do {
+            outcome = try await channel.executeThenClose { inbound, outbound in
+                let stream = ChannelMessageStream(inbound: inbound, outbound: outbound, channel: channel.channel)
+                return await driver.run(hello: hello, over: stream, inbox: inbox, events: continuation)
+            }
+        } catch {
+            outcome = ConnectionDriver.Outcome(established: false, error: DialFailure.connectionLost(error))
+        }
+        if !outcome.established, let error = outcome.error {
+            let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
+            if let line = failures.note(address, reason) {
+                eventSink.yield(.connectionFailed(address: address, reason: line))
+            }
+        }
+        closed(id, error: outcome.error, refusal: outcome.refusal)
+        return outcome
+    }
+
+    /// What every connection's driver runs with.
+    private var driverSettings: ConnectionDriver.Settings {
+        ConnectionDriver.Settings(
+            session: configuration.session,
+            maxChangesPerBatch: configuration.maxChangesPerBatch,
+            maxBytesPerBatch: configuration.maxBytesPerBatch,
+            clock: configuration.clock
+        )
+    }
+
+    /// Records that connection `id` ended (with `error`, or refused by the peer).
+    private func closed(_ id: Int, error: ShoalError?, refusal: Rejection? = nil) {
+        guard let entry = registry.remove(id) else { return }
+        guard let peer = entry.peer else { return }
+        if !registry.isConnected(peer) { directory.disconnected(peer) }
+        // Errors while this node stops (a send cut short, …) say nothing about the peer.
+        if shuttingDown {
+            eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))
+            return
+        }
+        // A failure is what this side refused, or what the peer refused us for; the peer stopping or keeping
+        // another connection is not one.
+        var failure: String?
+        if let refusal, ![.duplicateConnection, .shuttingDown].contains(refusal.reason) {
+            failure = "the peer refused: \(refusal.message)"
+        } else if let error, error.code != .rejected {
+            failure = error.message
+        }
+        guard let failure else {
+            eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
+            return
+        }
+        directory.failed(peer, reason: failure, refusedByPeer: refusal != nil)
+        if let line = failures.note(peer.hex, failure) {
+            configuration.logger.info(
+                "sync with a peer failed",
+                metadata: ["peer": "\(peer.hex.prefix(8))", "reason": "\(line)"]
+            )
+            eventSink.yield(.peerDisconnected(peer, reason: line))
+        }
+    }
+}
+
+/// What the connections' drivers report.
+extension SyncNode: ConnectionDelegate {
+    /// Records an established connection, unless it duplicates a live one or the node is full.
+    ///
+    /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
+    func connectionEstablished(_ id: Int, peer hello: Hello, address: String) -> Admission {
+        guard let entry = registry.entries[id] else { return .duplicate }
+        // Learn who is behind a dialled address before anything else, so its dialer can stand by while that
+        // peer is connected, even when this connection loses to another one.
+        if entry.dialed, let dialled = PeerAddress(parsing: address) { directory.learnSite(hello.siteID, at: dialled) }
+        let (admission, evicted) = registry.establish(id, peer: hello.siteID)
+        evicted?.yield(.duplicate)
+        guard admission == .accepted else { return admission }
+        let reachable = directory.connected(hello, address: address, dialed: entry.dialed, remoteIP: entry.remoteIP)
+        // While the same failure repeats, its reconnections are not announced each time.
+        if !failures.isRepeating(hello.siteID.hex) {
+            eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+        }
+        // Remember where to reach it: the address dialled, or its IP with the port it says it listens on.
+        if let reachable, configuration.rememberPeers {
+            let worker = self.worker
+            let site = hello.siteID
+            Task { try? await worker.rememberPeer(site, host: reachable.host, port: reachable.port) }
+        }
+        return .accepted
+    }
+
+    func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
+        if directory.roundFinished(peer, milliseconds: milliseconds, now: configuration.clock.nowMilliseconds()) {
+            failures.clear(peer.hex)
+        }
+        eventSink.yield(.roundFinished(peer: peer, applied: applied))
+    }
+
+    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) {
+        eventSink.yield(
+            .catchUpProgress(peer: peer, changes: changes, remaining: remaining, milliseconds: milliseconds)
+        )
+    }
+
+    func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
+        if directory.acknowledged(peer, ack) { failures.clear(peer.hex) }
+    }
+
+    func connectionRoundFailed(peer: SiteID, reason: String) {
+        directory.roundFailed(peer, reason: reason)
+    }
+
+    /// Notes how far ahead of local time the clocks of a batch a peer sent were (negative: behind), as a view
+    /// to compare a later clock refusal with.
+    func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) {
+        clockViews[peer] = ClockView(ahead: aheadMilliseconds, refused: false)
+    }
+
+    /// Rewrites a clock refusal so that it says how far apart the clocks are, which one looks wrong when
+    /// another peer gives a third view, and what happens meanwhile.
+    func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) -> ShoalError {
+        let now = configuration.clock.nowMilliseconds()
+        let newest = batch.changes.map(\.stamp.hlc.milliseconds).max() ?? now
+        let ahead = Int64(newest) - Int64(now)
+        guard let peer else { return error }
+        clockViews[peer] = ClockView(ahead: ahead, refused: true)
+        let others = clockViews.filter { $0.key != peer }.map { (site: $0.key, view: $0.value) }
+        let known = directory.status(of: peer)
+        let name = known.map { "\($0.name.isEmpty ? "" : $0.name + " ")\(peer.hex.prefix(8))" } ?? "\(peer.hex.prefix(8))"
+        let message = ClockRefusal.message(
+            peer: name,
+            aheadMilliseconds: ahead,
+            boundMilliseconds: configuration.storeOptions.maximumClockDriftMilliseconds,
+            otherViews: others.map { (directory.status(of: $0.site)?.name ?? String($0.site.hex.prefix(8)), $0.view) }
+        )
+        return ShoalError(code: .clockTooFarAhead, message: message)
+    }
+}

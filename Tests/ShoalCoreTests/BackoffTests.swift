@@ -1,0 +1,53 @@
+import Testing
+
+@testable import ShoalCore
+
+/// A generator that always returns the same value: jitter at a fixed point of its range.
+private struct FixedRandom: RandomNumberGenerator {
+    var value: UInt64
+    mutating func next() -> UInt64 { value }
+}
+
+@Suite struct BackoffUnitTests {
+    @Test func delaysDoubleUpToTheCapAndResetAfterASuccess() {
+        var backoff = Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000, jitter: 1...1)
+        var random = SystemRandomNumberGenerator()
+        let delays = (0..<6).map { _ in backoff.next(using: &random) }
+        #expect(delays == [100, 200, 400, 800, 1_000, 1_000])
+        backoff.reset()
+        #expect(backoff.next(using: &random) == 100)
+    }
+
+    @Test func jitterStaysWithinItsRange() {
+        var random = SplitMix64(seed: 42)
+        for _ in 0..<1_000 {
+            var backoff = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000)
+            let delay = backoff.next(using: &random)
+            #expect((800...1_200).contains(delay))
+        }
+        // The lowest and the highest draws give the ends of the range.
+        var low = FixedRandom(value: 0)
+        var backoff = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000)
+        #expect(backoff.next(using: &low) == 800)
+    }
+
+    @Test func aHugeCapNeverOverflows() {
+        var backoff = Backoff(initialMilliseconds: 1 << 62, maximumMilliseconds: .max, jitter: 1...1)
+        var random = SystemRandomNumberGenerator()
+        for _ in 0..<4 { _ = backoff.next(using: &random) }
+        #expect(backoff.currentMilliseconds >= 1 << 62)
+    }
+}
+
+/// SplitMix64, seeded: deterministic draws for tests.
+private struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
