@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore
@@ -84,5 +85,32 @@ private func messagesUntilClosed(_ channel: NIOAsyncChannel<ByteBuffer, ByteBuff
         #expect(await a.node.connectionCount == 1)
         await b.stop()
         await a.stop()
+    }
+
+    /// Connections that arrive while the node stops are closed, never dropped: NIO traps on a message channel
+    /// that nobody closes, which took the whole process down.
+    @Test func connectionsArrivingWhileTheNodeStopsAreAllClosed() async throws {
+        let directory = try temporaryDirectory("stop-flood")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for _ in 0..<5 {
+            let a = try await startNode(in: directory, name: "a") { configuration in
+                configuration.maximumPendingPerAddress = 64
+                configuration.maximumPendingConnections = 64
+            }
+            let dialing = Task {
+                var sockets: [NIOAsyncChannel<ByteBuffer, ByteBuffer>] = []
+                for _ in 0..<60 {
+                    guard let socket = try? await silentSocket(to: a.port, from: "127.0.0.3") else { break }
+                    sockets.append(socket)
+                }
+                return sockets
+            }
+            // Stop once some connections are in, while more are still arriving.
+            #expect(await waitUntil(within: 10, checkingEvery: 1) { await a.node.connectionCount >= 5 })
+            await a.stop()
+            for socket in await dialing.value {
+                #expect(await messagesUntilClosed(socket, within: 10) != nil, "a socket was left open")
+            }
+        }
     }
 }
