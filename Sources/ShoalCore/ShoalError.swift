@@ -78,19 +78,63 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         /// The table's shape changed behind Shoal's back (or it is gone): its replication is paused.
         public static let tablePaused = Code(.tablePaused)
 
+        /// The code's name, as in ``ShoalError/Code`` (`sqlite`, `network`, …).
         public var description: String { base.rawValue }
+    }
+
+    /// What SQLite reported, for an error SQLite raised: a caller can tell a busy database from a constraint
+    /// from a full disk without reading the message.
+    public struct SQLiteFailure: Hashable, Sendable, CustomStringConvertible {
+        /// SQLite's extended result code (`SQLITE_BUSY_SNAPSHOT`, `SQLITE_CONSTRAINT_UNIQUE`, `SQLITE_IOERR_WRITE`, …).
+        public let extendedResultCode: Int32
+        /// The statement that failed, when there was one (its SQL text as prepared).
+        public let statement: String?
+
+        /// A failure with SQLite's extended result code and the statement that raised it.
+        public init(extendedResultCode: Int32, statement: String? = nil) {
+            self.extendedResultCode = extendedResultCode
+            self.statement = statement
+        }
+
+        /// SQLite's primary result code: the low byte of the extended one (`SQLITE_BUSY` is 5, …).
+        public var resultCode: Int32 { extendedResultCode & 0xFF }
+        /// The database file is locked by another connection (`SQLITE_BUSY`) or table (`SQLITE_LOCKED`): worth
+        /// trying again later.
+        public var isBusy: Bool { resultCode == 5 || resultCode == 6 }
+        /// A constraint failed (`SQLITE_CONSTRAINT`: unique, not null, check, foreign key, a trigger's RAISE).
+        public var isConstraintViolation: Bool { resultCode == 19 }
+        /// The disk or the database is full (`SQLITE_FULL`).
+        public var isFull: Bool { resultCode == 13 }
+        /// A disk I/O error (`SQLITE_IOERR`, any of its extended codes).
+        public var isIOError: Bool { resultCode == 10 }
+        /// The database is read-only (`SQLITE_READONLY`: a file without write permission, a read-only mount).
+        public var isReadOnly: Bool { resultCode == 8 }
+
+        /// `SQLite error N (extended M)`, and the statement when known.
+        public var description: String {
+            let codes =
+                extendedResultCode == resultCode
+                ? "SQLite error \(resultCode)" : "SQLite error \(resultCode), extended \(extendedResultCode)"
+            return statement.map { "\(codes) in: \($0)" } ?? codes
+        }
     }
 
     /// The kind of error.
     public let code: Code
     /// What happened and what to do about it.
     public let message: String
+    /// SQLite's result codes and the failing statement, when SQLite raised the error (``Code/sqlite``, and the
+    /// errors a failed SQLite call turned into, like ``Code/tablePaused``'s triggers); `nil` otherwise.
+    public let sqlite: SQLiteFailure?
 
-    public init(code: Code, message: String) {
+    /// An error of kind `code`, saying `message`; `sqlite` holds what SQLite reported, when it raised it.
+    public init(code: Code, message: String, sqlite: SQLiteFailure? = nil) {
         self.code = code
         self.message = message
+        self.sqlite = sqlite
     }
 
+    /// The message.
     public var description: String { message }
 }
 

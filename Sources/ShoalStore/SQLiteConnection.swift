@@ -17,7 +17,12 @@ final class SQLiteConnection {
         guard code == SQLITE_OK, let handle else {
             let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             if let handle { sqlite3_close_v2(handle) }
-            throw ShoalError(code: .sqlite, message: "cannot open database \(path): \(message)")
+            let extended = handle.map { sqlite3_extended_errcode($0) } ?? code
+            throw ShoalError(
+                code: .sqlite,
+                message: "cannot open database \(path): \(message)",
+                sqlite: ShoalError.SQLiteFailure(extendedResultCode: extended)
+            )
         }
         self.handle = handle
         sqlite3_extended_result_codes(handle, 1)
@@ -28,23 +33,30 @@ final class SQLiteConnection {
         sqlite3_close_v2(handle)
     }
 
-    /// The error for result `code`, with SQLite's message.
-    func error(_ code: Int32, _ context: String? = nil) -> ShoalError {
+    /// The error for result `code`, with SQLite's message, its extended result code and the failing `statement`.
+    func error(_ code: Int32, _ context: String? = nil, statement: String? = nil) -> ShoalError {
         let message = String(cString: sqlite3_errmsg(handle))
         let prefix = context.map { "\($0): " } ?? ""
-        return ShoalError(code: .sqlite, message: "\(prefix)\(message) (SQLite error \(code))")
+        // The connection reports extended codes; a primary one (from a call that does not) is refined by the
+        // connection's last error when that is the same failure.
+        let extended = sqlite3_extended_errcode(handle)
+        let failure = ShoalError.SQLiteFailure(
+            extendedResultCode: extended & 0xFF == code & 0xFF ? extended : code,
+            statement: statement
+        )
+        return ShoalError(code: .sqlite, message: "\(prefix)\(message) (SQLite error \(code))", sqlite: failure)
     }
 
     /// Runs SQL with no parameters and no results (several statements allowed).
     func exec(_ sql: String) throws(ShoalError) {
         let code = sqlite3_exec(handle, sql, nil, nil, nil)
-        guard code == SQLITE_OK else { throw error(code) }
+        guard code == SQLITE_OK else { throw error(code, statement: sql) }
     }
 
     func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         var statement: OpaquePointer?
         let code = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
-        guard code == SQLITE_OK, let statement else { throw error(code) }
+        guard code == SQLITE_OK, let statement else { throw error(code, statement: sql) }
         return SQLiteStatement(statement, connection: self)
     }
 
@@ -125,7 +137,7 @@ final class SQLiteStatement {
                 )
             }
         }
-        guard code == SQLITE_OK else { throw connection.error(code) }
+        guard code == SQLITE_OK else { throw connection.error(code, statement: sql) }
     }
 
     /// Binds TEXT of exactly these bytes (NULs and invalid UTF-8 included; SQLite stores them as they are).
@@ -154,7 +166,7 @@ final class SQLiteStatement {
             sqlite3_uint64(bytes.count),
             nil
         )
-        guard code == SQLITE_OK else { throw connection.error(code) }
+        guard code == SQLITE_OK else { throw connection.error(code, statement: sql) }
     }
 
     func clearBindings() {
@@ -174,7 +186,7 @@ final class SQLiteStatement {
         case SQLITE_DONE: return false
         default:
             sqlite3_reset(handle)
-            throw connection.error(code)
+            throw connection.error(code, statement: sql)
         }
     }
 

@@ -87,7 +87,9 @@ extension Store {
             preparingUserStatement = false
             if code != SQLITE_OK {
                 if let denial = authorizerDenial { throw ShoalError(code: .unsupportedSchema, message: denial) }
-                throw connection.error(code)
+                // The statement that failed is what follows the last one prepared (SQLite cannot say where it ends).
+                let failed = String(decoding: remaining[offset..<(remaining.count - 1)].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                throw connection.error(code, statement: failed.trimmingPrefix(while: \.isWhitespace).description)
             }
             let consumed = remaining.withUnsafeBufferPointer { buffer in
                 tail.map { $0 - buffer.baseAddress! } ?? (buffer.count - 1)

@@ -174,7 +174,11 @@ public final class Store {
         defer { sqlite3_close_v2(handle) }
         let opened = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY, nil)
         guard opened == SQLITE_OK, let handle else {
-            throw ShoalError(code: .sqlite, message: "cannot open \(path): \(String(cString: sqlite3_errstr(opened)))")
+            throw ShoalError(
+                code: .sqlite,
+                message: "cannot open \(path): \(String(cString: sqlite3_errstr(opened)))",
+                sqlite: ShoalError.SQLiteFailure(extendedResultCode: opened)
+            )
         }
         sqlite3_busy_timeout(handle, 10_000)
         var statement: OpaquePointer?
@@ -184,7 +188,8 @@ public final class Store {
         guard code == SQLITE_OK, sqlite3_step(statement) == SQLITE_ROW else {
             throw ShoalError(
                 code: .sqlite,
-                message: "cannot read \(path) as an SQLite database: \(String(cString: sqlite3_errmsg(handle)))"
+                message: "cannot read \(path) as an SQLite database: \(String(cString: sqlite3_errmsg(handle)))",
+                sqlite: ShoalError.SQLiteFailure(extendedResultCode: sqlite3_extended_errcode(handle), statement: sql)
             )
         }
         return sqlite3_column_int64(statement, 0) > 0

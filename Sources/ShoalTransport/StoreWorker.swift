@@ -4,9 +4,18 @@ import ShoalStore
 import ShoalProtocol
 import Synchronization
 
-/// Owns the node's ``Store`` and runs every database operation, one at a time, off the event loops.
+/// Owns the node's ``Store`` and runs every database operation, one at a time, on a thread of its own.
+///
+/// Its jobs run on a ``StoreExecutor``, not on the cooperative pool: a SQLite call that blocks (a long apply, a
+/// wait on another process's lock) holds the store's thread only, never one the rest of the node needs.
 actor StoreWorker {
     private let store: Store
+    private let executor: StoreExecutor
+    /// The node's clock (the store's): when the data changed, when a failed capture is retried.
+    private let clock: any WallClock
+
+    /// The actor runs on its own thread.
+    nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
     private var lastDataVersion: Int64 = 0
     /// Bumped whenever the data may have changed; the cached digest is valid for one value of it.
     private var stateVersion = 0
@@ -21,11 +30,17 @@ actor StoreWorker {
 
     private func changed() {
         stateVersion += 1
-        lastChangeAt = SystemWallClock().nowMilliseconds()
+        lastChangeAt = clock.nowMilliseconds()
     }
 
     init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
+        clock = options.clock
+        executor = StoreExecutor()
+    }
+
+    deinit {
+        executor.shutdown()
     }
 
     var siteID: SiteID { store.siteID }
@@ -97,7 +112,7 @@ actor StoreWorker {
     func changedElsewhere() throws(ShoalError) -> Bool {
         let version = try store.dataVersion()
         let changed = lastDataVersion != 0 && version != lastDataVersion
-        let now = SystemWallClock().nowMilliseconds()
+        let now = clock.nowMilliseconds()
         var captured = false
         if lastDataVersion == 0 || changed || (captureFailures > 0 && now >= captureRetryAt) {
             do {
@@ -124,7 +139,7 @@ actor StoreWorker {
     }
 
     /// Runs a closure against the store (for the node's own writes).
-    func withStore<T: Sendable>(_ body: (Store) throws -> T) throws -> T {
+    func withStore<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
         changed()
         defer { _ = try? versionVector() }
         return try body(store)

@@ -77,8 +77,8 @@ public actor SyncNode: Service {
 
     /// Runs SQL through the node's own connection and starts rounds at once.
     @discardableResult
-    public func execute(_ sql: String, _ arguments: [SQLValue] = []) async throws -> QueryResult {
-        let result = try await worker.withStore { try $0.execute(sql, arguments) }
+    public func execute(_ sql: String, _ arguments: [SQLValue] = []) async throws(ShoalError) -> QueryResult {
+        let result = try await worker.withStore { store throws(ShoalError) in try store.execute(sql, arguments) }
         broadcast(.localChange)
         return result
     }
@@ -103,7 +103,7 @@ public actor SyncNode: Service {
         minimumIntervalMilliseconds interval: UInt64 = 2_000,
         quietMilliseconds quiet: UInt64 = 1_000,
         waiting: Bool = true
-    ) async throws -> StateDigest? {
+    ) async throws(ShoalError) -> StateDigest? {
         guard waiting else {
             if !digestRefreshing {
                 digestRefreshing = true
@@ -115,7 +115,7 @@ public actor SyncNode: Service {
     }
 
     /// Asks the worker to refresh the digest until it is ready or not due, one slice of changed rows a call.
-    private func refreshDigestOnWorker(interval: UInt64, quiet: UInt64) async throws -> StateDigest? {
+    private func refreshDigestOnWorker(interval: UInt64, quiet: UInt64) async throws(ShoalError) -> StateDigest? {
         while true {
             switch try await worker.refreshDigest(
                 minimumIntervalMilliseconds: interval,
@@ -135,7 +135,7 @@ public actor SyncNode: Service {
     }
 
     /// The state digest of the node's database.
-    public func digest() async throws -> StateDigest {
+    public func digest() async throws(ShoalError) -> StateDigest {
         try await worker.digest()
     }
 
@@ -162,10 +162,11 @@ public actor SyncNode: Service {
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask {
                 // The accept loop runs apart from the node's cancellation: on shutdown the listening channel is
-                // closed, the loop drains what was already accepted, and every connection is told to close.
-                // (A channel created by NIO must always reach executeThenClose, or NIO traps.)
+                // closed, the loop hands out what was already accepted, and every connection is told to close.
+                // (A channel created by NIO must always reach executeThenClose, or NIO traps: cancelling the loop
+                // would drop what it had queued.)
                 let acceptor = Task {
-                    try await listener.run { child, address in
+                    await listener.run { child, address in
                         _ = await self.handle(child, dialed: false, address: address)
                     }
                 }

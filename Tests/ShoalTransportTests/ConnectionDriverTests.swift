@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalProtocol
@@ -85,7 +86,7 @@ private struct Side {
     let recorder = Recorder()
     let inbox: AsyncStream<ConnectionEvent>
     let signals: AsyncStream<ConnectionEvent>.Continuation
-    var settings = ConnectionDriver.Settings()
+    var settings = ConnectionDriver.Settings(clock: SystemWallClock())
 
     init(_ directory: URL, _ name: String, schema: String = "CREATE TABLE kv(k TEXT PRIMARY KEY, v, n INTEGER DEFAULT 0)")
         throws
@@ -104,7 +105,7 @@ private struct Side {
     }
 
     func write(_ sql: String) async throws {
-        _ = try await worker.withStore { try $0.execute(sql) }
+        _ = try await worker.withStore { store throws(ShoalError) in try store.execute(sql) }
     }
 
     /// Runs a driver over `stream` until it ends.
@@ -198,7 +199,7 @@ private func exchange(
         let (_, _, sentByB) = try await exchange(a, b)
         let pieces = sentByB.filter { if case .valuePiece = $0 { true } else { false } }
         #expect(pieces.count == 40)  // 10,000 bytes and a 3-byte header, in pieces of 256
-        let held = try await a.worker.withStore { try $0.execute("SELECT length(v) FROM kv WHERE k = 'big'") }
+        let held = try await a.worker.withStore { store throws(ShoalError) in try store.execute("SELECT length(v) FROM kv WHERE k = 'big'") }
         #expect(held.rows == [[.integer(10_000)]])
     }
 
