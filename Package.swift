@@ -118,6 +118,13 @@ let package = Package(
             path: "Tools/ShoalChaos",
             swiftSettings: strict
         ),
+        // What the test targets share: locating the built `shoal`, temporary directories, running a process and
+        // capturing its output, waiting on a condition with a deadline.
+        .target(
+            name: "ShoalTestSupport",
+            path: "Tests/ShoalTestSupport",
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "ShoalCoreTests",
             dependencies: ["ShoalCore"],
@@ -132,6 +139,7 @@ let package = Package(
             name: "ShoalTransportTests",
             dependencies: [
                 "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "shoal", "ShoalToolSupport",
+                "ShoalTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -141,7 +149,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalHostsTests",
-            dependencies: ["shoal"],
+            dependencies: ["shoal", "ShoalTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -156,7 +164,7 @@ let package = Package(
         .testTarget(
             name: "ShoalStoreTests",
             dependencies: [
-                "ShoalStore", "ShoalCore", "ShoalProtocol", "shoal",
+                "ShoalStore", "ShoalCore", "ShoalProtocol", "shoal", "ShoalTestSupport",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict

@@ -2,12 +2,6 @@ import Testing
 
 @testable import ShoalCore
 
-/// A generator that always returns the same value: jitter at a fixed point of its range.
-private struct FixedRandom: RandomNumberGenerator {
-    var value: UInt64
-    mutating func next() -> UInt64 { value }
-}
-
 @Suite struct BackoffUnitTests {
     @Test func delaysDoubleUpToTheCapAndResetAfterASuccess() {
         var backoff = Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000, jitter: 1...1)
@@ -25,10 +19,12 @@ private struct FixedRandom: RandomNumberGenerator {
             let delay = backoff.next(using: &random)
             #expect((800...1_200).contains(delay))
         }
-        // The lowest and the highest draws give the ends of the range.
-        var low = FixedRandom(value: 0)
-        var backoff = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000)
-        #expect(backoff.next(using: &low) == 800)
+        // A range of one point gives exactly that factor.
+        var random2 = SplitMix64(seed: 7)
+        var low = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000, jitter: 0.8...0.8)
+        #expect(low.next(using: &random2) == 800)
+        var high = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000, jitter: 1.2...1.2)
+        #expect(high.next(using: &random2) == 1_200)
     }
 
     @Test func aHugeCapNeverOverflows() {

@@ -1,21 +1,6 @@
 import Foundation
-import Synchronization
+import ShoalTestSupport
 import Testing
-
-/// The repository's root, found from this file's path (the tests run the scripts in Tools/).
-let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-    .deletingLastPathComponent()
-
-/// The `shoal` executable built beside the tests.
-func shoalExecutable() -> String {
-    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path)
-        && directory.path != "/"
-    {
-        directory = directory.deletingLastPathComponent()
-    }
-    return directory.appendingPathComponent("shoal").path
-}
 
 /// Network namespaces need root, and a kernel and container that allow them. The README's test command runs as
 /// root; where the machine refuses namespaces, the suite is reported as disabled with this reason.
@@ -67,15 +52,15 @@ final class HostPair: Sendable {
     }
 
     /// Starts a long-running command on `host`; its output lines can be waited for.
-    func spawn(_ host: Host, _ arguments: [String]) throws -> HostProcess {
-        try HostProcess(launching: scriptProcess(["run", host.rawValue] + arguments))
+    func spawn(_ host: Host, _ arguments: [String]) throws -> RunningProcess {
+        try RunningProcess(launching: scriptProcess(["run", host.rawValue] + arguments))
     }
 
     /// Starts `shoal serve` on `host`, listening on the host's address, and waits until it listens.
-    func serve(_ host: Host, database: String, name: String, _ extra: [String] = []) async throws -> HostProcess {
+    func serve(_ host: Host, database: String, name: String, _ extra: [String] = []) async throws -> RunningProcess {
         let node = try spawn(
             host,
-            [shoalExecutable(), "serve", "--db", database, "--name", name, "--listen", "\(host.address):7400"] + extra
+            [shoalExecutable().path, "serve", "--db", database, "--name", name, "--listen", "\(host.address):7400"] + extra
         )
         guard await node.line(within: 30, { $0.hasPrefix("listening on") }) != nil else {
             node.stop()
@@ -111,109 +96,3 @@ struct HostError: Error, CustomStringConvertible {
     var description: String { message }
 }
 
-/// A process started on one of the hosts, with its output (standard output and error) collected line by line.
-final class HostProcess: Sendable {
-    let process: Process
-    private let lines = OutputLines()
-
-    init(launching process: Process) throws {
-        self.process = process
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let lines = self.lines
-        // A thread of its own: the read blocks until the process writes or exits.
-        Thread.detachNewThread {
-            var pending = Data()
-            while true {
-                let chunk = pipe.fileHandleForReading.availableData
-                if chunk.isEmpty { break }
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...newline)
-                    lines.append(line)
-                }
-            }
-            lines.append(nil)
-        }
-    }
-
-    /// Every line so far.
-    var output: String {
-        lines.lines.joined(separator: "\n")
-    }
-
-    /// The first line (already written or still to come) matching `matches`, or nil after `seconds`.
-    func line(within seconds: Double, _ matches: @escaping @Sendable (String) -> Bool) async -> String? {
-        await lines.first(within: seconds, matches)
-    }
-
-    /// Stops the process (SIGTERM, so it withdraws its mDNS registration) and waits for it.
-    func stop() {
-        if process.isRunning { process.terminate() }
-        process.waitUntilExit()
-    }
-}
-
-/// Lines written by a process, with waiters for the one a test expects.
-private final class OutputLines: Sendable {
-    private struct State {
-        var lines: [String] = []
-        var ended = false
-        var waiters:
-            [(id: Int, matches: @Sendable (String) -> Bool, continuation: CheckedContinuation<String?, Never>)] =
-                []
-        var nextWaiter = 0
-    }
-
-    private let state = Mutex(State())
-
-    var lines: [String] { state.withLock { $0.lines } }
-
-    /// Appends a line, in the order read; nil when the output has ended (no waiter can be satisfied any more).
-    func append(_ line: String?) {
-        let satisfied = state.withLock { state in
-            guard let line else {
-                state.ended = true
-                defer { state.waiters.removeAll() }
-                return state.waiters.map { ($0.continuation, String?.none) }
-            }
-            state.lines.append(line)
-            defer { state.waiters.removeAll { $0.matches(line) } }
-            return state.waiters.filter { $0.matches(line) }.map { ($0.continuation, String?.some(line)) }
-        }
-        for (continuation, line) in satisfied { continuation.resume(returning: line) }
-    }
-
-    func first(within seconds: Double, _ matches: @escaping @Sendable (String) -> Bool) async -> String? {
-        await withCheckedContinuation { continuation in
-            let id: Int? = state.withLock { state in
-                if let line = state.lines.first(where: matches) {
-                    continuation.resume(returning: line)
-                    return nil
-                }
-                if state.ended {
-                    continuation.resume(returning: nil)
-                    return nil
-                }
-                state.nextWaiter += 1
-                state.waiters.append((state.nextWaiter, matches, continuation))
-                return state.nextWaiter
-            }
-            guard let id else { return }
-            Task {
-                try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
-                self.expire(id)
-            }
-        }
-    }
-
-    private func expire(_ id: Int) {
-        let waiter = state.withLock { state in
-            state.waiters.firstIndex(where: { $0.id == id }).map { state.waiters.remove(at: $0) }
-        }
-        waiter?.continuation.resume(returning: nil)
-    }
-}

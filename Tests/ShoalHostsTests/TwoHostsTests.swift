@@ -1,21 +1,15 @@
 import Foundation
+import ShoalTestSupport
 import Testing
 
 /// Runs `shoal` (outside the hosts: the databases are plain files both sides can reach) and returns its output.
 @discardableResult
 private func shoal(_ arguments: [String]) throws -> String {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: shoalExecutable())
-    process.arguments = arguments
-    let output = Pipe()
-    process.standardOutput = output
-    try process.run()
-    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    process.waitUntilExit()
-    guard process.terminationStatus == 0 else {
-        throw HostError(message: "shoal \(arguments.joined(separator: " ")) exited \(process.terminationStatus)")
+    let result = try ShoalTestSupport.shoal(arguments: arguments)
+    guard result.status == 0 else {
+        throw HostError(message: "shoal \(arguments.joined(separator: " ")) exited \(result.status): \(result.stderr)")
     }
-    return text
+    return result.stdout
 }
 
 /// A database with a replicated `notes` table holding `rows` notes keyed "<prefix>-<n>"; returns its site id.
@@ -36,15 +30,11 @@ private func makeDatabase(_ path: String, name: String, rows: Int) throws -> Str
 /// The Python interpreter itself (not a wrapper script, so a signal reaches it): the one the test command
 /// installed zeroconf into.
 private let python: String = {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = ["python3", "-c", "import sys; print(sys.executable)"]
-    let output = Pipe()
-    process.standardOutput = output
-    try? process.run()
-    let path = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    process.waitUntilExit()
-    return path.trimmingCharacters(in: .whitespacesAndNewlines)
+    let found = try? runProcess(
+        URL(fileURLWithPath: "/usr/bin/env"),
+        ["python3", "-c", "import sys; print(sys.executable)"]
+    )
+    return (found?.stdout ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
 }()
 
 /// Two real hosts as far as mDNS can tell: network namespaces joined by a veth link, each with its own D-Bus

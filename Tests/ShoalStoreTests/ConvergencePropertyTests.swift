@@ -1,6 +1,7 @@
 import Foundation
 import PropertyBased
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore

@@ -1,33 +1,9 @@
 import Foundation
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
 @testable import ShoalStore
-
-/// The `shoal` executable built beside the test bundle.
-func shoalExecutable() throws -> URL {
-    let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-    var directory = bundle.deletingLastPathComponent()
-    // On Linux the test binary sits in the build folder; on macOS inside an .xctest bundle.
-    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path)
-        && directory.path != "/"
-    {
-        directory = directory.deletingLastPathComponent()
-    }
-    let url = directory.appendingPathComponent("shoal")
-    guard FileManager.default.isExecutableFile(atPath: url.path) else {
-        throw ShoalError(code: .invalidArgument, message: "the shoal executable was not built next to the tests")
-    }
-    return url
-}
-
-func temporaryDirectory(_ name: String) throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "shoal-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-    )
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    return url
-}
 
 @Suite struct CrashTests {
     @Test func applyKilledAtRandomPointsIsAllOrNothingAndResumes() throws {

@@ -1,35 +1,23 @@
 import Foundation
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
 @testable import ShoalStore
 @testable import ShoalProtocol
 
-/// Runs the real `shoal` executable; returns its standard output, and fails on a non-zero exit.
+/// Runs the real `shoal` executable (with `input`'s contents on stdin); returns its standard output, and fails on
+/// a non-zero exit.
 @discardableResult
 func shoal(_ arguments: [String], input: URL? = nil) throws -> String {
-    let process = Process()
-    process.executableURL = try shoalExecutable()
-    process.arguments = arguments
-    let output = Pipe()
-    // Errors go to a file, so neither stream can fill a pipe and stall the child while the other is read.
-    let errorFile = FileManager.default.temporaryDirectory.appendingPathComponent("shoal-stderr-\(UUID().uuidString)")
-    _ = FileManager.default.createFile(atPath: errorFile.path, contents: nil)
-    defer { try? FileManager.default.removeItem(at: errorFile) }
-    process.standardOutput = output
-    process.standardError = try FileHandle(forWritingTo: errorFile)
-    if let input { process.standardInput = try FileHandle(forReadingFrom: input) }
-    try process.run()
-    let text = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    let errorText = (try? Data(contentsOf: errorFile)) ?? Data()
-    guard process.terminationStatus == 0 else {
+    let result = try runProcess(try shoalExecutable(), arguments, input: try input.map { try Data(contentsOf: $0) })
+    guard result.status == 0 else {
         throw ShoalError(
             code: .invalidArgument,
-            message: "shoal \(arguments.joined(separator: " ")) failed: \(String(decoding: errorText, as: UTF8.self))"
+            message: "shoal \(arguments.joined(separator: " ")) failed: \(result.stderr)"
         )
     }
-    return String(decoding: text, as: UTF8.self)
+    return result.stdout
 }
 
 /// `shoal changes --db from [--since …] | shoal apply --db to`, two real processes joined by a pipe; returns

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore

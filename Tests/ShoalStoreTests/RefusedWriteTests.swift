@@ -1,6 +1,7 @@
 import CSQLite
 import Foundation
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore

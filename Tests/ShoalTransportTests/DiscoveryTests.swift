@@ -1,4 +1,5 @@
 import Foundation
+import ShoalTestSupport
 import Testing
 
 import ShoalDiscovery
@@ -9,15 +10,7 @@ import ShoalDiscovery
 
 /// Runs a command to completion and returns its standard output.
 private func run(_ executable: String, _ arguments: [String]) throws -> String {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    let output = Pipe()
-    process.standardOutput = output
-    try process.run()
-    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    process.waitUntilExit()
-    return text
+    try runProcess(URL(fileURLWithPath: executable), arguments).stdout
 }
 
 /// These need the Avahi daemon, which the test command starts: they fail, not skip, without it.

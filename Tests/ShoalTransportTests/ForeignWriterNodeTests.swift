@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore
@@ -14,16 +15,12 @@ import Testing
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
         #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
 
-        let shell = Process()
-        shell.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-        shell.arguments = [
+        let shell = try sqlite3Shell(
             a.path,
             "BEGIN; INSERT INTO kv(k, v, n) VALUES ('shell', x'00ff', 3), ('other', 2.5, 0); "
-                + "UPDATE kv SET n = n + 4 WHERE k = 'shell'; DELETE FROM kv WHERE k = 'other'; COMMIT",
-        ]
-        try shell.run()
-        shell.waitUntilExit()
-        #expect(shell.terminationStatus == 0)
+                + "UPDATE kv SET n = n + 4 WHERE k = 'shell'; DELETE FROM kv WHERE k = 'other'; COMMIT"
+        )
+        #expect(shell.status == 0, "\(shell.stderr)")
 
         // Only b is asked (asking a for its digest would capture the write on the spot).
         let expected: [[SQLValue]] = [[.text("shell"), .blob([0x00, 0xff]), .integer(7)]]

@@ -1,4 +1,5 @@
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalProtocol

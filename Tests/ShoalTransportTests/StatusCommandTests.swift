@@ -1,4 +1,5 @@
 import Foundation
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
@@ -7,16 +8,7 @@ import Testing
 
 /// Runs the `shoal` executable to its end; returns its standard output.
 private func shoal(_ arguments: [String]) throws -> String {
-    let process = Process()
-    process.executableURL = try shoalExecutable()
-    process.arguments = arguments
-    let output = Pipe()
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return String(decoding: data, as: UTF8.self)
+    try ShoalTestSupport.shoal(arguments: arguments).stdout
 }
 
 /// `shoal status --json` of `path`, parsed.

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore
@@ -19,12 +20,8 @@ import Testing
         #expect(try await converge(a, b))
 
         // A write by another process (shoal sql) on a's file reaches b through a.
-        let process = Process()
-        process.executableURL = try shoalExecutable()
-        process.arguments = ["sql", "--db", a.path, "UPDATE kv SET n = n + 5 WHERE k = 'from b'"]
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        let sql = try shoal("sql", "--db", a.path, "UPDATE kv SET n = n + 5 WHERE k = 'from b'")
+        #expect(sql.status == 0, "\(sql.stderr)")
         #expect(try await converge(a, b))
         let rows = try await b.node.execute("SELECT k, n FROM kv ORDER BY k").rows
         #expect(rows == [[.text("from a"), .integer(0)], [.text("from b"), .integer(7)]])

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
@@ -104,25 +105,6 @@ func converge(_ a: RunningNode, _ b: RunningNode, within seconds: Double = 15) a
         _ = await b.log.next(within: 0.5) { if case .roundFinished = $0 { true } else { false } }
     }
     return try await a.node.digest() == b.node.digest()
-}
-
-func temporaryDirectory(_ name: String) throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "shoal-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-    )
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    return url
-}
-
-/// The `shoal` executable built beside the tests.
-func shoalExecutable() throws -> URL {
-    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-    while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("shoal").path)
-        && directory.path != "/"
-    {
-        directory = directory.deletingLastPathComponent()
-    }
-    return directory.appendingPathComponent("shoal")
 }
 
 /// Connects to `port` with raw bytes, sends `bytes` (then closes its side if `finish`), and returns every

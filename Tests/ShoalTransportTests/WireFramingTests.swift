@@ -3,6 +3,7 @@ import NIOEmbedded
 import NIOTestUtils
 import ShoalToolSupport
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalProtocol

@@ -1,0 +1,17 @@
+/// Waits until `condition` holds, checking it every `interval` milliseconds; `false` once `seconds` pass first.
+///
+/// For what a test cannot be told by an event (another process's file, a daemon's state): the deadline only
+/// bounds a failing test, the check is what the test waits on.
+public func waitUntil(
+    within seconds: Double,
+    checkingEvery interval: UInt64 = 50,
+    _ condition: () async throws -> Bool
+) async rethrows -> Bool {
+    let clock = ContinuousClock()
+    let deadline = clock.now + .milliseconds(Int64(seconds * 1000))
+    while clock.now < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(interval))
+    }
+    return try await condition()
+}

@@ -1,0 +1,73 @@
+import Foundation
+
+/// What a finished process said.
+public struct ProcessOutput: Sendable {
+    /// Its exit status (or the signal that ended it).
+    public var status: Int32
+    /// Everything it wrote to standard output.
+    public var stdout: String
+    /// Everything it wrote to standard error.
+    public var stderr: String
+}
+
+/// Runs `executable` with `arguments` (and `input` on stdin) to completion; a watchdog ends it after `timeout`
+/// seconds, so a hang fails the test instead of stalling the suite.
+@discardableResult
+public func runProcess(
+    _ executable: URL,
+    _ arguments: [String],
+    input: Data? = nil,
+    environment: [String: String]? = nil,
+    timeout: Double = 120
+) throws -> ProcessOutput {
+    // A child that exits before reading its input must not take the test runner down with SIGPIPE.
+    signal(SIGPIPE, SIG_IGN)
+    let process = Process()
+    process.executableURL = executable
+    process.arguments = arguments
+    if let environment { process.environment = environment }
+    let stdout = Pipe()
+    let stderr = Pipe()
+    process.standardOutput = stdout
+    process.standardError = stderr
+    let stdin = Pipe()
+    process.standardInput = input == nil ? FileHandle.nullDevice : stdin
+    try process.run()
+    if let input {
+        stdin.fileHandleForWriting.write(input)
+        try stdin.fileHandleForWriting.close()
+    }
+    let watchdog = DispatchWorkItem { if process.isRunning { process.terminate() } }
+    DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog)
+    // Both pipes are read to their end before waiting, so a large output cannot block the child.
+    nonisolated(unsafe) var errorData = Data()
+    let errorReader = DispatchWorkItem { errorData = stderr.fileHandleForReading.readDataToEndOfFile() }
+    DispatchQueue.global().async(execute: errorReader)
+    let outputData = stdout.fileHandleForReading.readDataToEndOfFile()
+    errorReader.wait()
+    process.waitUntilExit()
+    watchdog.cancel()
+    return ProcessOutput(
+        status: process.terminationStatus,
+        stdout: String(decoding: outputData, as: UTF8.self),
+        stderr: String(decoding: errorData, as: UTF8.self)
+    )
+}
+
+/// Runs the `shoal` executable built beside the tests.
+@discardableResult
+public func shoal(_ arguments: String..., input: Data? = nil) throws -> ProcessOutput {
+    try runProcess(try shoalExecutable(), arguments, input: input)
+}
+
+/// Runs the `shoal` executable built beside the tests.
+@discardableResult
+public func shoal(arguments: [String], input: Data? = nil) throws -> ProcessOutput {
+    try runProcess(try shoalExecutable(), arguments, input: input)
+}
+
+/// Runs SQL with the system's `sqlite3` shell: a writer that is not Shoal.
+@discardableResult
+public func sqlite3Shell(_ database: String, _ sql: String) throws -> ProcessOutput {
+    try runProcess(URL(fileURLWithPath: "/usr/bin/sqlite3"), [database, sql])
+}
