@@ -83,10 +83,8 @@ def main() -> int:
         missing += check(path)
     for entry in missing:
         print(entry)
-    if missing:
-        print(f"{len(missing)} public declarations have no /// doc comment", file=sys.stderr)
-        return 1
-    return 0
+    print(f"{len(missing)} public declarations have no /// doc comment", file=sys.stderr if missing else sys.stdout)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
