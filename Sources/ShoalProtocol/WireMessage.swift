@@ -213,7 +213,7 @@ public struct Rejection: Hashable, Sendable, CustomStringConvertible {
         case frameTooLarge = 5
         /// A message type the receiver does not know.
         case unknownMessageType = 6
-        /// The peer was silent too long: no hello within the handshake timeout, or nothing within the idle one.
+        /// The peer was silent too long: no hello within the handshake timeout, or nothing within the idle timeout.
         case timeout = 7
         /// The receiver is at its limit of established, or of still-handshaking, connections.
         case tooManyConnections = 8

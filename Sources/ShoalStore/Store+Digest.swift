@@ -26,7 +26,7 @@ public struct StoreStatus: Sendable, Hashable {
     public var pausedTables: [PausedTable]
     /// How many entries the conflict log holds (``StoreOptions/conflictLogLimit`` at most).
     public var conflicts: Int
-    /// The digest of every replicated row: two stores that hold the same rows have the same one.
+    /// The digest of every replicated row with its clocks (``Store/digest()``): equal on stores in the same state.
     public var digest: StateDigest
 }
 
