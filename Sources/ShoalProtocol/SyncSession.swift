@@ -9,7 +9,7 @@ import ShoalCore
 /// prompts a pull of our own (the shell decides, see ``Action/serve(_:)``), so both directions run in the
 /// same round.
 public struct SyncSession: Sendable {
-    /// Time limits, in milliseconds.
+    /// Time limits, in milliseconds, and sizes, in bytes.
     public struct Configuration: Sendable, Hashable {
         /// How long the peer may take to say hello.
         public var handshakeTimeout: UInt64 = 5_000
@@ -99,6 +99,8 @@ public struct SyncSession: Sendable {
     /// Values of the next batch that arrived whole in pieces (encoded), by change index.
     var assembled: [UInt32: [UInt8]] = [:]
 
+    /// A session about to say `local` to a new peer; `now` is the monotonic time in milliseconds, from which
+    /// the handshake timeout runs. Call ``start()`` next.
     public init(local: Hello, configuration: Configuration = Configuration(), now: UInt64) {
         self.local = local
         self.configuration = configuration

@@ -43,6 +43,7 @@ public enum WireMessage: Hashable, Sendable {
     case ack(Ack)
     /// Liveness probe; answered by `pong` with the same nonce.
     case ping(UInt64)
+    /// The answer to a `ping`, carrying its nonce.
     case pong(UInt64)
     /// A typed refusal; the sender closes the connection after it.
     case reject(Rejection)
@@ -64,16 +65,21 @@ public enum WireMessage: Hashable, Sendable {
 
 /// The handshake: who the sender is and what it speaks.
 public struct Hello: Hashable, Sendable {
+    /// The protocol versions the sender speaks; both sides use the highest they share
+    /// (``WireProtocol/negotiate(_:_:)``).
     public var versions: ClosedRange<UInt16>
     /// Nodes of different clusters refuse each other.
     public var clusterID: String
+    /// The sender's site id; a hello carrying the receiver's own is refused as a self connection.
     public var siteID: SiteID
+    /// The sender's human-readable name, for status and logs.
     public var nodeName: String
     /// A fingerprint of the replicated tables' schema.
     public var schemaFingerprint: String
     /// The port the sender accepts connections on (0: none), so a peer can dial back later.
     public var listenPort: UInt16
 
+    /// A hello speaking, unless told otherwise, every protocol version this build speaks.
     public init(
         versions: ClosedRange<UInt16> = WireProtocol.minimumVersion...WireProtocol.maximumVersion,
         clusterID: String,
@@ -93,9 +99,12 @@ public struct Hello: Hashable, Sendable {
 
 /// A request for the changes a version vector lacks.
 public struct SyncRequest: Hashable, Sendable {
+    /// Chosen by the requester; every batch and acknowledgement of the answer carries it.
     public var requestID: UInt64
+    /// Exactly what the requester holds: the answer is every change it lacks.
     public var versionVector: VersionVector
 
+    /// A request for what `versionVector` lacks.
     public init(requestID: UInt64, versionVector: VersionVector) {
         self.requestID = requestID
         self.versionVector = versionVector
@@ -104,6 +113,7 @@ public struct SyncRequest: Hashable, Sendable {
 
 /// One batch of changes answering a ``SyncRequest``.
 public struct ChangeBatchMessage: Hashable, Sendable {
+    /// The request this batch answers.
     public var requestID: UInt64
     /// The batch's position in the answer, from 0: batches must be applied in order, since each one's claim
     /// assumes the ones before it.
@@ -112,12 +122,15 @@ public struct ChangeBatchMessage: Hashable, Sendable {
     public var isLast: Bool
     /// The sender's estimate of how many changes of the answer are still to come (for progress and ETA).
     public var estimatedRemaining: UInt64
+    /// The changes, in order, and what the receiver may claim once it applied them (``ChangeBatch/claim``).
     public var batch: ChangeBatch
     /// The indexes (into `batch.changes`, ascending) of column changes whose value travels in ``ValuePiece``s
     /// sent before this batch; their value inside `batch` is a placeholder (NULL) until the session puts the
     /// reassembled value back.
     public var piecedValues: [UInt32]
 
+    /// A batch of the answer to `requestID`: the first (`sequence` 0) and with no pieced values unless told
+    /// otherwise.
     public init(
         requestID: UInt64,
         sequence: UInt32 = 0,
@@ -141,6 +154,7 @@ public struct ChangeBatchMessage: Hashable, Sendable {
 /// documentation). They are sent in order, before the batch that holds the change, and each piece carries
 /// the total so the receiver can refuse a value beyond its maximum before buffering it.
 public struct ValuePiece: Hashable, Sendable {
+    /// The request whose answer the value belongs to.
     public var requestID: UInt64
     /// The sequence number of the batch the value belongs to.
     public var sequence: UInt32
@@ -150,8 +164,10 @@ public struct ValuePiece: Hashable, Sendable {
     public var totalLength: UInt64
     /// Where this piece starts within the encoded value.
     public var offset: UInt64
+    /// This piece's bytes, at most ``SyncSession/Configuration/pieceBytes`` of them.
     public var bytes: [UInt8]
 
+    /// The piece of change `change`'s value, in batch `sequence`, that starts at `offset`.
     public init(requestID: UInt64, sequence: UInt32, change: UInt32, totalLength: UInt64, offset: UInt64, bytes: [UInt8]) {
         self.requestID = requestID
         self.sequence = sequence
@@ -164,12 +180,14 @@ public struct ValuePiece: Hashable, Sendable {
 
 /// Acknowledges applied batches.
 public struct Ack: Hashable, Sendable {
+    /// The request whose answer was applied.
     public var requestID: UInt64
     /// The receiver's version vector after applying.
     public var versionVector: VersionVector
     /// The receiver's state digest, when it computed one (after the last batch).
     public var digest: [UInt8]?
 
+    /// Acknowledges the answer to `requestID`; `digest` only when the receiver computed one.
     public init(requestID: UInt64, versionVector: VersionVector, digest: [UInt8]? = nil) {
         self.requestID = requestID
         self.versionVector = versionVector
@@ -181,17 +199,29 @@ public struct Ack: Hashable, Sendable {
 public struct Rejection: Hashable, Sendable, CustomStringConvertible {
     /// The kind of refusal; unknown values from newer peers decode as `.other`.
     public enum Reason: UInt16, Sendable {
+        /// Any other reason, and any reason this build does not know.
         case other = 0
+        /// The two nodes share no protocol version.
         case versionMismatch = 1
+        /// The nodes belong to different clusters.
         case clusterMismatch = 2
+        /// The peer has this node's own site id: the node dialled itself.
         case selfConnection = 3
+        /// A message could not be decoded, or came out of order (a second hello, a batch not expected).
         case malformedMessage = 4
+        /// A frame is longer than the receiver's maximum frame length.
         case frameTooLarge = 5
+        /// A message type the receiver does not know.
         case unknownMessageType = 6
+        /// The peer was silent too long: no hello within the handshake timeout, or nothing within the idle timeout.
         case timeout = 7
+        /// The receiver is at its limit of established, or of still-handshaking, connections.
         case tooManyConnections = 8
+        /// Another connection between the same two nodes is kept: the one dialled by the smaller site id.
         case duplicateConnection = 9
+        /// The two nodes replicate different schemas (their fingerprints differ).
         case schemaMismatch = 10
+        /// The receiver could not apply a batch: a clock too far ahead, an unknown table, a failing disk…
         case applyFailed = 11
         /// A value is larger than the receiver's maximum value size.
         case valueTooLarge = 12
@@ -201,14 +231,17 @@ public struct Rejection: Hashable, Sendable, CustomStringConvertible {
         case shuttingDown = 14
     }
 
+    /// The kind of refusal, for programs.
     public var reason: Reason
     /// For a person to read.
     public var message: String
 
+    /// A refusal for `reason`, explained by `message`.
     public init(_ reason: Reason, _ message: String) {
         self.reason = reason
         self.message = message
     }
 
+    /// `reason: message`.
     public var description: String { "\(reason): \(message)" }
 }

@@ -21,8 +21,9 @@ public final class DeltaCursor {
     var keyOffset = 0
     var seenKeys = Set<[SQLValue]>()
     var dotStartedInBatch = false
-    /// About how many changes the whole answer holds (from the change log's size), and how many were sent.
+    /// About how many changes the whole answer holds (from the change log's size).
     public internal(set) var estimatedChanges: UInt64 = 0
+    /// How many changes were handed out so far.
     public internal(set) var sentChanges: UInt64 = 0
     /// About how many changes are left to send.
     public var estimatedRemaining: UInt64 { estimatedChanges > sentChanges ? estimatedChanges - sentChanges : 0 }

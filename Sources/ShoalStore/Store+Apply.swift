@@ -9,8 +9,10 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// Changes that met a different concurrent value (recorded in the conflict log).
     public var conflicts = 0
 
+    /// A report of nothing applied yet.
     public init() {}
 
+    /// The three counts, for a person: `applied 3, already known 0, conflicts 1`.
     public var description: String { "applied \(applied), already known \(alreadyKnown), conflicts \(conflicts)" }
 }
 

@@ -2,23 +2,31 @@ import ShoalCore
 
 /// Row counts of one replicated table.
 public struct TableStatus: Sendable, Hashable {
+    /// The table's name.
     public var name: String
     /// Rows alive.
     public var rows: Int
     /// Deleted rows whose tombstones are kept.
     public var tombstones: Int
+    /// The columns that merge as counters (``Store/replicate(table:counters:)``), in table order.
     public var counterColumns: [String]
 }
 
 /// A summary of a store.
 public struct StoreStatus: Sendable, Hashable {
+    /// The store's site id: who stamps its local changes.
     public var siteID: SiteID
+    /// The name stored in the database, if any (``StoreOptions/nodeName``).
     public var nodeName: String?
+    /// Every change the store holds, by site.
     public var versionVector: VersionVector
+    /// Row counts of each replicated table.
     public var tables: [TableStatus]
     /// Replicated tables another tool changed or dropped, with what changed and what to do.
     public var pausedTables: [PausedTable]
+    /// How many entries the conflict log holds (``StoreOptions/conflictLogLimit`` at most).
     public var conflicts: Int
+    /// The digest of every replicated row with its clocks (``Store/digest()``): equal on stores in the same state.
     public var digest: StateDigest
 }
 

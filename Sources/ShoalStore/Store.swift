@@ -20,14 +20,18 @@ public struct StoreOptions: Sendable {
     /// How much of the file SQLite may memory-map, in bytes (0 turns it off).
     public var mmapSize = 256 * 1024 * 1024
 
+    /// The defaults.
     public init() {}
 }
 
 /// The result of one SQL statement: column names and rows.
 public struct QueryResult: Sendable, Hashable {
+    /// The result's column names, in order.
     public var columns: [String]
+    /// The rows, each with one value per column.
     public var rows: [[SQLValue]]
 
+    /// A result of `rows` under `columns`.
     public init(columns: [String], rows: [[SQLValue]]) {
         self.columns = columns
         self.rows = rows

@@ -7,16 +7,22 @@ import ShoalProtocol
 
 /// How a ``SyncNode`` runs.
 public struct NodeConfiguration: Sendable {
+    /// The SQLite file the node runs on; it must exist already (`shoal init` makes it).
     public var databasePath: String
     /// Nodes of different clusters refuse each other. Until peers authenticate, this is the only gate.
     public var clusterID = "default"
+    /// The name the node gives itself in hellos (nil: the name stored in the database, else "shoal") and in its
+    /// mDNS announcement (nil: "shoal").
     public var nodeName: String?
+    /// The address the node listens on: loopback by default, `0.0.0.0` for every interface.
     public var listenHost = "127.0.0.1"
     /// 0 picks a free port.
     public var listenPort = 0
+    /// Peers given by address (`--peer`): dialled from the start, with backoff, for as long as the node runs.
     public var staticPeers: [PeerAddress] = []
-    /// Where peers come from besides ``staticPeers`` and the remembered ones: mDNS (the `Shoal` module's
-    /// `MDNSPeerSource`), later the relay. The node follows each for as long as it runs and dials what it finds.
+    /// Where peers come from besides ``staticPeers`` and the remembered ones: mDNS (ShoalDiscovery's
+    /// `MDNSPeerSource`, which its `mdns` switch adds), later the relay. The node follows each for as long as it
+    /// runs and dials what it finds.
     public var peerSources: [any PeerSource] = []
     /// Remember peers' addresses in the database and dial them again after a restart.
     public var rememberPeers = true
@@ -27,6 +33,7 @@ public struct NodeConfiguration: Sendable {
     public var compactionIntervalMilliseconds: UInt64 = 60_000
     /// How often the node looks for commits made by other processes.
     public var localChangePollMilliseconds: UInt64 = 20
+    /// A change batch holds at most this many changes.
     public var maxChangesPerBatch = 5_000
     /// Batches are also cut by size: about this many encoded bytes at most (a single larger row goes alone).
     public var maxBytesPerBatch = WireProtocol.defaultBatchBytes
@@ -58,6 +65,7 @@ public struct NodeConfiguration: Sendable {
     }
     /// Reconnection backoff after failures: from the first delay, doubling to the cap, with jitter.
     public var backoffInitialMilliseconds: UInt64 = 100
+    /// The longest delay between reconnection attempts.
     public var backoffMaximumMilliseconds: UInt64 = 30_000
     /// The anti-entropy session's time limits and sizes.
     public var session = SyncSession.Configuration()
@@ -77,6 +85,7 @@ public struct NodeConfiguration: Sendable {
     /// Where the node logs (info and below; never row payloads).
     public var logger = Logger(label: "shoal.node")
 
+    /// The defaults, for the database at `databasePath`.
     public init(databasePath: String) {
         self.databasePath = databasePath
     }
@@ -84,8 +93,12 @@ public struct NodeConfiguration: Sendable {
 
 /// What a node reports as it runs.
 public enum NodeEvent: Sendable, Hashable {
+    /// The node accepts connections on `port` (the one picked when ``NodeConfiguration/listenPort`` is 0).
     case listening(port: Int)
+    /// A connection with a peer finished its handshake: its site, its name and the address it is connected at.
+    /// Not said at each reconnection while the same failure keeps repeating.
     case peerConnected(SiteID, name: String, address: String)
+    /// The connection with a peer closed, and why.
     case peerDisconnected(SiteID, reason: String)
     /// A pull from `peer` finished; `applied` changes took effect.
     case roundFinished(peer: SiteID, applied: Int)
@@ -108,14 +121,21 @@ public enum NodeEvent: Sendable, Hashable {
 
 /// One peer as the node sees it.
 public struct PeerStatus: Sendable, Hashable {
+    /// The peer's site id.
     public var siteID: SiteID
+    /// The peer's name: from its hello, or as its source gave it before any connection.
     public var name: String
+    /// The address of its latest connection, or where it was found (`host:port`).
     public var address: String
+    /// Whether a connection with the peer is established now.
     public var isConnected: Bool
     /// Milliseconds since the Unix epoch, of the last pull that finished.
     public var lastSuccessfulSync: UInt64?
+    /// Failures since the last finished pull from it (or its last acknowledgement, after it refused us).
     public var consecutiveFailures: Int
+    /// Pulls from the peer that finished.
     public var roundsFinished: Int
+    /// Pulls from the peer that failed while the connection stayed up.
     public var roundsFailed: Int
     /// Durations of recent pulls, in milliseconds (most recent last, bounded).
     public var recentRoundMilliseconds: [UInt64]
@@ -123,8 +143,9 @@ public struct PeerStatus: Sendable, Hashable {
     public var versionVector: VersionVector
     /// The state digest the peer last reported (with an acknowledgement), hex.
     public var digest: String?
-    /// How the node learned of the peer (for a peer that dialled us: what the node knew of it before, or
-    /// ``PeerOrigin/inbound`` for a stranger).
+    /// How the node learned of the peer. For a peer it dialled: how it learned the address dialled (an address
+    /// mDNS advertises counts as ``PeerOrigin/mdns``, whatever else gave it). For a peer that dialled it: what it
+    /// knew of the peer before (found by mDNS, remembered, …), or ``PeerOrigin/inbound`` for a stranger.
     public var foundBy: PeerOrigin = .inbound
     /// Every address the peer is known at, sorted: advertised by mDNS, given with `--peer`, remembered, and the
     /// IP address (with its listening port) of each connection made with it.
@@ -140,11 +161,13 @@ public struct PeerStatus: Sendable, Hashable {
 
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.
 public struct UnreachedPeer: Sendable, Hashable {
+    /// The configured address (`host:port`).
     public var address: String
     /// How the node learned of the address (``PeerOrigin/static``).
     public var foundBy: PeerOrigin
     /// How many times it was dialled.
     public var attempts: Int
+    /// Failed attempts in a row.
     public var consecutiveFailures: Int
     /// Why the last attempt failed.
     public var lastError: String?

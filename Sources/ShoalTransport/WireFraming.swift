@@ -8,14 +8,19 @@ import ShoalCore
 /// is refused as soon as the 4 bytes arrive, before any of the payload is buffered. The reader index only
 /// moves once a whole frame is there.
 public struct WireMessageDecoder: ByteToMessageDecoder {
+    /// Whole messages go on down the pipeline.
     public typealias InboundOut = WireMessage
 
+    /// The largest frame accepted, in bytes (the 4-byte length not counted).
     public let maximumFrameLength: Int
 
+    /// A decoder refusing frames longer than `maximumFrameLength` bytes (16 MiB by default).
     public init(maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength) {
         self.maximumFrameLength = maximumFrameLength
     }
 
+    /// Passes on the next whole message, if all of it is there; throws ``ShoalError`` on a frame too large,
+    /// empty or malformed.
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         guard let message = try Self.nextMessage(from: &buffer, maximumFrameLength: maximumFrameLength) else {
             return .needMoreData
@@ -24,6 +29,8 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
         return .continue
     }
 
+    /// Passes on what whole messages are left; bytes of an unfinished frame at the end of the stream are a
+    /// malformed message.
     public mutating func decodeLast(
         context: ChannelHandlerContext,
         buffer: inout ByteBuffer,
@@ -63,14 +70,18 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
 
 /// Encodes outbound messages as frames.
 public struct WireMessageEncoder: MessageToByteEncoder {
+    /// The encoder takes whole messages.
     public typealias OutboundIn = WireMessage
 
+    /// The largest frame sent, in bytes (the 4-byte length not counted).
     public let maximumFrameLength: Int
 
+    /// An encoder refusing messages longer than `maximumFrameLength` bytes (16 MiB by default).
     public init(maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength) {
         self.maximumFrameLength = maximumFrameLength
     }
 
+    /// Writes `data` as one frame; throws ``ShoalError`` (`.frameTooLarge`) rather than send a larger one.
     public func encode(data: WireMessage, out: inout ByteBuffer) throws {
         try Self.write(data, to: &out, maximumFrameLength: maximumFrameLength)
     }
