@@ -7,42 +7,6 @@ import Synchronization
 import Glibc
 #endif
 
-/// A `_shoal._tcp` service seen on the network.
-public struct DiscoveredService: Sendable, Hashable {
-    /// The instance name (unique per node: it contains the site id).
-    public var instance: String
-    /// The TXT record's Shoal keys (``ShoalServiceRecord/Key``), as announced.
-    public var txt: [String: String]
-    /// Where to connect: 127.0.0.1 for a node seen on the loopback interface, else its IPv4 address as mDNS
-    /// answers for its host name (or the host name itself, when no address came within two seconds).
-    public var host: String
-    /// The host name it advertises (`name.local`).
-    public var hostName: String
-    /// The port it listens on.
-    public var port: Int
-    /// The interface it was seen on.
-    public var interfaceIndex: UInt32
-
-    /// What the announcement says about the node, when it is a Shoal node's.
-    public var record: ShoalServiceRecord? { ShoalServiceRecord(instance: instance, port: port, txt: txt) }
-    /// The node's site id, if the TXT record holds a valid one.
-    public var siteID: SiteID? { txt[ShoalServiceRecord.Key.site].flatMap { SiteID(hex: $0) } }
-    /// The node's cluster id, if announced.
-    public var clusterID: String? { txt[ShoalServiceRecord.Key.cluster] }
-    /// The highest protocol version the node speaks, if announced.
-    public var protocolVersion: String? { txt[ShoalServiceRecord.Key.protocolVersion] }
-}
-
-/// What discovery reports.
-public enum DiscoveryEvent: Sendable, Hashable {
-    /// A service was found (or found again, on another interface or after a restart).
-    case found(DiscoveredService)
-    /// The instance left on every interface it was seen on.
-    case lost(instance: String)
-    /// Discovery cannot work (daemon missing, name conflict, …): the reason, for a person.
-    case unavailable(String)
-}
-
 /// Registers this node as `_shoal._tcp` through Avahi's Bonjour-compatible API, browses for the same
 /// type, and resolves what it finds.
 ///
@@ -273,13 +237,13 @@ public final class MDNSDiscovery: @unchecked Sendable {
 
     // MARK: - Callbacks (on the discovery thread)
 
-    fileprivate func registered(_ error: DNSServiceErrorType, name: String) {
+    func registered(_ error: DNSServiceErrorType, name: String) {
         if error != kDNSServiceErr_NoError {
             sink.yield(.unavailable(Self.error(error, "register \(name)").message))
         }
     }
 
-    fileprivate func browsed(
+    func browsed(
         flags: DNSServiceFlags,
         interface: UInt32,
         error: DNSServiceErrorType,
@@ -306,7 +270,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
         }
     }
 
-    fileprivate func resolved(
+    func resolved(
         ref: DNSServiceRef?,
         interface: UInt32,
         error: DNSServiceErrorType,
@@ -362,7 +326,7 @@ public final class MDNSDiscovery: @unchecked Sendable {
         querying[query] = (service, ContinuousClock.now)
     }
 
-    fileprivate func answered(ref: DNSServiceRef?, flags: DNSServiceFlags, error: DNSServiceErrorType, rdata: [UInt8]) {
+    func answered(ref: DNSServiceRef?, flags: DNSServiceFlags, error: DNSServiceErrorType, rdata: [UInt8]) {
         guard let ref, var service = querying[ref]?.service, error == kDNSServiceErr_NoError,
             flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0, rdata.count == 4
         else { return }
@@ -390,88 +354,6 @@ public final class MDNSDiscovery: @unchecked Sendable {
         }
         return result
     }
-}
-
-private func registerCallback(
-    _ ref: DNSServiceRef?,
-    _ flags: DNSServiceFlags,
-    _ error: DNSServiceErrorType,
-    _ name: UnsafePointer<CChar>?,
-    _ type: UnsafePointer<CChar>?,
-    _ domain: UnsafePointer<CChar>?,
-    _ context: UnsafeMutableRawPointer?
-) {
-    guard let context else { return }
-    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue()
-        .registered(error, name: name.map { String(cString: $0) } ?? "")
-}
-
-private func browseCallback(
-    _ ref: DNSServiceRef?,
-    _ flags: DNSServiceFlags,
-    _ interface: UInt32,
-    _ error: DNSServiceErrorType,
-    _ name: UnsafePointer<CChar>?,
-    _ type: UnsafePointer<CChar>?,
-    _ domain: UnsafePointer<CChar>?,
-    _ context: UnsafeMutableRawPointer?
-) {
-    guard let context, let name, let type, let domain else { return }
-    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().browsed(
-        flags: flags,
-        interface: interface,
-        error: error,
-        name: String(cString: name),
-        type: String(cString: type),
-        domain: String(cString: domain)
-    )
-}
-
-private func resolveCallback(
-    _ ref: DNSServiceRef?,
-    _ flags: DNSServiceFlags,
-    _ interface: UInt32,
-    _ error: DNSServiceErrorType,
-    _ fullName: UnsafePointer<CChar>?,
-    _ host: UnsafePointer<CChar>?,
-    _ port: UInt16,
-    _ txtLength: UInt16,
-    _ txt: UnsafePointer<UInt8>?,
-    _ context: UnsafeMutableRawPointer?
-) {
-    guard let context else { return }
-    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().resolved(
-        ref: ref,
-        interface: interface,
-        error: error,
-        fullName: fullName.map { String(cString: $0) } ?? "",
-        host: host.map { String(cString: $0) } ?? "",
-        port: port,
-        txt: UnsafeRawBufferPointer(start: txt, count: Int(txtLength))
-    )
-}
-
-private func queryCallback(
-    _ ref: DNSServiceRef?,
-    _ flags: DNSServiceFlags,
-    _ interface: UInt32,
-    _ error: DNSServiceErrorType,
-    _ fullName: UnsafePointer<CChar>?,
-    _ type: UInt16,
-    _ recordClass: UInt16,
-    _ length: UInt16,
-    _ data: UnsafeRawPointer?,
-    _ ttl: UInt32,
-    _ context: UnsafeMutableRawPointer?
-) {
-    guard let context else { return }
-    let bytes = data.map { Array(UnsafeRawBufferPointer(start: $0, count: Int(length))) } ?? []
-    Unmanaged<MDNSDiscovery>.fromOpaque(context).takeUnretainedValue().answered(
-        ref: ref,
-        flags: flags,
-        error: error,
-        rdata: type == UInt16(kDNSServiceType_A) ? bytes : []
-    )
 }
 
 extension MDNSDiscovery: Service {

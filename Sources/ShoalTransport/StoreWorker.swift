@@ -114,13 +114,14 @@ actor StoreWorker {
         let changed = lastDataVersion != 0 && version != lastDataVersion
         let now = clock.nowMilliseconds()
         var captured = false
-        if lastDataVersion == 0 || changed || (captureFailures > 0 && now >= captureRetryAt) {
+        if lastDataVersion == 0 || changed || (captureFailing && now >= captureRetryAt) {
             do {
                 captured = try store.captureForeignWrites()
-                captureFailures = 0
+                captureFailing = false
+                captureBackoff.reset()
             } catch {
-                captureFailures += 1
-                captureRetryAt = now + min(30_000, 100 << UInt64(min(captureFailures, 9)))
+                captureFailing = true
+                captureRetryAt = now + captureBackoff.next()
                 lastDataVersion = version
                 throw error
             }
@@ -130,8 +131,10 @@ actor StoreWorker {
         return changed || captured
     }
 
-    private var captureFailures = 0
+    /// Whether the last capture of other writers' changes failed; it is retried at `captureRetryAt`.
+    private var captureFailing = false
     private var captureRetryAt: UInt64 = 0
+    private var captureBackoff = Backoff(initialMilliseconds: 200, maximumMilliseconds: 30_000)
 
     /// One slice of change-log compaction (replicated data is untouched: the digest stays valid).
     func compactLog(maxEntries: Int) throws(ShoalError) -> CompactionReport {

@@ -66,8 +66,9 @@ public func shoal(arguments: [String], input: Data? = nil) throws -> ProcessOutp
     try runProcess(try shoalExecutable(), arguments, input: input)
 }
 
-/// Runs SQL with the system's `sqlite3` shell: a writer that is not Shoal.
+/// Runs SQL with the system's `sqlite3` shell: a writer that is not Shoal. It waits up to 10 s for a lock, as an
+/// application's own driver would be set to (the shell's default is not to wait at all).
 @discardableResult
 public func sqlite3Shell(_ database: String, _ sql: String) throws -> ProcessOutput {
-    try runProcess(URL(fileURLWithPath: "/usr/bin/sqlite3"), [database, sql])
+    try runProcess(URL(fileURLWithPath: "/usr/bin/sqlite3"), ["-cmd", ".timeout 10000", database, sql])
 }
