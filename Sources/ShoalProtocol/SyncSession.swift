@@ -328,6 +328,13 @@ public struct SyncSession: Sendable {
         return [.wantRound]
     }
 
+    /// The peer took a batch of our answer. It says nothing while it is served (it acknowledges the last batch
+    /// only), and an answer may take longer than the idle timeout; the shell's writes wait while the peer stops
+    /// reading, and fail after the idle timeout, so a write that went through counts as hearing from it.
+    public mutating func peerIsReading(now: UInt64) {
+        lastHeard = max(lastHeard, now)
+    }
+
     /// The reason sent to the peer when something fails here.
     public static func reason(forFailureHere code: ShoalError.Code) -> Rejection.Reason {
         switch code {

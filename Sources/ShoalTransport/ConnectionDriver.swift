@@ -36,6 +36,9 @@ struct ConnectionDriver {
         var clock: any WallClock
         /// How often the session is told that time passed.
         var tickMilliseconds: UInt64 = 100
+        /// How many of the peer's messages may wait, read but not yet handled (see ``InboundGate``): with
+        /// batches of up to 2 MiB encoded, a fast peer costs a few batches of memory, not the whole catch-up.
+        var inboundMessageLimit = 2
     }
 
     /// The connection's number in the node's registry.
@@ -71,10 +74,14 @@ struct ConnectionDriver {
         var session = SyncSession(local: hello, configuration: settings.session, now: now)
         var outcome = Outcome(established: false, error: nil)
         let tick = settings.tickMilliseconds
+        let gate = InboundGate(limit: settings.inboundMessageLimit)
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
                 do {
-                    for try await message in stream.inbound { events.yield(.message(message)) }
+                    for try await message in stream.inbound {
+                        events.yield(.message(message))
+                        await gate.admitted()
+                    }
                     events.yield(.ended(nil))
                 } catch let error as ShoalError {
                     events.yield(.ended(error))
@@ -90,12 +97,18 @@ struct ConnectionDriver {
             }
             var actions = session.start()
             var incoming = inbox.makeAsyncIterator()
+            var handlingMessage = false
             while true {
-                await perform(&actions, session: &session, stream: stream, outcome: &outcome)
+                await perform(&actions, session: &session, stream: stream, gate: gate, outcome: &outcome)
+                if handlingMessage {
+                    gate.handled()
+                    handlingMessage = false
+                }
                 if session.phase == .closed { break }
                 guard let event = await incoming.next() else { break }
                 switch event {
                 case .message(let message):
+                    handlingMessage = true
                     actions = session.receive(message, now: now)
                 case .tick:
                     actions = session.tick(now: now)
@@ -115,6 +128,7 @@ struct ConnectionDriver {
                     actions = session.streamEnded(error)
                 }
             }
+            gate.close()
             group.cancelAll()
         }
         stream.finish()
@@ -128,6 +142,7 @@ struct ConnectionDriver {
         _ actions: inout [SyncSession.Action],
         session: inout SyncSession,
         stream: some MessageStream,
+        gate: InboundGate,
         outcome: inout Outcome
     ) async {
         while !actions.isEmpty {
@@ -162,6 +177,8 @@ struct ConnectionDriver {
                     }
                     actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
                 case .serve(let request):
+                    gate.serving(true)
+                    defer { gate.serving(false) }
                     try await serve(request, session: &session, stream: stream)
                     actions += session.served(request, localVersionVector: try await worker.versionVector())
                 case .apply(let message):
@@ -224,6 +241,9 @@ struct ConnectionDriver {
                     }
                 }
                 try await write(.changeBatch(prepared.message), to: stream)
+                // Writes wait while the peer stops reading (and time out): a peer taking batches is alive, though
+                // it says nothing until it has applied the last.
+                session.peerIsReading(now: now)
             }
         } catch {
             await worker.closeCursor(cursor)

@@ -94,6 +94,25 @@ private func change(_ seq: UInt64, value: SQLValue = .integer(1)) -> Change {
         #expect(session.phase == .lingering)
     }
 
+    @Test func aPeerTakingALongAnswerIsNotSilent() {
+        // The puller says nothing until it has applied the last batch; an answer may outlast the idle timeout.
+        var session = established {
+            $0.keepaliveInterval = 5_000
+            $0.idleTimeout = 15_000
+        }
+        let request = SyncRequest(requestID: 1, versionVector: VersionVector())
+        #expect(session.receive(.syncRequest(request), now: 1_000) == [.serve(request)])
+        for now in stride(from: UInt64(2_000), through: 30_000, by: 2_000) { session.peerIsReading(now: now) }
+        _ = session.served(request, localVersionVector: VersionVector())
+        #expect(session.tick(now: 30_100) == [])
+        #expect(session.tick(now: 35_000) == [.send(.ping(35_000))])
+        guard case .send(.reject(let rejection)) = session.tick(now: 45_000).first else {
+            Issue.record("a peer silent for the idle timeout after the answer should be refused")
+            return
+        }
+        #expect(rejection.reason == .timeout)
+    }
+
     @Test func afterAFailureHereThePeersOwnRefusalIsStillHeard() {
         var session = established()
         _ = session.fail(ShoalError(code: .network, message: "send cut short"), now: 10)

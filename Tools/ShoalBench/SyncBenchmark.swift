@@ -48,7 +48,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         } else {
             for (name, value) in figures {
                 let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
-                print(name.padding(toLength: 26, withPad: " ", startingAt: 0) + text)
+                print(name.padding(toLength: 30, withPad: " ", startingAt: 0) + text)
             }
         }
     }
@@ -83,9 +83,11 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
         }
         let target = try makeDatabase(directory + "/target.db", name: "target")
-        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
+        let timed = try timeCatchUp(directory, source: source, target: target)
         return [
-            ("catchup_seconds", seconds), ("catchup_rows_per_s", Double(rows) / seconds), ("catchup_peak_rss_mb", peak),
+            ("catchup_seconds", timed.seconds), ("catchup_rows_per_s", Double(rows) / timed.seconds),
+            ("catchup_peak_rss_mb", timed.peak), ("catchup_serving_peak_rss_mb", timed.servingPeak),
+            ("catchup_catching_peak_rss_mb", timed.catchingPeak),
         ]
     }
 
@@ -103,8 +105,13 @@ struct SyncBenchmark: AsyncParsableCommand {
     }
 
     /// Starts a node on `source`, then a fresh one on `target` dialling it, and times until the target holds
-    /// everything (checked by digest); returns the seconds and the peak resident memory of both processes.
-    private func timeCatchUp(_ directory: String, source: Store, target: Store) throws -> (seconds: Double, peak: Double) {
+    /// everything (checked by digest); returns the seconds and the peak resident memory (VmHWM) of each process and
+    /// their sum (the sum of the two peaks, which may come at different moments: an upper bound of the peak of the sum).
+    private func timeCatchUp(
+        _ directory: String,
+        source: Store,
+        target: Store
+    ) throws -> (seconds: Double, peak: Double, servingPeak: Double, catchingPeak: Double) {
         let goal = try source.versionVector()
         let serving = try ServeProcess.startIsolated(database: directory + "/source.db", name: "source", peers: [])
         defer { serving.stop() }
@@ -115,16 +122,21 @@ struct SyncBenchmark: AsyncParsableCommand {
             peers: [serving.port]
         )
         defer { catching.stop() }
-        var peak = 0.0
+        var servingPeak = 0.0
+        var catchingPeak = 0.0
+        func sample() {
+            servingPeak = max(servingPeak, serving.peakResidentMiB ?? 0)
+            catchingPeak = max(catchingPeak, catching.peakResidentMiB ?? 0)
+        }
         while try !target.versionVector().dominatesOrEquals(goal) {
-            peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+            sample()
             guard Date().timeIntervalSince(started) < 600 else { throw ServeError(message: "catch-up stalled") }
             Thread.sleep(forTimeInterval: 0.02)  // sampling, not synchronisation
         }
         let seconds = Date().timeIntervalSince(started)
-        peak = max(peak, (serving.peakResidentMiB ?? 0) + (catching.peakResidentMiB ?? 0))
+        sample()
         guard try target.digest() == source.digest() else { throw ServeError(message: "catch-up diverged") }
-        return (seconds, peak)
+        return (seconds, servingPeak + catchingPeak, servingPeak, catchingPeak)
     }
 
     /// A fresh node catches up rows carrying 4 KB blobs (batches cut by bytes).
@@ -141,11 +153,11 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
         }
         let target = try makeBlobDatabase(directory + "/target.db", name: "target")
-        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
+        let timed = try timeCatchUp(directory, source: source, target: target)
         let megabytes = Double(blobRows) * 4096 / 1_000_000
         return [
-            ("blob_catchup_seconds", seconds), ("blob_catchup_mb_per_s", megabytes / seconds),
-            ("blob_catchup_peak_rss_mb", peak),
+            ("blob_catchup_seconds", timed.seconds), ("blob_catchup_mb_per_s", megabytes / timed.seconds),
+            ("blob_catchup_peak_rss_mb", timed.peak),
         ]
     }
 
@@ -154,8 +166,8 @@ struct SyncBenchmark: AsyncParsableCommand {
         let source = try makeBlobDatabase(directory + "/source.db", name: "source")
         try source.execute("INSERT INTO files(id, name, data) VALUES (1, 'big', randomblob(\(bigValueMiB) * 1048576))")
         let target = try makeBlobDatabase(directory + "/target.db", name: "target")
-        let (seconds, peak) = try timeCatchUp(directory, source: source, target: target)
-        return [("big_value_seconds", seconds), ("big_value_peak_rss_mb", peak)]
+        let timed = try timeCatchUp(directory, source: source, target: target)
+        return [("big_value_seconds", timed.seconds), ("big_value_peak_rss_mb", timed.peak)]
     }
 
     /// Writes on one node at a steady rate; the time until each write is visible on every other node. With
