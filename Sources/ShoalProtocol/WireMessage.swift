@@ -13,6 +13,9 @@ public enum WireProtocol {
     public static let magic: UInt32 = 0x5348_4F4C
     /// The default largest frame accepted, in bytes (16 MiB).
     public static let defaultMaximumFrameLength = 16 * 1024 * 1024
+    /// The largest first frame a connection accepts (the peer's hello, or its refusal), in bytes: before the hello
+    /// nothing is known of the peer, so it cannot make the node buffer a full-size frame (a hello is about 100).
+    public static let maximumHelloFrameLength = 64 * 1024
     /// The largest value (its canonical encoding, tag and length included, minus 16 bytes of slack) a node
     /// accepts: ``SQLValue/maximumBytes``, the documented maximum value size.
     public static let maximumValueBytes = SQLValue.maximumBytes

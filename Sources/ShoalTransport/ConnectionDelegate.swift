@@ -25,6 +25,8 @@ enum ConnectionEvent: Sendable {
     case duplicate
     /// The node is shutting down.
     case shutdown
+    /// Closed before its hello to make room for a newcomer in the pool of handshaking connections.
+    case evicted
 }
 
 /// Who a ``ConnectionDriver`` reports to: the node (its peer records, events and log), or a test.

@@ -119,6 +119,11 @@ struct ConnectionDriver {
                         ShoalError(code: .rejected, message: "the node is shutting down"),
                         reason: .shuttingDown
                     )
+                case .evicted:
+                    actions = session.close(
+                        ShoalError(code: .rejected, message: "closed to make room for other handshakes"),
+                        reason: .tooManyConnections
+                    )
                 case .duplicate:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "another connection to this peer is kept"),

@@ -3,8 +3,10 @@ import ShoalProtocol
 
 /// The node's open connections, and who may open one: a pure record (no I/O) the node consults.
 ///
-/// Inbound connections that have not said hello yet have a pool of their own with a cap per remote address, so
-/// one client holding silent sockets cannot keep anyone else out; established connections have their own cap;
+/// Inbound connections that have not said hello yet have a pool of their own with a cap per remote address; when
+/// it is full, a newcomer from an address holding fewer of them closes the oldest handshake of the address holding
+/// the most. So clients holding silent sockets, from one address or from many, cannot keep anyone else out: a real
+/// peer says hello within milliseconds of getting in. Established connections have their own cap;
 /// of two connections between the same pair, both sides keep the one dialled by the smaller site id.
 struct ConnectionRegistry {
     /// One open connection.
@@ -19,12 +21,17 @@ struct ConnectionRegistry {
         let remoteIP: String?
         /// Where the node's signals for this connection go.
         let inbox: AsyncStream<ConnectionEvent>.Continuation
+        /// Told to close to make room in the pending pool: no longer counted there, and never established.
+        var evicted = false
+
+        /// Counted in the pending pool.
+        var holdsPendingSlot: Bool { pending && !evicted }
     }
 
     /// What became of a new connection.
-    enum Registration: Equatable {
-        /// Admitted, with this id.
-        case admitted(Int)
+    enum Registration {
+        /// Admitted, with this id; `evicting` is the inbox of the handshake closed to make room for it, to be told.
+        case admitted(Int, evicting: AsyncStream<ConnectionEvent>.Continuation?)
         /// Refused: send this and close.
         case refused(Rejection)
     }
@@ -69,17 +76,29 @@ struct ConnectionRegistry {
         remoteIP: String?,
         inbox: AsyncStream<ConnectionEvent>.Continuation
     ) -> Registration {
+        var evicting: AsyncStream<ConnectionEvent>.Continuation?
         if !dialed {
-            let pending = entries.values.filter(\.pending)
-            if pending.count >= limits.maximumPending {
-                return .refused(Rejection(.tooManyConnections, "too many connections are still handshaking"))
-            }
-            let fromThere = pending.filter { $0.remoteIP == remoteIP }.count
+            let pending = entries.filter(\.value.holdsPendingSlot)
+            let fromThere = pending.values.filter { $0.remoteIP == remoteIP }.count
             if fromThere >= limits.maximumPendingPerAddress {
                 let from = remoteIP ?? "this address"
                 return .refused(
                     Rejection(.tooManyConnections, "too many connections from \(from) are still handshaking")
                 )
+            }
+            if pending.count >= limits.maximumPending {
+                // Room is made only at the expense of an address holding more than the newcomer's would.
+                // Of addresses holding as many, the one with the oldest handshake.
+                let byAddress = Dictionary(grouping: pending, by: \.value.remoteIP).values.map { handshakes in
+                    (count: handshakes.count, oldest: handshakes.min { $0.key < $1.key }!)
+                }
+                guard let busiest = byAddress.max(by: { ($0.count, $1.oldest.key) < ($1.count, $0.oldest.key) }),
+                    busiest.count > fromThere + 1
+                else {
+                    return .refused(Rejection(.tooManyConnections, "too many connections are still handshaking"))
+                }
+                entries[busiest.oldest.key]?.evicted = true
+                evicting = busiest.oldest.value.inbox
             }
             if let remoteIP {
                 if pendingHighWater.count >= 1_024 { pendingHighWater.removeAll() }  // diagnostics: stays bounded
@@ -88,7 +107,7 @@ struct ConnectionRegistry {
         }
         nextID += 1
         entries[nextID] = Entry(dialed: dialed, pending: !dialed, peer: nil, remoteIP: remoteIP, inbox: inbox)
-        return .admitted(nextID)
+        return .admitted(nextID, evicting: evicting)
     }
 
     /// Records that connection `id` finished its handshake with `peer`: keep it, or close it as a duplicate of
@@ -99,6 +118,8 @@ struct ConnectionRegistry {
         peer: SiteID
     ) -> (admission: Admission, evicted: AsyncStream<ConnectionEvent>.Continuation?) {
         guard var entry = entries[id] else { return (.duplicate, nil) }
+        // Closed to make room while its hello was on the way: it does not get in after all.
+        guard !entry.evicted else { return (.full, nil) }
         entry.pending = false
         entries[id] = entry
         var evicted: AsyncStream<ConnectionEvent>.Continuation?

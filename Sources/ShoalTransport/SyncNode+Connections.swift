@@ -19,8 +19,9 @@ extension SyncNode {
         let remoteIP = channel.channel.remoteAddress?.ipAddress
         let id: Int
         switch registry.register(dialed: dialed, remoteIP: remoteIP, inbox: continuation) {
-        case .admitted(let registered):
+        case .admitted(let registered, let evicting):
             id = registered
+            evicting?.yield(.evicted)
         case .refused(let rejection):
             try? await channel.executeThenClose { _, outbound in try await outbound.write(.reject(rejection)) }
             return ConnectionDriver.Outcome(established: false, error: nil)

@@ -5,26 +5,38 @@ import ShoalCore
 /// Splits the inbound byte stream into frames and decodes each frame's message.
 ///
 /// A frame is a 4-byte big-endian payload length, then the payload. A length beyond `maximumFrameLength`
-/// is refused as soon as the 4 bytes arrive, before any of the payload is buffered. The reader index only
-/// moves once a whole frame is there.
+/// is refused as soon as the 4 bytes arrive, before any of the payload is buffered; the first frame of a
+/// connection (the hello) is held to `maximumFirstFrameLength`, so a stranger cannot make the node buffer a
+/// full-size frame. The reader index only moves once a whole frame is there.
 public struct WireMessageDecoder: ByteToMessageDecoder {
     /// Whole messages go on down the pipeline.
     public typealias InboundOut = WireMessage
 
     /// The largest frame accepted, in bytes (the 4-byte length not counted).
     public let maximumFrameLength: Int
+    /// The largest first frame accepted, in bytes: the peer's hello or its refusal.
+    public let maximumFirstFrameLength: Int
+    /// Whether the first frame was decoded (later ones may be up to ``maximumFrameLength``).
+    private var firstFrameDecoded = false
 
-    /// A decoder refusing frames longer than `maximumFrameLength` bytes (16 MiB by default).
-    public init(maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength) {
+    /// A decoder refusing frames longer than `maximumFrameLength` bytes (16 MiB by default), and a first frame
+    /// longer than `maximumFirstFrameLength` (64 KiB by default).
+    public init(
+        maximumFrameLength: Int = WireProtocol.defaultMaximumFrameLength,
+        maximumFirstFrameLength: Int = WireProtocol.maximumHelloFrameLength
+    ) {
         self.maximumFrameLength = maximumFrameLength
+        self.maximumFirstFrameLength = min(maximumFirstFrameLength, maximumFrameLength)
     }
 
     /// Passes on the next whole message, if all of it is there; throws ``ShoalError`` on a frame too large,
     /// empty or malformed.
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let message = try Self.nextMessage(from: &buffer, maximumFrameLength: maximumFrameLength) else {
+        let limit = firstFrameDecoded ? maximumFrameLength : maximumFirstFrameLength
+        guard let message = try Self.nextMessage(from: &buffer, maximumFrameLength: limit) else {
             return .needMoreData
         }
+        firstFrameDecoded = true
         context.fireChannelRead(Self.wrapInboundOut(message))
         return .continue
     }

@@ -151,8 +151,10 @@ extension ShoalCommand {
     }
 }
 
-/// One `shoal serve` per database: an exclusive `flock` on a side file, released by the kernel when the process
-/// ends however it ends (so a crashed node never leaves a stale lock). The file holds the owner's pid.
+/// One `shoal serve` per database: an exclusive `flock` on the database file itself, so a second node is refused
+/// whatever name it reaches the file by (a symbolic or hard link), released by the kernel when the process ends
+/// however it ends (so a crashed node never leaves a stale lock). A side file beside the file's real path holds
+/// the owner's pid, to name it.
 final class ServeLock {
     private let descriptor: Int32
 
@@ -167,7 +169,38 @@ final class ServeLock {
 
     /// Takes the lock of `database`, or says which process holds it.
     static func acquire(database: String) throws(ShoalError) -> ServeLock {
-        let path = database + ".shoal-serve.lock"
+        // The database file's own lock. flock and SQLite's fcntl locks do not meet on Linux; the descriptor is never
+        // closed while the process runs, since closing any descriptor of the file would drop SQLite's fcntl locks.
+        let file = open(database, O_RDONLY | O_CLOEXEC)
+        guard file >= 0 else {
+            throw ShoalError(
+                code: .databaseInUse,
+                message: "cannot open \(database) to lock it: \(String(cString: strerror(errno)))"
+            )
+        }
+        let fileLocked = flock(file, LOCK_EX | LOCK_NB) == 0
+        let fileLockError = errno
+        let real = realpath(database, nil).map { pointer in
+            defer { free(pointer) }
+            return String(cString: pointer)
+        } ?? database
+        let path = real + ".shoal-serve.lock"
+        guard fileLocked else {
+            // Left open on purpose (see above); the process is about to report the error and end.
+            let holder = (try? String(contentsOfFile: path, encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+            guard fileLockError == EWOULDBLOCK else {
+                throw ShoalError(
+                    code: .databaseInUse,
+                    message: "cannot lock \(database): \(String(cString: strerror(fileLockError)))"
+                )
+            }
+            throw ShoalError(
+                code: .databaseInUse,
+                message: "another shoal serve\(holder.isEmpty ? "" : " (pid \(holder))") already runs on \(database)"
+                    + "\(real == database ? "" : " (\(real))"); stop it first (one node per database file)"
+            )
+        }
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else {
             throw ShoalError(

@@ -87,6 +87,33 @@ private func messagesUntilClosed(_ channel: NIOAsyncChannel<ByteBuffer, ByteBuff
         await a.stop()
     }
 
+    /// Silent sockets from eight addresses fill the whole handshake pool (8 × 4); a real peer from a ninth still
+    /// gets in at once, at the expense of the oldest flood socket.
+    @Test func aFloodFromManyAddressesFillingThePoolLocksNoPeerOut() async throws {
+        let directory = try temporaryDirectory("flood-many")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { configuration in
+            configuration.session.handshakeTimeout = 60_000  // the flood holds its slots for the whole test
+            configuration.maximumPendingConnections = 32
+            configuration.maximumPendingPerAddress = 4
+        }
+        var flood: [NIOAsyncChannel<ByteBuffer, ByteBuffer>] = []
+        for address in 2...9 {
+            for _ in 0..<4 { flood.append(try await silentSocket(to: a.port, from: "127.0.0.\(address)")) }
+        }
+        #expect(await waitUntil(within: 30) { await a.node.connectionCount == 32 })
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('past the flood', 1)")
+        #expect(try await converge(a, b, within: 30))
+        // The flood socket that made room was told why.
+        let evicted = await messagesUntilClosed(flood[0], within: 10)
+        #expect(evicted?.contains { if case .reject(let r) = $0 { r.reason == .tooManyConnections } else { false } } == true)
+        await b.stop()
+        await a.stop()
+        for socket in flood.dropFirst() { _ = await messagesUntilClosed(socket, within: 10) }
+    }
+
     /// Connections that arrive while the node stops are closed, never dropped: NIO traps on a message channel
     /// that nobody closes, which took the whole process down.
     @Test func connectionsArrivingWhileTheNodeStopsAreAllClosed() async throws {

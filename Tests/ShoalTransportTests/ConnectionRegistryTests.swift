@@ -13,7 +13,7 @@ private func inbox() -> (AsyncStream<ConnectionEvent>, AsyncStream<ConnectionEve
 }
 
 private func id(_ registration: ConnectionRegistry.Registration) -> Int? {
-    if case .admitted(let id) = registration { id } else { nil }
+    if case .admitted(let id, _) = registration { id } else { nil }
 }
 
 /// Who may connect and which duplicate survives: the registry's rules, with no socket.
@@ -32,13 +32,53 @@ private func id(_ registration: ConnectionRegistry.Registration) -> Int? {
         }
         #expect(perAddress.reason == .tooManyConnections && perAddress.message.contains("127.0.0.2"))
         #expect(id(registry.register(dialed: false, remoteIP: "127.0.0.3", inbox: inbox().1)) != nil)
-        guard case .refused = registry.register(dialed: false, remoteIP: "127.0.0.4", inbox: inbox().1) else {
+        // The pool is full; another address with as many as the newcomer's would have gets nothing.
+        guard case .refused = registry.register(dialed: false, remoteIP: "127.0.0.3", inbox: inbox().1) else {
             Issue.record("the pool held more than its maximum")
             return
         }
         // Dialled connections are not counted against the inbound pool.
         #expect(id(registry.register(dialed: true, remoteIP: "127.0.0.9", inbox: inbox().1)) != nil)
         #expect(registry.pendingHighWater["127.0.0.2"] == 2)
+    }
+
+    @Test func aFullPoolMakesRoomForANewAddressAtTheExpenseOfTheBusiestOne() async {
+        var registry = ConnectionRegistry(
+            localSite: small,
+            limits: .init(maximumConnections: 64, maximumPending: 4, maximumPendingPerAddress: 2)
+        )
+        // Two flooding addresses fill the pool, two handshakes each.
+        let (oldestEvents, oldest) = inbox()
+        let first = id(registry.register(dialed: false, remoteIP: "127.0.0.2", inbox: oldest))!
+        _ = registry.register(dialed: false, remoteIP: "127.0.0.3", inbox: inbox().1)
+        _ = registry.register(dialed: false, remoteIP: "127.0.0.2", inbox: inbox().1)
+        _ = registry.register(dialed: false, remoteIP: "127.0.0.3", inbox: inbox().1)
+        // A peer from a third address gets in: the oldest handshake of a busiest address is told to close.
+        guard case .admitted(let peer, let evicting?) = registry.register(
+            dialed: false,
+            remoteIP: "127.0.0.9",
+            inbox: inbox().1
+        ) else {
+            Issue.record("a newcomer from a new address was kept out of a pool full of floods")
+            return
+        }
+        evicting.yield(.shutdown)
+        evicting.finish()
+        var events = oldestEvents.makeAsyncIterator()
+        if case .shutdown = await events.next() {} else { Issue.record("the oldest handshake was not the one told") }
+        // The evicted one cannot get in after all, even if its hello was on its way; the newcomer can.
+        #expect(registry.establish(first, peer: large).admission == .full)
+        #expect(registry.establish(peer, peer: large).admission == .accepted)
+        // A flooding address with as many as any other cannot push others out in turn.
+        guard case .admitted(_, nil) = registry.register(dialed: false, remoteIP: "127.0.0.4", inbox: inbox().1)
+        else {
+            Issue.record("room was not free after the newcomer's handshake")
+            return
+        }
+        guard case .refused = registry.register(dialed: false, remoteIP: "127.0.0.2", inbox: inbox().1) else {
+            Issue.record("a flooding address took another's place")
+            return
+        }
     }
 
     @Test func aFinishedHandshakeLeavesThePendingPool() {

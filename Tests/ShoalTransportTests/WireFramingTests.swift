@@ -124,6 +124,24 @@ private func decodeError(_ bytes: [UInt8], maximum: Int = 1024) -> ShoalError? {
         #expect(throws: ShoalError.self) { try WireMessageEncoder.write(message, to: &big, maximumFrameLength: 1024) }
     }
 
+    @Test func theFirstFrameIsHeldToTheHelloLimitAndLaterOnesToTheMaximum() throws {
+        // Before the hello, a stranger cannot make the node buffer a large frame: refused from its header.
+        let first = EmbeddedChannel(handler: ByteToMessageHandler(WireMessageDecoder()))
+        var header = ByteBuffer()
+        header.writeInteger(UInt32(WireProtocol.maximumHelloFrameLength + 1))
+        #expect(throws: ShoalError.self) { try first.writeInbound(header) }
+        _ = try? first.finish()
+
+        // After a first frame, frames up to the full maximum pass.
+        let later = EmbeddedChannel(handler: ByteToMessageHandler(WireMessageDecoder()))
+        let big = WireMessage.reject(Rejection(.other, String(repeating: "x", count: 200_000)))
+        try later.writeInbound(frameBuffer(.ping(1)))
+        try later.writeInbound(frameBuffer(big))
+        #expect(try later.readInbound(as: WireMessage.self) == .ping(1))
+        #expect(try later.readInbound(as: WireMessage.self) == big)
+        _ = try later.finish()
+    }
+
     @Test func malformedPayloadsGetTypedErrors() {
         #expect(decodeError([0, 0, 0, 1, 99])?.code == .unknownMessageType)
         #expect(decodeError([0, 0, 0, 0])?.code == .malformedMessage)
