@@ -137,6 +137,16 @@ import ShoalTestSupport
         let second = try runProcess(try shoalExecutable(), ["serve", "--db", db, "--no-mdns"], timeout: 60)
         #expect(second.status != 0)
         #expect(second.stderr.contains("another shoal serve (pid \(first.process.processIdentifier)) already runs"))
+        // Nor through another name for the same file: a symbolic link, a hard link.
+        let symbolic = directory.appendingPathComponent("symbolic.db").path
+        let hard = directory.appendingPathComponent("hard.db").path
+        try FileManager.default.createSymbolicLink(atPath: symbolic, withDestinationPath: db)
+        try FileManager.default.linkItem(atPath: db, toPath: hard)
+        for other in [symbolic, hard] {
+            let refused = try runProcess(try shoalExecutable(), ["serve", "--db", other, "--no-mdns"], timeout: 60)
+            #expect(refused.status != 0, "a second node started through \(other)")
+            #expect(refused.stderr.contains("another shoal serve"), "\(refused.stderr)")
+        }
         // Killed outright, the first leaves no stale lock: a new node starts at once.
         kill(first.process.processIdentifier, SIGKILL)
         first.process.waitUntilExit()
