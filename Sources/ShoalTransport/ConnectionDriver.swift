@@ -39,6 +39,8 @@ struct ConnectionDriver {
         /// How many of the peer's messages may wait, read but not yet handled (see ``InboundGate``): with
         /// batches of up to 2 MiB encoded, a fast peer costs a few batches of memory, not the whole catch-up.
         var inboundMessageLimit = 2
+        /// Set when the node stops: an answer in progress ends at the next batch instead of running to its end.
+        var stopping = Flag()
     }
 
     /// The connection's number in the node's registry.
@@ -184,7 +186,13 @@ struct ConnectionDriver {
                 case .serve(let request):
                     gate.serving(true)
                     defer { gate.serving(false) }
-                    try await serve(request, session: &session, stream: stream)
+                    guard try await serve(request, session: &session, stream: stream) else {
+                        actions = session.close(
+                            ShoalError(code: .rejected, message: "the node is shutting down"),
+                            reason: .shuttingDown
+                        )
+                        break
+                    }
                     actions += session.served(request, localVersionVector: try await worker.versionVector())
                 case .apply(let message):
                     actions += try await apply(message, session: &session)
@@ -216,11 +224,12 @@ struct ConnectionDriver {
     }
 
     /// Answers the peer's pull, one bounded batch at a time: memory stays flat however much the peer lacks.
+    /// Returns `false` when the node began to stop before the answer's end (the rest is not sent).
     private func serve(
         _ request: SyncRequest,
         session: inout SyncSession,
         stream: some MessageStream
-    ) async throws(ShoalError) {
+    ) async throws(ShoalError) -> Bool {
         let cursor = try await worker.openCursor(since: request.versionVector)
         do throws(ShoalError) {
             while let (batch, isLast, remaining) = try await worker.nextBatch(
@@ -249,11 +258,16 @@ struct ConnectionDriver {
                 // Writes wait while the peer stops reading (and time out): a peer taking batches is alive, though
                 // it says nothing until it has applied the last.
                 session.peerIsReading(now: now)
+                if settings.stopping.isSet && !isLast {
+                    await worker.closeCursor(cursor)
+                    return false
+                }
             }
         } catch {
             await worker.closeCursor(cursor)
             throw error
         }
+        return true
     }
 
     /// Applies one batch of our pull and tells the session.

@@ -71,7 +71,8 @@ extension SyncNode {
             session: configuration.session,
             maxChangesPerBatch: configuration.maxChangesPerBatch,
             maxBytesPerBatch: configuration.maxBytesPerBatch,
-            clock: configuration.clock
+            clock: configuration.clock,
+            stopping: stopping
         )
     }
 

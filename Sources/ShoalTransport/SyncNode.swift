@@ -36,6 +36,8 @@ public actor SyncNode: Service {
     var clockViews: [SiteID: ClockView] = [:]
     /// Set once the node stops: connections still arriving are closed at once.
     var shuttingDown = false
+    /// Set once the node stops, for every connection's driver: an answer in progress ends at its next batch.
+    nonisolated let stopping = Flag()
     var digestRefreshing = false
     var lastRefreshedDigest: StateDigest?
 
@@ -193,6 +195,7 @@ public actor SyncNode: Service {
 
     func closeAllConnections() {
         shuttingDown = true
+        stopping.set()
         for inbox in registry.inboxes { inbox.yield(.shutdown) }
     }
 

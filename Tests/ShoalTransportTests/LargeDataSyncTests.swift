@@ -62,6 +62,29 @@ private func count(_ node: RunningNode, _ sql: String) async throws -> Int64? {
         await a.stop()
     }
 
+    /// A node asked to stop while it answers a long catch-up ends the answer at its next batch, instead of
+    /// sending the rest first (which took ten seconds and more).
+    @Test func aNodeStopsWithoutFinishingALongAnswer() async throws {
+        let directory = try temporaryDirectory("stop-serving")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        try await a.node.execute(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 200000) "
+                + "INSERT INTO kv(k, v) SELECT 'row-' || i, i FROM c"
+        )
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 120) { if case .catchUpProgress = $0 { true } else { false } })
+        await a.stop()
+        // Had the answer run to its end, b would hold (and claim) the whole transaction.
+        #expect(try await b.node.versionVector()[a.node.siteID] == 0)
+        #expect(
+            await b.log.seen(within: 30) {
+                if case .peerDisconnected(_, let reason) = $0 { reason.contains("shutting down") } else { false }
+            }
+        )
+        await b.stop()
+    }
+
     @Test func aTransactionOfAHundredThousandRowsOfThreeKilobytesCrosses() async throws {
         let directory = try temporaryDirectory("bigtx")
         defer { try? FileManager.default.removeItem(at: directory) }
