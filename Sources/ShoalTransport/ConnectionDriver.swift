@@ -22,6 +22,8 @@ struct ConnectionDriver {
         var healthy = false
         /// A round failed here (apply, send, …): the connection ended because of it.
         var failedHere = false
+        /// Closed as the loser of two connections with one peer (by either side): not a failure.
+        var duplicate = false
     }
 
     /// What the driver needs besides the session's own configuration.
@@ -167,6 +169,7 @@ struct ConnectionDriver {
                         peer = hello.siteID
                         outcome.established = true
                     case .duplicate:
+                        outcome.duplicate = true
                         actions = session.close(
                             ShoalError(code: .rejected, message: "already connected to \(hello.siteID.hex)"),
                             reason: .duplicateConnection
@@ -209,6 +212,7 @@ struct ConnectionDriver {
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     outcome.refusal = rejection
+                    if rejection.reason == .duplicateConnection { outcome.duplicate = true }
                     outcome.failedHere = false
                 case .close(let error):
                     if outcome.error == nil { outcome.error = error }

@@ -117,6 +117,9 @@ public enum NodeEvent: Sendable, Hashable {
     case discoveryAvailable(interface: String?)
     /// A connection failed before or during the handshake.
     case connectionFailed(address: String, reason: String)
+    /// A connection from `address` (the remote IP) failed or was refused before its handshake ended; repeats
+    /// from one address are reported once, then with a count at the 10th, 100th, 1000th.
+    case inboundConnectionFailed(address: String, reason: String)
 }
 
 /// One peer as the node sees it.

@@ -11,8 +11,9 @@ import Glibc
 struct RepeatingFailures: Sendable {
     private var entries: [String: (reason: String, count: Int)] = [:]
 
-    /// Records a failure of `key` (a peer or an address); returns the line to log, or `nil` to stay quiet.
-    mutating func note(_ key: String, _ reason: String) -> String? {
+    /// Records a failure of `key` (a peer or an address); returns the line to log, or `nil` to stay quiet. A
+    /// repetition says the node retries with backoff, unless `retrying` is false (a connection it did not dial).
+    mutating func note(_ key: String, _ reason: String, retrying: Bool = true) -> String? {
         let shape = Self.shape(of: reason)
         guard let entry = entries[key], entry.reason == shape else {
             entries[key] = (shape, 1)
@@ -22,7 +23,8 @@ struct RepeatingFailures: Sendable {
         entries[key] = (shape, count)
         var power = 10
         while power < count { power *= 10 }
-        return power == count ? "\(reason) (\(count) times in a row; retrying with backoff)" : nil
+        guard power == count else { return nil }
+        return "\(reason) (\(count) times in a row\(retrying ? "; retrying with backoff" : ""))"
     }
 
     /// Whether `key` failed the same way more than once in a row.

@@ -55,10 +55,15 @@ extension SyncNode {
         } catch {
             outcome = ConnectionDriver.Outcome(established: false, error: DialFailure.connectionLost(error))
         }
-        if !outcome.established, let error = outcome.error {
+        if !outcome.established, !outcome.duplicate, let error = outcome.error {
             let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
-            if let line = failures.note(address, reason) {
-                eventSink.yield(.connectionFailed(address: address, reason: line))
+            if dialed {
+                if let line = failures.note(address, reason) {
+                    eventSink.yield(.connectionFailed(address: address, reason: line))
+                }
+            } else if let line = failures.note("from \(remoteIP ?? address)", reason, retrying: false) {
+                // Counted by remote IP: each inbound connection has a port of its own.
+                eventSink.yield(.inboundConnectionFailed(address: remoteIP ?? address, reason: line))
             }
         }
         closed(id, error: outcome.error, refusal: outcome.refusal)
@@ -127,16 +132,26 @@ extension SyncNode: ConnectionDelegate {
         if !failures.isRepeating(hello.siteID.hex) {
             eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
         }
-        // Remember where to reach it: the address dialled, or its IP with the port it says it listens on.
+        // Remember where to reach it: the address dialled, at once; for a peer that dialled us, its IP with the port
+        // it says it listens on, once a round with it finished (anyone can send a hello; the list would fill with
+        // addresses nobody listens at, each dialled after a restart).
         if let reachable, configuration.rememberPeers {
-            let worker = self.worker
-            let site = hello.siteID
-            Task { try? await worker.rememberPeer(site, host: reachable.host, port: reachable.port) }
+            if entry.dialed {
+                remember(hello.siteID, at: reachable)
+            } else {
+                toRemember[hello.siteID] = reachable
+            }
         }
         return .accepted
     }
 
+    private func remember(_ site: SiteID, at address: PeerAddress) {
+        let worker = self.worker
+        Task { try? await worker.rememberPeer(site, host: address.host, port: address.port) }
+    }
+
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
+        if let address = toRemember.removeValue(forKey: peer) { remember(peer, at: address) }
         if directory.roundFinished(peer, milliseconds: milliseconds, now: configuration.clock.nowMilliseconds()) {
             failures.clear(peer.hex)
         }

@@ -32,6 +32,8 @@ public actor SyncNode: Service {
     var dialers: [DialerKey: Dialer] = [:]
     /// Repeating failures, logged once with a count.
     var failures = RepeatingFailures()
+    /// Where to remember peers that dialled this node, once a round with them finishes.
+    var toRemember: [SiteID: PeerAddress] = [:]
     /// How far ahead of local time each peer's clocks last looked.
     var clockViews: [SiteID: ClockView] = [:]
     /// Set once the node stops: connections still arriving are closed at once.

@@ -112,6 +112,8 @@ extension ShoalCommand {
                         log("synced \(applied) changes from \(peer.hex.prefix(8))")
                     case .connectionFailed(let peerAddress, let reason):
                         log("connection to \(peerAddress) failed: \(reason)")
+                    case .inboundConnectionFailed(let peerAddress, let reason):
+                        log("connection from \(peerAddress) failed: \(reason)")
                     case .roundFinished:
                         break
                     case .peerDiscovered(let site, let peerAddress):

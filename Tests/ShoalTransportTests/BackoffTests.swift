@@ -27,7 +27,7 @@ private func failures(of node: RunningNode, reach count: Int, within seconds: Do
 private func failureLines(_ log: EventLog) async -> Int {
     await log.events.filter { event in
         switch event {
-        case .connectionFailed, .peerDisconnected: true
+        case .connectionFailed, .inboundConnectionFailed, .peerDisconnected: true
         default: false
         }
     }.count

@@ -254,4 +254,29 @@ import ShoalTestSupport
         await b.stop()
         await a.stop()
     }
+
+    /// Anyone can send a hello: a stranger that dialled in is remembered only once a round with it finished, so
+    /// forged hellos cannot fill the list a restarted node dials.
+    @Test func aStrangerWhoOnlySaidHelloIsNotRemembered() async throws {
+        let directory = try temporaryDirectory("remember-forged")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let fingerprint = try Store(path: a.path).schemaFingerprint()
+        let stranger = SiteID.random()
+        let hello = Hello(
+            clusterID: "test", siteID: stranger, nodeName: "forged", schemaFingerprint: fingerprint, listenPort: 7_777)
+        _ = try await rawExchange(port: a.port, sending: frame(.hello(hello)), within: 2)
+        #expect(await a.node.peerStatuses().contains { $0.siteID == stranger })
+        // A real peer that dialled in and synced is remembered.
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('real', 1)")
+        #expect(try await converge(a, b))
+        let remembered = await waitUntil(within: 10) {
+            ((try? Store(path: a.path).knownPeers()) ?? []).contains { $0.siteID == b.node.siteID }
+        }
+        #expect(remembered)
+        #expect(try Store(path: a.path).knownPeers().allSatisfy { $0.siteID != stranger })
+        await b.stop()
+        await a.stop()
+    }
 }
