@@ -119,15 +119,16 @@ enum Output {
                 ? "failing: \(peer.lastError ?? "?")\(peer.connected ? " (connected)" : "")"
                 : peer.connected ? "live" : (peer.everConnected ? "gone" : peer.lastError ?? "found, not connected yet")
             let last = peer.lastSuccessfulSyncMs.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
-            let total = peer.roundsFinished + peer.roundsFailed
-            let rate = total == 0 ? "-" : "\(peer.roundsFinished * 100 / total)%"
+            let rounds =
+                peer.roundsFinished + peer.roundsFailed == 0
+                ? "no rounds yet" : "rounds \(peer.roundsFinished) ok, \(peer.roundsFailed) failed"
             let durations = peer.roundP50Ms.map { "p50 \($0) ms, p99 \(peer.roundP99Ms ?? $0) ms" } ?? "no rounds"
             let addresses = (peer.addresses.isEmpty ? [peer.address] : peer.addresses).joined(separator: ", ")
-            let inSync =
-                peer.versionVector
-                == Dictionary(
-                    uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) }
-                )
+            let ours = Dictionary(uniqueKeysWithValues: status.versionVector.entries.map { ($0.key.hex, $0.value) })
+            // What a peer holds is known only from what it acknowledged, over a connection.
+            let version =
+                !peer.everConnected ? "version unknown"
+                : peer.versionVector == ours ? "same version" : "different version"
             let digest =
                 switch (peer.digest, status.digest.hex) {
                 case (nil, _): "digest not reported yet"
@@ -137,8 +138,8 @@ enum Output {
             text +=
                 "  \(peer.name.isEmpty ? "?" : peer.name) \(peer.site.prefix(8)) (\(peer.foundBy)) at \(addresses): \(state), "
                 + "last sync \(last), "
-                + "failures \(peer.consecutiveFailures), success \(rate), \(durations), "
-                + (inSync ? "same version" : "different version") + ", \(digest)\n"
+                + "failures in a row \(peer.consecutiveFailures), \(rounds), \(durations), "
+                + "\(version), \(digest)\n"
         }
         return text
     }
