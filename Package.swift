@@ -127,7 +127,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalCoreTests",
-            dependencies: ["ShoalCore"],
+            dependencies: ["ShoalCore", "ShoalTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(

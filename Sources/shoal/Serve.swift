@@ -165,8 +165,9 @@ final class ServeLock {
     }
 
     deinit {
-        // Closing the descriptor releases the lock; the file stays (removing it would race a starting node).
-        close(descriptor)
+        // The side file stays (removing it would race a starting node). The database file's descriptor is not
+        // closed: the kernel releases its lock when the process ends.
+        if descriptor >= 0 { close(descriptor) }
     }
 
     /// Takes the lock of `database`, or says which process holds it.
@@ -203,35 +204,13 @@ final class ServeLock {
                     + "\(real == database ? "" : " (\(real))"); stop it first (one node per database file)"
             )
         }
+        // The side file only names the owner for the message above: the database file's lock is the lock.
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard descriptor >= 0 else {
-            throw ShoalError(
-                code: .databaseInUse,
-                message: "cannot create the lock file \(path): \(String(cString: strerror(errno)))"
-            )
+        if descriptor >= 0 {
+            let pid = Array("\(getpid())\n".utf8)
+            _ = ftruncate(descriptor, 0)
+            _ = pwrite(descriptor, pid, pid.count, 0)
         }
-        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
-            let reason = errno
-            var buffer = [UInt8](repeating: 0, count: 32)
-            let count = max(0, pread(descriptor, &buffer, buffer.count, 0))
-            close(descriptor)
-            let holder = String(decoding: buffer[0..<count], as: UTF8.self)
-                .trimmingCharacters(in: .whitespacesAndNewlines)
-            guard reason == EWOULDBLOCK else {
-                throw ShoalError(
-                    code: .databaseInUse,
-                    message: "cannot lock \(path): \(String(cString: strerror(reason)))"
-                )
-            }
-            throw ShoalError(
-                code: .databaseInUse,
-                message: "another shoal serve\(holder.isEmpty ? "" : " (pid \(holder))") already runs on \(database); "
-                    + "stop it first (one node per database file)"
-            )
-        }
-        let pid = Array("\(getpid())\n".utf8)
-        _ = ftruncate(descriptor, 0)
-        _ = pwrite(descriptor, pid, pid.count, 0)
         return ServeLock(descriptor: descriptor)
     }
 }

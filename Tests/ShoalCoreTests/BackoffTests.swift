@@ -1,3 +1,4 @@
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
@@ -13,14 +14,14 @@ import Testing
     }
 
     @Test func jitterStaysWithinItsRange() {
-        var random = SplitMix64(seed: 42)
+        var random = SplitMix(state: 42)
         for _ in 0..<1_000 {
             var backoff = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000)
             let delay = backoff.next(using: &random)
             #expect((800...1_200).contains(delay))
         }
         // A range of one point gives exactly that factor.
-        var random2 = SplitMix64(seed: 7)
+        var random2 = SplitMix(state: 7)
         var low = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000, jitter: 0.8...0.8)
         #expect(low.next(using: &random2) == 800)
         var high = Backoff(initialMilliseconds: 1_000, maximumMilliseconds: 30_000, jitter: 1.2...1.2)
@@ -32,18 +33,5 @@ import Testing
         var random = SystemRandomNumberGenerator()
         for _ in 0..<4 { _ = backoff.next(using: &random) }
         #expect(backoff.currentMilliseconds >= 1 << 62)
-    }
-}
-
-/// SplitMix64, seeded: deterministic draws for tests.
-private struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

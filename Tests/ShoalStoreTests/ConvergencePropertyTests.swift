@@ -6,19 +6,6 @@ import ShoalTestSupport
 @testable import ShoalCore
 @testable import ShoalStore
 
-/// A small, fast, seeded generator (SplitMix64), so a failing example can be replayed from its seed.
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// One replica of a random scenario: a real SQLite store with a skewed clock of its own.
 private struct Replica {
     let store: Store
