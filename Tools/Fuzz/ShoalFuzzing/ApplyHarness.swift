@@ -94,7 +94,7 @@ extension ShoalFuzzing {
         do throws(ShoalError) {
             let digest = try store.digest()
             guard try store.fullScanDigest() == digest else {
-                fatalError("the maintained digest differs from a full scan after an apply")
+                fatalError("the maintained digest differs from a full scan after applying \(batch.changes)")
             }
             let vector = try store.versionVector()
             try store.apply(batch.changes, claim: batch.claim, since: batch.since)
