@@ -125,6 +125,7 @@ let package = Package(
             name: "ShoalFuzzing",
             dependencies: [
                 "ShoalCore", "ShoalProtocol", "ShoalStore", "ShoalTransport",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ],

@@ -194,6 +194,13 @@ extension Store {
             guard change.causalLength > 0, change.stamp.seq > 0 else {
                 throw ShoalError(code: .malformedStream, message: "change \(number) has a zero causal length or seq")
             }
+            // Sequence numbers are stored as SQLite integers (signed 64 bits); no node issues one beyond.
+            guard change.stamp.seq <= UInt64(Int64.max) else {
+                throw ShoalError(
+                    code: .malformedStream,
+                    message: "change \(number) has seq \(change.stamp.seq), beyond any a node issues. Nothing was applied"
+                )
+            }
             if change.stamp.site == siteID && change.stamp.seq > localSeq {
                 throw ShoalError(
                     code: .siteConflict,

@@ -74,6 +74,11 @@ func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(code { try store.apply([keyed("items", [.null])]) } == .malformedStream)
         #expect(code { try store.apply([keyed("items", [.text("a")])]) } == .malformedStream)
         #expect(code { try store.apply([keyed("items", [.real(1.5)])]) } == .malformedStream)
+        // Found by fuzzing too (Tools/Fuzz/Corpus/apply/crash-huge-seq): a seq beyond Int64.max was stored as a
+        // negative integer, and reading the version vector back trapped.
+        var huge = keyed("items", [.integer(2)])
+        huge.stamp = Stamp(hlc: huge.stamp.hlc, site: site, seq: UInt64(Int64.max) + 1)
+        #expect(code { try store.apply([huge]) } == .malformedStream)
         #expect(try store.digest() == before)
         #expect(try store.versionVector().isEmpty)
         let good: [Change] = [keyed("items", [.integer(1)]), keyed("pairs", [.text("a"), .integer(1)])]

@@ -1,3 +1,4 @@
+import Logging
 import ShoalCore
 import ShoalProtocol
 import ShoalStore
@@ -35,6 +36,8 @@ extension ShoalFuzzing {
             var options = StoreOptions()
             options.clock = FixedClock()
             options.conflictLogLimit = 16
+            // Refusals are logged; thousands a second would cost more than the apply itself.
+            options.logger = Logger(label: "shoal.fuzz", factory: { _ in SwiftLogNoOpLogHandler() })
             do throws(ShoalError) {
                 store = try Store(path: ":memory:", options: options)
                 for sql in Self.schema { _ = try store.execute(sql) }
