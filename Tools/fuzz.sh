@@ -51,8 +51,9 @@ fuzz() {
     # Leak checking is off: the Swift runtime's caches look like leaks at exit. Swift's own backtracer is off:
     # AddressSanitizer reports the crash.
     SWIFT_BACKTRACE=enable=no SHOAL_FUZZ_TARGET=$target "$binary" -max_total_time="$seconds" \
-        -max_len="$(max_len "$target")" -timeout=20 -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 -artifact_prefix="$crashes/" "${dict[@]}" "$@" \
-        "$work" "$root/Tools/Fuzz/Corpus/$target" >"$log" 2>&1 || status=$?
+        -max_len="$(max_len "$target")" -timeout=20 -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 \
+        -artifact_prefix="$crashes/" "${dict[@]}" "$@" "$work" "$root/Tools/Fuzz/Corpus/$target" >"$log" 2>&1 \
+        || status=$?
     grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs|stat::number_of_executed_units|stat::average_exec_per_sec)' "$log" >&2 || true
     if [ $status -ne 0 ]; then
         tail -n 40 "$log" >&2
