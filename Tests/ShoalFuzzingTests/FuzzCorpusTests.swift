@@ -4,7 +4,8 @@ import Testing
 
 /// Replays the committed fuzzing corpus (`Tools/Fuzz/Corpus/<target>/`) through the harnesses, so that an input
 /// that once crashed a target fails the ordinary test run too.
-@Suite struct FuzzCorpusTests {
+/// Serialized: the apply harness keeps one store per process, used by one thread at a time (as libFuzzer does).
+@Suite(.serialized) struct FuzzCorpusTests {
     static let corpus = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Tools/Fuzz/Corpus")

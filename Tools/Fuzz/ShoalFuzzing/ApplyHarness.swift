@@ -10,7 +10,8 @@ extension ShoalFuzzing {
     }
 
     /// One in-memory store per process with a few replicated tables of varied shapes, made again only after an
-    /// input changed it: a refused batch must leave it as it was, which the harness checks.
+    /// input changed it: a refused batch must leave it as it was, which the harness checks. Not thread-safe: one
+    /// thread at a time, as libFuzzer runs it (the corpus-replay suite is serialized).
     final class ApplyFixture {
         /// 2025-01-01T00:00:00Z.
         static let now: UInt64 = 1_735_689_600_000
