@@ -11,6 +11,8 @@ let package = Package(
         .executable(name: "shoal", targets: ["shoal"]),
         .executable(name: "shoal-bench", targets: ["ShoalBench"]),
         .executable(name: "shoal-chaos", targets: ["ShoalChaos"]),
+        // The fuzzing harnesses, for the libFuzzer binary Tools/fuzz.sh builds (Tools/Fuzz/Runner).
+        .library(name: "ShoalFuzzing", targets: ["ShoalFuzzing"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -123,6 +125,23 @@ let package = Package(
         .target(
             name: "ShoalTestSupport",
             path: "Tests/ShoalTestSupport",
+            swiftSettings: strict
+        ),
+        // Fuzzing harnesses (Tools/fuzz.sh): plain library code, so the corpus replays in the ordinary tests.
+        .target(
+            name: "ShoalFuzzing",
+            dependencies: [
+                "ShoalCore", "ShoalProtocol", "ShoalStore", "ShoalTransport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            path: "Tools/Fuzz/ShoalFuzzing",
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalFuzzingTests",
+            dependencies: ["ShoalFuzzing", "ShoalCore", "ShoalProtocol", "ShoalStore"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -17,3 +17,6 @@ else
     echo "NOTE: this machine does not allow network namespaces: the two-host demo and tests do not run" >&2
 fi
 swift test --skip-build
+# Every fuzz target for a short bounded time (a release build with libFuzzer and AddressSanitizer, cached in
+# .build-fuzz); a crash fails the run and leaves the reproducing input in .fuzz/crashes/TARGET/.
+"$root/Tools/fuzz.sh" all "${SHOAL_FUZZ_SECONDS:-20}"

@@ -28,6 +28,9 @@ final class ReplicatedTable {
     let allChanged: [Bool]
     /// No counter movement.
     let noDelta: [Int64]
+    /// The type affinity of each key column and of each other column (see ``ColumnAffinity``).
+    let keyAffinities: [ColumnAffinity]
+    let affinities: [ColumnAffinity]
 
     init(
         id: Int64,
@@ -37,8 +40,12 @@ final class ReplicatedTable {
         columns: [String],
         columnPositions: [Int32],
         isCounter: [Bool],
-        keyIsRowid: Bool
+        keyIsRowid: Bool,
+        keyAffinities: [ColumnAffinity],
+        affinities: [ColumnAffinity]
     ) {
+        self.keyAffinities = keyAffinities
+        self.affinities = affinities
         self.id = id
         self.name = name
         self.keyColumns = keyColumns

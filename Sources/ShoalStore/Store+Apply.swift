@@ -136,6 +136,25 @@ extension Store {
                         + "\(table.keyColumns.count) key columns. Nothing was applied"
                 )
             }
+            // No node can write such a key (a key column of the clock table is never NULL, and a rowid is an
+            // integer): refuse it here, before SQLite refuses it mid-transaction or, for a NULL rowid, picks one.
+            if change.primaryKey.contains(.null) {
+                throw ShoalError(
+                    code: .malformedStream,
+                    message: "change \(number) has a NULL in its primary key (table \(table.name)). Nothing was applied"
+                )
+            }
+            for (position, value) in change.primaryKey.enumerated() where table.keyAffinities[position].converts(value) {
+                throw Self.convertedValue(number, value, table: table, column: table.keyColumns[position])
+            }
+            if table.keyIsRowid, case .integer = change.primaryKey[0] {
+            } else if table.keyIsRowid {
+                throw ShoalError(
+                    code: .malformedStream,
+                    message: "change \(number) has a key that is not an integer; the key of \(table.name) is its "
+                        + "rowid. Nothing was applied"
+                )
+            }
             if let column = change.columnName {
                 guard let index = table.columnIndex[column] else {
                     throw ShoalError(
@@ -160,6 +179,9 @@ extension Store {
                     )
                 }
                 // The same maximum as for local writes: a value no node would accept is not stored here either.
+                if case .column(_, let value) = change.payload, table.affinities[index].converts(value) {
+                    throw Self.convertedValue(number, value, table: table, column: column)
+                }
                 if case .column(_, let value) = change.payload, let bytes = value.storedByteCount,
                     bytes > SQLValue.maximumBytes
                 {
@@ -173,6 +195,13 @@ extension Store {
             }
             guard change.causalLength > 0, change.stamp.seq > 0 else {
                 throw ShoalError(code: .malformedStream, message: "change \(number) has a zero causal length or seq")
+            }
+            // Sequence numbers are stored as SQLite integers (signed 64 bits); no node issues one beyond.
+            guard change.stamp.seq <= UInt64(Int64.max) else {
+                throw ShoalError(
+                    code: .malformedStream,
+                    message: "change \(number) has seq \(change.stamp.seq), beyond any a node issues. Nothing was applied"
+                )
             }
             if change.stamp.site == siteID && change.stamp.seq > localSeq {
                 throw ShoalError(
@@ -206,6 +235,25 @@ extension Store {
             )
         }
         return Int64(bitPattern: maxHLC.rawValue)
+    }
+
+    /// A value the column would store as something else: the sender's column is declared differently.
+    private static func convertedValue(_ number: Int, _ value: SQLValue, table: ReplicatedTable, column: String)
+        -> ShoalError
+    {
+        let kind =
+            switch value {
+            case .null: "NULL"
+            case .integer: "an INTEGER"
+            case .real(let real): real.isNaN ? "a NaN" : "a REAL"
+            case .text, .invalidText: "a TEXT"
+            case .blob: "a BLOB"
+            }
+        return ShoalError(
+            code: .unsupportedSchema,
+            message: "change \(number) stores \(kind) in \(table.name).\(column), which SQLite would store as another "
+                + "value there: the sender's column is declared with another type. Nothing was applied"
+        )
     }
 
     /// `carried`: the highest seq per site of changes applied earlier in the same transaction.

@@ -9,7 +9,7 @@ extension Store {
             throw ShoalError(code: .notReplicated, message: "no table named \(name) in this database")
         }
         var keys: [(order: Int64, name: String, position: Int32, type: String)] = []
-        var columns: [(name: String, position: Int32)] = []
+        var columns: [(name: String, position: Int32, type: String)] = []
         for row in info {
             guard case .integer(let cid) = row[0], case .text(let column) = row[1] else {
                 throw ShoalError.corruptMetadata("unexpected table_xinfo row for \(name)")
@@ -25,7 +25,7 @@ extension Store {
             if case .integer(let order) = row[5], order > 0 {
                 keys.append((order, column, Int32(cid), type))
             } else {
-                columns.append((column, Int32(cid)))
+                columns.append((column, Int32(cid), type))
             }
         }
         guard !keys.isEmpty else {
@@ -61,7 +61,9 @@ extension Store {
             columns: columns.map(\.name),
             columnPositions: columns.map(\.position),
             isCounter: isCounter,
-            keyIsRowid: keyIsRowid
+            keyIsRowid: keyIsRowid,
+            keyAffinities: keys.map { ColumnAffinity(declaredType: $0.type) },
+            affinities: columns.map { ColumnAffinity(declaredType: $0.type) }
         )
     }
 

@@ -53,6 +53,91 @@ func code(_ body: () throws -> Void) -> ShoalError.Code? {
         #expect(try target.versionVector().isEmpty)
     }
 
+    /// Found by fuzzing (Tools/Fuzz/Corpus/apply/crash-null-key): a NULL key value reached SQLite, which refused
+    /// it mid-apply (a composite key) or would have picked a rowid for it (an INTEGER PRIMARY KEY).
+    @Test func keysNoNodeCanWriteAreRefusedWithNothingApplied() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        try store.execute("CREATE TABLE pairs(a TEXT, b INTEGER, v, PRIMARY KEY(a, b)) WITHOUT ROWID")
+        try store.replicate(table: "pairs")
+        let before = try store.digest()
+        let site = SiteID(high: 1, low: 2)
+        func keyed(_ table: String, _ key: [SQLValue]) -> Change {
+            Change(
+                table: table,
+                primaryKey: key,
+                payload: .column(table == "items" ? "name" : "v", .text("x")),
+                causalLength: 1,
+                stamp: Stamp(hlc: HLC(milliseconds: 1_700_000_000_000, logical: 0), site: site, seq: 1)
+            )
+        }
+        #expect(code { try store.apply([keyed("pairs", [.text("a"), .null])]) } == .malformedStream)
+        #expect(code { try store.apply([keyed("items", [.null])]) } == .malformedStream)
+        #expect(code { try store.apply([keyed("items", [.text("a")])]) } == .malformedStream)
+        #expect(code { try store.apply([keyed("items", [.real(1.5)])]) } == .malformedStream)
+        // Found by fuzzing too (Tools/Fuzz/Corpus/apply/crash-huge-seq): a seq beyond Int64.max was stored as a
+        // negative integer, and reading the version vector back trapped.
+        var huge = keyed("items", [.integer(2)])
+        huge.stamp = Stamp(hlc: huge.stamp.hlc, site: site, seq: UInt64(Int64.max) + 1)
+        #expect(code { try store.apply([huge]) } == .malformedStream)
+        #expect(try store.digest() == before)
+        #expect(try store.versionVector().isEmpty)
+        let good: [Change] = [keyed("items", [.integer(1)]), keyed("pairs", [.text("a"), .integer(1)])]
+        try store.apply(good)
+        #expect(try store.execute("SELECT count(*) FROM items").rows == [[.integer(1)]])
+    }
+
+    /// Found by fuzzing (Tools/Fuzz/Corpus/apply/crash-digest-mismatch): a value the column's affinity converts
+    /// (a REAL into a TEXT column) was stored converted, so the cell no longer matched the merge metadata and the
+    /// maintained digest differed from a full scan. Such values come only from a column declared differently.
+    @Test func valuesTheColumnWouldConvertAreRefusedWithNothingApplied() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE t(k TEXT PRIMARY KEY, s TEXT, i INTEGER, r REAL, n NUMERIC, b BLOB, u)")
+        try store.replicate(table: "t")
+        let before = try store.digest()
+        let site = SiteID(high: 1, low: 2)
+        func change(_ column: String, _ value: SQLValue, key: SQLValue = .text("k")) -> Change {
+            Change(
+                table: "t",
+                primaryKey: [key],
+                payload: .column(column, value),
+                causalLength: 1,
+                stamp: Stamp(hlc: HLC(milliseconds: 1_700_000_000_000, logical: 0), site: site, seq: 1)
+            )
+        }
+        let converted: [(String, SQLValue)] = [
+            ("s", .real(-8.37e298)), ("s", .integer(3)), ("i", .text(" 12 ")), ("i", .real(2)), ("i", .real(-0.0)),
+            ("r", .integer(2)), ("r", .real(-0.0)), ("r", .text("1e5")), ("n", .text("-.5")), ("u", .real(.nan)),
+        ]
+        for (column, value) in converted {
+            #expect(code { try store.apply([change(column, value)]) } == .unsupportedSchema, "\(column) \(value)")
+        }
+        #expect(code { try store.apply([change("s", .text("x"), key: .real(2.5))]) } == .unsupportedSchema)
+        #expect(try store.digest() == before)
+        #expect(try store.versionVector().isEmpty)
+        let kept: [(String, SQLValue)] = [
+            ("s", .text("12")), ("s", .blob([1])), ("i", .text("12abc")), ("i", .real(2.5)), ("i", .text("1e")),
+            ("r", .real(2)), ("r", .real(.infinity)), ("n", .integer(.max)), ("b", .real(-0.0)), ("u", .text("7")),
+        ]
+        for (index, (column, value)) in kept.enumerated() {
+            try store.apply([change(column, value, key: .text("row\(index)"))])
+        }
+        #expect(try store.fullScanDigest() == (try store.digest()))
+
+        // What a local write stores, SQLite already converted: the same schema on both sides always applies.
+        let source = try makeStore()
+        try source.execute("CREATE TABLE t(k TEXT PRIMARY KEY, s TEXT, i INTEGER, r REAL, n NUMERIC, b BLOB, u)")
+        try source.replicate(table: "t")
+        try source.execute("INSERT INTO t VALUES (1, 2.5, '12', 2, ' 3.5 ', -0.0, 'x'), ('b', 3, 2.0, -0.0, '7', 1, 2)")
+        try source.execute("UPDATE t SET r = 5, i = '9' WHERE k = '1'")
+        let target = try makeStore()
+        try target.execute("CREATE TABLE t(k TEXT PRIMARY KEY, s TEXT, i INTEGER, r REAL, n NUMERIC, b BLOB, u)")
+        try target.replicate(table: "t")
+        try target.apply(try source.changes(since: VersionVector()).flatMap(\.changes))
+        #expect(try target.digest() == (try source.digest()))
+        #expect(try target.fullScanDigest() == (try target.digest()))
+    }
+
     @Test func aMalformedStreamNamesTheLineAndAppliesNothing() throws {
         let source = try makeStore()
         try makeItems(source)
