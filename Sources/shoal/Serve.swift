@@ -62,22 +62,24 @@ extension ShoalCommand {
                 )
             )
             let running = Task { try await services.run() }
-            let statusFile = LiveStatus.path(forDatabase: database.db)
+            let statusFile = StatusFile(path: LiveStatus.path(forDatabase: database.db))
             let statusWriter = Task {
                 while !Task.isCancelled {
-                    try? LiveStatus(
-                        node: node.siteID,
-                        pendingLocalChanges: await node.pendingLocalChanges(),
-                        digest: try? await node.refreshDigest(waiting: false),
-                        peers: await node.peerStatuses(),
-                        unreached: await node.unreachedPeers()
-                    ).write(to: statusFile)
+                    statusFile.write(
+                        LiveStatus(
+                            node: node.siteID,
+                            pendingLocalChanges: await node.pendingLocalChanges(),
+                            digest: try? await node.refreshDigest(waiting: false),
+                            peers: await node.peerStatuses(),
+                            unreached: await node.unreachedPeers()
+                        )
+                    )
                     try? await Task.sleep(for: .milliseconds(250))
                 }
             }
             defer {
                 statusWriter.cancel()
-                try? FileManager.default.removeItem(atPath: statusFile)
+                statusFile.remove()
             }
             let listened = ListeningFlag()
             let reporter = Task {
@@ -212,6 +214,32 @@ final class ServeLock {
             _ = pwrite(descriptor, pid, pid.count, 0)
         }
         return ServeLock(descriptor: descriptor)
+    }
+}
+
+/// The running node's status file: written until removed, never after (a write under way when the node stops
+/// would otherwise bring back a file saying the node runs).
+final class StatusFile: Sendable {
+    private let path: String
+    private let open = Mutex(true)
+
+    init(path: String) {
+        self.path = path
+    }
+
+    /// Writes `status`, unless the file was removed.
+    func write(_ status: LiveStatus) {
+        open.withLock { open in
+            if open { try? status.write(to: path) }
+        }
+    }
+
+    /// Removes the file; later writes do nothing.
+    func remove() {
+        open.withLock { open in
+            open = false
+            try? FileManager.default.removeItem(atPath: path)
+        }
     }
 }
 
