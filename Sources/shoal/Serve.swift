@@ -221,7 +221,7 @@ final class ServeLock {
 /// would otherwise bring back a file saying the node runs).
 final class StatusFile: Sendable {
     private let path: String
-    private let open = Mutex(true)
+    private let isOpen = Mutex(true)
 
     init(path: String) {
         self.path = path
@@ -229,15 +229,15 @@ final class StatusFile: Sendable {
 
     /// Writes `status`, unless the file was removed.
     func write(_ status: LiveStatus) {
-        open.withLock { open in
-            if open { try? status.write(to: path) }
+        isOpen.withLock { isOpen in
+            if isOpen { try? status.write(to: path) }
         }
     }
 
     /// Removes the file; later writes do nothing.
     func remove() {
-        open.withLock { open in
-            open = false
+        isOpen.withLock { isOpen in
+            isOpen = false
             try? FileManager.default.removeItem(atPath: path)
         }
     }
