@@ -16,9 +16,11 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
@@ -76,10 +78,26 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Who a peer is: node identity (P-256 key, self-signed certificate), mutual TLS 1.3 with a custom check
+        // against the roster, the signed roster itself, invite codes and the join exchange (CPace).
+        .target(
+            name: "ShoalSecurity",
+            dependencies: [
+                "ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalDiscovery"],
+            dependencies: ["ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalSecurity", "ShoalDiscovery"],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.
@@ -177,6 +195,18 @@ let package = Package(
                 "ShoalDiscovery", "ShoalCore",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalSecurityTests",
+            dependencies: [
+                "ShoalSecurity", "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "shoal", "ShoalTestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: strict
         ),

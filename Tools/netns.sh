@@ -135,6 +135,13 @@ demo() {
             sleep 0.1
         done
     fi
+    # Host b joins host a's cluster across the link with an invite code made on a (peer links are mutual TLS).
+    local code
+    code="$("$shoal" invite --db "$work/a.db" | tail -n 1)"
+    for _ in $(seq 1 100); do grep -q "listening on" "$work/a.log" && break; sleep 0.1; done
+    run b "$shoal" join "$code" --db "$work/b.db" --peer "$(address a):7400" \
+        || { cat "$work/a.log" >&2; echo "host b could not join host a's cluster" >&2; exit 1; }
+    echo "host b joined host a's cluster with invite code $code"
     local started
     started="$(date +%s.%N)"
     run b "$shoal" serve --db "$work/b.db" --name host-b --listen "$(address b):7400" >"$work/b.log" 2>&1 &

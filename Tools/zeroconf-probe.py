@@ -5,10 +5,12 @@
         Waits until a _shoal._tcp service whose TXT has site=HEX is resolved, prints it as one JSON line
         (instance, addresses, port, txt) and exits 0; exits 1 after the timeout.
 
-    zeroconf-probe.py publish --interface ADDR --service SITE:CLUSTER [--service ...] [--timeout S]
+    zeroconf-probe.py publish --interface ADDR --service SITE:HINT [--service ...] [--timeout S]
         For each service, listens on a free TCP port of ADDR and publishes _shoal._tcp there with TXT
-        site/cluster/proto. Prints "published SITE PORT" per service, then "dialled SITE" the first time
-        something connects to that service's port. Runs until killed or the timeout.
+        site/hint/proto. Prints "published SITE PORT" per service, then "dialled SITE" the first time
+        something connects to that service's port, and "received SITE N FIRST" with how many bytes the caller
+        sent within a second and the first of them, in decimal (22: a TLS handshake record). Runs until killed or the
+        timeout.
 
 Multicast needs a real link (the loopback interface has none), so the tests run this inside the network
 namespaces of Tools/netns.sh, bound to the address given there.
@@ -85,7 +87,7 @@ def publish(arguments: argparse.Namespace) -> int:
     selector = selectors.DefaultSelector()
     infos = []
     for service in arguments.service:
-        site, cluster = service.split(":", 1)
+        site, hint = service.split(":", 1)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind((arguments.interface, 0))
         listener.listen()
@@ -93,10 +95,10 @@ def publish(arguments: argparse.Namespace) -> int:
         selector.register(listener, selectors.EVENT_READ, site)
         info = ServiceInfo(
             SERVICE_TYPE,
-            f"zeroconf {cluster} {site[-4:]}.{SERVICE_TYPE}",
+            f"zeroconf {hint[:8]} {site[-4:]}.{SERVICE_TYPE}",
             addresses=[socket.inet_aton(arguments.interface)],
             port=port,
-            properties={"site": site, "cluster": cluster, "proto": "1"},
+            properties={"site": site, "hint": hint, "proto": "1"},
             server=f"zeroconf-{site[-4:]}.local.",
         )
         zeroconf.register_service(info)
@@ -108,10 +110,22 @@ def publish(arguments: argparse.Namespace) -> int:
         while time.monotonic() < deadline:
             for key, _ in selector.select(timeout=0.5):
                 connection, _ = key.fileobj.accept()
+                connection.settimeout(1.0)
+                received = b""
+                try:
+                    while len(received) < 65536:
+                        chunk = connection.recv(4096)
+                        if not chunk:
+                            break
+                        received += chunk
+                except OSError:
+                    pass
                 connection.close()
                 if key.data not in dialled:
                     dialled.add(key.data)
                     say(f"dialled {key.data}")
+                    first = received[0] if received else -1
+                    say(f"received {key.data} {len(received)} {first}")
     except KeyboardInterrupt:
         pass
     finally:

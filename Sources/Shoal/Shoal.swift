@@ -5,3 +5,4 @@
 @_exported import ShoalStore
 @_exported import ShoalTransport
 @_exported import ShoalProtocol
+@_exported import ShoalSecurity

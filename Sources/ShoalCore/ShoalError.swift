@@ -11,6 +11,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case discoveryUnavailable, network
             case counterNotInteger, valueTooLarge
             case missingDatabase, databaseInUse, tablePaused
+            case identity, notAMember, invite, handshakeFailed
         }
 
         private let base: Base
@@ -77,6 +78,16 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let databaseInUse = Code(.databaseInUse)
         /// The table's shape changed behind Shoal's back (or it is gone): its replication is paused.
         public static let tablePaused = Code(.tablePaused)
+
+        /// The node's key file is missing, unreadable, readable by others, or not a P-256 key.
+        public static let identity = Code(.identity)
+        /// The peer's key is not on the roster (pending, removed, or never admitted), or its hello does not match
+        /// what the roster binds to its key.
+        public static let notAMember = Code(.notAMember)
+        /// An invite code is malformed, unknown, expired, used or wrong, or joining failed.
+        public static let invite = Code(.invite)
+        /// The TLS handshake with a peer failed (no certificate, an old TLS version, a stalled handshake, …).
+        public static let handshakeFailed = Code(.handshakeFailed)
 
         /// The code's name, as in ``ShoalError/Code`` (`sqlite`, `network`, …).
         public var description: String { base.rawValue }

@@ -20,8 +20,8 @@ public struct DiscoveredService: Sendable, Hashable {
     public var record: ShoalServiceRecord? { ShoalServiceRecord(instance: instance, port: port, txt: txt) }
     /// The node's site id, if the TXT record holds a valid one.
     public var siteID: SiteID? { txt[ShoalServiceRecord.Key.site].flatMap { SiteID(hex: $0) } }
-    /// The node's cluster id, if announced.
-    public var clusterID: String? { txt[ShoalServiceRecord.Key.cluster] }
+    /// The node's cluster hint, if announced.
+    public var clusterHint: String? { txt[ShoalServiceRecord.Key.hint] }
     /// The highest protocol version the node speaks, if announced.
     public var protocolVersion: String? { txt[ShoalServiceRecord.Key.protocolVersion] }
 }

@@ -37,7 +37,8 @@ public struct MDNSPeerSource: PeerSource {
         let record = ShoalServiceRecord(
             name: context.nodeName,
             siteID: context.siteID,
-            clusterID: context.clusterID,
+            clusterHint: context.clusterHint,
+            nodeID: context.nodeID,
             port: context.listeningPort,
             protocolVersion: "\(WireProtocol.maximumVersion)"
         )
@@ -81,7 +82,7 @@ public struct MDNSPeerSource: PeerSource {
                 switch event {
                 case .found(let service):
                     guard let record = service.record, record.siteID != context.siteID,
-                        record.clusterID == context.clusterID
+                        record.clusterHint == context.clusterHint
                     else { continue }
                     // The advertised host name too, unless the peer was seen on loopback (where its name would lead
                     // to another interface, on which it does not listen).

@@ -210,6 +210,8 @@ public struct SyncSession: Sendable {
             return []
         case .reject:
             return []  // handled in receive
+        case .join:
+            return refuse(.malformedMessage, "a join message on a sync connection", code: .malformedMessage)
         }
     }
 

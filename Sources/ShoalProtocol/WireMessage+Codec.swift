@@ -58,6 +58,9 @@ extension WireMessage {
             bytes.appendVarint(piece.offset)
             bytes.appendVarint(UInt64(piece.bytes.count))
             bytes.append(contentsOf: piece.bytes)
+        case .join(let message):
+            bytes.append(Kind.join.rawValue)
+            message.encode(into: &bytes)
         }
         return bytes
     }
@@ -144,6 +147,8 @@ extension WireMessage {
         case .reject:
             let code = try reader.readBigEndian16()
             return .reject(Rejection(Rejection.Reason(rawValue: code) ?? .other, try reader.readString()))
+        case .join:
+            return .join(try JoinMessage.decode(&reader))
         case .valuePiece:
             let requestID = try reader.readBigEndianUInt64()
             let sequence = try reader.readBigEndian32()

@@ -52,6 +52,8 @@ public enum WireMessage: Hashable, Sendable {
     case reject(Rejection)
     /// Part of a value too large to travel inside its change batch (protocol version 2).
     case valuePiece(ValuePiece)
+    /// A step of the join exchange (``JoinMessage``), on a connection that carries nothing else.
+    case join(JoinMessage)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -63,6 +65,7 @@ public enum WireMessage: Hashable, Sendable {
         case pong = 6
         case reject = 7
         case valuePiece = 8
+        case join = 9
     }
 }
 
@@ -232,6 +235,9 @@ public struct Rejection: Hashable, Sendable, CustomStringConvertible {
         case unsendableChange = 13
         /// The sender is shutting down (not a failure of either side).
         case shuttingDown = 14
+        /// The peer's key is not on the sender's roster, was removed from it, or does not match the site id in its
+        /// hello.
+        case notAMember = 15
     }
 
     /// The kind of refusal, for programs.

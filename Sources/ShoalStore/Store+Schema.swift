@@ -97,7 +97,8 @@ extension Store {
             }
             return
         }
-        guard !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_") else {
+        guard table == Self.rosterTable || !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_")
+        else {
             throw ShoalError(
                 code: .unsupportedSchema,
                 message: "\(table) is an internal table and cannot be replicated"

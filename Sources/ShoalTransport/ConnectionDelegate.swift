@@ -2,13 +2,15 @@ import ShoalCore
 import ShoalProtocol
 
 /// What becomes of a connection whose handshake succeeded.
-enum Admission: Sendable {
+enum Admission: Sendable, Equatable {
     /// Keep it.
     case accepted
     /// Another connection with the same peer is kept.
     case duplicate
     /// The node holds its maximum of established connections.
     case full
+    /// The peer may not sync (its key is not on the roster, or its hello does not match what the roster binds).
+    case refused(Rejection)
 }
 
 /// What reaches a connection's loop, one at a time.
@@ -27,6 +29,8 @@ enum ConnectionEvent: Sendable {
     case shutdown
     /// Closed before its hello to make room for a newcomer in the pool of handshaking connections.
     case evicted
+    /// The peer was removed from the roster: closed at once.
+    case revoked
 }
 
 /// Who a ``ConnectionDriver`` reports to: the node (its peer records, events and log), or a test.

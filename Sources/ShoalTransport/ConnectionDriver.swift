@@ -128,6 +128,11 @@ struct ConnectionDriver {
                         ShoalError(code: .rejected, message: "closed to make room for other handshakes"),
                         reason: .tooManyConnections
                     )
+                case .revoked:
+                    actions = session.close(
+                        ShoalError(code: .notAMember, message: "the peer was removed from the roster"),
+                        reason: .notAMember
+                    )
                 case .duplicate:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "another connection to this peer is kept"),
@@ -178,6 +183,11 @@ struct ConnectionDriver {
                         actions = session.close(
                             ShoalError(code: .rejected, message: "this node is at its connection limit"),
                             reason: .tooManyConnections
+                        )
+                    case .refused(let rejection):
+                        actions = session.close(
+                            ShoalError(code: .notAMember, message: rejection.message),
+                            reason: rejection.reason
                         )
                     }
                 case .wantRound:

@@ -23,6 +23,8 @@ struct ConnectionRegistry {
         let inbox: AsyncStream<ConnectionEvent>.Continuation
         /// Told to close to make room in the pending pool: no longer counted there, and never established.
         var evicted = false
+        /// Who the channel setup verified the peer to be (nil: not verified yet, or a setup that verifies no one).
+        var identity: PeerIdentity?
 
         /// Counted in the pending pool.
         var holdsPendingSlot: Bool { pending && !evicted }
@@ -134,6 +136,11 @@ struct ConnectionRegistry {
         entry.peer = peer
         entries[id] = entry
         return (.accepted, evicted)
+    }
+
+    /// Records who the channel setup verified connection `id`'s peer to be.
+    mutating func identify(_ id: Int, as identity: PeerIdentity) {
+        entries[id]?.identity = identity
     }
 
     /// Forgets connection `id`; returns what it was.

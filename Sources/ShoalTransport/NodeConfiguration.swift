@@ -80,6 +80,14 @@ public struct NodeConfiguration: Sendable {
     /// How each connection's pipeline is built; `nil` is plain framing (``FramingChannelSetup``) at
     /// ``maximumFrameLength``. Other setups (TLS) wrap the framing one.
     public var channelSetup: (any ChannelSetup)?
+    /// Who may sync and who may join, once the channel setup authenticated a peer (ShoalSecurity's roster check);
+    /// `nil` lets every peer with a matching hello sync, and refuses joins.
+    public var peerAuthorizer: (any PeerAuthorizer)?
+    /// What mDNS announces instead of the cluster id (ShoalSecurity sets a hint keyed by the cluster secret); nil: a
+    /// hash of ``clusterID``, which hides the id but anyone who knows it can recognise.
+    public var clusterHint: String?
+    /// The node id to announce (ShoalSecurity sets it).
+    public var nodeID: NodeID?
     /// The event loops the node's sockets run on.
     public var eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
     /// Where the node logs (info and below; never row payloads).
@@ -88,6 +96,15 @@ public struct NodeConfiguration: Sendable {
     /// The defaults, for the database at `databasePath`.
     public init(databasePath: String) {
         self.databasePath = databasePath
+    }
+}
+
+extension NodeConfiguration {
+    /// The hint of a cluster known only by its id (plaintext mode): 16 hex digits of a hash of it.
+    public static func plainHint(_ clusterID: String) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in "shoal-cluster-hint:\(clusterID)".utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        return String(hash, radix: 16)
     }
 }
 

@@ -8,6 +8,11 @@ public struct PeerSourceContext: Sendable {
     public var siteID: SiteID
     /// The node's cluster (a source reports only peers of the same cluster, where it can tell).
     public var clusterID: String
+    /// What the node announces instead of its cluster id: nodes of one cluster announce the same hint, and only
+    /// they can make it (``NodeConfiguration/clusterHint``).
+    public var clusterHint: String
+    /// The node id to announce, when the node has a key.
+    public var nodeID: String?
     /// The node's name, as it advertises itself.
     public var nodeName: String
     /// The address the node listens on.
@@ -21,6 +26,8 @@ public struct PeerSourceContext: Sendable {
     public init(
         siteID: SiteID,
         clusterID: String,
+        clusterHint: String,
+        nodeID: String? = nil,
         nodeName: String,
         listenHost: String,
         listeningPort: Int,
@@ -28,6 +35,8 @@ public struct PeerSourceContext: Sendable {
     ) {
         self.siteID = siteID
         self.clusterID = clusterID
+        self.clusterHint = clusterHint
+        self.nodeID = nodeID
         self.nodeName = nodeName
         self.listenHost = listenHost
         self.listeningPort = listeningPort

@@ -142,6 +142,11 @@ actor StoreWorker {
     }
 
     /// Runs a closure against the store (for the node's own writes).
+    /// Runs `body` on the store without counting it as a change of the data (reads, and Shoal's local tables).
+    func read<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
+        try body(store)
+    }
+
     func withStore<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
         changed()
         defer { _ = try? versionVector() }

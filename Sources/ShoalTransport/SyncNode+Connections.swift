@@ -26,6 +26,28 @@ extension SyncNode {
             try? await channel.executeThenClose { _, outbound in try await outbound.write(.reject(rejection)) }
             return ConnectionDriver.Outcome(established: false, error: nil)
         }
+        // Who is there, before a byte of ours: with TLS, the handshake's check of the peer's key against the roster.
+        let identity: PeerIdentity?
+        do {
+            identity = try await channelSetup.authenticatedPeer(of: channel.channel)
+        } catch {
+            try? await channel.executeThenClose { _, _ in }
+            closed(id, error: error)
+            noteHandshakeFailure(error.message, dialed: dialed, address: address, remoteIP: remoteIP)
+            return ConnectionDriver.Outcome(established: false, error: error)
+        }
+        if let identity {
+            registry.identify(id, as: identity)
+            if identity.purpose == .join {
+                if let authorizer = configuration.peerAuthorizer, !dialed {
+                    await authorizer.join(channel, identity: identity, address: address)
+                } else {
+                    try? await channel.executeThenClose { _, _ in }
+                }
+                closed(id, error: nil)
+                return ConnectionDriver.Outcome(established: false, error: nil)
+            }
+        }
         var driver = ConnectionDriver(
             id: id,
             address: address,
@@ -57,17 +79,32 @@ extension SyncNode {
         }
         if !outcome.established, !outcome.duplicate, let error = outcome.error {
             let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
-            if dialed {
-                if let line = failures.note(address, reason) {
-                    eventSink.yield(.connectionFailed(address: address, reason: line))
-                }
-            } else if let line = failures.note("from \(remoteIP ?? address)", reason, retrying: false) {
-                // Counted by remote IP: each inbound connection has a port of its own.
-                eventSink.yield(.inboundConnectionFailed(address: remoteIP ?? address, reason: line))
-            }
+            noteHandshakeFailure(reason, dialed: dialed, address: address, remoteIP: remoteIP)
         }
         closed(id, error: outcome.error, refusal: outcome.refusal)
         return outcome
+    }
+
+    /// Reports a connection that failed before its handshake ended, once per repeating failure.
+    private func noteHandshakeFailure(_ reason: String, dialed: Bool, address: String, remoteIP: String?) {
+        if dialed {
+            if let line = failures.note(address, reason) {
+                eventSink.yield(.connectionFailed(address: address, reason: line))
+            }
+        } else if let line = failures.note("from \(remoteIP ?? address)", reason, retrying: false) {
+            // Counted by remote IP: each inbound connection has a port of its own.
+            eventSink.yield(.inboundConnectionFailed(address: remoteIP ?? address, reason: line))
+        }
+    }
+
+    /// Closes every connection with a node in `nodes` (removed from the roster); returns how many.
+    @discardableResult
+    public func closeConnections(of nodes: Set<NodeID>) -> Int {
+        let inboxes = registry.entries.values.filter { entry in
+            entry.identity.map { nodes.contains($0.nodeID) } ?? false
+        }.map(\.inbox)
+        for inbox in inboxes { inbox.yield(.revoked) }
+        return inboxes.count
     }
 
     /// What every connection's driver runs with.
@@ -121,6 +158,11 @@ extension SyncNode: ConnectionDelegate {
     /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.
     func connectionEstablished(_ id: Int, peer hello: Hello, address: String) -> Admission {
         guard let entry = registry.entries[id] else { return .duplicate }
+        if let authorizer = configuration.peerAuthorizer,
+            let rejection = authorizer.authorize(hello, identity: entry.identity)
+        {
+            return .refused(rejection)
+        }
         // Learn who is behind a dialled address before anything else, so its dialer can stand by while that
         // peer is connected, even when this connection loses to another one.
         if entry.dialed, let dialled = PeerAddress(parsing: address) { directory.learnSite(hello.siteID, at: dialled) }

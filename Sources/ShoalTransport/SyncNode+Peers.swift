@@ -30,6 +30,8 @@ extension SyncNode {
         let context = PeerSourceContext(
             siteID: siteID,
             clusterID: configuration.clusterID,
+            clusterHint: configuration.clusterHint ?? NodeConfiguration.plainHint(configuration.clusterID),
+            nodeID: configuration.nodeID.map { $0.description.replacingOccurrences(of: "-", with: "") },
             nodeName: configuration.nodeName ?? "shoal",
             listenHost: configuration.listenHost,
             listeningPort: port,

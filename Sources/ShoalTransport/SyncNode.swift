@@ -87,6 +87,24 @@ public actor SyncNode: Service {
         return result
     }
 
+    /// Runs `body` on the node's store (on its own thread, between the connections' work), then starts rounds at
+    /// once: for the security layer's roster and invites, which live in the database.
+    public func withStore<T: Sendable>(
+        _ body: @Sendable (Store) throws(ShoalError) -> T
+    ) async throws(ShoalError) -> T {
+        let result = try await worker.withStore(body)
+        broadcast(.localChange)
+        return result
+    }
+
+    /// Runs `body` on the node's store for a read, or a write to Shoal's local tables (invites), which changes no
+    /// replicated data: no round follows.
+    public func readStore<T: Sendable>(
+        _ body: @Sendable (Store) throws(ShoalError) -> T
+    ) async throws(ShoalError) -> T {
+        try await worker.read(body)
+    }
+
     /// The node's version vector.
     public func versionVector() async throws(ShoalError) -> VersionVector {
         try await worker.versionVector()

@@ -9,8 +9,8 @@ extension ShoalCommand {
         static let configuration = CommandConfiguration(
             abstract: "Run N live nodes on this machine, write on all at once, and watch them converge.",
             discussion: """
-                Starts N `shoal serve` processes on loopback, each with its own database, connected as a full \
-                mesh. Every node then writes at the same time: rows of its own, conflicting edits of shared rows, \
+                Starts N `shoal serve` processes on loopback, each with its own database: node 0 founds a cluster, \
+                the others join it with invite codes, and all talk mutual TLS 1.3. Every node then writes at the same time: rows of its own, conflicting edits of shared rows, \
                 deletes, and counter increments. The table shows each node's rows, version vector, digest and \
                 live peers; the demo ends when all digests match (exit 0) or after a timeout (exit 1).
                 """
@@ -38,26 +38,25 @@ extension ShoalCommand {
                 )
                 try store.replicate(table: "stock", counters: ["sold"])
             }
-            // With the Avahi daemon up, nodes find each other by mDNS (in a cluster of their own, so no other
-            // node on this machine joins); without it, they are wired as a full mesh of static peers.
+            // With the Avahi daemon up, nodes find each other by mDNS (their cluster's hint tells them apart from
+            // any other node on this machine); without it, they are wired as a full mesh of static peers.
             let mdns = Self.mdnsAvailable()
-            let cluster = "demo-\(getpid())"
             print(
                 "Shoal demo: \(nodes) nodes in \(directory), mode: "
                     + (mdns
-                        ? "mDNS discovery on loopback (cluster \(cluster))"
-                        : "static peers on loopback (full mesh; the Avahi daemon is not running)")
+                        ? "mDNS discovery on loopback, mutual TLS 1.3"
+                        : "static peers on loopback (full mesh; the Avahi daemon is not running), mutual TLS 1.3")
             )
 
             var children: [ServeProcess] = []
             defer { for child in children { child.stop() } }
-            for (index, path) in paths.enumerated() {
-                let extra = ["--round-interval", "1000", "--cluster", cluster]
+            func start(_ index: Int) throws {
+                let extra = ["--round-interval", "1000"]
                 let child =
                     mdns
-                    ? try ServeProcess.start(database: path, name: "node\(index)", peers: [], extra: extra)
+                    ? try ServeProcess.start(database: paths[index], name: "node\(index)", peers: [], extra: extra)
                     : try ServeProcess.startIsolated(
-                        database: path,
+                        database: paths[index],
                         name: "node\(index)",
                         peers: children.map(\.port),
                         extra: extra
@@ -65,6 +64,28 @@ extension ShoalCommand {
                 children.append(child)
                 print("  node\(index) listening on 127.0.0.1:\(child.port)")
             }
+            // Node 0 founds the cluster and serves; each other node is admitted with an invite code of its own,
+            // over the network, as a new device on a LAN would be.
+            let now = SystemWallClock().nowMilliseconds()
+            let founder = try Store(path: paths[0])
+            let founderKey = try Membership.initialize(databasePath: paths[0], store: founder, now: now)
+            print("  node0 founded cluster \(founderKey.cluster.idHex) (node id \(founderKey.identity.nodeID.short))")
+            try start(0)
+            for index in 1..<nodes {
+                let code = try Membership.invite(store: founder, now: now)
+                let store = try Store(path: paths[index])
+                let keyFile = try Membership.initialize(databasePath: paths[index], store: store, now: now)
+                let admission = try await JoinClient.exchange(
+                    code: code,
+                    identity: keyFile.identity,
+                    name: "node\(index)",
+                    siteID: store.siteID,
+                    address: PeerAddress(host: "127.0.0.1", port: children[0].port)
+                )
+                try JoinClient.adopt(admission, databasePath: paths[index], store: store)
+                print("  node\(index) joined with invite code \(code) (node id \(keyFile.identity.nodeID.short))")
+            }
+            for index in 1..<nodes { try start(index) }
 
             // Shared rows everyone will fight over, created on node 0 and spread by sync.
             let seed = try Store(path: paths[0])

@@ -27,7 +27,25 @@ struct LiveStatus: Codable {
         var everConnected = true
     }
 
+    /// A device that connected with a key the roster does not hold.
+    struct PendingDevice: Codable {
+        var node: String
+        var name: String
+        var site: String?
+        var address: String
+        var attempts: Int
+        var lastSeenMs: UInt64
+        /// Its public key (base64), which `shoal trust add` puts on the roster.
+        var publicKey: String
+    }
+
     var node: String
+    /// This node's id (the hash of its key), when it runs with TLS.
+    var nodeID: String? = nil
+    /// Whether peer links are TLS ("tls") or plaintext ("insecure-plaintext").
+    var security: String? = nil
+    /// Devices waiting to be accepted.
+    var pending: [PendingDevice]? = nil
     var writtenAtMs: UInt64
     /// The process serving the database, so a reader can tell a running node whose status is late from one
     /// that is gone.

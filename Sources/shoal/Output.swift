@@ -64,10 +64,16 @@ enum Output {
         return String(decoding: data, as: UTF8.self)
     }
 
-    static func json(_ status: StoreStatus, live: LiveStatus?) -> String {
+    static func json(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil) -> String {
         let peers: Any =
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
+        let pending: Any =
+            live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.pending ?? [])) } ?? NSNull()
         return serialize([
+            "node_id": keyFile.map { $0.identity.nodeID.description as Any } ?? NSNull(),
+            "cluster_id": keyFile.map { $0.cluster.idHex as Any } ?? NSNull(),
+            "security": live?.security.map { $0 as Any } ?? NSNull(),
+            "pending_devices": pending,
             "running": live != nil,
             "pending_local_changes": live.map { $0.pendingLocalChanges as Any } ?? NSNull(),
             "peers": peers,
@@ -90,9 +96,13 @@ enum Output {
         ])
     }
 
-    static func text(_ status: StoreStatus, live: LiveStatus?) -> String {
+    static func text(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let name = status.nodeName { text += "name:       \(name)\n" }
+        if let keyFile {
+            text += "node id:    \(keyFile.identity.nodeID)\n"
+            text += "cluster:    \(keyFile.cluster.idHex)\n"
+        }
         text +=
             "version:    \(status.versionVector.sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: " "))\n"
         text += "conflicts:  \(status.conflicts)\n"
@@ -109,6 +119,14 @@ enum Output {
         }
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
+        if let security = live.security { text += "links:      \(security)\n" }
+        if let devices = live.pending, !devices.isEmpty {
+            text += "waiting to be accepted (shoal trust add NODE_ID):\n"
+            for device in devices {
+                text += "  \(device.node)  \(device.name.isEmpty ? "(no name)" : device.name) from \(device.address), "
+                    + "\(device.attempts) attempt\(device.attempts == 1 ? "" : "s")\n"
+            }
+        }
         text += "peers:\n"
         if live.peers.isEmpty { text += "  none yet\n" }
         let now = SystemWallClock().nowMilliseconds()

@@ -14,15 +14,19 @@ extension ShoalCommand {
                 Prints `listening on HOST:PORT` once bound (port 0 picks a free port). Writes made to the same \
                 database by other processes, through `shoal sql` or any other SQLite client (the app's own driver, \
                 the `sqlite3` shell), reach the peers within milliseconds. \
-                Stop it with SIGINT or SIGTERM. Peers are not authenticated yet: the cluster id is the only gate, \
-                so listen on addresses only trusted machines can reach.
+                Stop it with SIGINT or SIGTERM. Peer links are mutual TLS 1.3: a peer gets data only when its key is \
+                on the cluster's roster (`shoal invite` / `shoal join`, `shoal trust`). --insecure-plaintext turns \
+                that off (no authentication, no encryption: the cluster id is the only gate).
                 """
         )
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "Address to listen on.") var listen = "127.0.0.1:0"
         @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
-        @Option(help: "Cluster id: nodes of other clusters are refused.") var cluster = "default"
+        @Option(help: "With --insecure-plaintext only: the cluster id (nodes of other clusters are refused).")
+        var cluster: String?
+        @Flag(help: "No TLS: peers are neither authenticated nor encrypted (for tests of the plaintext path only).")
+        var insecurePlaintext = false
         @Option(help: "Node name shown to peers.") var name: String?
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
         @Option(help: "Milliseconds between change-log compactions (0: never).")
@@ -40,7 +44,6 @@ extension ShoalCommand {
             var configuration = NodeConfiguration(databasePath: database.db)
             configuration.listenHost = address.host
             configuration.listenPort = address.port
-            configuration.clusterID = cluster
             configuration.nodeName = name
             configuration.roundIntervalMilliseconds = roundInterval
             configuration.compactionIntervalMilliseconds = compactionInterval
@@ -52,7 +55,36 @@ extension ShoalCommand {
                 }
                 return peer
             }
+            var security: NodeSecurity?
+            if insecurePlaintext {
+                configuration.clusterID = cluster ?? "default"
+                log("WARNING: --insecure-plaintext: peer links are neither authenticated nor encrypted; anyone who can reach \(listen) can read and write this database")
+            } else {
+                guard cluster == nil else {
+                    throw ShoalError(
+                        code: .invalidArgument,
+                        message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in the node key (shoal invite / shoal join)"
+                    )
+                }
+                let store = try database.open()
+                if !KeyFile.exists(forDatabase: database.db) {
+                    // A database made before nodes had keys, or by an app through the library: it gets one now.
+                    let keyFile = try Membership.initialize(
+                        databasePath: database.db,
+                        store: store,
+                        now: SystemWallClock().nowMilliseconds()
+                    )
+                    log("made a node key (\(KeyFile.path(forDatabase: database.db))): node \(keyFile.identity.nodeID.short), a cluster of one; add devices with `shoal invite`")
+                }
+                let secured = try NodeSecurity(databasePath: database.db, store: store, name: name)
+                try secured.configure(&configuration)
+                security = secured
+            }
             let node = try await SyncNode(configuration: configuration)
+            security?.attach(node)
+            let secured = security
+            let rosterWatcher = Task { await secured?.watchRoster() }
+            defer { rosterWatcher.cancel() }
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
@@ -65,15 +97,27 @@ extension ShoalCommand {
             let statusFile = StatusFile(path: LiveStatus.path(forDatabase: database.db))
             let statusWriter = Task {
                 while !Task.isCancelled {
-                    statusFile.write(
-                        LiveStatus(
-                            node: node.siteID,
-                            pendingLocalChanges: await node.pendingLocalChanges(),
-                            digest: try? await node.refreshDigest(waiting: false),
-                            peers: await node.peerStatuses(),
-                            unreached: await node.unreachedPeers()
-                        )
+                    var status = LiveStatus(
+                        node: node.siteID,
+                        pendingLocalChanges: await node.pendingLocalChanges(),
+                        digest: try? await node.refreshDigest(waiting: false),
+                        peers: await node.peerStatuses(),
+                        unreached: await node.unreachedPeers()
                     )
+                    status.security = security == nil ? "insecure-plaintext" : "tls"
+                    status.nodeID = security?.keyFile.identity.nodeID.description
+                    status.pending = security?.trust.pendingDevices.map { device in
+                        LiveStatus.PendingDevice(
+                            node: device.nodeID.description,
+                            name: device.name,
+                            site: device.siteID?.hex,
+                            address: device.address,
+                            attempts: device.attempts,
+                            lastSeenMs: device.lastSeenMilliseconds,
+                            publicKey: Data(device.publicKeyDER).base64EncodedString()
+                        )
+                    }
+                    statusFile.write(status)
                     try? await Task.sleep(for: .milliseconds(250))
                 }
             }

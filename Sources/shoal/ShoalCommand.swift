@@ -41,7 +41,7 @@ struct ShoalCommand: AsyncParsableCommand {
             """,
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
-            Compact.self, Unreplicate.self, Serve.self, Demo.self,
+            Compact.self, Unreplicate.self, Serve.self, Demo.self, ID.self, Invite.self, Join.self, Trust.self,
         ]
     )
 }
@@ -54,7 +54,12 @@ struct DatabaseOptions: ParsableArguments {
     /// Opens the database, which must exist: only `init` (with `creating`) makes a new one, so a mistyped
     /// path is an error rather than a fresh database with a new site id.
     func open(nodeName: String? = nil, creating: Bool = false) throws -> Store {
-        if !creating { try requireExisting() }
+        try Self.open(db, nodeName: nodeName, creating: creating)
+    }
+
+    /// Opens the database at `db` (see ``open(nodeName:creating:)``).
+    static func open(_ db: String, nodeName: String? = nil, creating: Bool = false) throws -> Store {
+        if !creating { try requireExisting(db) }
         var options = StoreOptions()
         options.nodeName = nodeName
         return try Store(path: db, options: options)
@@ -62,6 +67,11 @@ struct DatabaseOptions: ParsableArguments {
 
     /// Throws ``ShoalError/Code/missingDatabase`` unless a file exists at `db`.
     func requireExisting() throws(ShoalError) {
+        try Self.requireExisting(db)
+    }
+
+    /// Throws ``ShoalError/Code/missingDatabase`` unless a Shoal database exists at `db`.
+    static func requireExisting(_ db: String) throws(ShoalError) {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: db, isDirectory: &isDirectory) else {
             throw ShoalError(
@@ -91,7 +101,11 @@ protocol DescribedActivity {
 extension ShoalCommand {
     struct Init: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Create the database and its site id (idempotent); prints the site id."
+            abstract: "Create the database, its site id and its node key (idempotent); prints the site id.",
+            discussion: """
+                The node key goes to PATH.shoal-key (mode 600), with the credentials of a new cluster of one. \
+                Add devices with `shoal invite` here and `shoal join` there.
+                """
         )
 
         @OptionGroup var database: DatabaseOptions
@@ -99,6 +113,8 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open(nodeName: name, creating: true)
+            // A node key and a cluster of one: admit other devices with `shoal invite`.
+            try Membership.initialize(databasePath: database.db, store: store, now: SystemWallClock().nowMilliseconds())
             print(store.siteID.hex)
         }
     }
@@ -370,8 +386,9 @@ extension ShoalCommand {
             let store = try database.open()
             let status = try store.status()
             let live = LiveStatus.read(forDatabase: database.db)
+            let keyFile = try? KeyFile.load(forDatabase: database.db)
             print(
-                json ? Output.json(status, live: live) : Output.text(status, live: live),
+                json ? Output.json(status, live: live, keyFile: keyFile) : Output.text(status, live: live, keyFile: keyFile),
                 terminator: json ? "\n" : ""
             )
         }

@@ -34,13 +34,13 @@ func nextEvent(
         let a = MDNSDiscovery(
             instanceName: "test-a \(siteA.hex.prefix(12))",
             port: 40_001,
-            txt: ["site": siteA.hex, "cluster": "t", "proto": "1"],
+            txt: ["site": siteA.hex, "hint": "t", "proto": "1"],
             interface: "lo"
         )
         let b = MDNSDiscovery(
             instanceName: "test-b \(siteB.hex.prefix(12))",
             port: 40_002,
-            txt: ["site": siteB.hex, "cluster": "t", "proto": "1"],
+            txt: ["site": siteB.hex, "hint": "t", "proto": "1"],
             interface: "lo"
         )
         try a.start()
@@ -57,7 +57,7 @@ func nextEvent(
             return
         }
         #expect(service.host == "127.0.0.1" && service.port == 40_002)
-        #expect(service.clusterID == "t" && service.protocolVersion == "1")
+        #expect(service.clusterHint == "t" && service.protocolVersion == "1")
         #expect(service.instance == "test-b \(siteB.hex.prefix(12))")
 
         // avahi-browse, an independent client of the daemon, lists it with its TXT fields.
@@ -85,7 +85,7 @@ func nextEvent(
         let watcher = MDNSDiscovery(
             instanceName: "watcher \(watcherSite.hex.prefix(12))",
             port: 40_003,
-            txt: ["site": watcherSite.hex, "cluster": "s", "proto": "1"],
+            txt: ["site": watcherSite.hex, "hint": "s", "proto": "1"],
             interface: "lo"
         )
         try watcher.start()
@@ -93,7 +93,7 @@ func nextEvent(
         let service = MDNSDiscovery(
             instanceName: "service \(serviceSite.hex.prefix(12))",
             port: 40_004,
-            txt: ["site": serviceSite.hex, "cluster": "s", "proto": "1"],
+            txt: ["site": serviceSite.hex, "hint": "s", "proto": "1"],
             interface: "lo"
         )
         let group = ServiceGroup(

@@ -24,7 +24,7 @@ private func failures(of node: RunningNode, reach count: Int, within seconds: Do
 }
 
 /// Counts the events of `log` that would be printed as failure lines.
-private func failureLines(_ log: EventLog) async -> Int {
+private func failureLines(_ log: NodeEventLog) async -> Int {
     await log.events.filter { event in
         switch event {
         case .connectionFailed, .inboundConnectionFailed, .peerDisconnected: true

@@ -69,7 +69,9 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         }
         for node in nodes {
             #expect(listing.contains("\"site=\(node.node.siteID.hex)\""))
-            #expect(listing.contains("\"cluster=\(cluster)\""))
+            // The cluster's hint, never its id in clear.
+            #expect(listing.contains("\"hint=\(NodeConfiguration.plainHint(cluster))\""))
+            #expect(!listing.contains(cluster))
         }
         for node in nodes { await node.stop() }
     }
@@ -86,8 +88,8 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-publish")
             process.arguments = [
-                "-s", "fake \(cluster) \(site.hex.suffix(4))", "_shoal._tcp", "9", "site=\(site.hex)",
-                "cluster=\(cluster)", "proto=1",
+                "-s", "fake \(site.hex.suffix(4))", "_shoal._tcp", "9", "site=\(site.hex)",
+                "hint=\(NodeConfiguration.plainHint(cluster))", "proto=1",
             ]
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
@@ -165,7 +167,9 @@ private func run(_ executable: String, _ arguments: [String]) throws -> String {
         let process = Process()
         process.executableURL = try shoalExecutable()
         process.arguments = [
-            "serve", "--db", path, "--cluster", "test", "--listen", "127.0.0.1:0", "--peer", "127.0.0.1:\(a.port)",
+            // The node in this process runs without TLS (transport tests), so this one does too.
+            "serve", "--db", path, "--insecure-plaintext", "--cluster", "test", "--listen", "127.0.0.1:0",
+            "--peer", "127.0.0.1:\(a.port)",
             "--no-remembered",
         ]
         var environment = ProcessInfo.processInfo.environment

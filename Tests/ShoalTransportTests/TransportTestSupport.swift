@@ -9,49 +9,14 @@ import Testing
 @testable import ShoalTransport
 @testable import ShoalProtocol
 
-/// Collects a node's events so tests can wait for one (with a deadline) instead of sleeping.
-actor EventLog {
-    private(set) var events: [NodeEvent] = []
-    private var waiters:
-        [(id: Int, matches: @Sendable (NodeEvent) -> Bool, continuation: CheckedContinuation<Bool, Never>)] = []
-    private var nextWaiter = 0
-
-    func append(_ event: NodeEvent) {
-        events.append(event)
-        for waiter in waiters where waiter.matches(event) { waiter.continuation.resume(returning: true) }
-        waiters.removeAll { $0.matches(event) }
-    }
-
-    /// Whether an event matching `matches` happened already, or happens within `seconds`.
-    func seen(within seconds: Double, _ matches: @escaping @Sendable (NodeEvent) -> Bool) async -> Bool {
-        if events.contains(where: matches) { return true }
-        return await next(within: seconds, matches)
-    }
-
-    /// Waits for the next event matching `matches`; `false` if none came within `seconds`.
-    func next(within seconds: Double, _ matches: @escaping @Sendable (NodeEvent) -> Bool) async -> Bool {
-        nextWaiter += 1
-        let id = nextWaiter
-        return await withCheckedContinuation { continuation in
-            waiters.append((id, matches, continuation))
-            Task {
-                try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
-                self.expire(id)
-            }
-        }
-    }
-
-    private func expire(_ id: Int) {
-        guard let index = waiters.firstIndex(where: { $0.id == id }) else { return }
-        waiters.remove(at: index).continuation.resume(returning: false)
-    }
-}
+/// A node's events, for tests to wait on.
+typealias NodeEventLog = EventLog<NodeEvent>
 
 /// A running node on loopback, with its database and its event log.
 struct RunningNode {
     let node: SyncNode
     let task: Task<Void, any Error>
-    let log: EventLog
+    let log: NodeEventLog
     let port: Int
     let path: String
 
@@ -83,7 +48,7 @@ func startNode(
     configuration.roundIntervalMilliseconds = 60_000  // rounds here come from writes, not the timer
     configure(&configuration)
     let node = try await SyncNode(configuration: configuration)
-    let log = EventLog()
+    let log = NodeEventLog()
     Task { for await event in node.events { await log.append(event) } }
     let task = Task { try await node.run() }
     // A deadline, not a synchronisation: the listening event is what we wait for.

@@ -82,10 +82,14 @@ struct SyncBenchmark: AsyncParsableCommand {
                 }
             }
         }
+        // The same catch-up without TLS first, into a database of its own: TLS's cost as a ratio.
+        let plainTarget = try makeDatabase(directory + "/plain.db", name: "plain")
+        let plain = try timeCatchUp(directory, source: source, target: plainTarget, targetName: "plain", plaintext: true)
         let target = try makeDatabase(directory + "/target.db", name: "target")
         let timed = try timeCatchUp(directory, source: source, target: target)
         return [
             ("catchup_seconds", timed.seconds), ("catchup_rows_per_s", Double(rows) / timed.seconds),
+            ("catchup_plaintext_seconds", plain.seconds), ("catchup_tls_over_plaintext", timed.seconds / plain.seconds),
             ("catchup_peak_rss_mb", timed.peak), ("catchup_serving_peak_rss_mb", timed.servingPeak),
             ("catchup_catching_peak_rss_mb", timed.catchingPeak),
         ]
@@ -110,16 +114,31 @@ struct SyncBenchmark: AsyncParsableCommand {
     private func timeCatchUp(
         _ directory: String,
         source: Store,
-        target: Store
+        target: Store,
+        targetName: String = "target",
+        plaintext: Bool = false
     ) throws -> (seconds: Double, peak: Double, servingPeak: Double, catchingPeak: Double) {
         let goal = try source.versionVector()
-        let serving = try ServeProcess.startIsolated(database: directory + "/source.db", name: "source", peers: [])
+        let extra = plaintext ? ["--insecure-plaintext"] : []
+        if !plaintext {
+            try Membership.formLocally(
+                [directory + "/source.db", directory + "/\(targetName).db"],
+                now: SystemWallClock().nowMilliseconds()
+            )
+        }
+        let serving = try ServeProcess.startIsolated(
+            database: directory + "/source.db",
+            name: "source",
+            peers: [],
+            extra: extra
+        )
         defer { serving.stop() }
         let started = Date()
         let catching = try ServeProcess.startIsolated(
-            database: directory + "/target.db",
-            name: "target",
-            peers: [serving.port]
+            database: directory + "/\(targetName).db",
+            name: targetName,
+            peers: [serving.port],
+            extra: extra
         )
         defer { catching.stop() }
         var servingPeak = 0.0
@@ -197,6 +216,10 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
             _ = try store.digest()
         }
+        try Membership.formLocally(
+            (0..<propagationNodes).map { directory + "/n\($0).db" },
+            now: SystemWallClock().nowMilliseconds()
+        )
         for index in 0..<propagationNodes {
             nodes.append(
                 try ServeProcess.startIsolated(
@@ -273,6 +296,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     private func idleRound(_ directory: String) async throws -> [(String, Double)] {
         _ = try makeDatabase(directory + "/a.db", name: "a")
         let b = try makeDatabase(directory + "/b.db", name: "b")
+        try Membership.formLocally([directory + "/a.db", directory + "/b.db"], now: SystemWallClock().nowMilliseconds())
         let a = try ServeProcess.startIsolated(
             database: directory + "/a.db",
             name: "a",
@@ -310,6 +334,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             let path = directory + "/n\(index).db"
             _ = try makeDatabase(path, name: "n\(index)")
             paths.append(path)
+            if index > 0 { try Membership.formLocally([paths[0], path], now: SystemWallClock().nowMilliseconds()) }
             // A sparse mesh: each node dials up to 3 earlier ones.
             let peers = nodes.suffix(3).map(\.port)
             nodes.append(

@@ -47,6 +47,8 @@ struct ShoalChaos: AsyncParsableCommand {
             try store.replicate(table: "t", counters: ["n"])
             stores.append(store)
         }
+        // One cluster: node keys, node 0 founds it, the others join with invites (through its database file).
+        try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
         let foreignWriters = try paths.map { try ForeignWriter(path: $0) }
 
         // Every pair talks through a proxy: node i dials node j (j < i) via proxy (i, j).

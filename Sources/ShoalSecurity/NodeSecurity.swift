@@ -1,0 +1,300 @@
+import Crypto
+import Logging
+import NIOCore
+import ShoalCore
+import ShoalProtocol
+import ShoalStore
+import ShoalTransport
+import Synchronization
+
+/// A member's security, wired into its node: the TLS setup with the roster check, the hello check, the join
+/// exchange for invites, and the roster watcher that closes removed nodes' connections.
+///
+/// ```swift
+/// let security = try NodeSecurity(databasePath: path, store: store)   // reads the key file and the roster
+/// var configuration = NodeConfiguration(databasePath: path)
+/// try security.configure(&configuration)
+/// let node = try SyncNode(configuration: configuration)
+/// security.attach(node)                                              // then run both
+/// ```
+public final class NodeSecurity: PeerAuthorizer {
+    /// This node's key and cluster.
+    public let keyFile: KeyFile
+    /// Who may connect.
+    public let trust: TrustStore
+    /// This node's site id.
+    public let siteID: SiteID
+    /// The name in its certificate.
+    public let name: String
+    private let node = Mutex<SyncNode?>(nil)
+    private let logger: Logger
+    private let clock: any WallClock
+
+    /// Failed join attempts within an hour after which the member takes no joins until the hour has passed.
+    public static let joinFailureCap = 10
+    /// How long a join exchange may take, end to end.
+    public static let joinTimeoutMilliseconds: UInt64 = 10_000
+
+    /// Reads the key file of the database at `databasePath` and the roster from `store` (the database opened).
+    public init(
+        databasePath: String,
+        store: Store,
+        name: String? = nil,
+        clock: any WallClock = SystemWallClock(),
+        logger: Logger = Logger(label: "shoal.security")
+    ) throws(ShoalError) {
+        let keyFile = try KeyFile.load(forDatabase: databasePath)
+        self.keyFile = keyFile
+        self.siteID = store.siteID
+        let stored = try store.nodeName()
+        self.name = name ?? stored ?? "shoal"
+        self.clock = clock
+        self.logger = logger
+        let roster = try Membership.roster(store: store, cluster: keyFile.cluster.id)
+        self.trust = TrustStore(localNode: keyFile.identity.nodeID, clusterID: keyFile.cluster.id, roster: roster)
+    }
+
+    /// Sets the node up for TLS with this roster: the channel setup, the hello check, the cluster id.
+    public func configure(_ configuration: inout NodeConfiguration) throws(ShoalError) {
+        configuration.clusterID = keyFile.cluster.idHex
+        configuration.channelSetup = try TLSChannelSetup(
+            identity: keyFile.identity,
+            name: name,
+            siteID: siteID,
+            trust: trust,
+            maximumFrameLength: configuration.maximumFrameLength,
+            handshakeTimeoutMilliseconds: Int64(configuration.session.handshakeTimeout),
+            clock: configuration.clock
+        )
+        configuration.peerAuthorizer = self
+        configuration.nodeID = keyFile.identity.nodeID
+        configuration.clusterHint = Self.discoveryHint(keyFile.cluster)
+    }
+
+    /// What mDNS announces for a cluster: 16 hex digits of an HMAC keyed by the cluster secret (purpose
+    /// "mdns-hint"), so members recognise each other and no one else learns the cluster id or can forge the hint.
+    public static func discoveryHint(_ cluster: ClusterCredentials) -> String {
+        let key = ClusterKeys.derive(secret: SymmetricKey(data: cluster.secret), purpose: "mdns-hint")
+        let tag = HMAC<SHA256>.authenticationCode(for: Array("shoal mdns hint".utf8) + cluster.id, using: key)
+        return tag.prefix(8).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The node whose store the joins and the roster watcher use.
+    public func attach(_ node: SyncNode) {
+        self.node.withLock { $0 = node }
+    }
+
+    /// Reads the roster every `intervalMilliseconds` until cancelled; when a member is removed, closes its
+    /// connections at once.
+    public func watchRoster(intervalMilliseconds: UInt64 = 500) async {
+        while !Task.isCancelled {
+            await refreshRoster()
+            try? await Task.sleep(for: .milliseconds(intervalMilliseconds))
+        }
+    }
+
+    /// Reads the roster now and acts on removals.
+    public func refreshRoster() async {
+        guard let node = node.withLock({ $0 }) else { return }
+        let cluster = keyFile.cluster.id
+        do {
+            let roster = try await node.readStore { store throws(ShoalError) in
+                try Membership.roster(store: store, cluster: cluster)
+            }
+            let gone = trust.replaceRoster(roster)
+            if !gone.isEmpty {
+                let closed = await node.closeConnections(of: gone)
+                logger.info(
+                    "removed from the roster: their connections are closed",
+                    metadata: ["nodes": "\(gone.map(\.short).sorted())", "connections": "\(closed)"]
+                )
+            }
+        } catch {
+            logger.warning("cannot read the roster", metadata: ["error": "\(error.message)"])
+        }
+    }
+
+    // MARK: - PeerAuthorizer
+
+    /// A member's hello must carry the site id the roster binds to its key.
+    public func authorize(_ hello: Hello, identity: PeerIdentity?) -> Rejection? {
+        guard let identity else {
+            return Rejection(.notAMember, "this node takes authenticated peers only")
+        }
+        guard let member = trust.member(identity.nodeID) else {
+            return Rejection(.notAMember, "node \(identity.nodeID.short) is not on this node's roster")
+        }
+        if let bound = member.siteID, bound != hello.siteID {
+            return Rejection(
+                .notAMember,
+                "node \(identity.nodeID.short) is on the roster with site \(bound.hex.prefix(8)), not \(hello.siteID.hex.prefix(8))"
+            )
+        }
+        return nil
+    }
+
+    /// Runs the member's side of a join.
+    public func join(_ channel: NIOAsyncChannel<WireMessage, WireMessage>, identity: PeerIdentity, address: String) async {
+        let limit = Self.joinTimeoutMilliseconds
+        let raw = channel.channel
+        let watchdog = Task {
+            try await Task.sleep(for: .milliseconds(limit))
+            raw.close(promise: nil)
+        }
+        defer { watchdog.cancel() }
+        do {
+            try await channel.executeThenClose { inbound, outbound in
+                var messages = inbound.makeAsyncIterator()
+                let outcome = await respond(to: &messages, outbound: outbound, joiner: identity)
+                switch outcome {
+                case .joined(let name):
+                    logger.info("a device joined", metadata: ["node": "\(identity.nodeID.short)", "name": "\(name)"])
+                case .refused(let reason, let message, let counted):
+                    try? await outbound.write(.join(.refused(reason, message)))
+                    logger.info(
+                        "join refused",
+                        metadata: ["from": "\(address)", "reason": "\(message)", "counted": "\(counted)"]
+                    )
+                }
+            }
+        } catch {
+            logger.info("join ended early", metadata: ["from": "\(address)", "error": "\(error)"])
+        }
+    }
+
+    private enum JoinOutcome {
+        case joined(String)
+        case refused(JoinRefusal, String, counted: Bool)
+    }
+
+    private func respond(
+        to messages: inout NIOAsyncChannelInboundStream<WireMessage>.AsyncIterator,
+        outbound: NIOAsyncChannelOutboundWriter<WireMessage>,
+        joiner: PeerIdentity
+    ) async -> JoinOutcome {
+        guard let node = node.withLock({ $0 }) else {
+            return .refused(.other, "this node is not ready for joins", counted: false)
+        }
+        let now = clock.nowMilliseconds()
+        guard case .join(.request(let request))? = try? await messages.next() else {
+            return .refused(.other, "expected a join request", counted: false)
+        }
+        let invite: StoredInvite?
+        do {
+            let failures = try await node.readStore { store throws(ShoalError) in
+                try store.joinFailures(since: now - 3_600_000)
+            }
+            guard failures < Self.joinFailureCap else {
+                return .refused(
+                    .tooManyAttempts,
+                    "\(failures) failed join attempts in the last hour: this member takes no joins for now",
+                    counted: false
+                )
+            }
+            let id = request.inviteID.uppercased()
+            invite = try await node.readStore { store throws(ShoalError) in try store.claimInvite(id) }
+        } catch {
+            return .refused(.other, "cannot read invites: \(error.message)", counted: false)
+        }
+        guard let invite else {
+            return .refused(.unknownInvite, "this member holds no invite \(request.inviteID)", counted: false)
+        }
+        // A failed attempt on an invite this attempt claimed burns it; every failed attempt is counted.
+        let claimed = invite.state == .open
+        func fail(_ reason: JoinRefusal, _ message: String) async -> JoinOutcome {
+            _ = try? await node.readStore { store throws(ShoalError) in
+                if claimed { try store.setInviteState(invite.id, .burnt) }
+                try store.recordJoinFailure(at: now, reason: message)
+            }
+            return .refused(reason, message, counted: true)
+        }
+        guard invite.state == .open else { return await fail(.used, "invite \(invite.id) was already used") }
+        guard invite.expiresMilliseconds > now else { return await fail(.expired, "invite \(invite.id) expired") }
+        // From here the invite's one guess is spent: only the right proof keeps it from being burnt.
+        var exchange: CPace
+        let confirmation: CPace.Confirmation
+        do {
+            exchange = try CPace(
+                role: .responder,
+                password: invite.secret,
+                sessionID: joiner.nodeID.bytes + keyFile.identity.nodeID.bytes,
+                channelID: Array("shoal-join/1 invite \(invite.id)".utf8)
+            )
+            confirmation = try exchange.receive(peerShare: request.share)
+        } catch {
+            return await fail(.wrongCode, "the join exchange failed: \(error)")
+        }
+        do {
+            try await outbound.write(.join(.challenge(share: exchange.share, tag: confirmation.ownTag)))
+        } catch {
+            return await fail(.wrongCode, "the device left during the join")
+        }
+        guard case .join(.confirm(let tag))? = try? await messages.next(), confirmation.verify(peerTag: tag) else {
+            return await fail(.wrongCode, "wrong invite code: invite \(invite.id) is burnt")
+        }
+        // Admitted: the roster says so first, then the device gets the cluster's credentials.
+        do {
+            let record = try RosterRecord.make(
+                .add,
+                cluster: keyFile.cluster.id,
+                subject: joiner.nodeID,
+                subjectKey: joiner.publicKey,
+                siteID: request.siteID,
+                name: request.name,
+                signer: keyFile.identity,
+                signerSite: siteID,
+                at: now
+            )
+            let cluster = keyFile.cluster.id
+            let records = try await node.withStore { store throws(ShoalError) in
+                try store.setInviteState(invite.id, .used)
+                try store.addRosterRecord(record.encoded, id: record.id)
+                return try store.rosterRecords()
+            }
+            trust.replaceRoster(Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster))
+            let welcome = Welcome(cluster: keyFile.cluster, records: records)
+            let sealed = try ChaChaPoly.seal(welcome.encoded, using: confirmation.sessionKey).combined
+            try await outbound.write(.join(.welcome(sealed: Array(sealed))))
+            return .joined(request.name)
+        } catch {
+            return .refused(.other, "cannot admit the device: \(error)", counted: false)
+        }
+    }
+}
+
+/// What a member hands a device that proved the invite code: the cluster's credentials and its roster.
+struct Welcome: Sendable {
+    var cluster: ClusterCredentials
+    var records: [[UInt8]]
+
+    var encoded: [UInt8] {
+        var bytes: [UInt8] = [1] + cluster.id + cluster.secret
+        bytes.appendVarint(UInt64(records.count))
+        for record in records {
+            bytes.appendVarint(UInt64(record.count))
+            bytes += record
+        }
+        return bytes
+    }
+
+    init(cluster: ClusterCredentials, records: [[UInt8]]) {
+        self.cluster = cluster
+        self.records = records
+    }
+
+    init(decoding bytes: [UInt8]) throws(ShoalError) {
+        var reader = ByteReader(bytes)
+        guard bytes.count >= 49, try reader.readByte() == 1 else {
+            throw ShoalError(code: .invite, message: "the member's welcome is malformed")
+        }
+        cluster = ClusterCredentials(id: Array(try reader.readBytes(16)), secret: Array(try reader.readBytes(32)))
+        let count = try reader.readVarint()
+        guard count <= 100_000 else { throw ShoalError(code: .invite, message: "the member's welcome is malformed") }
+        records = []
+        for _ in 0..<count {
+            let length = try reader.readVarint()
+            guard length <= 4096 else { throw ShoalError(code: .invite, message: "the member's welcome is malformed") }
+            records.append(Array(try reader.readBytes(Int(length))))
+        }
+    }
+}

@@ -1,0 +1,172 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalSecurity
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// Invite codes over real sockets: a member running, a device joining with `JoinClient` as `shoal join` does.
+@Suite(.serialized) struct JoinTests {
+    /// A device's side: its key, name and site, from its database.
+    private func join(_ code: InviteCode, device path: String, member: SecuredNode) async throws(ShoalError)
+        -> JoinClient.Admission
+    {
+        let store = try Store(path: path)
+        let keyFile = try KeyFile.load(forDatabase: path)
+        return try await JoinClient.exchange(
+            code: code,
+            identity: keyFile.identity,
+            name: try store.nodeName() ?? "device",
+            siteID: store.siteID,
+            address: PeerAddress(host: "127.0.0.1", port: member.port)
+        )
+    }
+
+    @Test func theRightCodeAdmitsTheDeviceWhichThenSyncsWithItsOwnRows() async throws {
+        let directory = try temporaryDirectory("join-right")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startSecured(try makeDatabase("a", in: directory))
+        defer { Task { await a.stop() } }
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('member row', 1)")
+        // The invite is made while a runs, through the database (as `shoal invite` does from another process).
+        let code = try Membership.invite(store: try Store(path: a.path), now: SystemWallClock().nowMilliseconds())
+        let device = try makeDatabase("device", in: directory)
+        try Store(path: device).execute("INSERT INTO kv(k, v) VALUES ('device row', 2)")
+        let admission = try await join(code, device: device, member: a)
+        #expect(admission.cluster == a.security.keyFile.cluster)
+        #expect(admission.member == a.nodeID)
+        try JoinClient.adopt(admission, databasePath: device, store: try Store(path: device))
+        #expect(try KeyFile.load(forDatabase: device).cluster == a.security.keyFile.cluster)
+        // a put the device on its roster at once: the device's first connection syncs, both ways.
+        let joined = try await startSecured(device, peers: [a.port])
+        defer { Task { await joined.stop() } }
+        #expect(try await holds(joined, key: "member row"))
+        #expect(try await holds(a, key: "device row"))
+        #expect(a.security.trust.roster.members[joined.nodeID]?.siteID == (try Store(path: device)).siteID)
+        // Used once: the same code again is refused.
+        let other = try makeDatabase("other", in: directory)
+        await #expect(throws: ShoalError.self) { try await join(code, device: other, member: a) }
+    }
+
+    @Test func aWrongCodeBurnsTheInviteSoASecondGuessFindsItUsed() async throws {
+        let directory = try temporaryDirectory("join-wrong")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startSecured(try makeDatabase("a", in: directory))
+        defer { Task { await a.stop() } }
+        let code = try Membership.invite(store: try Store(path: a.path), now: SystemWallClock().nowMilliseconds())
+        // Same invite id, another secret: one guess.
+        var guess = InviteCode.generate()
+        while guess.secret == code.secret || guess.id != code.id {
+            let text = code.id + String(InviteCode.generate().description.dropFirst(2))
+            guess = try InviteCode(parsing: text)
+        }
+        let device = try makeDatabase("device", in: directory)
+        do {
+            _ = try await join(guess, device: device, member: a)
+            Issue.record("a wrong code was accepted")
+        } catch {
+            #expect(error.code == .invite)
+            #expect(error.message.contains("did not prove the code"), "\(error.message)")
+        }
+        // The invite is burnt: even the right code is refused now, and both attempts were counted.
+        do {
+            _ = try await join(code, device: device, member: a)
+            Issue.record("a burnt invite was accepted")
+        } catch {
+            #expect(error.message.contains("already used"), "\(error.message)")
+        }
+        #expect(try Store(path: a.path).joinFailures(since: 0) == 2)
+        #expect(!a.security.trust.roster.isMember(try KeyFile.load(forDatabase: device).identity.nodeID))
+        // And the device is unchanged: still a cluster of its own.
+        #expect(try KeyFile.load(forDatabase: device).cluster != a.security.keyFile.cluster)
+    }
+
+    @Test func anExpiredCodeAndAnUnknownCodeAreRefused() async throws {
+        let directory = try temporaryDirectory("join-expired")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startSecured(try makeDatabase("a", in: directory))
+        defer { Task { await a.stop() } }
+        let now = SystemWallClock().nowMilliseconds()
+        // Made eleven minutes ago, valid ten.
+        let code = try Membership.invite(store: try Store(path: a.path), minutes: 10, now: now - 11 * 60_000)
+        let device = try makeDatabase("device", in: directory)
+        do {
+            _ = try await join(code, device: device, member: a)
+            Issue.record("an expired code was accepted")
+        } catch {
+            #expect(error.message.contains("expired"), "\(error.message)")
+        }
+        let unknown = try InviteCode(parsing: "ZZ" + String(code.description.dropFirst(2)))
+        if unknown.id != code.id {
+            do {
+                _ = try await join(unknown, device: device, member: a)
+                Issue.record("an unknown code was accepted")
+            } catch {
+                #expect(error.message.contains("holds no invite"), "\(error.message)")
+            }
+        }
+    }
+
+    @Test func failedAttemptsAreCappedAndCountedAcrossRestarts() async throws {
+        let directory = try temporaryDirectory("join-cap")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = try makeDatabase("a", in: directory)
+        let now = SystemWallClock().nowMilliseconds()
+        // Failures recorded before this run of the member (persistently, in its database).
+        let store = try Store(path: path)
+        for _ in 0..<NodeSecurity.joinFailureCap { try store.recordJoinFailure(at: now - 1_000, reason: "earlier") }
+        let a = try await startSecured(path)
+        defer { Task { await a.stop() } }
+        let code = try Membership.invite(store: store, now: now)
+        let device = try makeDatabase("device", in: directory)
+        do {
+            _ = try await join(code, device: device, member: a)
+            Issue.record("a join was taken past the cap")
+        } catch {
+            #expect(error.message.contains("failed join attempts"), "\(error.message)")
+        }
+    }
+
+    @Test func theCommandLineMakesInvitesAndJoinsAndListsTheRoster() async throws {
+        let directory = try temporaryDirectory("join-cli")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = directory.appendingPathComponent("a.db").path
+        let b = directory.appendingPathComponent("b.db").path
+        #expect(try shoal("init", "--db", a, "--name", "alpha").status == 0)
+        #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
+        // The key file is the owner's only.
+        var status = stat()
+        #expect(stat(KeyFile.path(forDatabase: a), &status) == 0 && status.st_mode & 0o777 == 0o600)
+        let id = try shoal("id", "--db", a)
+        let nodeA = try #require(NodeID(parsing: id.stdout.split(separator: "\n").last.map(String.init) ?? ""))
+        #expect(nodeA == (try KeyFile.load(forDatabase: a)).identity.nodeID)
+
+        let node = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", a, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        defer { node.stop() }
+        let listening = try #require(await node.line(within: 30) { $0.hasPrefix("listening on") })
+        let address = String(listening.dropFirst("listening on ".count))
+        // An invite made while the node runs is taken at once.
+        let invite = try shoal("invite", "--db", a)
+        let code = try #require(invite.stdout.split(separator: "\n").last.map(String.init))
+        #expect(code.count == 10)
+        let joined = try shoal("join", code.lowercased(), "--db", b, "--peer", address)
+        #expect(joined.status == 0, "\(joined.stderr)")
+        let again = try shoal("join", code, "--db", b, "--peer", address)
+        #expect(again.status != 0 && again.stderr.contains("already used"), "\(again.stderr)")
+        let list = try shoal("trust", "list", "--db", a)
+        #expect(list.stdout.contains("alpha") && list.stdout.contains("beta"), "\(list.stdout)")
+        let malformed = try shoal("join", "not-a-code!", "--db", b, "--peer", address)
+        #expect(malformed.status != 0)
+        // Removal from the command line; removing oneself is refused.
+        let nodeB = try KeyFile.load(forDatabase: b).identity.nodeID
+        #expect(try shoal("trust", "remove", nodeB.description, "--db", a).status == 0)
+        #expect(try shoal("trust", "list", "--db", a).stdout.contains("removed"))
+        #expect(try shoal("trust", "add", nodeB.description, "--db", a).stderr.contains("removed from the roster"))
+        #expect(try shoal("trust", "remove", nodeA.description, "--db", a).status != 0)
+    }
+}

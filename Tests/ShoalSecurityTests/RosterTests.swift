@@ -1,0 +1,141 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalSecurity
+
+/// The roster's rules, without sockets: who counts, and that a removal wins.
+@Suite struct RosterTests {
+    private let founder = NodeIdentity.generate()
+    private var cluster: [UInt8] { Array(founder.nodeID.bytes.prefix(16)) }
+
+    private func add(_ subject: NodeIdentity, by signer: NodeIdentity, at time: UInt64 = 1) throws -> RosterRecord {
+        try RosterRecord.make(
+            .add,
+            cluster: cluster,
+            subject: subject.nodeID,
+            subjectKey: subject.publicKeyDER,
+            siteID: .random(),
+            name: "n",
+            signer: signer,
+            signerSite: .random(),
+            at: time
+        )
+    }
+
+    private func remove(_ subject: NodeIdentity, by signer: NodeIdentity, at time: UInt64 = 2) throws -> RosterRecord {
+        try RosterRecord.make(
+            .remove,
+            cluster: cluster,
+            subject: subject.nodeID,
+            name: "n",
+            signer: signer,
+            signerSite: .random(),
+            at: time
+        )
+    }
+
+    @Test func theFounderIsAMemberWithoutARecordAndVouchesForTheNodesItAdds() throws {
+        #expect(Roster(records: [], clusterID: cluster).isMember(founder.nodeID))
+        let b = NodeIdentity.generate()
+        let c = NodeIdentity.generate()
+        // Given in any order: c was added by b, b by the founder.
+        let records = [try add(c, by: b), try add(b, by: founder)]
+        let roster = Roster(records: records, clusterID: cluster)
+        #expect(Set(roster.members.keys) == [founder.nodeID, b.nodeID, c.nodeID])
+        #expect(roster.members[c.nodeID]?.addedBy == b.nodeID)
+        // The founder's key and site come from what it signed.
+        #expect(roster.members[founder.nodeID]?.publicKeyDER == founder.publicKeyDER)
+        #expect(roster.members[founder.nodeID]?.siteID == records[1].signerSite)
+    }
+
+    @Test func aRemovalWinsOverEveryAddBeforeOrAfterIt() throws {
+        let b = NodeIdentity.generate()
+        let records = [
+            try add(b, by: founder, at: 1), try remove(b, by: founder, at: 2),
+            try add(b, by: founder, at: 3),
+        ]
+        for permutation in [records, records.reversed(), [records[1], records[2], records[0]]] {
+            let roster = Roster(records: permutation, clusterID: cluster)
+            #expect(!roster.isMember(b.nodeID))
+            #expect(roster.removed[b.nodeID] != nil)
+        }
+    }
+
+    @Test func forgedOtherClusterAndUnvouchedRecordsDoNotCount() throws {
+        let b = NodeIdentity.generate()
+        let outsider = NodeIdentity.generate()
+        var forged = try add(b, by: founder)
+        forged.name = "changed after signing"
+        let unvouched = try add(b, by: outsider)
+        // A self-add by someone whose id does not begin with the cluster id: not the founder.
+        let pretender = try add(outsider, by: outsider)
+        // A record whose carried key is not its signer's.
+        var borrowedKey = try add(b, by: founder)
+        borrowedKey.signerKey = outsider.publicKeyDER
+        var otherCluster = try add(b, by: founder)
+        otherCluster.clusterID = Array(repeating: 7, count: 16)
+        let removalByOutsider = try remove(founder, by: outsider)
+        let roster = Roster(
+            records: [forged, unvouched, pretender, otherCluster, removalByOutsider, borrowedKey],
+            clusterID: cluster
+        )
+        #expect(roster.members.isEmpty && roster.records.isEmpty)
+        #expect(roster.isMember(founder.nodeID) && !roster.isMember(b.nodeID) && !roster.isMember(outsider.nodeID))
+    }
+
+    @Test func anAddWhoseKeyIsNotItsSubjectsDoesNotCount() throws {
+        let b = NodeIdentity.generate()
+        let c = NodeIdentity.generate()
+        let mismatched = try RosterRecord.make(
+            .add,
+            cluster: cluster,
+            subject: b.nodeID,
+            subjectKey: c.publicKeyDER,
+            name: "b with c's key",
+            signer: founder,
+            signerSite: .random(),
+            at: 1
+        )
+        #expect(!Roster(records: [mismatched], clusterID: cluster).isMember(b.nodeID))
+    }
+
+    @Test func recordsRoundTripAndMalformedBytesAreRefused() throws {
+        let record = try add(NodeIdentity.generate(), by: founder)
+        #expect(try RosterRecord(decoding: record.encoded) == record)
+        for cut in [0, 1, 12, 30, record.encoded.count - 1] {
+            #expect(throws: ShoalError.self) { try RosterRecord(decoding: Array(record.encoded.prefix(cut))) }
+        }
+        #expect(throws: ShoalError.self) { try RosterRecord(decoding: record.encoded + [0]) }
+    }
+
+    @Test func nodeIDsPrintGroupedAndParseEitherWay() throws {
+        let id = founder.nodeID
+        let text = id.description
+        #expect(text.count == 52 + 12)
+        #expect(text.split(separator: "-").allSatisfy { $0.count == 4 })
+        #expect(NodeID(parsing: text) == id)
+        #expect(NodeID(parsing: text.lowercased().replacingOccurrences(of: "-", with: " ")) == id)
+        #expect(id.short == String(text.prefix(9)))
+        #expect(NodeID(parsing: String(text.dropLast())) == nil)
+        #expect(NodeID(parsing: text.replacingOccurrences(of: "A", with: "1")) == nil || !text.contains("A"))
+    }
+
+    @Test func theKeyFileIsTheOwnersOnlyAndRefusedWhenOthersMayReadIt() throws {
+        let directory = try temporaryDirectory("keyfile")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = directory.appendingPathComponent("k.db").path
+        let keyFile = KeyFile(identity: founder, cluster: .founded(by: founder.nodeID))
+        try keyFile.save(forDatabase: database)
+        let loaded = try KeyFile.load(forDatabase: database)
+        #expect(loaded.identity.nodeID == founder.nodeID && loaded.cluster == keyFile.cluster)
+        chmod(KeyFile.path(forDatabase: database), 0o644)
+        #expect {
+            try KeyFile.load(forDatabase: database)
+        } throws: { error in
+            (error as? ShoalError)?.code == .identity && "\(error)".contains("chmod 600")
+        }
+        #expect(throws: ShoalError.self) { try KeyFile.load(forDatabase: database + "-missing") }
+    }
+}
