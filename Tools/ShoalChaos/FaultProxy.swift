@@ -99,7 +99,9 @@ struct FaultProxy {
         }
     }
 
-    /// Copies frames (4-byte length, payload), delaying, duplicating or swapping whole frames.
+    /// Copies TLS records (5-byte header, payload), delaying, duplicating or swapping whole records. Peer links are
+    /// TLS: a duplicated or swapped record is what an attacker on the path could do, and TLS refuses it (the
+    /// connection ends, and the nodes resume on the next one), while delays only slow the link.
     private static func pump(
         _ inbound: NIOAsyncChannelInboundStream<ByteBuffer>,
         to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
@@ -109,27 +111,22 @@ struct FaultProxy {
         var held: ByteBuffer?
         for try await chunk in inbound {
             pending.writeImmutableBuffer(chunk)
-            while let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self),
-                pending.readableBytes >= 4 + Int(min(length, 1 << 30))
+            while let length = pending.getInteger(at: pending.readerIndex + 3, as: UInt16.self),
+                pending.readableBytes >= 5 + Int(length)
             {
-                let frame = pending.readSlice(length: 4 + Int(length))!
+                let record = pending.readSlice(length: 5 + Int(length))!
                 let (delay, duplicate, reorder) = await faults.frameFaults
                 if delay > 0 { try await Task.sleep(for: .milliseconds(UInt64.random(in: 0...delay))) }
                 if held == nil && Double.random(in: 0..<1) < reorder {
-                    held = frame
+                    held = record
                     continue
                 }
-                try await outbound.write(frame)
-                if Double.random(in: 0..<1) < duplicate { try await outbound.write(frame) }
+                try await outbound.write(record)
+                if Double.random(in: 0..<1) < duplicate { try await outbound.write(record) }
                 if let swapped = held {
                     held = nil
                     try await outbound.write(swapped)
                 }
-            }
-            // A length the framing cannot hold (garbage): pass the bytes through as they are.
-            if let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self), length >= 1 << 30 {
-                try await outbound.write(pending)
-                pending.clear()
             }
         }
         if let swapped = held { try await outbound.write(swapped) }
