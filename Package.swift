@@ -149,7 +149,8 @@ let package = Package(
         .target(
             name: "ShoalFuzzing",
             dependencies: [
-                "ShoalCore", "ShoalProtocol", "ShoalStore", "ShoalTransport",
+                "ShoalCore", "ShoalProtocol", "ShoalStore", "ShoalTransport", "ShoalSecurity",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

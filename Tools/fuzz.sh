@@ -14,7 +14,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-targets=(frame codec stream apply)
+targets=(frame codec stream apply hello join)
 binary="$root/.build-fuzz/release/shoal-fuzz"
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -36,6 +36,7 @@ max_len() {
         frame) echo 131072 ;;
         codec | stream) echo 65536 ;;
         apply) echo 16384 ;;
+        hello | join) echo 70000 ;;
     esac
 }
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Installs what Shoal needs on Debian (idempotent). Runs as root, or uses sudo.
 #   Tools/setup.sh           what building and running need
-#   Tools/setup.sh --tests   also what the tests need: iproute2 (network namespaces for the two-host tests) and
-#                            python-zeroconf from PyPI (an independent mDNS implementation)
+#   Tools/setup.sh --tests   also what the tests need: iproute2 (network namespaces for the two-host tests),
+#                            openssl (an outside TLS client) and python-zeroconf from PyPI (an independent mDNS
+#                            implementation)
 set -euo pipefail
 
 packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
 tests=""
 if [ "${1:-}" = "--tests" ]; then
     tests=1
-    packages+=(iproute2 util-linux python3 python3-pip)
+    packages+=(iproute2 util-linux python3 python3-pip openssl)
 fi
 missing=()
 for package in "${packages[@]}"; do

@@ -34,6 +34,7 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// The first two groups (40 bits): enough to tell nodes apart in a log line.
     public var short: String { String(description.prefix(9)) }
 
+    /// Ordered by their bytes.
     public static func < (lhs: NodeID, rhs: NodeID) -> Bool { lhs.bytes.lexicographicallyPrecedes(rhs.bytes) }
 }
 

@@ -136,10 +136,10 @@ public enum JoinClient {
             if case .join(.welcome(let sealed)) = message { return sealed }
             return nil
         }
-        let welcome: Welcome
+        let welcome: JoinWelcome
         do {
             let box = try ChaChaPoly.SealedBox(combined: sealed)
-            welcome = try Welcome(decoding: Array(try ChaChaPoly.open(box, using: confirmation.sessionKey)))
+            welcome = try JoinWelcome(decoding: Array(try ChaChaPoly.open(box, using: confirmation.sessionKey)))
         } catch let error as ShoalError {
             throw error
         } catch {

@@ -252,7 +252,7 @@ public final class NodeSecurity: PeerAuthorizer {
                 return try store.rosterRecords()
             }
             trust.replaceRoster(Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster))
-            let welcome = Welcome(cluster: keyFile.cluster, records: records)
+            let welcome = JoinWelcome(cluster: keyFile.cluster, records: records)
             let sealed = try ChaChaPoly.seal(welcome.encoded, using: confirmation.sessionKey).combined
             try await outbound.write(.join(.welcome(sealed: Array(sealed))))
             return .joined(request.name)
@@ -263,11 +263,14 @@ public final class NodeSecurity: PeerAuthorizer {
 }
 
 /// What a member hands a device that proved the invite code: the cluster's credentials and its roster.
-struct Welcome: Sendable {
-    var cluster: ClusterCredentials
-    var records: [[UInt8]]
+public struct JoinWelcome: Sendable {
+    /// The cluster's id and secret.
+    public var cluster: ClusterCredentials
+    /// The roster records (encoded).
+    public var records: [[UInt8]]
 
-    var encoded: [UInt8] {
+    /// The welcome's bytes (sealed before they travel).
+    public var encoded: [UInt8] {
         var bytes: [UInt8] = [1] + cluster.id + cluster.secret
         bytes.appendVarint(UInt64(records.count))
         for record in records {
@@ -277,12 +280,14 @@ struct Welcome: Sendable {
         return bytes
     }
 
-    init(cluster: ClusterCredentials, records: [[UInt8]]) {
+    /// A welcome into `cluster`.
+    public init(cluster: ClusterCredentials, records: [[UInt8]]) {
         self.cluster = cluster
         self.records = records
     }
 
-    init(decoding bytes: [UInt8]) throws(ShoalError) {
+    /// Decodes a welcome; throws on anything malformed.
+    public init(decoding bytes: [UInt8]) throws(ShoalError) {
         var reader = ByteReader(bytes)
         guard bytes.count >= 49, try reader.readByte() == 1 else {
             throw ShoalError(code: .invite, message: "the member's welcome is malformed")

@@ -22,7 +22,10 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Nodes for the big-table propagation figure.") var bigNodes = 2
     @Option(help: "Rows of 4 KB blobs for the blob catch-up (written 100 to a transaction).") var blobRows = 20_000
     @Option(help: "Size in MiB of the one large value sent on its own.") var bigValueMiB = 64
-    @Option(help: "Run one part only: catchup, blobs, bigvalue, propagation, propagation-big, idle or converge.")
+    @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
+    @Option(
+        help: "Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-big, idle or converge."
+    )
     var only: String?
 
     func run() async throws {
@@ -30,6 +33,9 @@ struct SyncBenchmark: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var figures: [(String, Double)] = []
+        if only == nil || only == "handshake" {
+            figures += try await HandshakeBenchmark.run(directory + "/handshake", connections: handshakes)
+        }
         if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
         if only == nil || only == "blobs" { figures += try blobCatchUp(directory + "/blobs") }
         if only == nil || only == "bigvalue" { figures += try bigValue(directory + "/bigvalue") }

@@ -1,5 +1,7 @@
+import Crypto
 import ShoalCore
 import ShoalProtocol
+import ShoalSecurity
 import ShoalStore
 
 extension ShoalFuzzing {
@@ -107,6 +109,52 @@ extension ShoalFuzzing {
         for index in 0..<24 {
             let count = 16 + Int(generator.next() % 240)
             add(.apply, "decoded-\(index)", [1] + (0..<count).map { _ in UInt8(truncatingIfNeeded: generator.next()) })
+        }
+        // Hello: first frames (length, payload) a connection may start with.
+        func framed(_ message: WireMessage) -> [UInt8] {
+            let payload = message.encoded()
+            return withUnsafeBytes(of: UInt32(payload.count).bigEndian, Array.init) + payload
+        }
+        let local = handshakeLocal
+        let hellos: [(String, WireMessage)] = [
+            ("accepted", .hello(Hello(clusterID: local.clusterID, siteID: site, nodeName: "peer", schemaFingerprint: local.schemaFingerprint, listenPort: 1))),
+            ("other-cluster", .hello(Hello(clusterID: "other", siteID: site, nodeName: "peer", schemaFingerprint: local.schemaFingerprint, listenPort: 1))),
+            ("self", .hello(Hello(clusterID: local.clusterID, siteID: local.siteID, nodeName: "me", schemaFingerprint: local.schemaFingerprint, listenPort: 1))),
+            ("other-schema", .hello(Hello(clusterID: local.clusterID, siteID: site, nodeName: "peer", schemaFingerprint: "x", listenPort: 1))),
+            ("old-version", .hello(Hello(versions: 0...0, clusterID: local.clusterID, siteID: site, nodeName: "old", schemaFingerprint: local.schemaFingerprint, listenPort: 1))),
+            ("reject", .reject(Rejection(.notAMember, "not on the roster"))),
+            ("ping-first", .ping(7)),
+            ("join-first", .join(.confirm(tag: Array(repeating: 1, count: 64)))),
+        ]
+        for (name, message) in hellos { add(.hello, name, framed(message)) }
+        add(.hello, "oversized-length", [0x00, 0x01, 0x00, 0x01, 1])
+        add(.hello, "tls-client-hello-start", [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC, 0x03, 0x03])
+
+        // Join: messages (selector 0), welcomes (1), roster records (2), invite codes as typed (3).
+        let founder = NodeIdentity(privateKey: try! P256.Signing.PrivateKey(rawRepresentation: Array(repeating: 7, count: 32)))
+        let joiner = NodeIdentity(privateKey: try! P256.Signing.PrivateKey(rawRepresentation: Array(repeating: 9, count: 32)))
+        let cluster = ClusterCredentials(id: Array(founder.nodeID.bytes.prefix(16)), secret: Array(repeating: 3, count: 32))
+        let addition = try RosterRecord.make(
+            .add, cluster: cluster.id, subject: joiner.nodeID, subjectKey: joiner.publicKeyDER, siteID: site,
+            name: "tablet", signer: founder, signerSite: local.siteID, at: 1_700_000_000_000
+        )
+        let removal = try RosterRecord.make(
+            .remove, cluster: cluster.id, subject: joiner.nodeID, name: "tablet", signer: founder,
+            signerSite: local.siteID, at: 1_700_000_000_001
+        )
+        let joins: [(String, JoinMessage)] = [
+            ("request", .request(JoinRequest(inviteID: "AB", name: "tablet", siteID: site, share: Array(repeating: 5, count: 32)))),
+            ("challenge", .challenge(share: Array(repeating: 6, count: 32), tag: Array(repeating: 7, count: 64))),
+            ("confirm", .confirm(tag: Array(repeating: 8, count: 64))),
+            ("welcome", .welcome(sealed: Array(repeating: 9, count: 120))),
+            ("refused", .refused(.wrongCode, "wrong invite code: invite AB is burnt")),
+        ]
+        for (name, message) in joins { add(.join, "message-\(name)", [0] + WireMessage.join(message).encoded().dropFirst()) }
+        add(.join, "welcome", [1] + JoinWelcome(cluster: cluster, records: [addition.encoded, removal.encoded]).encoded)
+        add(.join, "record-add", [2] + addition.encoded)
+        add(.join, "record-remove", [2] + removal.encoded)
+        for (index, text) in ["AB3DEFGHJK", "ab-3def-ghjk", "0O1IL23456", " AB 3DE FGH JK ", "ABCDEFGHJU"].enumerated() {
+            add(.join, "invite-code-\(index)", [3] + Array(text.utf8))
         }
         return corpus
     }

@@ -18,6 +18,10 @@ public enum ShoalFuzzing {
         case stream
         /// A change batch applied to a store: validation, merge and write.
         case apply
+        /// A connection's first frame (at the hello limit) and the session's handshake with it.
+        case hello
+        /// The join exchange's messages, the member's welcome, roster records, invite codes.
+        case join
     }
 
     /// Runs `target` on one input.
@@ -27,6 +31,8 @@ public enum ShoalFuzzing {
         case .codec: fuzzCodec(bytes)
         case .stream: fuzzStream(bytes)
         case .apply: fuzzApply(bytes)
+        case .hello: fuzzHello(bytes)
+        case .join: fuzzJoin(bytes)
         }
     }
 
