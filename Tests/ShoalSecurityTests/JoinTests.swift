@@ -170,3 +170,83 @@ import Testing
         #expect(try shoal("trust", "remove", nodeA.description, "--db", a).status != 0)
     }
 }
+
+/// The command line's view of strangers and of discovery.
+@Suite(.serialized) struct PendingAndDiscoveryTests {
+    @Test func aStrangerIsListedAsPendingInStatusAndTrustPendingAndGetsNothing() async throws {
+        let directory = try temporaryDirectory("pending-cli")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = directory.appendingPathComponent("a.db").path
+        let stranger = directory.appendingPathComponent("stranger.db").path
+        #expect(try shoal("init", "--db", a, "--name", "member").status == 0)
+        #expect(try shoal("init", "--db", stranger, "--name", "kiosk").status == 0)
+        for db in [a, stranger] {
+            #expect(try shoal("sql", "--db", db, "CREATE TABLE kv(k TEXT PRIMARY KEY, v)").status == 0)
+            #expect(try shoal("replicate", "--db", db, "kv").status == 0)
+        }
+        #expect(try shoal("sql", "--db", a, "INSERT INTO kv VALUES ('secret', 1)").status == 0)
+        let member = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", a, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        defer { member.stop() }
+        let listening = try #require(await member.line(within: 30) { $0.hasPrefix("listening on") })
+        let address = String(listening.dropFirst("listening on ".count))
+        let kiosk = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", stranger, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0", "--peer", address]
+        )
+        defer { kiosk.stop() }
+        let strangerID = try KeyFile.load(forDatabase: stranger).identity.nodeID
+        var pending = ""
+        #expect(
+            await waitUntil(within: 20) {
+                pending = (try? shoal("trust", "pending", "--db", a).stdout) ?? ""
+                return pending.contains(strangerID.description)
+            },
+            "\(pending)"
+        )
+        #expect(pending.contains("kiosk") && pending.contains("127.0.0.1"), "\(pending)")
+        let status = try shoal("status", "--db", a).stdout
+        #expect(status.contains("waiting to be accepted") && status.contains(strangerID.description), "\(status)")
+        let json = try shoal("status", "--db", a, "--json").stdout
+        #expect(json.contains("\"cluster_id\"") && json.contains("\"pending_devices\""), "\(json)")
+        // It got nothing, and its own log says why in words.
+        #expect(try shoal("sql", "--db", stranger, "SELECT count(*) FROM kv").stdout.contains("0"))
+        #expect(await kiosk.line(within: 20) { $0.contains("roster") } != nil, "\(kiosk.output)")
+        // Accepting it puts it on the roster (and off the pending list); a device of another cluster still gets
+        // nothing: it does not know this cluster's members (nor its secret), so it refuses them in its turn.
+        #expect(try shoal("trust", "add", strangerID.description, "--db", a).status == 0)
+        #expect(try shoal("trust", "list", "--db", a).stdout.contains("kiosk"))
+        #expect(
+            await waitUntil(within: 10) {
+                !((try? shoal("trust", "pending", "--db", a).stdout) ?? "").contains(strangerID.description)
+            }
+        )
+        #expect(try shoal("sql", "--db", stranger, "SELECT count(*) FROM kv WHERE k = 'secret'").stdout.contains("0"))
+        // No secret in any log.
+        let secret = try KeyFile.load(forDatabase: a).cluster.secret.map { String(format: "%02x", $0) }.joined()
+        #expect(!member.output.contains(secret) && !kiosk.output.contains(secret))
+    }
+
+    @Test func joinFindsTheMemberByMDNS() async throws {
+        let directory = try temporaryDirectory("join-mdns")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = directory.appendingPathComponent("a.db").path
+        let b = directory.appendingPathComponent("b.db").path
+        #expect(try shoal("init", "--db", a, "--name", "announcer").status == 0)
+        #expect(try shoal("init", "--db", b, "--name", "newcomer").status == 0)
+        let member = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", a, "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        defer { member.stop() }
+        #expect(await member.line(within: 30) { $0.contains("mDNS discovery is on") } != nil, "\(member.output)")
+        let code = try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
+        // No address: the member is found by mDNS on the loopback interface (other nodes found there that do not
+        // hold the invite are tried and passed over).
+        let joined = try shoal("join", code, "--db", b, "--mdns-interface", "lo", "--browse-seconds", "3")
+        #expect(joined.status == 0, "\(joined.stderr)\n\(member.output)")
+        #expect(try KeyFile.load(forDatabase: b).cluster == KeyFile.load(forDatabase: a).cluster)
+    }
+}
