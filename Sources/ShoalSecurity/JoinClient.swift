@@ -232,19 +232,17 @@ extension JoinClient {
             authenticating: code.secret,
             using: SymmetricKey(data: Array("shoal".utf8))
         ) else { try fail("wrong invite code: invite \(invite.id) is burnt") }
-        let record = try RosterRecord.make(
+        try memberStore.setInviteState(invite.id, .used)
+        try Membership.sign(
             .add,
-            cluster: member.cluster.id,
             subject: joiner.nodeID,
             subjectKey: joiner.publicKeyDER,
             siteID: siteID,
             name: name,
-            signer: member.identity,
-            signerSite: memberStore.siteID,
-            at: now
+            store: memberStore,
+            keyFile: member,
+            now: now
         )
-        try memberStore.setInviteState(invite.id, .used)
-        try memberStore.addRosterRecord(record.encoded, id: record.id)
         return Admission(
             cluster: member.cluster,
             member: member.identity.nodeID,

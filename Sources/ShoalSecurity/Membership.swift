@@ -57,6 +57,33 @@ public enum Membership {
         }
     }
 
+    /// Signs a roster record as the node of `keyFile` and writes it to `store`, where it replicates like any write.
+    @discardableResult
+    public static func sign(
+        _ action: RosterRecord.Action,
+        subject: NodeID,
+        subjectKey: [UInt8] = [],
+        siteID: SiteID? = nil,
+        name: String,
+        store: Store,
+        keyFile: KeyFile,
+        now: UInt64
+    ) throws(ShoalError) -> RosterRecord {
+        let record = try RosterRecord.make(
+            action,
+            cluster: keyFile.cluster.id,
+            subject: subject,
+            subjectKey: subjectKey,
+            siteID: siteID,
+            name: name,
+            signer: keyFile.identity,
+            signerSite: store.siteID,
+            at: now
+        )
+        try store.addRosterRecord(record.encoded, id: record.id)
+        return record
+    }
+
     /// The roster `store` holds for `cluster`.
     public static func roster(store: Store, cluster: [UInt8]) throws(ShoalError) -> Roster {
         Roster(records: try store.rosterRecords().compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)

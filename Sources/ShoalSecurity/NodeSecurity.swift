@@ -234,23 +234,22 @@ public final class NodeSecurity: PeerAuthorizer {
         }
         // Admitted: the roster says so first, then the device gets the cluster's credentials.
         do {
-            let record = try RosterRecord.make(
-                .add,
-                cluster: keyFile.cluster.id,
-                subject: joiner.nodeID,
-                subjectKey: joiner.publicKey,
-                siteID: request.siteID,
-                name: request.name,
-                signer: keyFile.identity,
-                signerSite: siteID,
-                at: now
-            )
-            let cluster = keyFile.cluster.id
+            let (keyFile, joinerSite, joinerName) = (self.keyFile, request.siteID, request.name)
             let records = try await node.withStore { store throws(ShoalError) in
                 try store.setInviteState(invite.id, .used)
-                try store.addRosterRecord(record.encoded, id: record.id)
+                try Membership.sign(
+                    .add,
+                    subject: joiner.nodeID,
+                    subjectKey: joiner.publicKey,
+                    siteID: joinerSite,
+                    name: joinerName,
+                    store: store,
+                    keyFile: keyFile,
+                    now: now
+                )
                 return try store.rosterRecords()
             }
+            let cluster = keyFile.cluster.id
             trust.replaceRoster(Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster))
             let welcome = JoinWelcome(cluster: keyFile.cluster, records: records)
             let sealed = try ChaChaPoly.seal(welcome.encoded, using: confirmation.sessionKey).combined

@@ -262,20 +262,28 @@ final class PeerVerifier: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    /// A person's account of a TLS failure.
+    /// A person's account of a TLS failure (BoringSSL's own text stays at the end, for whoever needs it).
     private func describe(_ error: any Error) -> String {
         if let refusal { return refusal }
         let text = String(describing: error)
-        if text.contains("CERTIFICATE") || text.contains("certificate") {
-            return "the peer does not accept this node's key (it is not on the peer's roster: pending there until a "
-                + "member runs `shoal trust add`): \(text)"
-        }
+        let meaning: String
         if text.contains("PROTOCOL_VERSION") || text.contains("UNSUPPORTED_PROTOCOL") {
-            return "the peer does not speak TLS 1.3: \(text)"
+            meaning = "the peer does not speak TLS 1.3"
+        } else if text.contains("NO_APPLICATION_PROTOCOL") {
+            meaning = "the peer does not speak Shoal's protocol (no ALPN \(TLSChannelSetup.syncProtocol))"
+        } else if text.contains("CERTIFICATE_REQUIRED") || text.contains("PEER_DID_NOT_RETURN_A_CERTIFICATE") {
+            meaning = "the peer sent no certificate"
+        } else if text.contains("CERTIFICATE") || text.contains("HANDSHAKE_FAILURE") {
+            meaning =
+                "the peer does not accept this node's key (not on its roster: pending there until a member "
+                + "runs `shoal trust add`, or removed)"
+        } else if text.contains("EOF during handshake") || text.contains("uncleanShutdown") {
+            meaning = "the peer closed the connection during the TLS handshake"
+        } else if text.contains("WRONG_VERSION_NUMBER") || text.contains("HTTP") || text.contains("PACKET_LENGTH") {
+            meaning = "the peer does not speak TLS (does it run with --insecure-plaintext?)"
+        } else {
+            meaning = "the TLS handshake failed"
         }
-        if text.contains("WRONG_VERSION_NUMBER") || text.contains("HTTP") || text.contains("PACKET_LENGTH") {
-            return "the peer does not speak TLS (does it run with --insecure-plaintext?): \(text)"
-        }
-        return "TLS handshake failed: \(text)"
+        return "\(meaning) [\(text)]"
     }
 }

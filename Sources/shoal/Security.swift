@@ -208,9 +208,7 @@ extension ShoalCommand {
             var activity: String { "could not add the node" }
 
             func run() throws {
-                guard let nodeID = NodeID(parsing: node) else {
-                    throw ShoalError(code: .invalidArgument, message: "\"\(node)\" is not a node id (52 base32 characters)")
-                }
+                let nodeID = try NodeID.argument(node)
                 let store = try database.open()
                 let keyFile = try KeyFile.load(forDatabase: database.db)
                 let roster = try Membership.roster(store: store, cluster: keyFile.cluster.id)
@@ -245,18 +243,16 @@ extension ShoalCommand {
                     }
                     return parsed
                 } ?? pending?.site.flatMap { SiteID(hex: $0) }
-                let record = try RosterRecord.make(
+                try Membership.sign(
                     .add,
-                    cluster: keyFile.cluster.id,
                     subject: nodeID,
                     subjectKey: publicKey,
                     siteID: siteID,
                     name: name ?? pending?.name ?? "",
-                    signer: keyFile.identity,
-                    signerSite: store.siteID,
-                    at: SystemWallClock().nowMilliseconds()
+                    store: store,
+                    keyFile: keyFile,
+                    now: SystemWallClock().nowMilliseconds()
                 )
-                try store.addRosterRecord(record.encoded, id: record.id)
                 print("added \(nodeID) to the roster")
             }
         }
@@ -271,9 +267,7 @@ extension ShoalCommand {
             var activity: String { "could not remove the node" }
 
             func run() throws {
-                guard let nodeID = NodeID(parsing: node) else {
-                    throw ShoalError(code: .invalidArgument, message: "\"\(node)\" is not a node id (52 base32 characters)")
-                }
+                let nodeID = try NodeID.argument(node)
                 let store = try database.open()
                 let keyFile = try KeyFile.load(forDatabase: database.db)
                 guard nodeID != keyFile.identity.nodeID else {
@@ -284,16 +278,14 @@ extension ShoalCommand {
                     print("node \(nodeID.short) is already removed")
                     return
                 }
-                let record = try RosterRecord.make(
+                try Membership.sign(
                     .remove,
-                    cluster: keyFile.cluster.id,
                     subject: nodeID,
                     name: roster.members[nodeID]?.name ?? "",
-                    signer: keyFile.identity,
-                    signerSite: store.siteID,
-                    at: SystemWallClock().nowMilliseconds()
+                    store: store,
+                    keyFile: keyFile,
+                    now: SystemWallClock().nowMilliseconds()
                 )
-                try store.addRosterRecord(record.encoded, id: record.id)
                 print("removed \(nodeID) from the roster")
             }
         }
@@ -319,5 +311,18 @@ extension ShoalCommand {
                 print(Output.table(columns: ["node", "name", "address", "attempts"], rows: rows), terminator: "")
             }
         }
+    }
+}
+
+extension NodeID {
+    /// A node id given on the command line, or a typed error that says what a node id looks like.
+    static func argument(_ text: String) throws(ShoalError) -> NodeID {
+        guard let id = NodeID(parsing: text) else {
+            throw ShoalError(
+                code: .invalidArgument,
+                message: "\"\(text)\" is not a node id (52 base32 characters, as `shoal id` prints it)"
+            )
+        }
+        return id
     }
 }
