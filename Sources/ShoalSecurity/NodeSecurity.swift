@@ -27,6 +27,8 @@ public final class NodeSecurity: PeerAuthorizer {
     /// The name in its certificate.
     public let name: String
     private let node = Mutex<SyncNode?>(nil)
+    /// The records the roster was last computed from.
+    private let lastRecords = Mutex<[[UInt8]]>([])
     private let logger: Logger
     private let clock: any WallClock
 
@@ -98,9 +100,14 @@ public final class NodeSecurity: PeerAuthorizer {
         guard let node = node.withLock({ $0 }) else { return }
         let cluster = keyFile.cluster.id
         do {
-            let roster = try await node.readStore { store throws(ShoalError) in
-                try Membership.roster(store: store, cluster: cluster)
+            let records = try await node.readStore { store throws(ShoalError) in try store.rosterRecords() }
+            // Signatures are checked again only when the records changed.
+            let changed = lastRecords.withLock { last in
+                defer { last = records }
+                return last != records
             }
+            guard changed else { return }
+            let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
             let gone = trust.replaceRoster(roster)
             if !gone.isEmpty {
                 let closed = await node.closeConnections(of: gone)

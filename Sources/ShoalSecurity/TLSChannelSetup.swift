@@ -167,7 +167,8 @@ final class PeerVerifier: ChannelInboundHandler, RemovableChannelHandler {
         promise = context.eventLoop.makePromise()
         let channel = context.channel
         let milliseconds = timeout.nanoseconds / 1_000_000
-        deadline = context.eventLoop.scheduleTask(in: timeout) { [weak self] in
+        // Runs on the channel's event loop, as every call into this handler does.
+        deadline = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) { [weak self] in
             self?.finish(
                 .failure(ShoalError(code: .timeout, message: "the TLS handshake did not finish within \(milliseconds) ms"))
             )

@@ -61,11 +61,13 @@ public final class TrustStore: Sendable {
     /// The roster as last read.
     public var roster: Roster { state.withLock { $0.roster } }
 
-    /// Replaces the roster; returns the nodes that were members and no longer are (their connections must close).
+    /// Replaces the roster; returns the nodes that were members and no longer are, and the nodes removed since
+    /// (their connections must close).
     @discardableResult
     public func replaceRoster(_ roster: Roster) -> Set<NodeID> {
         state.withLock { state in
             let gone = Set(state.roster.members.keys).subtracting(roster.members.keys)
+                .union(Set(roster.removed.keys).subtracting(state.roster.removed.keys))
             state.roster = roster
             for member in roster.members.keys { state.pending[member] = nil }
             return gone
