@@ -74,3 +74,23 @@ public struct SiteID: Hashable, Comparable, Sendable, CustomStringConvertible {
         return String(repeating: "0", count: 16 - digits.count) + digits
     }
 }
+
+extension String {
+    /// The string with control characters, line and paragraph separators and bidirectional overrides replaced by
+    /// "?", at most `limit` characters: for anything a peer names itself before it is shown in a log or a status
+    /// (a name with an escape sequence or a newline would forge lines).
+    public func printable(limit: Int = 64) -> String {
+        String(
+            String.UnicodeScalarView(
+                unicodeScalars.prefix(limit * 2).map { scalar in
+                    switch scalar.properties.generalCategory {
+                    case .control, .format, .lineSeparator, .paragraphSeparator, .surrogate, .privateUse,
+                        .unassigned:
+                        "?"
+                    default: scalar
+                    }
+                }
+            ).prefix(limit)
+        )
+    }
+}

@@ -214,19 +214,15 @@ extension JoinClient {
         now: UInt64
     ) throws(ShoalError) -> Admission {
         let member = try KeyFile.load(forDatabase: memberDatabase)
-        guard try memberStore.joinFailures(since: now - 3_600_000) < NodeSecurity.joinFailureCap else {
-            throw ShoalError(code: .invite, message: "too many failed join attempts in the last hour on that member")
-        }
-        guard let invite = try memberStore.claimInvite(code.id) else {
-            throw ShoalError(code: .invite, message: "the member holds no invite \(code.id)")
+        let invite: StoredInvite
+        switch try Membership.gateJoin(code.id, from: "this machine", store: memberStore, now: now) {
+        case .claimed(let claimed): invite = claimed
+        case .refused(_, let message): throw ShoalError(code: .invite, message: message)
         }
         func fail(_ message: String) throws(ShoalError) -> Never {
-            if invite.state == .open { try memberStore.setInviteState(invite.id, .burnt) }
-            try memberStore.recordJoinFailure(at: now, reason: message)
+            try Membership.failJoin(invite, from: "this machine", reason: message, store: memberStore, now: now)
             throw ShoalError(code: .invite, message: message)
         }
-        guard invite.state == .open else { try fail("invite \(invite.id) was already used") }
-        guard invite.expiresMilliseconds > now else { try fail("invite \(invite.id) expired") }
         guard HMAC<SHA256>.isValidAuthenticationCode(
             HMAC<SHA256>.authenticationCode(for: invite.secret, using: SymmetricKey(data: Array("shoal".utf8))),
             authenticating: code.secret,

@@ -1,16 +1,35 @@
 import ShoalCore
+import ShoalProtocol
 import ShoalStore
 
 /// Node keys, the roster and invites in a database: what `shoal init`, `shoal invite` and scripted set-ups do.
 public enum Membership {
     /// Gives the database a node key and a cluster of one (its founder is a member without any record, so nothing is
     /// written to the database), unless it has a key already. Returns the key file.
+    ///
+    /// A database that belongs to a cluster (it holds a roster) but has lost its key file is refused unless
+    /// `newKey`: a new key would silently make it a stranger to its cluster; the key should be restored instead.
     @discardableResult
-    public static func initialize(databasePath: String, store: Store, now: UInt64) throws(ShoalError) -> KeyFile {
+    public static func initialize(
+        databasePath: String,
+        store: Store,
+        now: UInt64,
+        newKey: Bool = false
+    ) throws(ShoalError) -> KeyFile {
         let keyFile: KeyFile
         if KeyFile.exists(forDatabase: databasePath) {
             keyFile = try KeyFile.load(forDatabase: databasePath)
         } else {
+            let belongs = try store.hasRoster()
+            guard newKey || !belongs else {
+                throw ShoalError(
+                    code: .identity,
+                    message: "the node key \(KeyFile.path(forDatabase: databasePath)) is missing, but this database "
+                        + "belongs to a cluster (it holds a roster): restore the key file. Without it the node is a "
+                        + "stranger to its cluster; to start again as a new node, run `shoal init --new-key` and join "
+                        + "with an invite"
+                )
+            }
             let identity = NodeIdentity.generate()
             keyFile = KeyFile(identity: identity, cluster: .founded(by: identity.nodeID))
             try keyFile.save(forDatabase: databasePath)
@@ -82,6 +101,79 @@ public enum Membership {
         )
         try store.addRosterRecord(record.encoded, id: record.id)
         return record
+    }
+
+    /// Throws when the node of `keyFile` was removed from its cluster, saying by whom: it no longer syncs with its
+    /// cluster nor admits anyone.
+    public static func requireMember(store: Store, keyFile: KeyFile) throws(ShoalError) {
+        let roster = try roster(store: store, cluster: keyFile.cluster.id)
+        guard let removal = roster.removed[keyFile.identity.nodeID] else { return }
+        throw ShoalError(
+            code: .notAMember,
+            message: "this node (\(keyFile.identity.nodeID.short)) was removed from cluster \(keyFile.cluster.idHex) by "
+                + "\(removal.signer.short): it no longer syncs with that cluster nor admits anyone; to start again as "
+                + "a new node, run `shoal init --new-key` and join with an invite"
+        )
+    }
+
+    /// What a member decides about a join attempt before the exchange.
+    public enum JoinGate: Sendable {
+        /// The invite, now claimed for this attempt: the right proof uses it, anything else burns it.
+        case claimed(StoredInvite)
+        /// Refused, with the reason to send.
+        case refused(JoinRefusal, String)
+    }
+
+    /// Failed join attempts from one address within an hour after which the member takes none from it.
+    public static let joinFailuresPerAddress = 10
+    /// Failed join attempts from anywhere within an hour after which the member takes no joins at all.
+    public static let joinFailuresInAll = 50
+
+    /// Checks a join attempt for invite `id` from `address` and claims the invite for it. Every refusal but the cap
+    /// itself counts as a failed attempt (unknown ids too, so the ids of open invites cannot be probed for free).
+    public static func gateJoin(_ id: String, from address: String, store: Store, now: UInt64) throws(ShoalError)
+        -> JoinGate
+    {
+        let hourAgo = now > 3_600_000 ? now - 3_600_000 : 0
+        let fromThere = try store.joinFailures(since: hourAgo, address: address)
+        let inAll = try store.joinFailures(since: hourAgo)
+        guard fromThere < joinFailuresPerAddress, inAll < joinFailuresInAll else {
+            return .refused(
+                .tooManyAttempts,
+                "\(max(fromThere, inAll)) failed join attempts in the last hour: this member takes no joins "
+                    + (fromThere >= joinFailuresPerAddress ? "from \(address) " : "") + "for now"
+            )
+        }
+        func refuse(_ reason: JoinRefusal, _ message: String) throws(ShoalError) -> JoinGate {
+            try store.recordJoinFailure(at: now, address: address, reason: message)
+            return .refused(reason, message)
+        }
+        guard let invite = try store.claimInvite(id.uppercased(), now: now) else {
+            return try refuse(.unknownInvite, "this member holds no invite \(id.uppercased())")
+        }
+        switch invite.state {
+        case .used: return try refuse(.used, "invite \(invite.id) was already used")
+        case .burnt:
+            return try refuse(.used, "invite \(invite.id) was burnt by an attempt with a wrong code: ask for a new one")
+        case .claimed: return try refuse(.used, "invite \(invite.id) is being used by another device right now")
+        case .open:
+            guard invite.expiresMilliseconds > now else {
+                return try refuse(.expired, "invite \(invite.id) expired: ask for a new one")
+            }
+            return .claimed(invite)
+        }
+    }
+
+    /// A claimed invite's attempt failed: the invite is burnt, and the attempt counted.
+    public static func failJoin(
+        _ invite: StoredInvite,
+        from address: String,
+        reason: String,
+        store: Store,
+        now: UInt64
+    ) throws(ShoalError) {
+        try store.setInviteState(invite.id, .burnt)
+        try store.recordJoinFailure(at: now, address: address, reason: reason)
     }
 
     /// The roster `store` holds for `cluster`.

@@ -143,7 +143,7 @@ public struct PeerCertificate: Sendable, Hashable {
                 default: break
                 }
             }
-            self.name = String(name.prefix(64))
+            self.name = name.printable()
             self.siteID = site
             self.purpose = purpose
         } catch let error as ShoalError {

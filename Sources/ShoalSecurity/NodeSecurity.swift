@@ -32,8 +32,6 @@ public final class NodeSecurity: PeerAuthorizer {
     private let logger: Logger
     private let clock: any WallClock
 
-    /// Failed join attempts within an hour after which the member takes no joins until the hour has passed.
-    public static let joinFailureCap = 10
     /// How long a join exchange may take, end to end.
     public static let joinTimeoutMilliseconds: UInt64 = 10_000
 
@@ -52,6 +50,7 @@ public final class NodeSecurity: PeerAuthorizer {
         self.name = name ?? stored ?? "shoal"
         self.clock = clock
         self.logger = logger
+        try Membership.requireMember(store: store, keyFile: keyFile)
         let roster = try Membership.roster(store: store, cluster: keyFile.cluster.id)
         self.trust = TrustStore(localNode: keyFile.identity.nodeID, clusterID: keyFile.cluster.id, roster: roster)
     }
@@ -152,7 +151,7 @@ public final class NodeSecurity: PeerAuthorizer {
         do {
             try await channel.executeThenClose { inbound, outbound in
                 var messages = inbound.makeAsyncIterator()
-                let outcome = await respond(to: &messages, outbound: outbound, joiner: identity)
+                let outcome = await respond(to: &messages, outbound: outbound, joiner: identity, address: address)
                 switch outcome {
                 case .joined(let name):
                     logger.info("a device joined", metadata: ["node": "\(identity.nodeID.short)", "name": "\(name)"])
@@ -177,46 +176,40 @@ public final class NodeSecurity: PeerAuthorizer {
     private func respond(
         to messages: inout NIOAsyncChannelInboundStream<WireMessage>.AsyncIterator,
         outbound: NIOAsyncChannelOutboundWriter<WireMessage>,
-        joiner: PeerIdentity
+        joiner: PeerIdentity,
+        address: String
     ) async -> JoinOutcome {
         guard let node = node.withLock({ $0 }) else {
             return .refused(.other, "this node is not ready for joins", counted: false)
         }
         let now = clock.nowMilliseconds()
+        guard trust.roster.isMember(keyFile.identity.nodeID) else {
+            return .refused(.other, "this node was removed from its cluster: it admits no one", counted: false)
+        }
         guard case .join(.request(let request))? = try? await messages.next() else {
             return .refused(.other, "expected a join request", counted: false)
         }
-        let invite: StoredInvite?
+        let ip = address.split(separator: ":").dropLast().joined(separator: ":")
+        let gate: Membership.JoinGate
         do {
-            let failures = try await node.readStore { store throws(ShoalError) in
-                try store.joinFailures(since: now - 3_600_000)
+            let id = request.inviteID
+            gate = try await node.readStore { store throws(ShoalError) in
+                try Membership.gateJoin(id, from: ip, store: store, now: now)
             }
-            guard failures < Self.joinFailureCap else {
-                return .refused(
-                    .tooManyAttempts,
-                    "\(failures) failed join attempts in the last hour: this member takes no joins for now",
-                    counted: false
-                )
-            }
-            let id = request.inviteID.uppercased()
-            invite = try await node.readStore { store throws(ShoalError) in try store.claimInvite(id) }
         } catch {
             return .refused(.other, "cannot read invites: \(error.message)", counted: false)
         }
-        guard let invite else {
-            return .refused(.unknownInvite, "this member holds no invite \(request.inviteID)", counted: false)
+        let invite: StoredInvite
+        switch gate {
+        case .claimed(let claimed): invite = claimed
+        case .refused(let reason, let message): return .refused(reason, message, counted: reason != .tooManyAttempts)
         }
-        // A failed attempt on an invite this attempt claimed burns it; every failed attempt is counted.
-        let claimed = invite.state == .open
         func fail(_ reason: JoinRefusal, _ message: String) async -> JoinOutcome {
             _ = try? await node.readStore { store throws(ShoalError) in
-                if claimed { try store.setInviteState(invite.id, .burnt) }
-                try store.recordJoinFailure(at: now, reason: message)
+                try Membership.failJoin(invite, from: ip, reason: message, store: store, now: now)
             }
             return .refused(reason, message, counted: true)
         }
-        guard invite.state == .open else { return await fail(.used, "invite \(invite.id) was already used") }
-        guard invite.expiresMilliseconds > now else { return await fail(.expired, "invite \(invite.id) expired") }
         // From here the invite's one guess is spent: only the right proof keeps it from being burnt.
         var exchange: CPace
         let confirmation: CPace.Confirmation
@@ -241,7 +234,7 @@ public final class NodeSecurity: PeerAuthorizer {
         }
         // Admitted: the roster says so first, then the device gets the cluster's credentials.
         do {
-            let (keyFile, joinerSite, joinerName) = (self.keyFile, request.siteID, request.name)
+            let (keyFile, joinerSite, joinerName) = (self.keyFile, request.siteID, request.name.printable())
             let records = try await node.withStore { store throws(ShoalError) in
                 try store.setInviteState(invite.id, .used)
                 try Membership.sign(

@@ -214,30 +214,27 @@ public struct Roster: Sendable {
     public private(set) var records: [RosterRecord] = []
 
     /// The membership `records` give for cluster `clusterID`.
+    ///
+    /// A removed node's signature vouches only for what it signed before its removal (by the clocks of the two
+    /// records): a removed node, the founder included, admits and removes no one after it.
     public init(records candidates: [RosterRecord], clusterID: [UInt8]) {
         self.clusterID = clusterID
-        var keys: [NodeID: [UInt8]] = [:]
-        var waiting = candidates.filter { $0.clusterID == clusterID }
-        var progress = true
-        while progress {
-            progress = false
-            var next: [RosterRecord] = []
-            for record in waiting {
-                let vouched = Self.isFounder(record.signer, of: clusterID) || keys[record.signer] == record.signerKey
-                guard vouched else {
-                    next.append(record)
-                    continue
-                }
-                guard NodeIdentity.nodeID(ofPublicKeyDER: record.signerKey) == record.signer,
-                    NodeIdentity.isValid(signature: record.signature, of: record.signedBytes, publicKeyDER: record.signerKey),
-                    record.action == .remove || NodeIdentity.nodeID(ofPublicKeyDER: record.subjectKey) == record.subject
-                else { continue }  // forged or inconsistent: never counts
-                records.append(record)
-                progress = true
-                if record.action == .add, keys[record.subject] == nil { keys[record.subject] = record.subjectKey }
+        let all = candidates.filter { $0.clusterID == clusterID }
+        // Drop what removed signers signed after their removal, and weigh again, until the removals settle (a
+        // removal dropped this way may bring back what its subject signed; a few passes settle any real roster).
+        var removals: [NodeID: UInt64] = [:]
+        var counted: [RosterRecord] = []
+        for _ in 0..<16 {
+            let kept = all.filter { record in removals[record.signer].map { record.signedAtMilliseconds < $0 } ?? true }
+            counted = Self.counted(kept, clusterID: clusterID)
+            var next: [NodeID: UInt64] = [:]
+            for record in counted where record.action == .remove {
+                next[record.subject] = min(next[record.subject] ?? .max, record.signedAtMilliseconds)
             }
-            waiting = next
+            if next == removals { break }
+            removals = next
         }
+        records = counted
         // The earliest add binds a node (ties: the smaller record id), so every member decides alike; the founder is
         // known by the records it signed.
         let ordered = records.map { (record: $0, id: $0.id) }.sorted { a, b in
@@ -271,6 +268,34 @@ public struct Roster: Sendable {
             }
         }
         for node in removed.keys { members[node] = nil }
+    }
+
+    /// The records whose signatures check against a key the roster vouches for.
+    private static func counted(_ candidates: [RosterRecord], clusterID: [UInt8]) -> [RosterRecord] {
+        var keys: [NodeID: [UInt8]] = [:]
+        var counted: [RosterRecord] = []
+        var waiting = candidates
+        var progress = true
+        while progress {
+            progress = false
+            var next: [RosterRecord] = []
+            for record in waiting {
+                let vouched = isFounder(record.signer, of: clusterID) || keys[record.signer] == record.signerKey
+                guard vouched else {
+                    next.append(record)
+                    continue
+                }
+                guard NodeIdentity.nodeID(ofPublicKeyDER: record.signerKey) == record.signer,
+                    NodeIdentity.isValid(signature: record.signature, of: record.signedBytes, publicKeyDER: record.signerKey),
+                    record.action == .remove || NodeIdentity.nodeID(ofPublicKeyDER: record.subjectKey) == record.subject
+                else { continue }  // forged or inconsistent: never counts
+                counted.append(record)
+                progress = true
+                if record.action == .add, keys[record.subject] == nil { keys[record.subject] = record.subjectKey }
+            }
+            waiting = next
+        }
+        return counted
     }
 
     /// Whether `node` founded cluster `clusterID` (its id begins with it).

@@ -44,7 +44,8 @@ extension Store {
             CREATE TABLE IF NOT EXISTS shoal_invites(
                 id TEXT PRIMARY KEY, secret BLOB NOT NULL, created_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
                 state TEXT NOT NULL) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS shoal_join_failures(id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, reason TEXT);
+            CREATE TABLE IF NOT EXISTS shoal_join_failures(
+                id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, address TEXT NOT NULL DEFAULT '', reason TEXT);
             """
         )
     }
@@ -73,8 +74,8 @@ extension Store {
     }
 
     /// Claims invite `id` for one attempt: returns it as it was (its state says whether the claim took: only an open
-    /// invite is claimed), or nil when there is none.
-    public func claimInvite(_ id: String) throws(ShoalError) -> StoredInvite? {
+    /// invite not expired at `now` is claimed), or nil when there is none.
+    public func claimInvite(_ id: String, now: UInt64) throws(ShoalError) -> StoredInvite? {
         try prepareInvites()
         let rows = try connection.rows(
             "SELECT id, secret, created_ms, expires_ms, state FROM shoal_invites WHERE id = ?",
@@ -90,7 +91,7 @@ extension Store {
             expiresMilliseconds: UInt64(clamping: expires),
             state: StoredInvite.State(rawValue: state) ?? .burnt
         )
-        if invite.state == .open { try setInviteState(id, .claimed) }
+        if invite.state == .open && invite.expiresMilliseconds > now { try setInviteState(id, .claimed) }
         return invite
     }
 
@@ -119,24 +120,37 @@ extension Store {
         }
     }
 
-    /// Counts a failed join attempt (kept for a day).
-    public func recordJoinFailure(at now: UInt64, reason: String) throws(ShoalError) {
+    /// Counts a failed join attempt from `address` (kept for a day).
+    public func recordJoinFailure(at now: UInt64, address: String = "", reason: String) throws(ShoalError) {
         try prepareInvites()
         try connection.rows("DELETE FROM shoal_join_failures WHERE at_ms < ?", [.integer(Int64(clamping: now) - 86_400_000)])
         try connection.rows(
-            "INSERT INTO shoal_join_failures(at_ms, reason) VALUES (?, ?)",
-            [.integer(Int64(clamping: now)), .text(reason)]
+            "INSERT INTO shoal_join_failures(at_ms, address, reason) VALUES (?, ?, ?)",
+            [.integer(Int64(clamping: now)), .text(address), .text(reason)]
         )
     }
 
-    /// Failed join attempts since `since`.
-    public func joinFailures(since: UInt64) throws(ShoalError) -> Int {
+    /// Failed join attempts since `since`, from `address` (nil: from anywhere).
+    public func joinFailures(since: UInt64, address: String? = nil) throws(ShoalError) -> Int {
         try prepareInvites()
-        return Int(
-            try connection.scalar(
-                "SELECT count(*) FROM shoal_join_failures WHERE at_ms >= ?",
-                [.integer(Int64(clamping: since))]
-            ).integerValue ?? 0
-        )
+        let count =
+            if let address {
+                try connection.scalar(
+                    "SELECT count(*) FROM shoal_join_failures WHERE at_ms >= ? AND address = ?",
+                    [.integer(Int64(clamping: since)), .text(address)]
+                )
+            } else {
+                try connection.scalar(
+                    "SELECT count(*) FROM shoal_join_failures WHERE at_ms >= ?",
+                    [.integer(Int64(clamping: since))]
+                )
+            }
+        return Int(count.integerValue ?? 0)
+    }
+
+    /// Forgets every failed join attempt (`shoal invite --reset-failures`).
+    public func clearJoinFailures() throws(ShoalError) {
+        try prepareInvites()
+        try connection.rows("DELETE FROM shoal_join_failures")
     }
 }

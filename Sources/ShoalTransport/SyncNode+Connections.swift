@@ -78,7 +78,7 @@ extension SyncNode {
             outcome = ConnectionDriver.Outcome(established: false, error: DialFailure.connectionLost(error))
         }
         if !outcome.established, !outcome.duplicate, let error = outcome.error {
-            let reason = outcome.refusal.map { "the peer refused: \($0.message)" } ?? error.message
+            let reason = outcome.refusal.map { "the peer refused: \($0.message.printable(limit: 300))" } ?? error.message
             noteHandshakeFailure(reason, dialed: dialed, address: address, remoteIP: remoteIP)
         }
         closed(id, error: outcome.error, refusal: outcome.refusal)
@@ -132,7 +132,7 @@ extension SyncNode {
         // another connection is not one.
         var failure: String?
         if let refusal, ![.duplicateConnection, .shuttingDown].contains(refusal.reason) {
-            failure = "the peer refused: \(refusal.message)"
+            failure = "the peer refused: \(refusal.message.printable(limit: 300))"
         } else if let error, error.code != .rejected {
             failure = error.message
         }

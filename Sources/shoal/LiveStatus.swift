@@ -77,7 +77,7 @@ struct LiveStatus: Codable {
             }
             return Peer(
                 site: peer.siteID.hex,
-                name: peer.name,
+                name: peer.name.printable(),
                 address: peer.address,
                 connected: peer.isConnected,
                 lastSuccessfulSyncMs: peer.lastSuccessfulSync,

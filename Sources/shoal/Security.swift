@@ -35,6 +35,8 @@ extension ShoalCommand {
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "Minutes the code stays valid (1 to 60).") var minutes = 10
+        @Flag(help: "Forget the failed join attempts counted so far (the cap that holds joins back).")
+        var resetFailures = false
 
         var activity: String { "could not make an invite" }
 
@@ -44,8 +46,18 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open()
-            _ = try KeyFile.load(forDatabase: database.db)
-            let code = try Membership.invite(store: store, minutes: minutes, now: SystemWallClock().nowMilliseconds())
+            let keyFile = try KeyFile.load(forDatabase: database.db)
+            try Membership.requireMember(store: store, keyFile: keyFile)
+            let now = SystemWallClock().nowMilliseconds()
+            if resetFailures { try store.clearJoinFailures() }
+            let failures = try store.joinFailures(since: now - 3_600_000)
+            if failures >= Membership.joinFailuresPerAddress {
+                print(
+                    "note: \(failures) failed join attempts in the last hour: joins may be refused until they age out "
+                        + "(`shoal invite --reset-failures` forgets them)"
+                )
+            }
+            let code = try Membership.invite(store: store, minutes: minutes, now: now)
             print("On the new device: shoal join \(code) --db PATH [--peer HOST:PORT] (valid \(minutes) min, once)")
             print(code)
         }

@@ -150,7 +150,7 @@ extension ShoalCommand {
                             Data("listening on \(PeerAddress(host: address.host, port: port))\n".utf8)
                         )
                     case .peerConnected(let site, let name, let peerAddress):
-                        log("peer connected: \(name) \(site.hex.prefix(8)) at \(peerAddress)")
+                        log("peer connected: \(name.printable()) \(site.hex.prefix(8)) at \(peerAddress)")
                     case .peerDisconnected(let site, let reason):
                         log("peer disconnected: \(site.hex.prefix(8)): \(reason)")
                     case .roundFinished(let peer, let applied) where applied > 0:

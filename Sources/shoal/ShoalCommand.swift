@@ -110,11 +110,18 @@ extension ShoalCommand {
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "A human-readable name for this node.") var name: String?
+        @Flag(help: "Make a new node key though the database belonged to a cluster whose key file is lost.")
+        var newKey = false
 
         func run() throws {
             let store = try database.open(nodeName: name, creating: true)
             // A node key and a cluster of one: admit other devices with `shoal invite`.
-            try Membership.initialize(databasePath: database.db, store: store, now: SystemWallClock().nowMilliseconds())
+            try Membership.initialize(
+                databasePath: database.db,
+                store: store,
+                now: SystemWallClock().nowMilliseconds(),
+                newKey: newKey
+            )
             print(store.siteID.hex)
         }
     }
@@ -416,7 +423,7 @@ extension ShoalCommand {
     }
 }
 
-extension ShoalCommand.Init: DescribedActivity { var activity: String { "could not create the database" } }
+extension ShoalCommand.Init: DescribedActivity { var activity: String { "could not initialise the database" } }
 extension ShoalCommand.Replicate: DescribedActivity { var activity: String { "could not replicate \(table)" } }
 extension ShoalCommand.Unreplicate: DescribedActivity { var activity: String { "could not unreplicate \(table)" } }
 extension ShoalCommand.Changes: DescribedActivity { var activity: String { "could not write the changes" } }

@@ -75,7 +75,7 @@ import Testing
             _ = try await join(code, device: device, member: a)
             Issue.record("a burnt invite was accepted")
         } catch {
-            #expect(error.message.contains("already used"), "\(error.message)")
+            #expect(error.message.contains("burnt by an attempt with a wrong code"), "\(error.message)")
         }
         #expect(try Store(path: a.path).joinFailures(since: 0) == 2)
         #expect(!a.security.trust.roster.isMember(try KeyFile.load(forDatabase: device).identity.nodeID))
@@ -116,7 +116,9 @@ import Testing
         let now = SystemWallClock().nowMilliseconds()
         // Failures recorded before this run of the member (persistently, in its database).
         let store = try Store(path: path)
-        for _ in 0..<NodeSecurity.joinFailureCap { try store.recordJoinFailure(at: now - 1_000, reason: "earlier") }
+        for _ in 0..<Membership.joinFailuresPerAddress {
+            try store.recordJoinFailure(at: now - 1_000, address: "127.0.0.1", reason: "earlier")
+        }
         let a = try await startSecured(path)
         defer { Task { await a.stop() } }
         let code = try Membership.invite(store: store, now: now)

@@ -139,3 +139,25 @@ import Testing
         #expect(throws: ShoalError.self) { try KeyFile.load(forDatabase: database + "-missing") }
     }
 }
+
+extension RosterTests {
+    @Test func aRemovedNodeAdmitsNoOneAfterItsRemovalButWhatItSignedBeforeStays() throws {
+        let b = NodeIdentity.generate()
+        let c = NodeIdentity.generate()
+        let d = NodeIdentity.generate()
+        let records = [
+            try add(b, by: founder, at: 1),
+            try add(c, by: b, at: 2),  // before b's removal: stays
+            try remove(b, by: founder, at: 3),
+            try add(d, by: b, at: 4),  // after: does not count
+        ]
+        let roster = Roster(records: records, clusterID: cluster)
+        #expect(roster.isMember(c.nodeID))
+        #expect(!roster.isMember(d.nodeID) && !roster.isMember(b.nodeID))
+        // A removed founder too: what it signs afterwards counts for nothing.
+        let late = try add(d, by: founder, at: 10)
+        let founderRemoved = Roster(records: records + [try remove(founder, by: c, at: 5), late], clusterID: cluster)
+        #expect(!founderRemoved.isMember(founder.nodeID) && !founderRemoved.isMember(d.nodeID))
+        #expect(founderRemoved.isMember(c.nodeID))
+    }
+}

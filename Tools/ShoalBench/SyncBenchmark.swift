@@ -24,7 +24,10 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Size in MiB of the one large value sent on its own.") var bigValueMiB = 64
     @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
     @Option(
-        help: "Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-big, idle or converge."
+        help: """
+            Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-plaintext, \
+            propagation-big, idle or converge.
+            """
     )
     var only: String?
 
@@ -40,6 +43,10 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "blobs" { figures += try blobCatchUp(directory + "/blobs") }
         if only == nil || only == "bigvalue" { figures += try bigValue(directory + "/bigvalue") }
         if only == nil || only == "propagation" { figures += try await propagation(directory + "/propagation") }
+        if only == nil || only == "propagation-plaintext" {
+            figures += try await propagation(directory + "/propagation-plaintext", plaintext: true)
+                .map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_plaintext_"), $0.1) }
+        }
         if only == nil || only == "propagation-big" {
             figures += try await propagation(directory + "/propagation-big", nodeCount: bigNodes, preload: bigRows)
                 .map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_big_"), $0.1) }
@@ -200,7 +207,8 @@ struct SyncBenchmark: AsyncParsableCommand {
     private func propagation(
         _ directory: String,
         nodeCount: Int? = nil,
-        preload: Int = 0
+        preload: Int = 0,
+        plaintext: Bool = false
     ) async throws -> [(String, Double)] {
         let propagationNodes = nodeCount ?? self.propagationNodes
         var nodes: [ServeProcess] = []
@@ -222,17 +230,19 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
             _ = try store.digest()
         }
-        try Membership.formLocally(
-            (0..<propagationNodes).map { directory + "/n\($0).db" },
-            now: SystemWallClock().nowMilliseconds()
-        )
+        if !plaintext {
+            try Membership.formLocally(
+                (0..<propagationNodes).map { directory + "/n\($0).db" },
+                now: SystemWallClock().nowMilliseconds()
+            )
+        }
         for index in 0..<propagationNodes {
             nodes.append(
                 try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
                     name: "n\(index)",
                     peers: nodes.map(\.port),
-                    extra: ["--round-interval", "1000"]
+                    extra: ["--round-interval", "1000"] + (plaintext ? ["--insecure-plaintext"] : [])
                 )
             )
         }
