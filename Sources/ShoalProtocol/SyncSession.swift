@@ -29,6 +29,10 @@ public struct SyncSession: Sendable {
         /// After a failure here, how long the session keeps reading for the peer's own refusal (which says more
         /// than a broken connection) before it gives up.
         public var lingerTimeout: UInt64 = 500
+        /// Whether this side says hello at once (`true`: both sides do), or only after the peer's hello was
+        /// accepted: the dialling side of an authenticated link waits, so that it sends nothing before the
+        /// accepting side, which checks the dialler's key last, has accepted it.
+        public var speaksFirst = true
 
         /// The defaults.
         public init() {}
@@ -108,9 +112,10 @@ public struct SyncSession: Sendable {
         self.lastHeard = now
     }
 
-    /// Opens the conversation: both sides send hello at once.
+    /// Opens the conversation: both sides send hello at once, unless this one waits for the peer's
+    /// (``Configuration/speaksFirst``).
     public mutating func start() -> [Action] {
-        [.send(.hello(local))]
+        configuration.speaksFirst ? [.send(.hello(local))] : []
     }
 
     /// Handles one message from the peer.
@@ -176,7 +181,8 @@ public struct SyncSession: Sendable {
         phase = .established
         peer = hello
         self.version = version
-        return [.established(hello, version: version), .wantRound]
+        let reply: [Action] = configuration.speaksFirst ? [] : [.send(.hello(local))]
+        return reply + [.established(hello, version: version), .wantRound]
     }
 
     private mutating func converse(_ message: WireMessage) -> [Action] {

@@ -243,8 +243,11 @@ final class PeerVerifier: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        finish(.failure(ShoalError(code: .handshakeFailed, message: describe(error))))
-        context.fireErrorCaught(error)
+        // What reaches the connection (during the handshake or after it, say an alert refusing our key) is a
+        // ShoalError that says what happened.
+        let described = (error as? ShoalError) ?? ShoalError(code: .handshakeFailed, message: describe(error))
+        finish(.failure(described))
+        context.fireErrorCaught(described)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -263,28 +266,31 @@ final class PeerVerifier: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    /// A person's account of a TLS failure (BoringSSL's own text stays at the end, for whoever needs it).
+    /// A person's account of a TLS failure; BoringSSL's own text only when it matches nothing known.
     private func describe(_ error: any Error) -> String {
         if let refusal { return refusal }
         let text = String(describing: error)
-        let meaning: String
         if text.contains("PROTOCOL_VERSION") || text.contains("UNSUPPORTED_PROTOCOL") {
-            meaning = "the peer does not speak TLS 1.3"
-        } else if text.contains("NO_APPLICATION_PROTOCOL") {
-            meaning = "the peer does not speak Shoal's protocol (no ALPN \(TLSChannelSetup.syncProtocol))"
-        } else if text.contains("CERTIFICATE_REQUIRED") || text.contains("PEER_DID_NOT_RETURN_A_CERTIFICATE") {
-            meaning = "the peer sent no certificate"
-        } else if text.contains("CERTIFICATE") || text.contains("HANDSHAKE_FAILURE") {
-            meaning =
-                "the peer does not accept this node's key (not on its roster: pending there until a member "
-                + "runs `shoal trust add`, or removed)"
-        } else if text.contains("EOF during handshake") || text.contains("uncleanShutdown") {
-            meaning = "the peer closed the connection during the TLS handshake"
-        } else if text.contains("WRONG_VERSION_NUMBER") || text.contains("HTTP") || text.contains("PACKET_LENGTH") {
-            meaning = "the peer does not speak TLS (does it run with --insecure-plaintext?)"
-        } else {
-            meaning = "the TLS handshake failed"
+            return "the peer does not speak TLS 1.3"
         }
-        return "\(meaning) [\(text)]"
+        if text.contains("NO_APPLICATION_PROTOCOL") {
+            return "the peer does not speak Shoal's protocol (no ALPN \(TLSChannelSetup.syncProtocol))"
+        }
+        if text.contains("CERTIFICATE_REQUIRED") || text.contains("PEER_DID_NOT_RETURN_A_CERTIFICATE") {
+            return "the peer sent no certificate"
+        }
+        if text.contains("CERTIFICATE") || text.contains("HANDSHAKE_FAILURE") {
+            return "the peer does not accept this node's key (not on its roster: pending there until a member runs "
+                + "`shoal trust add`, or removed)"
+        }
+        if text.contains("EOF during handshake") || text.contains("uncleanShutdown") {
+            return "the peer closed the connection during the TLS handshake"
+        }
+        if text.contains("WRONG_VERSION_NUMBER") || text.contains("HTTP") || text.contains("PACKET_LENGTH") {
+            return "the peer does not speak TLS (does it run with --insecure-plaintext?)"
+        }
+        // BoringSSL's errors name the source file: keep the reason, not the path.
+        let reason = text.split(separator: " at /").first.map(String.init) ?? text
+        return "the TLS handshake failed: \(reason.prefix(200))"
     }
 }

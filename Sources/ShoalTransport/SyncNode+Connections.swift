@@ -48,12 +48,16 @@ extension SyncNode {
                 return ConnectionDriver.Outcome(established: false, error: nil)
             }
         }
+        var settings = driverSettings
+        // On an authenticated link the dialler speaks second: the accepting side checks its key last (in TLS 1.3 the
+        // client's certificate is checked after the client's handshake ended), and nothing is sent before that.
+        settings.session.speaksFirst = !(dialed && identity != nil)
         var driver = ConnectionDriver(
             id: id,
             address: address,
             worker: worker,
             delegate: self,
-            settings: driverSettings
+            settings: settings
         )
         let hello: Hello
         do {

@@ -33,6 +33,15 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
     /// empty or malformed.
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         let limit = firstFrameDecoded ? maximumFrameLength : maximumFirstFrameLength
+        // (Only once a length's 4 bytes are there, as for any frame: then such a length is over every limit anyway.)
+        if !firstFrameDecoded, buffer.readableBytes >= 4, Self.looksLikeTLS(buffer) {
+            // A TLS record would be read as a huge frame length: this node speaks plaintext, the peer TLS.
+            throw ShoalError(
+                code: .frameTooLarge,
+                message: "the peer speaks TLS and this node does not (it runs with --insecure-plaintext): "
+                    + "run both with TLS (the default) or both with --insecure-plaintext"
+            )
+        }
         guard let message = try Self.nextMessage(from: &buffer, maximumFrameLength: limit) else {
             return .needMoreData
         }
@@ -56,6 +65,14 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
             )
         }
         return .needMoreData
+    }
+
+    /// Whether the bytes start like a TLS record (handshake, alert, change cipher spec or data; version 3.x).
+    static func looksLikeTLS(_ buffer: ByteBuffer) -> Bool {
+        guard let type = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self),
+            let major = buffer.getInteger(at: buffer.readerIndex + 1, as: UInt8.self)
+        else { return false }
+        return (0x14...0x17).contains(type) && major == 0x03
     }
 
     /// The next whole message in `buffer`, or `nil` when more bytes are needed (the buffer is then untouched).

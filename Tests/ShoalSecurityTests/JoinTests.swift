@@ -247,7 +247,7 @@ import Testing
         let code = try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
         // No address: the member is found by mDNS on the loopback interface (other nodes found there that do not
         // hold the invite are tried and passed over).
-        let joined = try shoal("join", code, "--db", b, "--mdns-interface", "lo", "--browse-seconds", "3")
+        let joined = try await offPool { try shoal("join", code, "--db", b, "--mdns-interface", "lo", "--browse-seconds", "3") }
         #expect(joined.status == 0, "\(joined.stderr)\n\(member.output)")
         #expect(try KeyFile.load(forDatabase: b).cluster == KeyFile.load(forDatabase: a).cluster)
     }

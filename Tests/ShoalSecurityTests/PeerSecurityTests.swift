@@ -120,11 +120,11 @@ import X509
         let a = try await startSecured(try makeDatabase("a", in: directory))
         defer { Task { await a.stop() } }
         for version in ["-tls1", "-tls1_1", "-tls1_2"] {
-            let old = try opensslClient(port: a.port, [version])
+            let old = try await opensslClient(port: a.port, [version])
             #expect(old.status != 0, "\(version) was accepted: \(old.stdout)\(old.stderr)")
         }
         // TLS 1.3 gets as far as the certificate request (no certificate here, so no session), and says so.
-        let scan = try opensslClient(port: a.port, ["-tls1_3", "-alpn", "shoal/1"])
+        let scan = try await opensslClient(port: a.port, ["-tls1_3", "-alpn", "shoal/1"])
         #expect(scan.stderr.contains("TLSv1.3") || scan.stdout.contains("TLSv1.3"), "\(scan.stdout)\(scan.stderr)")
     }
 

@@ -106,13 +106,15 @@ func failures(_ node: SecuredNode) async -> [String] {
 
 /// Runs `openssl s_client` against `port` with `arguments`; its exit status and output. Fails loudly when openssl
 /// is missing (the test command installs it).
-func opensslClient(port: Int, _ arguments: [String]) throws -> ProcessOutput {
-    try runProcess(
-        URL(fileURLWithPath: "/usr/bin/openssl"),
-        ["s_client", "-connect", "127.0.0.1:\(port)", "-brief"] + arguments,
-        input: Data(),
-        timeout: 30
-    )
+func opensslClient(port: Int, _ arguments: [String]) async throws -> ProcessOutput {
+    try await offPool {
+        try runProcess(
+            URL(fileURLWithPath: "/usr/bin/openssl"),
+            ["s_client", "-connect", "127.0.0.1:\(port)", "-brief"] + arguments,
+            input: Data(),
+            timeout: 30
+        )
+    }
 }
 
 /// What a TLS client that is not a Shoal node saw of a node: how many bytes of application data arrived before the

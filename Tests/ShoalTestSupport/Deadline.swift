@@ -1,3 +1,5 @@
+import Foundation
+
 /// Waits until `condition` holds, checking it every `interval` milliseconds; `false` once `seconds` pass first.
 ///
 /// For what a test cannot be told by an event (another process's file, a daemon's state): the deadline only
@@ -14,4 +16,12 @@ public func waitUntil(
         try? await Task.sleep(for: .milliseconds(interval))
     }
     return try await condition()
+}
+
+/// Runs blocking work (waiting for a child process, say) on a thread of its own, not on one of the cooperative
+/// pool's few threads, which the tests running beside it need.
+public func offPool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread { continuation.resume(with: Result { try work() }) }
+    }
 }
