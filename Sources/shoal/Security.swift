@@ -208,8 +208,9 @@ extension ShoalCommand {
                 abstract: "Accept a node: a pending device (seen by the running node), or one given with its key.",
                 discussion: """
                     A pending device is one that connected with a key the roster does not hold; `shoal trust pending` \
-                    lists them. A node removed once cannot be added again. A device of another cluster still needs \
-                    an invite (`shoal invite`): adding it does not hand it this cluster's secret.
+                    lists them. Adding a node makes it a member: it may read and write every row, so compare its \
+                    id with what `shoal id` prints on it first. A node removed once cannot be added again. Adding \
+                    does not hand over the cluster's secret: a new device should join with an invite instead.
                     """
             )
             @OptionGroup var database: DatabaseOptions
@@ -265,7 +266,7 @@ extension ShoalCommand {
                     keyFile: keyFile,
                     now: SystemWallClock().nowMilliseconds()
                 )
-                print("added \(nodeID) to the roster")
+                print("added \(nodeID) to the roster: it is a member now, and may read and write every row")
             }
         }
 

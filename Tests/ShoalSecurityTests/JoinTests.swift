@@ -203,7 +203,7 @@ import Testing
         var pending = ""
         #expect(
             await waitUntil(within: 20) {
-                pending = (try? shoal("trust", "pending", "--db", a).stdout) ?? ""
+                pending = (try? await offPool { try shoal("trust", "pending", "--db", a).stdout }) ?? ""
                 return pending.contains(strangerID.description)
             },
             "\(pending)"
@@ -222,7 +222,8 @@ import Testing
         #expect(try shoal("trust", "list", "--db", a).stdout.contains("kiosk"))
         #expect(
             await waitUntil(within: 10) {
-                !((try? shoal("trust", "pending", "--db", a).stdout) ?? "").contains(strangerID.description)
+                let listed = (try? await offPool { try shoal("trust", "pending", "--db", a).stdout }) ?? ""
+                return !listed.contains(strangerID.description)
             }
         )
         #expect(try shoal("sql", "--db", stranger, "SELECT count(*) FROM kv WHERE k = 'secret'").stdout.contains("0"))
