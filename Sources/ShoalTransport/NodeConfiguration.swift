@@ -77,9 +77,14 @@ public struct NodeConfiguration: Sendable {
         get { storeOptions.clock }
         set { storeOptions.clock = newValue }
     }
-    /// How each connection's pipeline is built; `nil` is plain framing (``FramingChannelSetup``) at
-    /// ``maximumFrameLength``. Other setups (TLS) wrap the framing one.
+    /// How each connection's pipeline is built: TLS with the roster check (ShoalSecurity's `NodeSecurity` sets
+    /// it). `nil` is plain framing (``FramingChannelSetup``) at ``maximumFrameLength``, which the node takes only
+    /// with ``insecurePlaintext``.
     public var channelSetup: (any ChannelSetup)?
+    /// Run with no channel setup: peers neither authenticated nor encrypted, the cluster id the only gate. Off by
+    /// default: a node without a channel setup refuses to start unless this says so, and logs a warning when it
+    /// starts.
+    public var insecurePlaintext = false
     /// Who may sync and who may join, once the channel setup authenticated a peer (ShoalSecurity's roster check);
     /// `nil` lets every peer with a matching hello sync, and refuses joins.
     public var peerAuthorizer: (any PeerAuthorizer)?

@@ -45,6 +45,18 @@ public actor SyncNode: Service {
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
+        guard configuration.channelSetup != nil || configuration.insecurePlaintext else {
+            throw ShoalError(
+                code: .invalidArgument,
+                message: "no channel setup: configure the node's security (NodeSecurity.configure), or set "
+                    + "insecurePlaintext to run without authentication or encryption"
+            )
+        }
+        if configuration.channelSetup == nil {
+            configuration.logger.warning(
+                "peer links are plaintext: peers are neither authenticated nor encrypted (insecurePlaintext)"
+            )
+        }
         self.configuration = configuration
         let worker = try StoreWorker(path: configuration.databasePath, options: configuration.storeOptions)
         self.worker = worker

@@ -57,6 +57,7 @@ extension ShoalCommand {
             }
             var security: NodeSecurity?
             if insecurePlaintext {
+                configuration.insecurePlaintext = true
                 configuration.clusterID = cluster ?? "default"
                 log("WARNING: --insecure-plaintext: peer links are neither authenticated nor encrypted; anyone who can reach \(listen) can read and write this database")
             } else {

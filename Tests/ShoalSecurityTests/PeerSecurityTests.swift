@@ -312,3 +312,22 @@ private func residentMiB() -> Double {
     else { return 0 }
     return kib / 1024
 }
+
+extension PeerSecurityTests {
+    @Test func aNodeWithoutSecurityRefusesToStartUnlessToldItIsInsecure() async throws {
+        let directory = try temporaryDirectory("tls-required")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = try makeDatabase("a", in: directory)
+        await #expect(throws: ShoalError.self) { _ = try await SyncNode(configuration: NodeConfiguration(databasePath: path)) }
+        var plain = NodeConfiguration(databasePath: path)
+        plain.insecurePlaintext = true
+        _ = try await SyncNode(configuration: plain)
+        // The command line's flag says so at every start.
+        let node = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", path, "--insecure-plaintext", "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        defer { node.stop() }
+        #expect(await node.line(within: 30) { $0.contains("WARNING: --insecure-plaintext") } != nil, "\(node.output)")
+    }
+}

@@ -32,11 +32,12 @@ import Testing
         }
         // Should they run on the pool, this task could not even check: a watchdog off the pool lets them go, so
         // the test fails instead of hanging.
-        DispatchQueue.global().asyncAfter(deadline: .now() + 60) { for _ in 0..<count { release.signal() } }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 250) { for _ in 0..<count { release.signal() } }
         // All of them block at once, more than the pool has threads, and this task still runs to see it.
-        // (Within 55 s: other suites running beside this one may hold the pool's threads a while, waiting on child
-        // processes; the watchdog lets the workers go at 60.)
-        let allBlocked = await waitUntil(within: 55) { blocked.value == count }
+        // (A generous deadline: the test suites running beside this one hold the pool's threads for a minute or more
+        // at the start, waiting on child processes, and these calls start from the pool. On the pool, the workers
+        // could never all block at once however long this waits; the watchdog lets them go at 250 s.)
+        let allBlocked = await waitUntil(within: 240) { blocked.value == count }
         #expect(allBlocked, "only \(blocked.value) of \(count) stores ran at once")
         // Other work on the pool is not held up by them.
         let sum = await withTaskGroup(of: Int.self) { group in

@@ -44,6 +44,7 @@ func startNode(
     }
     var configuration = NodeConfiguration(databasePath: path)
     configuration.clusterID = "test"
+    configuration.insecurePlaintext = true  // the transport's own tests; ShoalSecurityTests run these paths with TLS
     configuration.staticPeers = peers.map { PeerAddress(host: "127.0.0.1", port: $0) }
     configuration.roundIntervalMilliseconds = 60_000  // rounds here come from writes, not the timer
     configure(&configuration)
