@@ -73,7 +73,8 @@ extension ShoalCommand {
                 """
         )
 
-        @Argument(help: "The invite code (10 characters; dashes and spaces are ignored).") var code: String
+        @Argument(help: "The invite code (10 characters; dashes and spaces are ignored), or - to read it from stdin.")
+        var code: String
         @OptionGroup var database: DatabaseOptions
         @Option(name: .customLong("peer"), help: "The member's address, HOST:PORT (repeatable); else found by mDNS.")
         var peers: [String] = []
@@ -90,8 +91,14 @@ extension ShoalCommand {
 
         var activity: String { "could not join" }
 
+        func validate() throws {
+            guard (1...60).contains(browseSeconds) else { throw ValidationError("--browse-seconds takes 1 to 60") }
+        }
+
         func run() async throws {
-            let invite = try InviteCode(parsing: code)
+            // From stdin, the code stays out of the process list and the shell's history.
+            let text = code == "-" ? (readLine(strippingNewline: true) ?? "") : code
+            let invite = try InviteCode(parsing: text)
             try database.requireExisting()
             let lock = try ServeLock.acquire(database: database.db)
             defer { withExtendedLifetime(lock) {} }

@@ -156,7 +156,8 @@ import Testing
         let invite = try shoal("invite", "--db", a)
         let code = try #require(invite.stdout.split(separator: "\n").last.map(String.init))
         #expect(code.count == 10)
-        let joined = try shoal("join", code.lowercased(), "--db", b, "--peer", address)
+        // The code from stdin (kept out of the process list), in lower case.
+        let joined = try shoal("join", "-", "--db", b, "--peer", address, input: Data(code.lowercased().utf8))
         #expect(joined.status == 0, "\(joined.stderr)")
         let again = try shoal("join", code, "--db", b, "--peer", address)
         #expect(again.status != 0 && again.stderr.contains("already used"), "\(again.stderr)")
