@@ -4,6 +4,7 @@ import NIOTLS
 import ShoalCore
 import ShoalProtocol
 import ShoalTransport
+import Synchronization
 
 /// Mutual TLS 1.3 around the plain framing: every connection proves both keys, and the peer's key is checked
 /// against the roster in NIOSSL's custom verification callback before the handshake ends. No message is read
@@ -26,6 +27,9 @@ public struct TLSChannelSetup: ChannelSetup {
     private let trust: TrustStore?
     private let handshakeTimeout: TimeAmount
     private let clock: any WallClock
+    /// Each channel's verdict, kept apart from its pipeline: a connection refused in its handshake closes, and its
+    /// handlers go, before the node asks why.
+    private let outcomes = Outcomes()
 
     /// A member's setup: its certificate (made now from `identity`), and the roster check through `trust`.
     public init(
@@ -117,6 +121,7 @@ public struct TLSChannelSetup: ChannelSetup {
                 }
             try channel.pipeline.syncOperations.addHandler(tls)
             try channel.pipeline.syncOperations.addHandler(verifier)
+            outcomes.keep(verifier.outcome, for: channel)
         }.flatMap {
             framing.configure(channel, role: role)
         }
@@ -124,12 +129,39 @@ public struct TLSChannelSetup: ChannelSetup {
 
     /// Waits for the handshake and the roster check (at most the handshake timeout).
     public func authenticatedPeer(of channel: any Channel) async throws(ShoalError) -> PeerIdentity? {
+        guard let outcome = outcomes.take(for: channel) else {
+            throw ShoalError(code: .handshakeFailed, message: "the connection closed during the TLS handshake")
+        }
         do {
-            return try await channel.pipeline.handler(type: PeerVerifier.self).flatMap { $0.outcome }.get()
+            return try await outcome.get()
         } catch let error as ShoalError {
             throw error
         } catch {
             throw ShoalError(code: .handshakeFailed, message: "the TLS handshake did not finish: \(error)")
+        }
+    }
+}
+
+/// The verdicts of channels being set up, by channel; each is taken once, or dropped a minute after its channel
+/// closed.
+private final class Outcomes: Sendable {
+    private let byChannel = Mutex<[ObjectIdentifier: EventLoopFuture<PeerIdentity>]>([:])
+
+    func keep(_ outcome: EventLoopFuture<PeerIdentity>, for channel: any Channel) {
+        let key = ObjectIdentifier(channel)
+        byChannel.withLock { $0[key] = outcome }
+        channel.closeFuture.whenComplete { [self] _ in
+            channel.eventLoop.scheduleTask(in: .seconds(60)) { [self] in drop(key, outcome) }
+        }
+    }
+
+    func take(for channel: any Channel) -> EventLoopFuture<PeerIdentity>? {
+        byChannel.withLock { $0.removeValue(forKey: ObjectIdentifier(channel)) }
+    }
+
+    private func drop(_ key: ObjectIdentifier, _ outcome: EventLoopFuture<PeerIdentity>) {
+        byChannel.withLock { entries in
+            if let kept = entries[key], kept === outcome { entries[key] = nil }
         }
     }
 }

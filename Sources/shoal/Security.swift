@@ -143,8 +143,8 @@ extension ShoalCommand {
             for address in addresses {
                 let admission: JoinClient.Admission
                 do {
-                    admission = try await JoinClient.exchange(
-                        code: invite,
+                    admission = try await Self.exchange(
+                        invite,
                         identity: keyFile.identity,
                         name: name,
                         siteID: store.siteID,
@@ -164,6 +164,35 @@ extension ShoalCommand {
                 return
             }
             throw ShoalError(code: .invite, message: failures.joined(separator: "; "))
+        }
+
+        /// The join exchange with one member, tried again (three times in all, with backoff) when the connection
+        /// fails before the member answered: a busy member (a flood of connections) refuses some at once. A refusal
+        /// by the member is final.
+        private static func exchange(
+            _ invite: InviteCode,
+            identity: NodeIdentity,
+            name: String,
+            siteID: SiteID,
+            address: PeerAddress
+        ) async throws(ShoalError) -> JoinClient.Admission {
+            var backoff = Backoff(initialMilliseconds: 500, maximumMilliseconds: 4_000)
+            var attempt = 1
+            while true {
+                do {
+                    return try await JoinClient.exchange(
+                        code: invite,
+                        identity: identity,
+                        name: name,
+                        siteID: siteID,
+                        address: address
+                    )
+                } catch {
+                    guard attempt < 3, error.code == .network || error.code == .handshakeFailed else { throw error }
+                    attempt += 1
+                    try? await Task.sleep(for: .milliseconds(backoff.next()))
+                }
+            }
         }
     }
 
