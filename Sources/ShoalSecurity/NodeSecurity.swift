@@ -107,9 +107,14 @@ public final class NodeSecurity: PeerAuthorizer {
             }
             guard changed else { return }
             let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
+            let previous = trust.roster
             let gone = trust.replaceRoster(roster)
             if !gone.isEmpty {
                 let closed = await node.closeConnections(of: gone)
+                // Not dialled again either (its remembered address is forgotten).
+                for site in gone.compactMap({ previous.members[$0]?.siteID ?? roster.members[$0]?.siteID }) {
+                    await node.forget(site)
+                }
                 logger.info(
                     "removed from the roster: their connections are closed",
                     metadata: ["nodes": "\(gone.map(\.short).sorted())", "connections": "\(closed)"]

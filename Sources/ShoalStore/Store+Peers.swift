@@ -22,6 +22,11 @@ extension Store {
         )
     }
 
+    /// Forgets where a peer was reached (a node removed from the cluster is not dialled again after a restart).
+    public func forgetPeer(_ site: SiteID) throws(ShoalError) {
+        try connection.rows("DELETE FROM shoal_peers WHERE site = ?", [.blob(site.bytes)])
+    }
+
     /// Peers remembered from earlier connections, most recently seen first.
     public func knownPeers() throws(ShoalError) -> [KnownPeer] {
         try connection.rows("SELECT site, host, port, seen_ms FROM shoal_peers ORDER BY seen_ms DESC").compactMap {

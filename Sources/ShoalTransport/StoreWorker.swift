@@ -158,6 +158,10 @@ actor StoreWorker {
         try store.rememberPeer(site, host: host, port: port)
     }
 
+    func forgetPeer(_ site: SiteID) throws(ShoalError) {
+        try store.forgetPeer(site)
+    }
+
     func knownPeers() throws(ShoalError) -> [KnownPeer] {
         try store.knownPeers()
     }

@@ -91,7 +91,7 @@ extension SyncNode {
             dialers[.address(address)] = startDialer(address, site: nil)
             return
         }
-        guard site != siteID else { return }
+        guard site != siteID, !forgotten.contains(site) else { return }
         // A remembered peer at a configured address is that address's peer: its dialler is already running.
         if candidate.origin == .remembered, directory.origin(of: address) == .static { return }
         directory.found(candidate)
@@ -108,6 +108,15 @@ extension SyncNode {
             eventSink.yield(.peerDiscovered(site, address: address.description))
         }
         dialers[.site(site)] = startDialer(address, site: site)
+    }
+
+    /// Stops dialling the peer of site `site` and forgets its remembered address: a node removed from the cluster
+    /// (addresses given with `--peer` are dialled still: a person asked for them).
+    public func forget(_ site: SiteID) async {
+        forgotten.insert(site)
+        toRemember[site] = nil
+        dialers.removeValue(forKey: .site(site))?.task.cancel()
+        try? await worker.forgetPeer(site)
     }
 
     private func startDialer(_ address: PeerAddress, site: SiteID?) -> Dialer {

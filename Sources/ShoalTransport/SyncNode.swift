@@ -34,6 +34,8 @@ public actor SyncNode: Service {
     var failures = RepeatingFailures()
     /// Where to remember peers that dialled this node, once a round with them finishes.
     var toRemember: [SiteID: PeerAddress] = [:]
+    /// Peers the node was told to forget (removed from the cluster): found again, they are not dialled.
+    var forgotten: Set<SiteID> = []
     /// How far ahead of local time each peer's clocks last looked.
     var clockViews: [SiteID: ClockView] = [:]
     /// Set once the node stops: connections still arriving are closed at once.

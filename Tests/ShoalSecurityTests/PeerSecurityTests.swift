@@ -188,9 +188,9 @@ import X509
         let directory = try temporaryDirectory("tls-remove")
         defer { try? FileManager.default.removeItem(at: directory) }
         let paths = try makeCluster(["a", "b", "c"], in: directory)
-        let a = try await startSecured(paths[0])
+        let a = try await startSecured(paths[0]) { $0.rememberPeers = true }
         defer { Task { await a.stop() } }
-        let c = try await startSecured(paths[2], peers: [a.port])
+        let c = try await startSecured(paths[2], peers: [a.port]) { $0.rememberPeers = true }
         defer { Task { await c.stop() } }
         let b = try await startSecured(paths[1], peers: [a.port, c.port])
         defer { Task { await b.stop() } }
@@ -198,6 +198,13 @@ import X509
         #expect(try await holds(a, key: "before"))
         #expect(try await holds(c, key: "before"))
         let bID = b.nodeID
+        let siteB = b.node.siteID
+        func remembersB(_ member: SecuredNode) async -> Bool {
+            let known = try? await member.node.readStore { store throws(ShoalError) in try store.knownPeers() }
+            return known?.contains { $0.siteID == siteB } ?? false
+        }
+        // Both remember where b is (it dialled them and finished rounds), to dial it after a restart.
+        #expect(await waitUntil(within: 10) { await remembersB(a) })
 
         // A person removes b on a; the removal travels to c as a roster row, like any data.
         let aKey = try KeyFile.load(forDatabase: paths[0])
@@ -219,6 +226,9 @@ import X509
         )
         // Both closed b's connections: b has no live peer left, within 5 s of the removal.
         #expect(await waitUntil(within: 5) { await b.node.peerStatuses().allSatisfy { !$0.isConnected } })
+        // And b is forgotten, so no member dials it again after a restart.
+        #expect(await waitUntil(within: 5) { await !remembersB(a) })
+        #expect(await waitUntil(within: 5) { await !remembersB(c) })
         #expect(Date().timeIntervalSince(removedAt) < 5)
         try await b.node.execute("INSERT INTO kv(k, v) VALUES ('after', 2)")
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('members only', 3)")
