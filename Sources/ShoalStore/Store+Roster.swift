@@ -47,8 +47,10 @@ extension Store {
         try connection.scalar("SELECT count(*) FROM sqlite_schema WHERE name = 'shoal_roster_seen'").integerValue ?? 0 > 0
     }
 
-    /// Copies records not remembered yet; writes nothing (opens no write transaction) when there are none.
+    /// Copies records not remembered yet; writes nothing (opens no write transaction) when there are none, nor
+    /// while a transaction is open on this connection (the next call copies them).
     private func rememberRosterRecords() throws(ShoalError) {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else { return }
         let unseen = "FROM \(Self.rosterTable) r WHERE typeof(r.id) = 'blob' AND typeof(r.record) = 'blob' "
             + "AND NOT EXISTS (SELECT 1 FROM shoal_roster_seen s WHERE s.id = r.id)"
         guard try connection.scalar("SELECT count(*) \(unseen)").integerValue ?? 0 > 0 else { return }

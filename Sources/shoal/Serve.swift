@@ -67,17 +67,20 @@ extension ShoalCommand {
                         message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in the node key (shoal invite / shoal join)"
                     )
                 }
-                let store = try database.open()
+                // A connection of its own for the set-up only, closed before the node opens its store.
+                var store: Store? = try database.open()
+                defer { store = nil }
                 if !KeyFile.exists(forDatabase: database.db) {
                     // A database made before nodes had keys, or by an app through the library: it gets one now.
                     let keyFile = try Membership.initialize(
                         databasePath: database.db,
-                        store: store,
+                        store: store!,
                         now: SystemWallClock().nowMilliseconds()
                     )
                     log("made a node key (\(KeyFile.path(forDatabase: database.db))): node \(keyFile.identity.nodeID.short), a cluster of one; add devices with `shoal invite`")
                 }
-                let secured = try NodeSecurity(databasePath: database.db, store: store, name: name)
+                let secured = try NodeSecurity(databasePath: database.db, store: store!, name: name)
+                store = nil
                 try secured.configure(&configuration)
                 security = secured
             }
