@@ -266,7 +266,8 @@ import ShoalTestSupport
         let hello = Hello(
             clusterID: "test", siteID: stranger, nodeName: "forged", schemaFingerprint: fingerprint, listenPort: 7_777)
         _ = try await rawExchange(port: a.port, sending: frame(.hello(hello)), within: 2)
-        #expect(await a.node.peerStatuses().contains { $0.siteID == stranger })
+        // (Waited for: under load the node may take its time to handle the hello.)
+        #expect(await waitUntil(within: 20) { await a.node.peerStatuses().contains { $0.siteID == stranger } })
         // A real peer that dialled in and synced is remembered.
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
         try await b.node.execute("INSERT INTO kv(k, v) VALUES ('real', 1)")
