@@ -16,6 +16,9 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
@@ -94,17 +97,58 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // What the relay and the nodes say to each other: sealed change-set envelopes and the API's JSON bodies.
+        .target(
+            name: "ShoalRelayProtocol",
+            dependencies: ["ShoalCore"],
+            swiftSettings: strict
+        ),
+        // The relay server (Hummingbird 2) and its storage; never linked into the node library.
+        .target(
+            name: "ShoalRelay",
+            dependencies: [
+                "ShoalCore", "ShoalRelayProtocol", "ShoalStore", "CSQLite",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "HummingbirdTLS", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: strict
+        ),
+        // The node's side of the relay: seals, uploads and pulls change sets, with backoff, beside the LAN.
+        .target(
+            name: "ShoalRelayClient",
+            dependencies: [
+                "ShoalCore", "ShoalRelayProtocol", "ShoalProtocol", "ShoalStore", "ShoalTransport", "ShoalSecurity",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
         // The public facade.
         .target(
             name: "Shoal",
-            dependencies: ["ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalSecurity", "ShoalDiscovery"],
+            dependencies: [
+                "ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalSecurity", "ShoalDiscovery",
+                "ShoalRelayClient", "ShoalRelayProtocol",
+            ],
             swiftSettings: strict
         ),
         // The CLI: parses arguments and calls Shoal.
         .executableTarget(
             name: "shoal",
             dependencies: [
-                "Shoal", "ShoalToolSupport",
+                "Shoal", "ShoalToolSupport", "ShoalRelay",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

@@ -6,3 +6,5 @@
 @_exported import ShoalTransport
 @_exported import ShoalProtocol
 @_exported import ShoalSecurity
+@_exported import ShoalRelayClient
+@_exported import ShoalRelayProtocol

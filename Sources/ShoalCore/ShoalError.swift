@@ -12,6 +12,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case counterNotInteger, valueTooLarge
             case missingDatabase, databaseInUse, tablePaused
             case identity, notAMember, invite, handshakeFailed
+            case relay, unauthorized, sealBroken
         }
 
         private let base: Base
@@ -57,6 +58,12 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let clusterMismatch = Code(.clusterMismatch)
         /// The peer has this node's own site id.
         public static let selfConnection = Code(.selfConnection)
+        /// The relay refused a request, answered with something this build cannot read, or could not be reached.
+        public static let relay = Code(.relay)
+        /// The relay refused the bearer token: unknown, revoked, or for another cluster.
+        public static let unauthorized = Code(.unauthorized)
+        /// A sealed change set failed its authentication: not sealed with this cluster's key, or altered since.
+        public static let sealBroken = Code(.sealBroken)
         /// The peer did not answer in time.
         public static let timeout = Code(.timeout)
         /// The peer refused us, with a reason.

@@ -7,10 +7,10 @@ let SQLITE_TRANSIENT = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 /// Owns one SQLite connection handle.
 ///
 /// Not `Sendable`: a connection is used from one thread at a time, by its owner (the ``Store``).
-final class SQLiteConnection {
-    let handle: OpaquePointer
+package final class SQLiteConnection {
+    package let handle: OpaquePointer
 
-    init(path: String) throws(ShoalError) {
+    package init(path: String) throws(ShoalError) {
         var handle: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI
         let code = sqlite3_open_v2(path, &handle, flags, nil)
@@ -48,12 +48,12 @@ final class SQLiteConnection {
     }
 
     /// Runs SQL with no parameters and no results (several statements allowed).
-    func exec(_ sql: String) throws(ShoalError) {
+    package func exec(_ sql: String) throws(ShoalError) {
         let code = sqlite3_exec(handle, sql, nil, nil, nil)
         guard code == SQLITE_OK else { throw error(code, statement: sql) }
     }
 
-    func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
+    package func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         var statement: OpaquePointer?
         let code = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
         guard code == SQLITE_OK, let statement else { throw error(code, statement: sql) }
@@ -62,7 +62,7 @@ final class SQLiteConnection {
 
     /// Runs one query and returns all of its rows.
     @discardableResult
-    func rows(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> [[SQLValue]] {
+    package func rows(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> [[SQLValue]] {
         let statement = try prepare(sql)
         try statement.bind(arguments)
         var result: [[SQLValue]] = []
@@ -71,15 +71,15 @@ final class SQLiteConnection {
     }
 
     /// Runs one query and returns the first column of its first row.
-    func scalar(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> SQLValue {
+    package func scalar(_ sql: String, _ arguments: [SQLValue] = []) throws(ShoalError) -> SQLValue {
         try rows(sql, arguments).first?.first ?? .null
     }
 
-    var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
+    package var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
 }
 
 /// Owns one prepared statement.
-final class SQLiteStatement {
+package final class SQLiteStatement {
     let handle: OpaquePointer
     unowned let connection: SQLiteConnection
 
@@ -101,7 +101,7 @@ final class SQLiteStatement {
         sqlite3_column_name(handle, Int32(index)).map { String(cString: $0) } ?? ""
     }
 
-    func bind(_ arguments: [SQLValue]) throws(ShoalError) {
+    package func bind(_ arguments: [SQLValue]) throws(ShoalError) {
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
         guard arguments.count == parameterCount else {
@@ -113,7 +113,7 @@ final class SQLiteStatement {
         for (index, value) in arguments.enumerated() { try bind(value, at: index + 1) }
     }
 
-    func bind(_ value: SQLValue, at index: Int) throws(ShoalError) {
+    package func bind(_ value: SQLValue, at index: Int) throws(ShoalError) {
         let position = Int32(index)
         let code: Int32
         switch value {
@@ -152,7 +152,7 @@ final class SQLiteStatement {
         )
     }
 
-    func bind(_ bytes: [UInt8], at index: Int) throws(ShoalError) {
+    package func bind(_ bytes: [UInt8], at index: Int) throws(ShoalError) {
         try bind(.blob(bytes), at: index)
     }
 
@@ -173,13 +173,13 @@ final class SQLiteStatement {
         sqlite3_clear_bindings(handle)
     }
 
-    func bind(_ integer: Int64, at index: Int) {
+    package func bind(_ integer: Int64, at index: Int) {
         sqlite3_bind_int64(handle, Int32(index), integer)
     }
 
     /// Steps once: `true` when a row is available, `false` when done.
     @discardableResult
-    func step() throws(ShoalError) -> Bool {
+    package func step() throws(ShoalError) -> Bool {
         let code = sqlite3_step(handle)
         switch code {
         case SQLITE_ROW: return true
@@ -191,16 +191,16 @@ final class SQLiteStatement {
     }
 
     /// Steps to completion and resets, for statements run for their effect.
-    func run() throws(ShoalError) {
+    package func run() throws(ShoalError) {
         defer { sqlite3_reset(handle) }
         while try step() {}
     }
 
-    func reset() {
+    package func reset() {
         sqlite3_reset(handle)
     }
 
-    func column(_ index: Int) -> SQLValue {
+    package func column(_ index: Int) -> SQLValue {
         let position = Int32(index)
         switch sqlite3_column_type(handle, position) {
         case SQLITE_INTEGER: return .integer(sqlite3_column_int64(handle, position))
@@ -216,18 +216,18 @@ final class SQLiteStatement {
         }
     }
 
-    func columnBytes(_ index: Int) -> [UInt8] {
+    package func columnBytes(_ index: Int) -> [UInt8] {
         let position = Int32(index)
         let count = Int(sqlite3_column_bytes(handle, position))
         guard count > 0, let bytes = sqlite3_column_blob(handle, position) else { return [] }
         return Array(UnsafeRawBufferPointer(start: bytes, count: count))
     }
 
-    func columnInt64(_ index: Int) -> Int64 {
+    package func columnInt64(_ index: Int) -> Int64 {
         sqlite3_column_int64(handle, Int32(index))
     }
 
-    func row() -> [SQLValue] {
+    package func row() -> [SQLValue] {
         (0..<columnCount).map(column)
     }
 }

@@ -43,6 +43,9 @@ public actor SyncNode: Service {
     /// Set once the node stops, for every connection's driver: an answer in progress ends at its next batch.
     nonisolated let stopping = Flag()
     var digestRefreshing = false
+    /// Who hears when the data may have changed (``changeSignals()``).
+    var changeWatchers: [Int: AsyncStream<Void>.Continuation] = [:]
+    var nextChangeWatcher = 0
     var lastRefreshedDigest: StateDigest?
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
@@ -194,7 +197,10 @@ public actor SyncNode: Service {
             "listening",
             metadata: ["address": "\(configuration.listenHost):\(listeningPort ?? 0)", "site": "\(siteID.hex)"]
         )
-        defer { eventSink.finish() }
+        defer {
+            eventSink.finish()
+            for watcher in changeWatchers.values { watcher.finish() }
+        }
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask {
                 // The accept loop runs apart from the node's cancellation: on shutdown the listening channel is
@@ -235,5 +241,6 @@ public actor SyncNode: Service {
 
     func broadcast(_ event: ConnectionEvent) {
         for inbox in registry.inboxes { inbox.yield(event) }
+        if case .localChange = event { signalChangeWatchers() }
     }
 }

@@ -46,6 +46,8 @@ struct LiveStatus: Codable {
     var security: String? = nil
     /// Devices waiting to be accepted.
     var pending: [PendingDevice]? = nil
+    /// The relay, when the node uses one.
+    var relay: RelayStatus? = nil
     var writtenAtMs: UInt64
     /// The process serving the database, so a reader can tell a running node whose status is late from one
     /// that is gone.

@@ -69,7 +69,12 @@ enum Output {
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
         let pending: Any =
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.pending ?? [])) } ?? NSNull()
+        let relay: Any =
+            live?.relay.flatMap { relay in
+                (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(relay))) as? [String: Any]
+            } ?? NSNull()
         return serialize([
+            "relay": relay,
             "node_id": keyFile.map { $0.identity.nodeID.description as Any } ?? NSNull(),
             "cluster_id": keyFile.map { $0.cluster.idHex as Any } ?? NSNull(),
             "security": live?.security.map { $0 as Any } ?? NSNull(),
@@ -120,6 +125,7 @@ enum Output {
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
         if let security = live.security { text += "links:      \(security)\n" }
+        if let relay = live.relay { text += relayLine(relay) }
         if let devices = live.pending, !devices.isEmpty {
             text += "waiting to be accepted (shoal trust add NODE_ID):\n"
             for device in devices {
@@ -158,6 +164,34 @@ enum Output {
                 + "last sync \(last), "
                 + "failures in a row \(peer.consecutiveFailures), \(rounds), \(durations), "
                 + "\(version), \(digest)\n"
+        }
+        return text
+    }
+}
+
+extension Output {
+    /// The relay's state in a few lines: reachable or not and since when, last upload and pull, what it lacks.
+    static func relayLine(_ relay: RelayStatus) -> String {
+        let now = SystemWallClock().nowMilliseconds()
+        func ago(_ milliseconds: UInt64?) -> String {
+            guard let milliseconds else { return "never" }
+            let elapsed = now > milliseconds ? now - milliseconds : 0
+            return elapsed < 10_000 ? "\(elapsed) ms ago" : "\(elapsed / 1000) s ago"
+        }
+        let state =
+            switch relay.reachable {
+            case nil: "not tried yet"
+            case true?: relay.unauthorized ? "reachable, but it refuses the token" : "reachable"
+            case false?: "unreachable"
+            }
+        var text = "relay:      \(relay.url): \(state)"
+        if relay.reachable != nil { text += " since \(ago(relay.sinceMs))" }
+        text += "\n            last push \(ago(relay.lastPushMs)), last pull \(ago(relay.lastPullMs)); "
+        text += relay.lacking == 0
+            ? "it holds everything this node holds\n"
+            : "it lacks \(relay.lacking) transaction\(relay.lacking == 1 ? "" : "s"), the oldest for \(ago(relay.lackingSinceMs).replacingOccurrences(of: " ago", with: ""))\n"
+        if let error = relay.lastError {
+            text += "            last error (\(ago(relay.lastErrorMs))): \(error)\n"
         }
         return text
     }

@@ -33,6 +33,12 @@ extension ShoalCommand {
         var compactionInterval: UInt64 = 60_000
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
         @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
+        @Option(help: "A relay to sync through whenever it answers: https://HOST:PORT (http:// to loopback only).")
+        var relay: String?
+        @Option(help: "The relay's bearer token for this cluster (`shoal relay token create`).") var relayToken: String?
+        @Option(help: "A file holding the relay token (kept out of the process list).") var relayTokenFile: String?
+        @Option(help: "A PEM CA (or self-signed certificate) to trust for the relay instead of the system's roots.")
+        var relayCa: String?
 
         func run() async throws {
             guard let address = PeerAddress(parsing: listen) else {
@@ -86,13 +92,14 @@ extension ShoalCommand {
             }
             let node = try await SyncNode(configuration: configuration)
             security?.attach(node)
+            let relayLink = try makeRelayLink(node: node, security: security)
             let secured = security
             let rosterWatcher = Task { await secured?.watchRoster() }
             defer { rosterWatcher.cancel() }
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
-                    services: [.init(service: node)],
+                    services: [.init(service: node)] + (relayLink.map { [.init(service: $0)] } ?? []),
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
@@ -109,6 +116,7 @@ extension ShoalCommand {
                         unreached: await node.unreachedPeers()
                     )
                     status.security = security == nil ? "insecure-plaintext" : "tls"
+                    status.relay = relayLink?.status
                     status.nodeID = security?.keyFile.identity.nodeID.description
                     status.pending = security?.trust.pendingDevices.map { device in
                         LiveStatus.PendingDevice(
@@ -129,6 +137,19 @@ extension ShoalCommand {
                 statusWriter.cancel()
                 statusFile.remove()
             }
+            let relayReporter = Task {
+                guard let relayLink else { return }
+                for await event in relayLink.events {
+                    switch event {
+                    case .reachable: log("relay \(relayLink.configuration.url) reachable")
+                    case .failed(let reason): log(reason)
+                    case .unauthorized(let reason): log("\(reason): fix the token (shoal relay token create) and restart")
+                    case .applied(let changes): log("synced \(changes) changes from the relay")
+                    case .uploaded: break
+                    }
+                }
+            }
+            defer { relayReporter.cancel() }
             let listened = ListeningFlag()
             let reporter = Task {
                 let terminal = isatty(STDERR_FILENO) != 0
@@ -195,6 +216,46 @@ extension ShoalCommand {
             }
             reporter.cancel()
             log("stopped")
+        }
+
+        /// The relay link `--relay` asks for, if any.
+        private func makeRelayLink(node: SyncNode, security: NodeSecurity?) throws -> RelayLink? {
+            guard let relay else {
+                guard relayToken == nil, relayTokenFile == nil, relayCa == nil else {
+                    throw ShoalError(code: .invalidArgument, message: "--relay-token, --relay-token-file and --relay-ca go with --relay URL")
+                }
+                return nil
+            }
+            guard let security else {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--relay needs the cluster's secret to seal change sets: run without --insecure-plaintext"
+                )
+            }
+            var token = relayToken ?? ""
+            if let relayTokenFile {
+                guard relayToken == nil else {
+                    throw ShoalError(code: .invalidArgument, message: "give --relay-token or --relay-token-file, not both")
+                }
+                guard let text = try? String(contentsOfFile: relayTokenFile, encoding: .utf8) else {
+                    throw ShoalError(code: .invalidArgument, message: "cannot read the relay token file \(relayTokenFile)")
+                }
+                token = text.trimmingCharacters(in: .whitespacesAndNewlines)
+            }
+            if let relayCa, !FileManager.default.isReadableFile(atPath: relayCa) {
+                throw ShoalError(code: .invalidArgument, message: "cannot read the relay CA file \(relayCa)")
+            }
+            var logger = Logger(label: "shoal.relay")
+            logger.logLevel = .critical
+            var configuration = RelayClientConfiguration(
+                url: relay,
+                token: token,
+                clusterID: security.keyFile.cluster.idHex,
+                seal: RelaySeal(clusterSecret: security.keyFile.cluster.secret),
+                logger: logger
+            )
+            configuration.caCertificatePath = relayCa
+            return try RelayLink(node: node, configuration: configuration)
         }
 
         private func log(_ line: String) {

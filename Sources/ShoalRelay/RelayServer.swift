@@ -1,0 +1,274 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdCore
+import HummingbirdTLS
+import Logging
+import NIOCore
+import NIOSSL
+import ShoalCore
+import ShoalRelayProtocol
+
+/// How a relay serves.
+public struct RelayServerConfiguration: Sendable {
+    /// The address to listen on.
+    public var host: String
+    /// The port (0: any free one, reported by `onListening`).
+    public var port: Int
+    /// PEM certificate chain and key for HTTPS; without them the relay serves plain HTTP, on loopback only.
+    public var tlsCertificatePath: String?
+    public var tlsKeyPath: String?
+    /// The largest request body accepted (413 beyond).
+    public var maximumRequestBytes = RelayAPI.defaultMaximumRequestBytes
+    /// The largest change set accepted (413 beyond).
+    public var maximumEnvelopeBytes = RelayAPI.defaultMaximumEnvelopeBytes
+    /// Requests per second each token may make, on average (429 beyond); bursts of twice as many pass.
+    public var requestsPerSecond = 200
+    /// The byte budget of a pull's page, at most.
+    public var maximumPageBytes = 16 * 1024 * 1024
+    public var logger: Logger
+
+    public init(host: String, port: Int, logger: Logger) {
+        self.host = host
+        self.port = port
+        self.logger = logger
+    }
+
+    /// Whether `host` names a loopback address.
+    public static func isLoopback(_ host: String) -> Bool {
+        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    }
+}
+
+/// The relay: a blind store-and-forward endpoint for sealed change sets (Hummingbird 2).
+///
+/// Routes (all but health need `Authorization: Bearer TOKEN`; a token reaches its own cluster only):
+/// - `GET /v1/health`
+/// - `GET /v1/heads`: ``RelayHeads``
+/// - `POST /v1/changesets` (an envelope list): ``RelayUploadResult``
+/// - `POST /v1/pull` (a ``RelayPullRequest``): an envelope list, `Shoal-More: 1` when more remain; with nothing to
+///   send it waits up to `waitMilliseconds` for an upload to the cluster (long-poll).
+public struct RelayServer: Sendable {
+    public let configuration: RelayServerConfiguration
+    let storage: any RelayStorage
+    let notifier = RelayNotifier()
+    let limiter: RateLimiter
+
+    public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
+        self.configuration = configuration
+        self.storage = storage
+        self.limiter = RateLimiter(perSecond: configuration.requestsPerSecond)
+    }
+
+    /// Serves until cancelled or shut down gracefully; `onListening` gets the bound port.
+    public func run(onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
+        let router = Router(context: BasicRequestContext.self)
+        router.get(RouterPath(RelayAPI.healthPath)) { _, _ in
+            Self.json(.ok, ["status": "ok"])
+        }
+        router.get(RouterPath(RelayAPI.headsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await heads(request) }
+        }
+        router.post(RouterPath(RelayAPI.changeSetsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await upload(request) }
+        }
+        router.post(RouterPath(RelayAPI.pullPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await pull(request) }
+        }
+        let server: HTTPServerBuilder
+        if let certificate = configuration.tlsCertificatePath, let key = configuration.tlsKeyPath {
+            let chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
+            let tls = TLSConfiguration.makeServerConfiguration(
+                certificateChain: chain,
+                privateKey: .privateKey(try NIOSSLPrivateKey(file: key, format: .pem))
+            )
+            server = try .tls(.http1(), tlsConfiguration: tls)
+        } else {
+            guard RelayServerConfiguration.isLoopback(configuration.host) else {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "plain HTTP is served on loopback only: give --tls-cert and --tls-key to listen on "
+                        + "\(configuration.host)"
+                )
+            }
+            server = .http1()
+        }
+        let app = Application(
+            router: router,
+            server: server,
+            configuration: ApplicationConfiguration(
+                address: .hostname(configuration.host, port: configuration.port),
+                serverName: "shoal-relay"
+            ),
+            onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
+            logger: configuration.logger
+        )
+        try await app.runService()
+    }
+
+    // MARK: Routes
+
+    private func heads(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let heads = try await storageCall { () throws(ShoalError) in try await storage.heads(cluster: token.cluster) }
+        return Self.json(.ok, RelayHeads(heads: RelayAPI.json(heads)))
+    }
+
+    private func upload(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let body = try await collect(request, limit: configuration.maximumRequestBytes)
+        let envelopes: [RelayEnvelope]
+        do {
+            envelopes = try RelayEnvelopeList.decode(body, maximumEnvelopeBytes: configuration.maximumEnvelopeBytes)
+        } catch where error.code == .frameTooLarge {
+            throw RelayFailure.tooLarge(error.message, limit: configuration.maximumEnvelopeBytes)
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "\(error.message); nothing was stored")
+        }
+        for envelope in envelopes where envelope.cluster != token.cluster {
+            throw RelayFailure(
+                .forbidden,
+                "wrong_cluster",
+                "a change set of cluster \(envelope.cluster.prefix(64)) was sent with a token of cluster "
+                    + "\(token.cluster); nothing was stored"
+            )
+        }
+        let pairs = envelopes.map { (envelope: $0, encoded: $0.encoded()) }
+        let result = try await storageCall { () throws(ShoalError) in
+            try await storage.store(cluster: token.cluster, envelopes: pairs)
+        }
+        if result.stored > 0 { await notifier.bump(token.cluster) }
+        return Self.json(.ok, result)
+    }
+
+    private func pull(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let body = try await collect(request, limit: 1024 * 1024)
+        let pull: RelayPullRequest
+        let vector: VersionVector
+        var resume: [SiteID: (from: UInt64, index: UInt32)] = [:]
+        do {
+            pull = try JSONDecoder().decode(RelayPullRequest.self, from: Data(body))
+            vector = try RelayAPI.vector(pull.vector)
+            for point in pull.resume ?? [] {
+                guard let site = SiteID(hex: point.site) else {
+                    throw ShoalError(code: .malformedMessage, message: "resume names \"\(point.site.prefix(40))\", not a site id")
+                }
+                resume[site] = (point.from, point.index)
+            }
+        } catch let error as ShoalError {
+            throw RelayFailure(.badRequest, "malformed", error.message)
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "the pull request is not valid JSON of the documented shape")
+        }
+        let budget = min(max(pull.maximumBytes ?? RelayAPI.defaultPageBytes, 64 * 1024), configuration.maximumPageBytes)
+        let wait = min(max(pull.waitMilliseconds ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
+        let deadline = ContinuousClock.now + .milliseconds(wait)
+        while true {
+            let generation = await notifier.generation(token.cluster)
+            let page = try await storageCall { () throws(ShoalError) in
+                try await storage.page(cluster: token.cluster, vector: vector, resume: resume, maximumBytes: budget)
+            }
+            let remaining = deadline - ContinuousClock.now
+            if !page.envelopes.isEmpty || remaining <= .zero || Task.isCancelled {
+                var bytes: [UInt8] = []
+                bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
+                for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
+                var headers = HTTPFields()
+                headers[.contentType] = RelayAPI.envelopeContentType
+                headers[Self.moreField] = page.more ? "1" : "0"
+                return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+            }
+            await notifier.wait(token.cluster, after: generation, for: remaining)
+        }
+    }
+
+    static let moreField = HTTPField.Name(RelayAPI.moreHeader)!
+
+    // MARK: Helpers
+
+    private func authorize(_ request: Request) async throws(RelayFailure) -> RelayToken {
+        guard let header = request.headers[.authorization], header.hasPrefix("Bearer ") else {
+            throw RelayFailure(.unauthorized, "unauthorized", "no bearer token: send Authorization: Bearer TOKEN")
+        }
+        let token = String(header.dropFirst("Bearer ".count)).trimmingCharacters(in: .whitespaces)
+        let hash = RelayTokens.hash(token)
+        guard let record = try await storageCall({ () throws(ShoalError) in try await storage.token(hash: hash) }) else {
+            throw RelayFailure(.unauthorized, "unauthorized", "unknown token")
+        }
+        guard record.revoked == nil else {
+            throw RelayFailure(.unauthorized, "unauthorized", "this token was revoked")
+        }
+        if let retry = limiter.admit(hash) {
+            throw RelayFailure.rateLimited(limit: configuration.requestsPerSecond, retryAfter: retry)
+        }
+        return record
+    }
+
+    private func collect(_ request: Request, limit: Int) async throws(RelayFailure) -> [UInt8] {
+        if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
+            throw RelayFailure.tooLarge("a request body of \(length) bytes is over the limit of \(limit)", limit: limit)
+        }
+        do {
+            let buffer = try await request.body.collect(upTo: limit)
+            return Array(buffer.readableBytesView)
+        } catch is NIOTooManyBytesError {
+            throw RelayFailure.tooLarge("the request body is over the limit of \(limit) bytes", limit: limit)
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "the request body could not be read")
+        }
+    }
+
+    private func storageCall<T>(_ body: () async throws(ShoalError) -> T) async throws(RelayFailure) -> T {
+        do {
+            return try await body()
+        } catch {
+            configuration.logger.error("storage failed", metadata: ["error": "\(error.message)"])
+            throw RelayFailure(.internalServerError, "internal", "the relay's storage failed; try again later")
+        }
+    }
+
+    private func respond(_ body: () async throws(RelayFailure) -> Response) async -> Response {
+        do {
+            return try await body()
+        } catch {
+            var response = Self.json(error.status, error.body)
+            if let retry = error.body.retryAfterSeconds { response.headers[.retryAfter] = "\(retry)" }
+            return response
+        }
+    }
+
+    static func json(_ status: HTTPResponse.Status, _ value: some Encodable) -> Response {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        return Response(status: status, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
+    }
+}
+
+/// A refusal: its status and its JSON body.
+struct RelayFailure: Error {
+    var status: HTTPResponse.Status
+    var body: RelayErrorBody
+
+    init(_ status: HTTPResponse.Status, _ code: String, _ message: String, limit: Int? = nil, retryAfter: Int? = nil) {
+        self.status = status
+        body = RelayErrorBody(error: code, message: message, limit: limit, retryAfterSeconds: retryAfter)
+    }
+
+    static func tooLarge(_ message: String, limit: Int) -> RelayFailure {
+        RelayFailure(.contentTooLarge, "too_large", message, limit: limit)
+    }
+
+    static func rateLimited(limit: Int, retryAfter: Int) -> RelayFailure {
+        RelayFailure(
+            .tooManyRequests,
+            "rate_limited",
+            "more than \(limit) requests a second with this token; try again in \(retryAfter) s",
+            limit: limit,
+            retryAfter: retryAfter
+        )
+    }
+}

@@ -1,0 +1,62 @@
+import ShoalCore
+import ShoalRelayProtocol
+
+/// A bearer token as the relay keeps it: only its hash, the one cluster it reaches, and whether it was revoked.
+public struct RelayToken: Hashable, Sendable {
+    /// SHA-256 of the token, hex: the token itself is never stored.
+    public var hash: String
+    /// The only cluster the token reaches.
+    public var cluster: String
+    /// A name the operator gave it.
+    public var label: String
+    /// When it was made (Unix milliseconds).
+    public var created: Int64
+    /// When it was revoked, if it was.
+    public var revoked: Int64?
+}
+
+/// What a relay holds for one cluster, for operators: counts and sizes only, never contents.
+public struct RelayClusterStatistics: Hashable, Sendable {
+    public var cluster: String
+    public var sites: Int
+    public var ranges: Int
+    public var chunks: Int
+    public var bytes: Int64
+}
+
+/// A page of a pull: the encoded envelopes, in an order the node can apply, and whether more remain.
+public struct RelayPage: Sendable {
+    /// Each envelope's bytes, exactly as uploaded.
+    public var envelopes: [[UInt8]]
+    /// Whether the relay holds more than this page carried.
+    public var more: Bool
+}
+
+/// Where a relay keeps tokens and change sets. Every method is safe to call from any task; a pull's answer depends
+/// only on its arguments and what is stored, never on earlier requests, so any instance of a relay sharing one
+/// storage answers any request.
+public protocol RelayStorage: Sendable {
+    /// Makes a token for `cluster` and returns it; only its hash is kept.
+    func createToken(cluster: String, label: String) async throws(ShoalError) -> String
+    /// Revokes every token whose hash or token is `token`, or every token of cluster `token` when `wholeCluster`;
+    /// returns how many were revoked.
+    func revokeTokens(matching token: String, wholeCluster: Bool) async throws(ShoalError) -> Int
+    /// Every token, revoked ones included.
+    func tokens() async throws(ShoalError) -> [RelayToken]
+    /// The token whose SHA-256 is `hash`, if one was made.
+    func token(hash: String) async throws(ShoalError) -> RelayToken?
+    /// The head per site of `cluster`.
+    func heads(cluster: String) async throws(ShoalError) -> VersionVector
+    /// Stores what the relay lacks of `envelopes` (all of `cluster`), in one transaction.
+    func store(cluster: String, envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])]) async throws(ShoalError)
+        -> RelayUploadResult
+    /// The change sets `vector` lacks, from `resume` points on, up to about `maximumBytes`.
+    func page(
+        cluster: String,
+        vector: VersionVector,
+        resume: [SiteID: (from: UInt64, index: UInt32)],
+        maximumBytes: Int
+    ) async throws(ShoalError) -> RelayPage
+    /// Counts and sizes per cluster.
+    func statistics() async throws(ShoalError) -> [RelayClusterStatistics]
+}

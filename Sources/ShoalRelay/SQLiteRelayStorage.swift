@@ -1,0 +1,344 @@
+import CSQLite
+import NIOPosix
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalStore
+import Synchronization
+
+/// The relay's embedded storage: one SQLite database (`relay.sqlite` in the data directory), used from one thread
+/// of its own so that no SQLite call ever blocks the server's event loops or the cooperative pool.
+///
+/// Durability: WAL with `synchronous=NORMAL`: a killed relay process loses nothing it answered for; a power cut may
+/// lose the last transactions, which nodes upload again (uploads are idempotent, and a node uploads whatever the
+/// relay's heads lack).
+public final class SQLiteRelayStorage: RelayStorage {
+    /// The schema version this build creates and reads.
+    public static let schemaVersion: Int64 = 1
+
+    private let connection: Mutex<Connection>
+    private let pool: NIOThreadPool
+    /// Where the database lives.
+    public let path: String
+
+    /// A connection and its prepared statements.
+    private final class Connection {
+        let sqlite: SQLiteConnection
+        var statements: [String: SQLiteStatement] = [:]
+
+        init(_ sqlite: SQLiteConnection) { self.sqlite = sqlite }
+
+        func statement(_ sql: String) throws(ShoalError) -> SQLiteStatement {
+            if let statement = statements[sql] { return statement }
+            let statement = try sqlite.prepare(sql)
+            statements[sql] = statement
+            return statement
+        }
+    }
+
+    /// Opens (creating when missing) the relay database in directory `data`.
+    public init(directory data: String) throws(ShoalError) {
+        var isDirectory = false
+        if !Self.isDirectory(data, &isDirectory) || !isDirectory {
+            guard mkdir(data, 0o700) == 0 || errno == EEXIST else {
+                throw ShoalError(code: .invalidArgument, message: "cannot create the relay's data directory \(data)")
+            }
+        }
+        path = data.hasSuffix("/") ? data + "relay.sqlite" : data + "/relay.sqlite"
+        let sqlite = try SQLiteConnection(path: path)
+        try sqlite.exec(
+            """
+            PRAGMA journal_mode=WAL;
+            PRAGMA synchronous=NORMAL;
+            CREATE TABLE IF NOT EXISTS relay_meta(key TEXT PRIMARY KEY, value ANY) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS tokens(
+                hash TEXT PRIMARY KEY, cluster TEXT NOT NULL, label TEXT NOT NULL, created INTEGER NOT NULL,
+                revoked INTEGER) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS heads(
+                cluster TEXT NOT NULL, site BLOB NOT NULL, head INTEGER NOT NULL, PRIMARY KEY(cluster, site)
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS ranges(
+                cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL,
+                upload INTEGER NOT NULL, chunks INTEGER NOT NULL, bytes INTEGER NOT NULL, created INTEGER NOT NULL,
+                PRIMARY KEY(cluster, site, from_seq)) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS chunks(
+                cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, upload INTEGER NOT NULL,
+                idx INTEGER NOT NULL, envelope BLOB NOT NULL, created INTEGER NOT NULL,
+                PRIMARY KEY(cluster, site, from_seq, upload, idx));
+            """
+        )
+        let version = try sqlite.scalar("SELECT value FROM relay_meta WHERE key = 'schema'")
+        switch version {
+        case .null:
+            try sqlite.exec("INSERT INTO relay_meta VALUES ('schema', \(Self.schemaVersion))")
+        case .integer(let stored) where stored == Self.schemaVersion:
+            break
+        default:
+            throw ShoalError(
+                code: .versionMismatch,
+                message: "the relay database \(path) has schema \(version), and this build reads \(Self.schemaVersion)"
+            )
+        }
+        connection = Mutex(Connection(sqlite))
+        pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+    }
+
+    deinit {
+        pool.shutdownGracefully { _ in }
+    }
+
+    private static func isDirectory(_ path: String, _ isDirectory: inout Bool) -> Bool {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return false }
+        isDirectory = (info.st_mode & S_IFMT) == S_IFDIR
+        return true
+    }
+
+    /// Runs `body` on the storage's thread.
+    private func run<T: Sendable>(_ body: @escaping @Sendable (Connection) throws(ShoalError) -> T) async throws(ShoalError) -> T {
+        let result: Result<T, ShoalError>
+        do {
+            result = try await pool.runIfActive {
+                self.connection.withLock { connection in
+                    do throws(ShoalError) {
+                        return .success(try body(connection))
+                    } catch {
+                        return .failure(error)
+                    }
+                }
+            }
+        } catch {
+            throw ShoalError(code: .relay, message: "the relay's storage is shutting down")
+        }
+        return try result.get()
+    }
+
+    private static func now() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return Int64(time.tv_sec) * 1000 + Int64(time.tv_nsec) / 1_000_000
+    }
+
+    private static func transaction<T>(_ connection: Connection, _ body: () throws(ShoalError) -> T) throws(ShoalError) -> T {
+        try connection.sqlite.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            let result = try body()
+            try connection.sqlite.exec("COMMIT")
+            return result
+        } catch {
+            try? connection.sqlite.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    public func createToken(cluster: String, label: String) async throws(ShoalError) -> String {
+        let token = RelayTokens.make()
+        try await run { connection throws(ShoalError) in
+            let insert = try connection.statement("INSERT INTO tokens(hash, cluster, label, created) VALUES (?, ?, ?, ?)")
+            try insert.bind([.text(RelayTokens.hash(token)), .text(cluster), .text(label), .integer(Self.now())])
+            try insert.run()
+        }
+        return token
+    }
+
+    public func revokeTokens(matching token: String, wholeCluster: Bool) async throws(ShoalError) -> Int {
+        try await run { connection throws(ShoalError) in
+            let sql = wholeCluster
+                ? "UPDATE tokens SET revoked = ? WHERE cluster = ? AND revoked IS NULL"
+                : "UPDATE tokens SET revoked = ? WHERE (hash = ? OR hash = ?) AND revoked IS NULL"
+            let update = try connection.statement(sql)
+            var arguments: [SQLValue] = [.integer(Self.now()), .text(wholeCluster ? token : RelayTokens.hash(token))]
+            if !wholeCluster { arguments.append(.text(token)) }
+            try update.bind(arguments)
+            try update.run()
+            return Int(sqlite3_changes(connection.sqlite.handle))
+        }
+    }
+
+    public func tokens() async throws(ShoalError) -> [RelayToken] {
+        try await run { connection throws(ShoalError) in
+            try connection.sqlite.rows("SELECT hash, cluster, label, created, revoked FROM tokens ORDER BY created")
+                .map(Self.token(row:))
+        }
+    }
+
+    public func token(hash: String) async throws(ShoalError) -> RelayToken? {
+        try await run { connection throws(ShoalError) in
+            let select = try connection.statement("SELECT hash, cluster, label, created, revoked FROM tokens WHERE hash = ?")
+            defer { select.reset() }
+            try select.bind([.text(hash)])
+            guard try select.step() else { return nil }
+            return Self.token(row: select.row())
+        }
+    }
+
+    private static func text(_ value: SQLValue) -> String {
+        if case .text(let text) = value { return text }
+        return ""
+    }
+
+    private static func token(row: [SQLValue]) -> RelayToken {
+        RelayToken(
+            hash: Self.text(row[0]),
+            cluster: Self.text(row[1]),
+            label: Self.text(row[2]),
+            created: row[3].integerValue ?? 0,
+            revoked: row[4].integerValue
+        )
+    }
+
+    public func heads(cluster: String) async throws(ShoalError) -> VersionVector {
+        try await run { connection throws(ShoalError) in try Self.heads(connection, cluster: cluster) }
+    }
+
+    private static func heads(_ connection: Connection, cluster: String) throws(ShoalError) -> VersionVector {
+        let select = try connection.statement("SELECT site, head FROM heads WHERE cluster = ?")
+        defer { select.reset() }
+        try select.bind([.text(cluster)])
+        var vector = VersionVector()
+        while try select.step() {
+            if let site = SiteID(bytes: select.columnBytes(0)) {
+                vector.advance(site, to: UInt64(bitPattern: select.columnInt64(1)))
+            }
+        }
+        return vector
+    }
+
+    public func store(
+        cluster: String,
+        envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])]
+    ) async throws(ShoalError) -> RelayUploadResult {
+        try await run { connection throws(ShoalError) in
+            try Self.transaction(connection) { () throws(ShoalError) -> RelayUploadResult in
+                var heads = try Self.heads(connection, cluster: cluster)
+                var result = RelayUploadResult(stored: 0, alreadyHeld: 0, gaps: 0, heads: [:])
+                let now = Self.now()
+                let insert = try connection.statement(
+                    "INSERT OR IGNORE INTO chunks(cluster, site, from_seq, upload, idx, envelope, created) "
+                        + "VALUES (?, ?, ?, ?, ?, ?, ?)"
+                )
+                for (envelope, encoded) in envelopes {
+                    let head = heads[envelope.site]
+                    if envelope.from < head {
+                        result.alreadyHeld += 1
+                        continue
+                    }
+                    if envelope.from > head {
+                        result.gaps += 1
+                        continue
+                    }
+                    let site = SQLValue.blob(envelope.site.bytes)
+                    let from = SQLValue.integer(Int64(bitPattern: envelope.from))
+                    let upload = SQLValue.integer(Int64(bitPattern: envelope.upload))
+                    try insert.bind([.text(cluster), site, from, upload,
+                        .integer(Int64(envelope.index)), .blob(encoded), .integer(now)])
+                    try insert.run()
+                    if sqlite3_changes(connection.sqlite.handle) == 1 { result.stored += 1 } else { result.alreadyHeld += 1 }
+                    guard envelope.endsRange else { continue }
+                    let count = try connection.statement(
+                        "SELECT count(*), sum(length(envelope)) FROM chunks "
+                            + "WHERE cluster = ? AND site = ? AND from_seq = ? AND upload = ? AND idx <= ?"
+                    )
+                    try count.bind([.text(cluster), site, from, upload, .integer(Int64(envelope.index))])
+                    _ = try count.step()
+                    let present = count.columnInt64(0)
+                    let bytes = count.columnInt64(1)
+                    count.reset()
+                    guard present == Int64(envelope.index) + 1 else {
+                        // An earlier chunk of this upload never arrived: the uploader sends the range again.
+                        result.gaps += 1
+                        continue
+                    }
+                    let range = try connection.statement(
+                        "INSERT INTO ranges(cluster, site, from_seq, to_seq, upload, chunks, bytes, created) "
+                            + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    )
+                    try range.bind([.text(cluster), site, from, .integer(Int64(bitPattern: envelope.to)), upload,
+                        .integer(Int64(envelope.index) + 1), .integer(bytes), .integer(now)])
+                    try range.run()
+                    // Chunks of other uploads of the same range (an uploader that gave up, or lost a race) go.
+                    let losers = try connection.statement(
+                        "DELETE FROM chunks WHERE cluster = ? AND site = ? AND from_seq = ? AND upload != ?"
+                    )
+                    try losers.bind([.text(cluster), site, from, upload])
+                    try losers.run()
+                    let setHead = try connection.statement(
+                        "INSERT INTO heads(cluster, site, head) VALUES (?, ?, ?) "
+                            + "ON CONFLICT(cluster, site) DO UPDATE SET head = excluded.head"
+                    )
+                    try setHead.bind([.text(cluster), site, .integer(Int64(bitPattern: envelope.to))])
+                    try setHead.run()
+                    heads.advance(envelope.site, to: envelope.to)
+                }
+                result.heads = RelayAPI.json(heads)
+                return result
+            }
+        }
+    }
+
+    public func page(
+        cluster: String,
+        vector: VersionVector,
+        resume: [SiteID: (from: UInt64, index: UInt32)],
+        maximumBytes: Int
+    ) async throws(ShoalError) -> RelayPage {
+        try await run { connection throws(ShoalError) in
+            let heads = try Self.heads(connection, cluster: cluster)
+            var page = RelayPage(envelopes: [], more: false)
+            var bytes = 0
+            let ranges = try connection.statement(
+                "SELECT from_seq, upload FROM ranges WHERE cluster = ? AND site = ? AND to_seq > ? ORDER BY from_seq"
+            )
+            let chunks = try connection.statement(
+                "SELECT envelope FROM chunks WHERE cluster = ? AND site = ? AND from_seq = ? AND upload = ? AND idx >= ? "
+                    + "ORDER BY idx"
+            )
+            defer {
+                ranges.reset()
+                chunks.reset()
+            }
+            for (site, head) in heads.sorted where head > vector[site] {
+                let siteValue = SQLValue.blob(site.bytes)
+                try ranges.bind([.text(cluster), siteValue, .integer(Int64(bitPattern: vector[site]))])
+                while try ranges.step() {
+                    let from = ranges.columnInt64(0)
+                    let upload = ranges.columnInt64(1)
+                    var first: Int64 = 0
+                    if let point = resume[site], point.from == UInt64(bitPattern: from) { first = Int64(point.index) }
+                    try chunks.bind([.text(cluster), siteValue, .integer(from), .integer(upload), .integer(first)])
+                    while try chunks.step() {
+                        if bytes > 0 && bytes >= maximumBytes {
+                            page.more = true
+                            return page
+                        }
+                        let envelope = chunks.columnBytes(0)
+                        bytes += envelope.count
+                        page.envelopes.append(envelope)
+                    }
+                    chunks.reset()
+                }
+                ranges.reset()
+            }
+            return page
+        }
+    }
+
+    public func statistics() async throws(ShoalError) -> [RelayClusterStatistics] {
+        try await run { connection throws(ShoalError) in
+            try connection.sqlite.rows(
+                """
+                SELECT cluster, count(DISTINCT site), count(*), sum(chunks), sum(bytes) FROM ranges GROUP BY cluster
+                ORDER BY cluster
+                """
+            ).map { row in
+                RelayClusterStatistics(
+                    cluster: Self.text(row[0]),
+                    sites: Int(row[1].integerValue ?? 0),
+                    ranges: Int(row[2].integerValue ?? 0),
+                    chunks: Int(row[3].integerValue ?? 0),
+                    bytes: row[4].integerValue ?? 0
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,598 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import ServiceLifecycle
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+import ShoalTransport
+import Synchronization
+
+/// How a node uses a relay.
+public struct RelayClientConfiguration: Sendable {
+    /// The relay's base URL: `https://HOST[:PORT]`, or `http://` to a loopback address.
+    public var url: String
+    /// The bearer token (`shoal relay token create`).
+    public var token: String
+    /// The node's cluster id (what the token was made for).
+    public var clusterID: String
+    /// Seals and opens change sets with the cluster's keys.
+    public var seal: RelaySeal
+    /// A PEM file of the CA (or the self-signed certificate) to trust instead of the system's roots.
+    public var caCertificatePath: String?
+    /// The byte budget asked of each pull.
+    public var pageBytes = RelayAPI.defaultPageBytes
+    /// The largest plaintext sealed into one envelope.
+    public var pieceBytes = 1024 * 1024
+    /// About how many bytes each upload request carries.
+    public var requestBytes = 8 * 1024 * 1024
+    /// How long a pull waits at the relay for new change sets (long-poll).
+    public var waitMilliseconds = 25_000
+    /// Retries after failures: exponential with jitter between these bounds.
+    public var initialBackoffMilliseconds: UInt64 = 250
+    public var maximumBackoffMilliseconds: UInt64 = 30_000
+    /// After the relay refused the token, the node waits at least this long before trying again.
+    public var unauthorizedBackoffMilliseconds: UInt64 = 60_000
+    public var logger: Logger
+    public var clock: any WallClock = SystemWallClock()
+
+    public init(url: String, token: String, clusterID: String, seal: RelaySeal, logger: Logger) {
+        self.url = url
+        self.token = token
+        self.clusterID = clusterID
+        self.seal = seal
+        self.logger = logger
+    }
+}
+
+/// A node's link to a relay: uploads every transaction the relay lacks (the node's own and those it learnt from LAN
+/// peers), pulls what the node lacks with a long-poll, and applies it like changes from a peer. It never blocks the
+/// node: a relay that does not answer is retried with backoff and jitter while local writes and LAN sync go on.
+public final class RelayLink: Service, Sendable {
+    public let configuration: RelayClientConfiguration
+    let node: SyncNode
+    private let base: String
+    private let state: Mutex<RelayStatus>
+    private let sizes: Mutex<(piece: Int, request: Int)>
+    private let lastReported = Mutex<String?>(nil)
+    /// What happens, as it happens.
+    public let events: AsyncStream<RelayEvent>
+    private let eventSink: AsyncStream<RelayEvent>.Continuation
+
+    /// A link for `node`; the URL is checked here (an `http://` URL must name a loopback address: the token would
+    /// otherwise cross the network in clear).
+    public init(node: SyncNode, configuration: RelayClientConfiguration) throws(ShoalError) {
+        var url = configuration.url
+        while url.hasSuffix("/") { url.removeLast() }
+        let lowered = url.lowercased()
+        guard lowered.hasPrefix("https://") || lowered.hasPrefix("http://"),
+            let components = URLComponents(string: url), let host = components.host, !host.isEmpty
+        else {
+            throw ShoalError(code: .invalidArgument, message: "--relay wants an https:// (or loopback http://) URL, got \"\(configuration.url)\"")
+        }
+        if lowered.hasPrefix("http://") {
+            guard host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.") else {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "plain http:// to \(host) would send the token in clear: use https:// (http:// only to loopback)"
+                )
+            }
+        }
+        guard !configuration.token.isEmpty else {
+            throw ShoalError(code: .invalidArgument, message: "a relay needs a token (--relay-token; `shoal relay token create` makes one)")
+        }
+        self.node = node
+        self.configuration = configuration
+        base = url
+        state = Mutex(RelayStatus(url: url))
+        sizes = Mutex((configuration.pieceBytes, configuration.requestBytes))
+        (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
+    }
+
+    /// The relay as this node sees it now.
+    public var status: RelayStatus { state.withLock { $0 } }
+
+    /// Uploads and pulls until cancelled or shut down gracefully.
+    public func run() async throws {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.minimumTLSVersion = .tlsv12
+        if let ca = configuration.caCertificatePath { tls.trustRoots = .file(ca) }
+        var http = HTTPClient.Configuration(
+            tlsConfiguration: tls,
+            timeout: HTTPClient.Configuration.Timeout(connect: .seconds(5), read: .seconds(90))
+        )
+        http.httpVersion = .http1Only
+        let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
+        do {
+            try await cancelWhenGracefulShutdown {
+                try await withThrowingDiscardingTaskGroup { group in
+                    group.addTask { try await self.pushLoop(client) }
+                    group.addTask { try await self.pullLoop(client) }
+                }
+            }
+        } catch {
+            // Cancelled: the node is stopping.
+        }
+        eventSink.finish()
+        try? await client.shutdown()
+    }
+
+    // MARK: Upload
+
+    private func pushLoop(_ client: HTTPClient) async throws {
+        var signals = await node.changeSignals().makeAsyncIterator()
+        var heads: VersionVector?
+        var backoff = Backoff(
+            initialMilliseconds: configuration.initialBackoffMilliseconds,
+            maximumMilliseconds: configuration.maximumBackoffMilliseconds
+        )
+        var due = true
+        var raced = 0
+        while !Task.isCancelled {
+            if !due {
+                guard await signals.next() != nil else { return }
+            }
+            due = false
+            do throws(RelayCallError) {
+                if heads == nil { heads = try await fetchHeads(client) }
+                var known = heads!
+                let finished = try await pushOnce(client, heads: &known)
+                heads = known
+                if finished {
+                    raced = 0
+                    backoff.reset()
+                } else {
+                    // Another node moved the relay's heads while this one uploaded: cut again from the new heads,
+                    // at once the first time, then with backoff.
+                    raced += 1
+                    due = true
+                    if raced > 1 { try? await Task.sleep(for: .milliseconds(backoff.next())) }
+                }
+            } catch {
+                heads = nil
+                due = true
+                try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
+            }
+        }
+    }
+
+    private func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
+        let (body, _) = try await call(client, .GET, RelayAPI.headsPath, body: nil, timeout: .seconds(30))
+        let heads: RelayHeads = try decodeJSON(body)
+        do {
+            return try RelayAPI.vector(heads.heads)
+        } catch {
+            throw RelayCallError.malformed("the relay's heads: \(error.message)")
+        }
+    }
+
+    /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
+    private func pushOnce(_ client: HTTPClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
+        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        noteLacking(held: held, heads: heads)
+        guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
+        let (pieceBytes, requestBytes) = sizes.withLock { $0 }
+        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
+        var claim = heads
+        var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32)] = [:]
+        var outgoing: [RelayEnvelope] = []
+        var outgoingBytes = 0
+        var finished = true
+        do throws(RelayCallError) {
+            while let batch = try await local({ () throws(ShoalError) in
+                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
+            }) {
+                var bySite: [SiteID: [Change]] = [:]
+                for change in batch.changes { bySite[change.stamp.site, default: []].append(change) }
+                var sites = Set(bySite.keys)
+                for (site, seq) in batch.claim.entries where seq > claim[site] { sites.insert(site) }
+                for site in sites.sorted() {
+                    let advanced = batch.claim[site] > claim[site]
+                    var range = ranges[site] ?? (claim[site], UInt64.random(in: 1...UInt64.max), 0)
+                    let plaintext = WireMessage.changeBatch(
+                        ChangeBatchMessage(
+                            requestID: 0,
+                            isLast: true,
+                            batch: ChangeBatch(
+                                changes: bySite[site] ?? [],
+                                claim: advanced ? VersionVector([site: batch.claim[site]]) : VersionVector()
+                            )
+                        )
+                    ).encoded()
+                    var offset = 0
+                    while offset < plaintext.count {
+                        let end = min(plaintext.count, offset + pieceBytes)
+                        let last = end == plaintext.count
+                        var flags: RelayEnvelope.Flags = []
+                        if last { flags.insert(.batchEnd) }
+                        if last && advanced { flags.insert(.rangeEnd) }
+                        let envelope = try localNow { () throws(ShoalError) in
+                            try configuration.seal.seal(
+                                Array(plaintext[offset..<end]),
+                                into: RelayEnvelope(
+                                    cluster: configuration.clusterID,
+                                    epoch: 0,
+                                    site: site,
+                                    from: range.from,
+                                    to: last && advanced ? batch.claim[site] : 0,
+                                    upload: range.upload,
+                                    index: range.index,
+                                    flags: flags,
+                                    sealed: []
+                                )
+                            )
+                        }
+                        range.index += 1
+                        offset = end
+                        outgoing.append(envelope)
+                        outgoingBytes += envelope.encodedCount
+                        if outgoingBytes >= requestBytes {
+                            guard try await send(client, &outgoing, heads: &heads) else {
+                                finished = false
+                                break
+                            }
+                            outgoingBytes = 0
+                        }
+                    }
+                    if !finished { break }
+                    ranges[site] = advanced ? nil : range
+                }
+                if !finished { break }
+                claim.merge(batch.claim)
+            }
+            if finished && !outgoing.isEmpty { finished = try await send(client, &outgoing, heads: &heads) }
+        } catch {
+            await node.closeChangeCursor(cursor)
+            throw error
+        }
+        await node.closeChangeCursor(cursor)
+        noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        return finished
+    }
+
+    /// Sends `envelopes` (and empties it); `false` when some were refused because the relay's heads moved.
+    private func send(
+        _ client: HTTPClient,
+        _ envelopes: inout [RelayEnvelope],
+        heads: inout VersionVector
+    ) async throws(RelayCallError) -> Bool {
+        let body = RelayEnvelopeList.encode(envelopes)
+        let count = envelopes.count
+        envelopes = []
+        let (answer, _) = try await call(
+            client,
+            .POST,
+            RelayAPI.changeSetsPath,
+            body: body,
+            contentType: RelayAPI.envelopeContentType,
+            timeout: .seconds(120)
+        )
+        let result: RelayUploadResult = try decodeJSON(answer)
+        do {
+            heads.merge(try RelayAPI.vector(result.heads))
+        } catch {
+            throw RelayCallError.malformed("the relay's heads: \(error.message)")
+        }
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { status in
+            status.lastPushMs = now
+            status.uploaded += UInt64(result.stored)
+        }
+        if result.stored > 0 { eventSink.yield(.uploaded(chunks: result.stored)) }
+        configuration.logger.debug(
+            "uploaded to the relay",
+            metadata: ["sent": "\(count)", "stored": "\(result.stored)", "gaps": "\(result.gaps)"]
+        )
+        return result.gaps == 0
+    }
+
+    private func noteLacking(held: VersionVector, heads: VersionVector) {
+        var lacking: UInt64 = 0
+        for (site, seq) in held.entries where seq > heads[site] { lacking += seq - heads[site] }
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { status in
+            status.lacking = lacking
+            if lacking == 0 {
+                status.lackingSinceMs = nil
+            } else if status.lackingSinceMs == nil {
+                status.lackingSinceMs = now
+            }
+        }
+    }
+
+    // MARK: Pull
+
+    /// Where a pull stands: the vector it asks with, and the ranges a page ended inside.
+    private struct PullState {
+        var cursor = VersionVector()
+        var resume: [SiteID: (from: UInt64, index: UInt32)] = [:]
+        var buffers: [SiteID: [UInt8]] = [:]
+    }
+
+    private func pullLoop(_ client: HTTPClient) async throws {
+        var pull = PullState()
+        var backoff = Backoff(
+            initialMilliseconds: configuration.initialBackoffMilliseconds,
+            maximumMilliseconds: configuration.maximumBackoffMilliseconds
+        )
+        while !Task.isCancelled {
+            do throws(RelayCallError) {
+                pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
+                let request = RelayPullRequest(
+                    vector: RelayAPI.json(pull.cursor),
+                    resume: pull.resume.isEmpty
+                        ? nil
+                        : pull.resume.map { RelayPullRequest.Resume(site: RelayAPI.key($0.key), from: $0.value.from, index: $0.value.index) },
+                    waitMilliseconds: configuration.waitMilliseconds,
+                    maximumBytes: configuration.pageBytes
+                )
+                let body = Array((try? JSONEncoder().encode(request)) ?? Data())
+                let (answer, _) = try await call(
+                    client,
+                    .POST,
+                    RelayAPI.pullPath,
+                    body: body,
+                    contentType: "application/json",
+                    timeout: .milliseconds(Int64(configuration.waitMilliseconds) + 60_000)
+                )
+                let envelopes: [RelayEnvelope]
+                do {
+                    envelopes = try RelayEnvelopeList.decode(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
+                } catch {
+                    throw RelayCallError.malformed("a page from the relay: \(error.message)")
+                }
+                var applied = 0
+                for envelope in envelopes { applied += try await receive(envelope, &pull) }
+                let now = configuration.clock.nowMilliseconds()
+                state.withLock { status in
+                    status.lastPullMs = now
+                    status.received += UInt64(envelopes.count)
+                    status.applied += UInt64(applied)
+                }
+                if applied > 0 { eventSink.yield(.applied(changes: applied)) }
+                backoff.reset()
+            } catch {
+                // Ranges in progress start again from their first chunk.
+                pull.resume = [:]
+                pull.buffers = [:]
+                try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
+            }
+        }
+    }
+
+    /// Opens one envelope and, when it completes a batch, applies the batch; returns the changes applied.
+    private func receive(_ envelope: RelayEnvelope, _ pull: inout PullState) async throws(RelayCallError) -> Int {
+        let site = envelope.site
+        guard envelope.cluster == configuration.clusterID else {
+            throw RelayCallError.malformed("the relay sent a change set of another cluster (\(envelope.cluster.prefix(64)))")
+        }
+        if let point = pull.resume[site] {
+            guard envelope.from == point.from, envelope.index == point.index else {
+                throw RelayCallError.malformed(
+                    "the relay sent chunk \(envelope.index) of the range after \(envelope.from) of site "
+                        + "\(site.hex.prefix(8)); chunk \(point.index) of the range after \(point.from) was next"
+                )
+            }
+        } else {
+            guard envelope.index == 0, envelope.from <= pull.cursor[site] else {
+                throw RelayCallError.malformed(
+                    "the relay sent chunk \(envelope.index) of the range after \(envelope.from) of site "
+                        + "\(site.hex.prefix(8)), which this node cannot apply after \(pull.cursor[site])"
+                )
+            }
+        }
+        let plaintext = try localNow { () throws(ShoalError) in try configuration.seal.open(envelope) }
+        pull.buffers[site, default: []] += plaintext
+        pull.resume[site] = (envelope.from, envelope.index + 1)
+        guard envelope.flags.contains(.batchEnd) else { return 0 }
+        let bytes = pull.buffers.removeValue(forKey: site) ?? []
+        let message: WireMessage
+        do {
+            message = try WireMessage.decode(bytes)
+        } catch {
+            throw RelayCallError.local(
+                ShoalError(code: .malformedMessage, message: "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)")
+            )
+        }
+        guard case .changeBatch(let batch) = message else {
+            throw RelayCallError.local(
+                ShoalError(code: .malformedMessage, message: "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
+            )
+        }
+        for change in batch.batch.changes {
+            let seq = change.stamp.seq
+            guard change.stamp.site == site, seq > envelope.from, !envelope.endsRange || seq <= envelope.to else {
+                throw RelayCallError.local(
+                    ShoalError(
+                        code: .malformedMessage,
+                        message: "a sealed change set of site \(site.hex.prefix(8)) after seq \(envelope.from) holds "
+                            + "change \(change.stamp.site.hex.prefix(8)):\(seq), outside its range; nothing of it was applied"
+                    )
+                )
+            }
+        }
+        let claim = envelope.endsRange ? VersionVector([site: envelope.to]) : VersionVector()
+        let result = try await local { () throws(ShoalError) in
+            try await node.applyReceived(ChangeBatch(changes: batch.batch.changes, claim: claim))
+        }
+        if envelope.endsRange {
+            pull.cursor.advance(site, to: envelope.to)
+            pull.resume[site] = nil
+        }
+        return result.applied
+    }
+
+    // MARK: Calls
+
+    private func call(
+        _ client: HTTPClient,
+        _ method: HTTPMethod,
+        _ path: String,
+        body: [UInt8]?,
+        contentType: String = "application/json",
+        timeout: TimeAmount
+    ) async throws(RelayCallError) -> (body: [UInt8], headers: HTTPHeaders) {
+        var request = HTTPClientRequest(url: base + path)
+        request.method = method
+        request.headers.add(name: "Authorization", value: "Bearer \(configuration.token)")
+        if let body {
+            request.headers.add(name: "Content-Type", value: contentType)
+            request.body = .bytes(ByteBuffer(bytes: body))
+        }
+        let status: HTTPResponseStatus
+        let headers: HTTPHeaders
+        let answer: [UInt8]
+        do {
+            let response = try await client.execute(request, timeout: timeout)
+            status = response.status
+            headers = response.headers
+            answer = Array(try await response.body.collect(upTo: 80 * 1024 * 1024).readableBytesView)
+        } catch is CancellationError {
+            throw RelayCallError.cancelled
+        } catch {
+            if Task.isCancelled { throw RelayCallError.cancelled }
+            throw RelayCallError.unreachable(Self.describe(error))
+        }
+        markReachable()
+        guard status.code >= 300 else { return (answer, headers) }
+        let refusal = try? JSONDecoder().decode(RelayErrorBody.self, from: Data(answer))
+        let reason = refusal.map { "\($0.message) (\(status.code) \($0.error))" } ?? "HTTP \(status.code)"
+        switch status.code {
+        case 401, 403:
+            throw RelayCallError.unauthorized(reason)
+        case 413:
+            throw RelayCallError.tooLarge(limit: refusal?.limit, reason)
+        case 429:
+            let retry = headers.first(name: "Retry-After").flatMap { Int($0) } ?? refusal?.retryAfterSeconds ?? 1
+            throw RelayCallError.rateLimited(retryAfterSeconds: retry, reason)
+        case 400..<500:
+            throw RelayCallError.refused(reason)
+        default:
+            throw RelayCallError.server(reason)
+        }
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        if let error = error as? HTTPClientError {
+            switch error {
+            case .connectTimeout: return "the connection timed out"
+            case .readTimeout, .deadlineExceeded: return "the relay did not answer in time"
+            case .remoteConnectionClosed: return "the relay closed the connection"
+            default: break
+            }
+        }
+        if let error = error as? NIOSSLError { return "TLS failed: \(error)" }
+        if let error = error as? BoringSSLError { return "TLS failed: \(error)" }
+        let text = "\(error)"
+        if text.contains("connectionRefused") || text.contains("Connection refused") { return "connection refused" }
+        return text
+    }
+
+    private func decodeJSON<T: Decodable>(_ bytes: [UInt8]) throws(RelayCallError) -> T {
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(bytes))
+        } catch {
+            throw RelayCallError.malformed("the relay answered with JSON this build cannot read")
+        }
+    }
+
+    private func local<T>(_ body: () async throws(ShoalError) -> T) async throws(RelayCallError) -> T {
+        do {
+            return try await body()
+        } catch {
+            throw RelayCallError.local(error)
+        }
+    }
+
+    private func localNow<T>(_ body: () throws(ShoalError) -> T) throws(RelayCallError) -> T {
+        do {
+            return try body()
+        } catch {
+            throw RelayCallError.local(error)
+        }
+    }
+
+    // MARK: Status
+
+    private func markReachable() {
+        let now = configuration.clock.nowMilliseconds()
+        let changed = state.withLock { status in
+            guard status.reachable != true else { return false }
+            status.reachable = true
+            status.sinceMs = now
+            return true
+        }
+        if changed {
+            lastReported.withLock { $0 = nil }
+            configuration.logger.info("relay reachable", metadata: ["url": "\(base)"])
+            eventSink.yield(.reachable)
+        }
+    }
+
+    /// Records a failure and returns how long to wait before the next try.
+    private func failed(_ error: RelayCallError, backoff: inout Backoff) -> UInt64 {
+        let now = configuration.clock.nowMilliseconds()
+        var delay = backoff.next()
+        let reason: String
+        switch error {
+        case .cancelled:
+            return 0
+        case .unreachable(let why), .server(let why):
+            reason = "the relay at \(base) did not answer: \(why)"
+            state.withLock { status in
+                if status.reachable != false { status.sinceMs = now }
+                status.reachable = false
+            }
+        case .unauthorized(let why):
+            reason = "the relay refused the token: \(why)"
+            delay = max(delay, configuration.unauthorizedBackoffMilliseconds)
+        case .rateLimited(let seconds, let why):
+            reason = "the relay limits requests: \(why)"
+            delay = max(delay, UInt64(max(1, seconds)) * 1000 + UInt64.random(in: 0...500))
+        case .tooLarge(let limit, let why):
+            reason = "the relay refused a request as too large: \(why)"
+            sizes.withLock { sizes in
+                let cap = limit.map { max(64 * 1024, $0 / 2) } ?? Int.max
+                sizes.piece = max(64 * 1024, min(sizes.piece / 2, cap))
+                sizes.request = max(sizes.piece * 2, min(sizes.request / 2, limit ?? Int.max))
+            }
+        case .refused(let why), .malformed(let why):
+            reason = "relay: \(why)"
+        case .local(let why):
+            reason = "relay changes could not be used here: \(why.message)"
+        }
+        state.withLock { status in
+            status.lastError = reason
+            status.lastErrorMs = now
+            if case .unauthorized = error { status.unauthorized = true }
+        }
+        let isNew = lastReported.withLock { last in
+            defer { last = reason }
+            return last != reason
+        }
+        if isNew {
+            configuration.logger.warning("\(reason); retrying in \(delay / 1000) s and later with backoff")
+            if case .unauthorized = error { eventSink.yield(.unauthorized(reason)) } else { eventSink.yield(.failed(reason)) }
+        }
+        if case .unauthorized = error {} else {
+            state.withLock { $0.unauthorized = false }
+        }
+        return delay
+    }
+}
+
+/// Why a call to the relay failed.
+enum RelayCallError: Error {
+    case cancelled
+    case unreachable(String)
+    case server(String)
+    case unauthorized(String)
+    case rateLimited(retryAfterSeconds: Int, String)
+    case tooLarge(limit: Int?, String)
+    case refused(String)
+    case malformed(String)
+    case local(ShoalError)
+}

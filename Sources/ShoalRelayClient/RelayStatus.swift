@@ -1,0 +1,46 @@
+/// The relay as a node sees it, for `shoal status` and the library API.
+public struct RelayStatus: Sendable, Hashable, Codable {
+    /// The relay's URL.
+    public var url: String
+    /// Whether the relay answered the last request (`nil`: not tried yet).
+    public var reachable: Bool?
+    /// Since when it has (or has not) answered, Unix milliseconds.
+    public var sinceMs: UInt64?
+    /// When an upload last succeeded.
+    public var lastPushMs: UInt64?
+    /// When a pull last succeeded.
+    public var lastPullMs: UInt64?
+    /// Transactions this node holds that the relay lacks (its own and those it learnt from peers).
+    public var lacking: UInt64 = 0
+    /// Since when the relay has lacked some of them, without a break: the age of the oldest it lacks, at most.
+    public var lackingSinceMs: UInt64?
+    /// The last failure, in words.
+    public var lastError: String?
+    /// When the last failure happened.
+    public var lastErrorMs: UInt64?
+    /// The relay refused the token (wrong, revoked, or for another cluster): the node retries only rarely.
+    public var unauthorized = false
+    /// Change-set chunks uploaded and received since the node started.
+    public var uploaded: UInt64 = 0
+    public var received: UInt64 = 0
+    /// Changes applied from the relay since the node started.
+    public var applied: UInt64 = 0
+
+    public init(url: String) {
+        self.url = url
+    }
+}
+
+/// What the relay link reports as it happens (for the CLI's log and for tests).
+public enum RelayEvent: Sendable, Hashable {
+    /// The relay answered, after not answering (or for the first time).
+    case reachable
+    /// A request failed; repeated failures with the same reason are reported once.
+    case failed(String)
+    /// The relay refused the token.
+    case unauthorized(String)
+    /// Change-set chunks went up.
+    case uploaded(chunks: Int)
+    /// Changes from the relay were applied.
+    case applied(changes: Int)
+}

@@ -1,0 +1,48 @@
+import ShoalCore
+import ShoalStore
+
+/// What another transport (the relay client) needs from a node: read the changes some version vector lacks, apply
+/// changes it received, and hear when the node's data may have changed.
+extension SyncNode {
+    /// Starts reading what `since` lacks; batches then come from ``nextChangeBatch(_:maxChanges:maxBytes:)``.
+    public func openChangeCursor(since: VersionVector) async throws(ShoalError) -> Int {
+        try await worker.openCursor(since: since)
+    }
+
+    /// The next batch of a cursor (`nil` after the last), bounded as ``Store/nextBatch(_:maxChanges:maxBytes:)``.
+    public func nextChangeBatch(_ cursor: Int, maxChanges: Int, maxBytes: Int) async throws(ShoalError) -> ChangeBatch? {
+        try await worker.nextBatch(cursor, maxChanges: maxChanges, maxBytes: maxBytes)?.batch
+    }
+
+    /// Drops a cursor before its end.
+    public func closeChangeCursor(_ cursor: Int) async {
+        await worker.closeCursor(cursor)
+    }
+
+    /// Applies changes received by another way than a peer link (one transaction; the claim is taken as far as
+    /// the changes prove it), then starts rounds so that connected peers get them at once.
+    public func applyReceived(_ batch: ChangeBatch) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector) {
+        let result = try await worker.apply(batch)
+        if result.applied > 0 { broadcast(.localChange) }
+        return result
+    }
+
+    /// A signal each time the node's data may have changed: a local write (through the node or another process),
+    /// changes applied from a peer, a periodic round. Ends when the node stops.
+    public func changeSignals() -> AsyncStream<Void> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        nextChangeWatcher += 1
+        let id = nextChangeWatcher
+        changeWatchers[id] = continuation
+        continuation.onTermination = { _ in Task { await self.dropChangeWatcher(id) } }
+        return stream
+    }
+
+    private func dropChangeWatcher(_ id: Int) {
+        changeWatchers[id] = nil
+    }
+
+    func signalChangeWatchers() {
+        for watcher in changeWatchers.values { watcher.yield() }
+    }
+}

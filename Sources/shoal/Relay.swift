@@ -1,0 +1,156 @@
+import ArgumentParser
+import Foundation
+import Logging
+import ServiceLifecycle
+import Shoal
+import ShoalRelay
+
+extension ShoalCommand {
+    struct Relay: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Run a relay: a blind store-and-forward endpoint nodes sync through when they cannot reach each other.",
+            discussion: """
+                The relay stores change sets sealed with each cluster's key: it sees clusters, sites, sequence \
+                numbers, sizes and times, never tables, keys or values. Nodes use it with \
+                `shoal serve --relay URL --relay-token TOKEN`.
+                """,
+            subcommands: [Serve.self, Token.self]
+        )
+    }
+}
+
+/// Where a relay keeps its data.
+struct RelayStorageOptions: ParsableArguments {
+    @Option(help: "Directory of the relay's embedded database (made when missing).") var data: String
+
+    func open() throws -> any RelayStorage {
+        try SQLiteRelayStorage(directory: data)
+    }
+}
+
+extension ShoalCommand.Relay {
+    struct Serve: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Serve the relay until stopped (SIGINT or SIGTERM).",
+            discussion: """
+                Prints `relay listening on HOST:PORT` once bound (port 0 picks a free port). HTTPS with --tls-cert \
+                and --tls-key; plain HTTP only on a loopback address, for tests and demos.
+                """
+        )
+
+        @OptionGroup var storage: RelayStorageOptions
+        @Option(help: "Address to listen on, HOST:PORT.") var listen = "127.0.0.1:8443"
+        @Option(help: "PEM certificate chain for HTTPS.") var tlsCert: String?
+        @Option(help: "PEM private key for HTTPS.") var tlsKey: String?
+        @Option(help: "Largest request body accepted, in bytes (413 beyond).")
+        var maxRequestBytes = RelayAPI.defaultMaximumRequestBytes
+        @Option(help: "Largest change set accepted, in bytes (413 beyond).")
+        var maxChangesetBytes = RelayAPI.defaultMaximumEnvelopeBytes
+        @Option(help: "Requests a second each token may make on average (429 beyond; bursts of twice as many).")
+        var rateLimit = 200
+
+        func run() async throws {
+            guard let address = PeerAddress(parsing: listen) else {
+                throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
+            }
+            guard (tlsCert == nil) == (tlsKey == nil) else {
+                throw ShoalError(code: .invalidArgument, message: "--tls-cert and --tls-key go together")
+            }
+            var logger = Logger(label: "shoal.relay")
+            logger.logLevel = .info
+            var configuration = RelayServerConfiguration(host: address.host, port: address.port, logger: logger)
+            configuration.tlsCertificatePath = tlsCert
+            configuration.tlsKeyPath = tlsKey
+            configuration.maximumRequestBytes = maxRequestBytes
+            configuration.maximumEnvelopeBytes = maxChangesetBytes
+            configuration.requestsPerSecond = rateLimit
+            let server = RelayServer(configuration: configuration, storage: try storage.open())
+            let scheme = tlsCert == nil ? "http" : "https"
+            let host = address.host
+            let service = RelayService(server: server) { port in
+                FileHandle.standardOutput.write(Data("relay listening on \(scheme)://\(PeerAddress(host: host, port: port))\n".utf8))
+            }
+            let group = ServiceGroup(
+                configuration: ServiceGroupConfiguration(
+                    services: [.init(service: service)],
+                    gracefulShutdownSignals: [.sigterm, .sigint],
+                    logger: logger
+                )
+            )
+            try await group.run()
+        }
+    }
+
+    struct Token: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make, list and revoke the relay's bearer tokens (one cluster each).",
+            subcommands: [Create.self, List.self, Revoke.self]
+        )
+    }
+}
+
+/// The relay server as a service of a group.
+struct RelayService: Service {
+    let server: RelayServer
+    let onListening: @Sendable (Int) async -> Void
+
+    func run() async throws {
+        try await server.run(onListening: onListening)
+    }
+}
+
+extension ShoalCommand.Relay.Token {
+    struct Create: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make a token for one cluster and print it (last line). Only its hash is kept: save it now.",
+            discussion: "The cluster id is the one `shoal status` shows (`cluster_id` in `shoal status --json`)."
+        )
+        @OptionGroup var storage: RelayStorageOptions
+        @Option(help: "The cluster the token reaches (and no other).") var cluster: String
+        @Option(help: "A name for the token, shown by `token list`.") var label = ""
+
+        func run() async throws {
+            let trimmed = cluster.trimmingCharacters(in: .whitespaces)
+            guard (1...RelayEnvelope.maximumClusterBytes).contains(trimmed.utf8.count),
+                trimmed.unicodeScalars.allSatisfy({ $0.isASCII && !$0.properties.isWhitespace && $0.value >= 0x21 })
+            else {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--cluster wants a cluster id (1 to \(RelayEnvelope.maximumClusterBytes) printable characters), got \"\(cluster.prefix(80))\""
+                )
+            }
+            let token = try await storage.open().createToken(cluster: trimmed, label: label)
+            FileHandle.standardError.write(Data("shoal: a token for cluster \(trimmed); it is shown once\n".utf8))
+            print(token)
+        }
+    }
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List tokens: hash prefix, cluster, label, state.")
+        @OptionGroup var storage: RelayStorageOptions
+
+        func run() async throws {
+            for token in try await storage.open().tokens() {
+                let state = token.revoked == nil ? "active" : "revoked"
+                print("\(token.hash.prefix(16))  \(token.cluster)  \(state)  \(token.label)")
+            }
+        }
+    }
+
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Revoke a token (the token, or its hash as `token list` shows it in full), or every token of a cluster."
+        )
+        @OptionGroup var storage: RelayStorageOptions
+        @Argument(help: "The token or its hash; with --cluster, the cluster id.") var token: String
+        @Flag(help: "Revoke every token of the cluster named.") var cluster = false
+
+        func run() async throws {
+            let count = try await storage.open().revokeTokens(matching: token, wholeCluster: cluster)
+            guard count > 0 else {
+                throw ShoalError(code: .invalidArgument, message: "no active token matches")
+            }
+            print("revoked \(count) token\(count == 1 ? "" : "s")")
+        }
+    }
+}
