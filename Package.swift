@@ -256,6 +256,16 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "ShoalRelayTests",
+            dependencies: [
+                "ShoalRelay", "ShoalRelayClient", "ShoalRelayProtocol", "ShoalCore", "ShoalProtocol", "ShoalStore",
+                "ShoalSecurity", "shoal", "ShoalTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "ShoalStoreTests",
             dependencies: [
                 "ShoalStore", "ShoalCore", "ShoalProtocol", "shoal", "ShoalTestSupport",

@@ -457,7 +457,10 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.unreachable(Self.describe(error))
         }
         markReachable()
-        guard status.code >= 300 else { return (answer, headers) }
+        guard status.code >= 300 else {
+            state.withLock { status in if status.unauthorized { status.unauthorized = false } }
+            return (answer, headers)
+        }
         let refusal = try? JSONDecoder().decode(RelayErrorBody.self, from: Data(answer))
         let reason = refusal.map { "\($0.message) (\(status.code) \($0.error))" } ?? "HTTP \(status.code)"
         switch status.code {

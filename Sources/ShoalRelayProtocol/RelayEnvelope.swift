@@ -208,6 +208,9 @@ public enum RelayEnvelopeList {
         var envelopes: [RelayEnvelope] = []
         while !reader.isAtEnd {
             let length = Int(try reader.integer(4))
+            guard length <= reader.remaining else {
+                throw ShoalError(code: .truncatedStream, message: "truncated change set list: it ends inside a change set")
+            }
             guard length <= maximumEnvelopeBytes else {
                 throw ShoalError(
                     code: .frameTooLarge,
@@ -231,6 +234,8 @@ struct ByteReader {
     }
 
     var isAtEnd: Bool { position == bytes.endIndex }
+
+    var remaining: Int { bytes.endIndex - position }
 
     mutating func bytes(_ count: Int) throws(ShoalError) -> ArraySlice<UInt8> {
         guard count >= 0, bytes.endIndex - position >= count else {

@@ -1,0 +1,149 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+/// Nodes that sync only through a relay, every part a real process: `shoal relay serve` and `shoal serve`.
+@Suite(.serialized) struct RelayProcessTests {
+    @Test func twoNodesThatNeverSeeEachOtherConvergeAndTheRelayHoldsNoByteOfTheirData() async throws {
+        let world = try await RelayWorld("relay-two", nodes: ["a", "b"])
+        defer { Task { await world.tearDown() } }
+        try await world.serve("a")
+        try await world.serve("b")
+        let marker = "MARKER-\(UInt64.random(in: 0...UInt64.max))-SECRET"
+        // Every SQLite type, TEXT with a NUL and invalid UTF-8, rows of several KB and a 3 MB BLOB, written by
+        // another program (the sqlite3 shell) on both sides.
+        try await world.write(
+            "a",
+            """
+            INSERT INTO kv VALUES ('marker', '\(marker)');
+            INSERT INTO kv VALUES ('int', 42), ('real', 2.5), ('null', NULL), ('blob', x'00ff10');
+            INSERT INTO kv VALUES ('nul', CAST(x'610062' AS TEXT)), ('bad-utf8', CAST(x'c328ff' AS TEXT));
+            INSERT INTO kv VALUES ('big', randomblob(3000000));
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+            INSERT INTO kv SELECT 'row' || i, printf('%.4000c', 'x') || i FROM n;
+            """
+        )
+        try await world.write("b", "INSERT INTO kv VALUES ('from b', 'b wrote this')")
+        #expect(try await world.converge(["a", "b"]))
+        // Both directions, and later writes too (the long-poll delivers them without a restart).
+        try await world.write("b", "UPDATE kv SET v = 'b changed it' WHERE k = 'int'")
+        #expect(try await world.converge(["a", "b"]))
+        let status = try await world.relayStatus("a")
+        #expect(status["reachable"] as? Bool == true)
+        #expect(try await waitUntil(within: 10) { (try await world.relayStatus("a"))["lacking"] as? Int == 0 })
+        // The relay's files (database, WAL, shared memory) hold no byte of the marker.
+        let needle = Data(marker.utf8)
+        let files = try filesBytes(under: world.relayData)
+        #expect(!files.isEmpty)
+        for (name, bytes) in files {
+            #expect(bytes.range(of: needle) == nil, "the relay's \(name) holds the marker")
+            #expect(bytes.range(of: Data("b wrote this".utf8)) == nil, "the relay's \(name) holds a value")
+        }
+    }
+
+    @Test func aWriterThatStopsBeforeTheReaderFirstStartsStillReachesIt() async throws {
+        let world = try await RelayWorld("relay-offline", nodes: ["a", "b"])
+        defer { Task { await world.tearDown() } }
+        try await world.serve("a")
+        try await world.write("a", "INSERT INTO kv VALUES ('left before b came', 1)")
+        #expect(try await waitUntil(within: 30) {
+            let relay = try await world.relayStatus("a")
+            return relay["lacking"] as? Int == 0 && relay["lastPushMs"] != nil
+        })
+        try await world.stop("a")
+        try await world.serve("b")
+        // b gets everything a wrote (a cannot get b's own writes back: it is gone).
+        let path = world.paths["b"]!
+        #expect(try await waitUntil(within: 30, checkingEvery: 100) {
+            try await offPool { try sqlite3Shell(path, "SELECT v FROM kv WHERE k = 'left before b came'") }.stdout == "1\n"
+        })
+        try await world.serve("a")
+        #expect(try await world.converge(["a", "b"]))
+    }
+
+    @Test func aLANOfThreeWithOneRelayedNodeAndAFourthElsewhereConverge() async throws {
+        let world = try await RelayWorld("relay-lan", nodes: ["a", "b", "c", "d"])
+        defer { Task { await world.tearDown() } }
+        // a, b and c form a LAN (static peers, no mDNS); only a knows the relay. d is elsewhere: relay only.
+        try await world.serve("a")
+        try await world.serve("b", relay: false, peers: ["a"])
+        try await world.serve("c", relay: false, peers: ["a", "b"])
+        try await world.serve("d")
+        try await world.write("b", "INSERT INTO kv VALUES ('b on the LAN', 1)")
+        try await world.write("c", "INSERT INTO kv VALUES ('c on the LAN', 2)")
+        try await world.write("d", "INSERT INTO kv VALUES ('d far away', 3)")
+        #expect(try await world.converge(["a", "b", "c", "d"]))
+    }
+
+    @Test func aWrongTokenIsRefusedOnceAndTheNodeBacksOffAndSaysSo() async throws {
+        let world = try await RelayWorld("relay-token", nodes: ["a"])
+        defer { Task { await world.tearDown() } }
+        let node = try await world.serve("a", token: "shoal-relay-" + String(repeating: "0", count: 64))
+        let refusal = await node.line(within: 30) { $0.contains("refused the token") }
+        #expect(refusal?.contains("unknown token") == true)
+        #expect(try await waitUntil(within: 10) { (try await world.relayStatus("a"))["unauthorized"] as? Bool == true })
+        // One line, not one per retry: the next try is a minute away at the least.
+        #expect(node.output.components(separatedBy: "refused the token").count == 2)
+        let status = try await world.relayStatus("a")
+        #expect((status["lastError"] as? String)?.contains("unknown token") == true)
+    }
+
+    @Test func aRevokedTokenStopsTheNodeAndTheStatusSaysWhy() async throws {
+        let world = try await RelayWorld("relay-revoke", nodes: ["a", "b"])
+        defer { Task { await world.tearDown() } }
+        let node = try await world.serve("a")
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["reachable"] as? Bool == true })
+        let data = world.relayData
+        let token = world.token
+        let revoked = try await offPool { try shoal("relay", "token", "revoke", "--data", data, token) }
+        #expect(revoked.status == 0)
+        try await world.write("a", "INSERT INTO kv VALUES ('after revocation', 1)")
+        let refusal = await node.line(within: 30) { $0.contains("refused the token") }
+        #expect(refusal?.contains("revoked") == true)
+        let count = try await world.relayQuery("SELECT count(*) FROM ranges")
+        // Nothing of a's later write reached the relay: b, with its own (revoked: the same) token, gets nothing.
+        try await world.serve("b")
+        #expect(try await waitUntil(within: 20) { (try await world.relayStatus("b"))["unauthorized"] as? Bool == true })
+        #expect(try await world.relayQuery("SELECT count(*) FROM ranges") == count)
+    }
+
+    @Test func aRelayDownThenUpAndKilledMidUploadLosesAndDuplicatesNothing() async throws {
+        let world = try await RelayWorld("relay-faults", nodes: ["a", "b"])
+        defer { Task { await world.tearDown() } }
+        try await world.serve("a")
+        try await world.serve("b")
+        try await world.write("a", "INSERT INTO kv VALUES ('before', 1)")
+        #expect(try await world.converge(["a", "b"]))
+        // Down: writes go on on both sides, and the status says the relay does not answer.
+        try await world.stopRelay()
+        try await world.write("a", "INSERT INTO kv VALUES ('while down a', 2)")
+        try await world.write("b", "INSERT INTO kv VALUES ('while down b', 3)")
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["reachable"] as? Bool == false })
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["lacking"] as? Int ?? 0 > 0 })
+        try await world.startRelay()
+        #expect(try await world.converge(["a", "b"], within: 90))
+        // A transaction of 40,000 rows of 2 KB (about 80 MB, many requests): the relay is killed mid-upload.
+        try await world.write(
+            "a",
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40000)
+            INSERT INTO kv SELECT 'bulk' || i, printf('%.2000c', 'y') || i FROM n;
+            """
+        )
+        #expect(try await waitUntil(within: 60, checkingEvery: 20) {
+            Int(try await world.relayQuery("SELECT count(*) FROM chunks").trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 > 3
+        })
+        try await world.stopRelay(kill: true)
+        try await world.startRelay()
+        #expect(try await world.converge(["a", "b"], within: 120))
+        // Each site's ranges form one chain, each starting where the one before ended: nothing twice, no gap.
+        let chains = try await world.relayQuery(
+            """
+            SELECT count(*) FROM ranges r WHERE from_seq != 0 AND NOT EXISTS
+              (SELECT 1 FROM ranges p WHERE p.cluster = r.cluster AND p.site = r.site AND p.to_seq = r.from_seq);
+            SELECT count(*) FROM (SELECT site, to_seq FROM ranges GROUP BY cluster, site, to_seq HAVING count(*) > 1);
+            """
+        )
+        #expect(chains.split(separator: "\n") == ["0", "0"])
+    }
+}

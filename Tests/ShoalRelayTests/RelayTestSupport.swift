@@ -1,0 +1,165 @@
+import Foundation
+import ShoalCore
+import ShoalSecurity
+import ShoalStore
+import ShoalTestSupport
+import Testing
+
+/// A relay process and the nodes of one cluster, each a real `shoal serve`, in a directory of their own.
+final class RelayWorld: @unchecked Sendable {
+    let directory: URL
+    let relayData: String
+    private(set) var relay: RunningProcess?
+    private(set) var relayURL = ""
+    private(set) var relayPort = 0
+    private(set) var nodes: [String: RunningProcess] = [:]
+    private(set) var ports: [String: Int] = [:]
+    let clusterID: String
+    let token: String
+    let paths: [String: String]
+
+    /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started, a token
+    /// made for the cluster.
+    init(_ name: String, nodes names: [String]) async throws {
+        directory = try temporaryDirectory(name)
+        relayData = directory.appendingPathComponent("relay").path
+        var paths: [String: String] = [:]
+        for name in names {
+            let path = directory.appendingPathComponent("\(name).db").path
+            var options = StoreOptions()
+            options.nodeName = name
+            let store = try Store(path: path, options: options)
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+            try Membership.initialize(databasePath: path, store: store, now: SystemWallClock().nowMilliseconds())
+            paths[name] = path
+        }
+        try Membership.formLocally(names.map { paths[$0]! }, now: SystemWallClock().nowMilliseconds())
+        self.paths = paths
+        clusterID = try KeyFile.load(forDatabase: paths[names[0]]!).cluster.idHex
+        let relayData = self.relayData
+        let cluster = clusterID
+        let made = try await offPool { try shoal("relay", "token", "create", "--data", relayData, "--cluster", cluster) }
+        guard made.status == 0, let token = made.stdout.split(separator: "\n").last.map(String.init) else {
+            throw TestSetupError("token create failed: \(made.stderr)")
+        }
+        self.token = token
+        try await startRelay()
+    }
+
+    /// Starts the relay (on its earlier port when it ran before, so nodes find it again).
+    func startRelay(extra: [String] = []) async throws {
+        let process = try RunningProcess(
+            try shoalExecutable(),
+            ["relay", "serve", "--data", relayData, "--listen", "127.0.0.1:\(relayPort)"] + extra
+        )
+        guard let line = await process.line(within: 30, { $0.hasPrefix("relay listening on ") }) else {
+            process.stop()
+            throw TestSetupError("the relay did not start: \(process.output)")
+        }
+        relay = process
+        relayURL = String(line.dropFirst("relay listening on ".count))
+        relayPort = Int(relayURL.split(separator: ":").last!)!
+    }
+
+    /// Stops the relay: gracefully, or with SIGKILL.
+    func stopRelay(kill: Bool = false) async throws {
+        guard let relay else { return }
+        if kill {
+            Foundation.kill(relay.pid, SIGKILL)
+            try await offPool { relay.process.waitUntilExit() }
+        } else {
+            try await offPool { relay.stop() }
+        }
+        self.relay = nil
+    }
+
+    /// Starts `shoal serve` on node `name`: no mDNS, no remembered peers; the relay unless `relay` is false; `peers`
+    /// are names of running nodes to dial.
+    @discardableResult
+    func serve(_ name: String, relay useRelay: Bool = true, peers: [String] = [], token: String? = nil) async throws
+        -> RunningProcess
+    {
+        var arguments = ["serve", "--db", paths[name]!, "--no-mdns", "--no-remembered", "--name", name]
+        if useRelay { arguments += ["--relay", relayURL, "--relay-token", token ?? self.token] }
+        for peer in peers { arguments += ["--peer", "127.0.0.1:\(ports[peer]!)"] }
+        let process = try RunningProcess(try shoalExecutable(), arguments)
+        guard let line = await process.line(within: 30, { $0.hasPrefix("listening on ") }) else {
+            process.stop()
+            throw TestSetupError("node \(name) did not start: \(process.output)")
+        }
+        nodes[name] = process
+        ports[name] = Int(line.split(separator: ":").last!)!
+        return process
+    }
+
+    /// Stops node `name` (SIGTERM).
+    func stop(_ name: String) async throws {
+        guard let node = nodes.removeValue(forKey: name) else { return }
+        try await offPool { node.stop() }
+    }
+
+    /// Writes through the `sqlite3` shell, as another application would.
+    func write(_ name: String, _ sql: String) async throws {
+        let path = paths[name]!
+        let result = try await offPool { try sqlite3Shell(path, sql) }
+        guard result.status == 0 else { throw TestSetupError("sqlite3 failed: \(result.stderr)") }
+    }
+
+    /// The digest line of node `name`'s database (read while it runs).
+    func digest(_ name: String) async throws -> String {
+        let path = paths[name]!
+        let output = try await offPool { try shoal("digest", "--db", path) }
+        return output.stdout
+    }
+
+    /// Whether every named node holds the same data, within `seconds`.
+    func converge(_ names: [String], within seconds: Double = 60) async throws -> Bool {
+        try await waitUntil(within: seconds, checkingEvery: 200) {
+            let digests = try await withThrowingTaskGroup(of: String.self) { group in
+                for name in names { group.addTask { try await self.digest(name) } }
+                return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+            }
+            return digests.count == 1
+        }
+    }
+
+    /// Node `name`'s `shoal status --json`.
+    func status(_ name: String) async throws -> [String: Any] {
+        let path = paths[name]!
+        let output = try await offPool { try shoal("status", "--db", path, "--json") }
+        return (try JSONSerialization.jsonObject(with: Data(output.stdout.utf8))) as? [String: Any] ?? [:]
+    }
+
+    /// The relay part of node `name`'s status.
+    func relayStatus(_ name: String) async throws -> [String: Any] {
+        try await status(name)["relay"] as? [String: Any] ?? [:]
+    }
+
+    /// Runs SQL on the relay's own database with the `sqlite3` shell (the relay may be running).
+    func relayQuery(_ sql: String) async throws -> String {
+        let path = relayData + "/relay.sqlite"
+        return try await offPool { try sqlite3Shell(path, sql) }.stdout
+    }
+
+    /// Stops every process and removes the directory.
+    func tearDown() async {
+        for name in nodes.keys { try? await stop(name) }
+        try? await stopRelay()
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+/// The bytes of every file under `directory`.
+func filesBytes(under directory: String) throws -> [(String, Data)] {
+    let enumerator = FileManager.default.enumerator(atPath: directory)
+    var result: [(String, Data)] = []
+    while let name = enumerator?.nextObject() as? String {
+        let path = directory + "/" + name
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue {
+            result.append((name, try Data(contentsOf: URL(fileURLWithPath: path))))
+        }
+    }
+    return result
+}
