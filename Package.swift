@@ -158,6 +158,7 @@ let package = Package(
             name: "ShoalBench",
             dependencies: [
                 "Shoal", "ShoalToolSupport", "CSQLite",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

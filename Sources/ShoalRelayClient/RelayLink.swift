@@ -176,72 +176,30 @@ public final class RelayLink: Service, Sendable {
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let (pieceBytes, requestBytes) = sizes.withLock { $0 }
         let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
-        var claim = heads
-        var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32)] = [:]
+        var chunker = RelayChunker(
+            cluster: configuration.clusterID,
+            seal: configuration.seal,
+            heads: heads,
+            pieceBytes: pieceBytes
+        )
         var outgoing: [RelayEnvelope] = []
         var outgoingBytes = 0
         var finished = true
         do throws(RelayCallError) {
-            while let batch = try await local({ () throws(ShoalError) in
+            cutting: while let batch = try await local({ () throws(ShoalError) in
                 try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
             }) {
-                var bySite: [SiteID: [Change]] = [:]
-                for change in batch.changes { bySite[change.stamp.site, default: []].append(change) }
-                var sites = Set(bySite.keys)
-                for (site, seq) in batch.claim.entries where seq > claim[site] { sites.insert(site) }
-                for site in sites.sorted() {
-                    let advanced = batch.claim[site] > claim[site]
-                    var range = ranges[site] ?? (claim[site], UInt64.random(in: 1...UInt64.max), 0)
-                    let plaintext = WireMessage.changeBatch(
-                        ChangeBatchMessage(
-                            requestID: 0,
-                            isLast: true,
-                            batch: ChangeBatch(
-                                changes: bySite[site] ?? [],
-                                claim: advanced ? VersionVector([site: batch.claim[site]]) : VersionVector()
-                            )
-                        )
-                    ).encoded()
-                    var offset = 0
-                    while offset < plaintext.count {
-                        let end = min(plaintext.count, offset + pieceBytes)
-                        let last = end == plaintext.count
-                        var flags: RelayEnvelope.Flags = []
-                        if last { flags.insert(.batchEnd) }
-                        if last && advanced { flags.insert(.rangeEnd) }
-                        let envelope = try localNow { () throws(ShoalError) in
-                            try configuration.seal.seal(
-                                Array(plaintext[offset..<end]),
-                                into: RelayEnvelope(
-                                    cluster: configuration.clusterID,
-                                    epoch: 0,
-                                    site: site,
-                                    from: range.from,
-                                    to: last && advanced ? batch.claim[site] : 0,
-                                    upload: range.upload,
-                                    index: range.index,
-                                    flags: flags,
-                                    sealed: []
-                                )
-                            )
+                for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
+                    outgoing.append(envelope)
+                    outgoingBytes += envelope.encodedCount
+                    if outgoingBytes >= requestBytes {
+                        guard try await send(client, &outgoing, heads: &heads) else {
+                            finished = false
+                            break cutting
                         }
-                        range.index += 1
-                        offset = end
-                        outgoing.append(envelope)
-                        outgoingBytes += envelope.encodedCount
-                        if outgoingBytes >= requestBytes {
-                            guard try await send(client, &outgoing, heads: &heads) else {
-                                finished = false
-                                break
-                            }
-                            outgoingBytes = 0
-                        }
+                        outgoingBytes = 0
                     }
-                    if !finished { break }
-                    ranges[site] = advanced ? nil : range
                 }
-                if !finished { break }
-                claim.merge(batch.claim)
             }
             if finished && !outgoing.isEmpty { finished = try await send(client, &outgoing, heads: &heads) }
         } catch {

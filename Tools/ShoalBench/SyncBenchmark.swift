@@ -66,7 +66,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         }
     }
 
-    private func makeDatabase(_ path: String, name: String) throws -> Store {
+    func makeDatabase(_ path: String, name: String) throws -> Store {
         try? FileManager.default.createDirectory(
             atPath: (path as NSString).deletingLastPathComponent,
             withIntermediateDirectories: true
@@ -124,15 +124,17 @@ struct SyncBenchmark: AsyncParsableCommand {
     /// Starts a node on `source`, then a fresh one on `target` dialling it, and times until the target holds
     /// everything (checked by digest); returns the seconds and the peak resident memory (VmHWM) of each process and
     /// their sum (the sum of the two peaks, which may come at different moments: an upper bound of the peak of the sum).
-    private func timeCatchUp(
+    func timeCatchUp(
         _ directory: String,
         source: Store,
         target: Store,
         targetName: String = "target",
-        plaintext: Bool = false
+        plaintext: Bool = false,
+        relay: BenchRelay? = nil
     ) throws -> (seconds: Double, peak: Double, servingPeak: Double, catchingPeak: Double) {
         let goal = try source.versionVector()
         let extra = plaintext ? ["--insecure-plaintext"] : []
+        let relayArguments = relay.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? []
         if !plaintext {
             try Membership.formLocally(
                 [directory + "/source.db", directory + "/\(targetName).db"],
@@ -143,15 +145,23 @@ struct SyncBenchmark: AsyncParsableCommand {
             database: directory + "/source.db",
             name: "source",
             peers: [],
-            extra: extra
+            extra: extra + relayArguments
         )
         defer { serving.stop() }
+        if let relay {
+            // Through the relay, the source first uploads everything (not timed): the fresh node then pulls it all.
+            let deadline = Date().addingTimeInterval(900)
+            while !relay.holds(goal) {
+                guard Date() < deadline else { throw ServeError(message: "the upload to the relay stalled") }
+                Thread.sleep(forTimeInterval: 0.05)  // polling the relay's database, not synchronisation
+            }
+        }
         let started = Date()
         let catching = try ServeProcess.startIsolated(
             database: directory + "/\(targetName).db",
             name: targetName,
-            peers: [serving.port],
-            extra: extra
+            peers: relay == nil ? [serving.port] : [],
+            extra: extra + relayArguments
         )
         defer { catching.stop() }
         var servingPeak = 0.0
@@ -204,11 +214,12 @@ struct SyncBenchmark: AsyncParsableCommand {
 
     /// Writes on one node at a steady rate; the time until each write is visible on every other node. With
     /// `preload`, the table first holds that many rows on every node (written on one, caught up by the others).
-    private func propagation(
+    func propagation(
         _ directory: String,
         nodeCount: Int? = nil,
         preload: Int = 0,
-        plaintext: Bool = false
+        plaintext: Bool = false,
+        relay: ((String) throws -> BenchRelay)? = nil
     ) async throws -> [(String, Double)] {
         let propagationNodes = nodeCount ?? self.propagationNodes
         var nodes: [ServeProcess] = []
@@ -236,13 +247,16 @@ struct SyncBenchmark: AsyncParsableCommand {
                 now: SystemWallClock().nowMilliseconds()
             )
         }
+        // Through a relay, the nodes never meet: each knows only the relay.
+        let viaRelay = try relay?(try KeyFile.load(forDatabase: directory + "/n0.db").cluster.idHex)
         for index in 0..<propagationNodes {
             nodes.append(
                 try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
                     name: "n\(index)",
-                    peers: nodes.map(\.port),
+                    peers: viaRelay == nil ? nodes.map(\.port) : [],
                     extra: ["--round-interval", "1000"] + (plaintext ? ["--insecure-plaintext"] : [])
+                        + (viaRelay.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? [])
                 )
             )
         }

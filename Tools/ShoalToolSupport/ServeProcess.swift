@@ -113,3 +113,80 @@ public struct SeededRandom: RandomNumberGenerator {
         return SeededRandom(state: seed)
     }
 }
+
+/// A `shoal relay serve` child process on loopback, for the demo, the chaos harness and the benchmarks.
+public struct RelayProcess {
+    public let process: Process
+    /// Its base URL (`http://127.0.0.1:PORT`).
+    public let url: String
+    /// The port it listens on.
+    public let port: Int
+
+    /// Starts a relay on `data` (at `port`, 0 for any) and returns once it prints where it listens. Its log is appended
+    /// to `data.log`.
+    public static func start(data: String, port: Int = 0, extra: [String] = []) throws -> RelayProcess {
+        let process = Process()
+        process.executableURL = ServeProcess.executable()
+        process.arguments = ["relay", "serve", "--data", data, "--listen", "127.0.0.1:\(port)"] + extra
+        let output = Pipe()
+        process.standardOutput = output
+        let logPath = data + ".log"
+        if !FileManager.default.fileExists(atPath: logPath) {
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        }
+        let log = FileHandle(forWritingAtPath: logPath)
+        log?.seekToEndOfFile()
+        process.standardError = log ?? FileHandle.nullDevice
+        try process.run()
+        var said = ""
+        while !said.contains("\n") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+        let prefix = "relay listening on "
+        guard said.hasPrefix(prefix) else {
+            process.terminate()
+            throw ServeError(message: "the relay did not start (see \(logPath)): \(said)")
+        }
+        let url = String(said.dropFirst(prefix.count)).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let port = Int(url.split(separator: ":").last ?? "") else {
+            process.terminate()
+            throw ServeError(message: "the relay said \(said)")
+        }
+        return RelayProcess(process: process, url: url, port: port)
+    }
+
+    /// Makes a token for `cluster` in the relay's data directory `data`.
+    public static func token(data: String, cluster: String) throws -> String {
+        let process = Process()
+        process.executableURL = ServeProcess.executable()
+        process.arguments = ["relay", "token", "create", "--data", data, "--cluster", cluster]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let said = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0, let token = said.split(separator: "\n").last else {
+            throw ServeError(message: "relay token create failed")
+        }
+        return String(token)
+    }
+
+    public var isRunning: Bool { process.isRunning }
+
+    /// SIGKILL, and wait.
+    public func kill() {
+        guard process.isRunning else { return }
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// SIGTERM, and wait.
+    public func stop() {
+        guard process.isRunning else { return }
+        process.terminate()
+        process.waitUntilExit()
+    }
+}

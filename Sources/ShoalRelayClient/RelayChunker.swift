@@ -1,0 +1,75 @@
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+
+/// Cuts the batches of a delta cursor (opened at the relay's heads) into sealed envelopes: per site, one range per
+/// advance of the cursor's claim, each batch's part encoded and sealed in pieces of at most `pieceBytes`.
+public struct RelayChunker {
+    private let cluster: String
+    private let seal: RelaySeal
+    private let pieceBytes: Int
+    /// What the batches so far claim.
+    private var claim: VersionVector
+    /// Ranges under way (a transaction larger than a batch): their start, upload id and next chunk.
+    private var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32)] = [:]
+
+    /// A chunker for a cursor opened at `heads`.
+    public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int) {
+        self.cluster = cluster
+        self.seal = seal
+        self.pieceBytes = max(1024, pieceBytes)
+        claim = heads
+    }
+
+    /// The envelopes of the cursor's next batch, in order.
+    public mutating func envelopes(for batch: ChangeBatch) throws(ShoalError) -> [RelayEnvelope] {
+        var bySite: [SiteID: [Change]] = [:]
+        for change in batch.changes { bySite[change.stamp.site, default: []].append(change) }
+        var sites = Set(bySite.keys)
+        for (site, seq) in batch.claim.entries where seq > claim[site] { sites.insert(site) }
+        var envelopes: [RelayEnvelope] = []
+        for site in sites.sorted() {
+            let advanced = batch.claim[site] > claim[site]
+            var range = ranges[site] ?? (claim[site], UInt64.random(in: 1...UInt64.max), 0)
+            let plaintext = WireMessage.changeBatch(
+                ChangeBatchMessage(
+                    requestID: 0,
+                    isLast: true,
+                    batch: ChangeBatch(
+                        changes: bySite[site] ?? [],
+                        claim: advanced ? VersionVector([site: batch.claim[site]]) : VersionVector()
+                    )
+                )
+            ).encoded()
+            var offset = 0
+            while offset < plaintext.count {
+                let end = min(plaintext.count, offset + pieceBytes)
+                let last = end == plaintext.count
+                var flags: RelayEnvelope.Flags = []
+                if last { flags.insert(.batchEnd) }
+                if last && advanced { flags.insert(.rangeEnd) }
+                envelopes.append(
+                    try seal.seal(
+                        Array(plaintext[offset..<end]),
+                        into: RelayEnvelope(
+                            cluster: cluster,
+                            epoch: seal.epoch,
+                            site: site,
+                            from: range.from,
+                            to: last && advanced ? batch.claim[site] : 0,
+                            upload: range.upload,
+                            index: range.index,
+                            flags: flags,
+                            sealed: []
+                        )
+                    )
+                )
+                range.index += 1
+                offset = end
+            }
+            ranges[site] = advanced ? nil : range
+        }
+        claim.merge(batch.claim)
+        return envelopes
+    }
+}
