@@ -16,6 +16,8 @@ if unshare --net --mount --uts true 2>/dev/null || sudo -n unshare --net --mount
 else
     echo "NOTE: this machine does not allow network namespaces: the two-host demo and tests do not run" >&2
 fi
+# Two groups of nodes that never meet converge through a relay, also after one group was offline.
+SHOAL_DEMO_QUIET=1 "$root/Tools/relay-demo.sh" >/dev/null
 swift test --skip-build
 # Every fuzz target for a short bounded time (a release build with libFuzzer and AddressSanitizer, cached in
 # .build-fuzz); a crash fails the run and leaves the reproducing input in .fuzz/crashes/TARGET/.

@@ -17,6 +17,7 @@ public struct RelayServerConfiguration: Sendable {
     public var port: Int
     /// PEM certificate chain and key for HTTPS; without them the relay serves plain HTTP, on loopback only.
     public var tlsCertificatePath: String?
+    /// The PEM private key that goes with ``tlsCertificatePath``.
     public var tlsKeyPath: String?
     /// The largest request body accepted (413 beyond).
     public var maximumRequestBytes = RelayAPI.defaultMaximumRequestBytes
@@ -26,8 +27,10 @@ public struct RelayServerConfiguration: Sendable {
     public var requestsPerSecond = 200
     /// The byte budget of a pull's page, at most.
     public var maximumPageBytes = 16 * 1024 * 1024
+    /// Where the relay logs (failures of its storage; no request is logged).
     public var logger: Logger
 
+    /// Serves on `host`:`port` with the default limits.
     public init(host: String, port: Int, logger: Logger) {
         self.host = host
         self.port = port
@@ -49,11 +52,13 @@ public struct RelayServerConfiguration: Sendable {
 /// - `POST /v1/pull` (a ``RelayPullRequest``): an envelope list, `Shoal-More: 1` when more remain; with nothing to
 ///   send it waits up to `waitMilliseconds` for an upload to the cluster (long-poll).
 public struct RelayServer: Sendable {
+    /// How it serves.
     public let configuration: RelayServerConfiguration
     let storage: any RelayStorage
     let notifier = RelayNotifier()
     let limiter: RateLimiter
 
+    /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
         self.configuration = configuration
         self.storage = storage

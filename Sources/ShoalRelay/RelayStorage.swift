@@ -17,10 +17,15 @@ public struct RelayToken: Hashable, Sendable {
 
 /// What a relay holds for one cluster, for operators: counts and sizes only, never contents.
 public struct RelayClusterStatistics: Hashable, Sendable {
+    /// The cluster.
     public var cluster: String
+    /// Sites with at least one range.
     public var sites: Int
+    /// Ranges held.
     public var ranges: Int
+    /// Chunks of those ranges.
     public var chunks: Int
+    /// Their size in bytes.
     public var bytes: Int64
 }
 

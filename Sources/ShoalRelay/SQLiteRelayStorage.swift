@@ -131,6 +131,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    /// See ``RelayStorage``.
     public func createToken(cluster: String, label: String) async throws(ShoalError) -> String {
         let token = RelayTokens.make()
         try await run { connection throws(ShoalError) in
@@ -141,6 +142,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         return token
     }
 
+    /// See ``RelayStorage``.
     public func revokeTokens(matching token: String, wholeCluster: Bool) async throws(ShoalError) -> Int {
         try await run { connection throws(ShoalError) in
             let sql = wholeCluster
@@ -155,6 +157,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    /// See ``RelayStorage``.
     public func tokens() async throws(ShoalError) -> [RelayToken] {
         try await run { connection throws(ShoalError) in
             try connection.sqlite.rows("SELECT hash, cluster, label, created, revoked FROM tokens ORDER BY created")
@@ -162,6 +165,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    /// See ``RelayStorage``.
     public func token(hash: String) async throws(ShoalError) -> RelayToken? {
         try await run { connection throws(ShoalError) in
             let select = try connection.statement("SELECT hash, cluster, label, created, revoked FROM tokens WHERE hash = ?")
@@ -187,6 +191,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         )
     }
 
+    /// See ``RelayStorage``.
     public func heads(cluster: String) async throws(ShoalError) -> VersionVector {
         try await run { connection throws(ShoalError) in try Self.heads(connection, cluster: cluster) }
     }
@@ -204,6 +209,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         return vector
     }
 
+    /// See ``RelayStorage``.
     public func store(
         cluster: String,
         envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])]
@@ -276,6 +282,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    /// See ``RelayStorage``.
     public func page(
         cluster: String,
         vector: VersionVector,
@@ -323,6 +330,7 @@ public final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    /// See ``RelayStorage``.
     public func statistics() async throws(ShoalError) -> [RelayClusterStatistics] {
         try await run { connection throws(ShoalError) in
             try connection.sqlite.rows(

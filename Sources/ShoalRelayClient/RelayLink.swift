@@ -33,12 +33,16 @@ public struct RelayClientConfiguration: Sendable {
     public var waitMilliseconds = 25_000
     /// Retries after failures: exponential with jitter between these bounds.
     public var initialBackoffMilliseconds: UInt64 = 250
+    /// The longest wait between retries (before jitter).
     public var maximumBackoffMilliseconds: UInt64 = 30_000
     /// After the relay refused the token, the node waits at least this long before trying again.
     public var unauthorizedBackoffMilliseconds: UInt64 = 60_000
+    /// Where the link logs.
     public var logger: Logger
+    /// The wall clock, for the status's times.
     public var clock: any WallClock = SystemWallClock()
 
+    /// A configuration with the default sizes and backoff.
     public init(url: String, token: String, clusterID: String, seal: RelaySeal, logger: Logger) {
         self.url = url
         self.token = token
@@ -52,6 +56,7 @@ public struct RelayClientConfiguration: Sendable {
 /// peers), pulls what the node lacks with a long-poll, and applies it like changes from a peer. It never blocks the
 /// node: a relay that does not answer is retried with backoff and jitter while local writes and LAN sync go on.
 public final class RelayLink: Service, Sendable {
+    /// How the link works.
     public let configuration: RelayClientConfiguration
     let node: SyncNode
     private let base: String

@@ -22,10 +22,12 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var unauthorized = false
     /// Change-set chunks uploaded and received since the node started.
     public var uploaded: UInt64 = 0
+    /// Change-set chunks received since the node started.
     public var received: UInt64 = 0
     /// Changes applied from the relay since the node started.
     public var applied: UInt64 = 0
 
+    /// The status of a relay not tried yet.
     public init(url: String) {
         self.url = url
     }

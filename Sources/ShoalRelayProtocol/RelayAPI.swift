@@ -52,6 +52,7 @@ public struct RelayHeads: Codable, Hashable, Sendable {
     /// Site id (hex) → head.
     public var heads: [String: UInt64]
 
+    /// Heads as the JSON body writes them.
     public init(heads: [String: UInt64]) { self.heads = heads }
 }
 
@@ -67,6 +68,7 @@ public struct RelayUploadResult: Codable, Hashable, Sendable {
     /// The relay's heads after the upload.
     public var heads: [String: UInt64]
 
+    /// What an upload did.
     public init(stored: Int, alreadyHeld: Int, gaps: Int, heads: [String: UInt64]) {
         self.stored = stored
         self.alreadyHeld = alreadyHeld
@@ -87,6 +89,7 @@ public struct RelayPullRequest: Codable, Hashable, Sendable {
         /// The first chunk not received yet.
         public var index: UInt32
 
+    /// Resume at chunk `index` of the range of `site` after `from`.
         public init(site: String, from: UInt64, index: UInt32) {
             self.site = site
             self.from = from
@@ -103,6 +106,7 @@ public struct RelayPullRequest: Codable, Hashable, Sendable {
     /// The page's byte budget (at least one chunk is always sent).
     public var maximumBytes: Int?
 
+    /// A pull for what `vector` lacks.
     public init(vector: [String: UInt64], resume: [Resume]? = nil, waitMilliseconds: Int? = nil, maximumBytes: Int? = nil) {
         self.vector = vector
         self.resume = resume
@@ -122,6 +126,7 @@ public struct RelayErrorBody: Codable, Hashable, Sendable {
     /// When to try again, in seconds (also in the `Retry-After` header).
     public var retryAfterSeconds: Int?
 
+    /// A refusal's body.
     public init(error: String, message: String, limit: Int? = nil, retryAfterSeconds: Int? = nil) {
         self.error = error
         self.message = message

@@ -31,7 +31,9 @@ public struct RelayEnvelope: Hashable, Sendable {
 
     /// Where a chunk stands in its batch and range.
     public struct Flags: OptionSet, Hashable, Sendable {
+        /// The flag byte.
         public let rawValue: UInt8
+        /// Flags from their byte.
         public init(rawValue: UInt8) { self.rawValue = rawValue }
         /// The last chunk of an encoded change batch.
         public static let batchEnd = Flags(rawValue: 1)
