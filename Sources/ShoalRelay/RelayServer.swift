@@ -80,6 +80,15 @@ public struct RelayServer: Sendable {
         router.post(RouterPath(RelayAPI.pullPath)) { request, _ in
             await respond { () throws(RelayFailure) in try await pull(request) }
         }
+        router.post(RouterPath(RelayAPI.rotatePath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await rotate(request) }
+        }
+        router.get(RouterPath(RelayAPI.grantsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await grants(request) }
+        }
+        router.post(RouterPath(RelayAPI.grantsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await addGrants(request) }
+        }
         let server: HTTPServerBuilder
         if let certificate = configuration.tlsCertificatePath, let key = configuration.tlsKeyPath {
             let chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
@@ -190,9 +199,74 @@ public struct RelayServer: Sendable {
 
     static let moreField = HTTPField.Name(RelayAPI.moreHeader)!
 
+    private func rotate(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let rotation: RelayRotation = try await decodeBody(request)
+        guard rotation.epoch >= 1, rotation.tokenHash.utf8.count == 64,
+            rotation.tokenHash.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) })
+        else {
+            throw RelayFailure(.badRequest, "malformed", "a rotation needs an epoch from 1 and a token hash of 64 hex digits")
+        }
+        try Self.check(rotation.grants)
+        let outcome = try await storageCall { () throws(ShoalError) in
+            try await storage.rotate(
+                cluster: token.cluster,
+                epoch: rotation.epoch,
+                tokenHash: rotation.tokenHash,
+                grants: rotation.grants
+            )
+        }
+        switch outcome {
+        case .rotated:
+            configuration.logger.info(
+                "key epoch rotated; the cluster's earlier tokens are retired",
+                metadata: ["cluster": "\(token.cluster)", "epoch": "\(rotation.epoch)"]
+            )
+            return Self.json(.ok, ["epoch": rotation.epoch])
+        case .taken(let current):
+            var failure = RelayFailure(.conflict, "epoch_taken", "the cluster's newest key epoch is \(current)")
+            failure.body.epoch = current
+            throw failure
+        }
+    }
+
+    private func grants(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request, allowRotated: true)
+        let after = request.uri.queryParameters.get("after").flatMap { UInt32($0) } ?? 0
+        let grants = try await storageCall { () throws(ShoalError) in try await storage.grants(cluster: token.cluster, after: after) }
+        return Self.json(.ok, grants)
+    }
+
+    private func addGrants(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let posted: RelayGrants = try await decodeBody(request)
+        try Self.check(posted.grants)
+        let stored = try await storageCall { () throws(ShoalError) in
+            try await storage.addGrants(cluster: token.cluster, grants: posted.grants)
+        }
+        return Self.json(.ok, ["stored": stored])
+    }
+
+    private static func check(_ grants: [RelayGrant]) throws(RelayFailure) {
+        guard grants.count <= 10_000,
+            grants.allSatisfy({ $0.body.utf8.count <= 64 * 1024 && !$0.recipient.isEmpty && $0.recipient.utf8.count <= 128 })
+        else {
+            throw RelayFailure(.badRequest, "malformed", "at most 10,000 grants, each of at most 64 KiB, each naming its recipient")
+        }
+    }
+
+    private func decodeBody<T: Decodable>(_ request: Request) async throws(RelayFailure) -> T {
+        let body = try await collect(request, limit: configuration.maximumRequestBytes)
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(body))
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "the body is not valid JSON of the documented shape")
+        }
+    }
+
     // MARK: Helpers
 
-    private func authorize(_ request: Request) async throws(RelayFailure) -> RelayToken {
+    private func authorize(_ request: Request, allowRotated: Bool = false) async throws(RelayFailure) -> RelayToken {
         guard let header = request.headers[.authorization], header.hasPrefix("Bearer ") else {
             throw RelayFailure(.unauthorized, "unauthorized", "no bearer token: send Authorization: Bearer TOKEN")
         }
@@ -201,8 +275,18 @@ public struct RelayServer: Sendable {
         guard let record = try await storageCall({ () throws(ShoalError) in try await storage.token(hash: hash) }) else {
             throw RelayFailure(.unauthorized, "unauthorized", "unknown token")
         }
-        guard record.revoked == nil else {
-            throw RelayFailure(.unauthorized, "unauthorized", "this token was revoked")
+        if record.revoked != nil {
+            guard let epoch = record.rotatedAtEpoch else {
+                throw RelayFailure(.unauthorized, "unauthorized", "this token was revoked")
+            }
+            guard allowRotated else {
+                throw RelayFailure(
+                    .unauthorized,
+                    "token_rotated",
+                    "this token was retired when the cluster's key moved to epoch \(epoch); members find the new one in "
+                        + "their grants (\(RelayAPI.grantsPath))"
+                )
+            }
         }
         if let retry = limiter.admit(hash) {
             throw RelayFailure.rateLimited(limit: configuration.requestsPerSecond, retryAfter: retry)

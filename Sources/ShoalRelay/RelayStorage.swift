@@ -13,6 +13,16 @@ public struct RelayToken: Hashable, Sendable {
     public var created: Int64
     /// When it was revoked, if it was.
     public var revoked: Int64?
+    /// The key epoch whose rotation retired it, if that is how it was revoked.
+    public var rotatedAtEpoch: UInt32?
+}
+
+/// How a rotation went.
+public enum RelayRotationOutcome: Sendable, Hashable {
+    /// The epoch began; the cluster's earlier tokens are retired.
+    case rotated
+    /// Another rotation got there first: the cluster's newest epoch is this.
+    case taken(current: UInt32)
 }
 
 /// What a relay holds for one cluster, for operators: counts and sizes only, never contents.
@@ -62,6 +72,14 @@ public protocol RelayStorage: Sendable {
         resume: [SiteID: (from: UInt64, index: UInt32)],
         maximumBytes: Int
     ) async throws(ShoalError) -> RelayPage
+    /// Starts key epoch `epoch` of `cluster` if it follows the newest: stores its grants, retires every token of the
+    /// cluster and adds the one whose hash is `tokenHash`, all in one transaction.
+    func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant]) async throws(ShoalError)
+        -> RelayRotationOutcome
+    /// Adds grants for epochs that exist (ignoring those already held); returns how many were stored.
+    func addGrants(cluster: String, grants: [RelayGrant]) async throws(ShoalError) -> Int
+    /// The grants of epochs after `epoch`, and the newest epoch.
+    func grants(cluster: String, after epoch: UInt32) async throws(ShoalError) -> RelayGrants
     /// Counts and sizes per cluster.
     func statistics() async throws(ShoalError) -> [RelayClusterStatistics]
 }

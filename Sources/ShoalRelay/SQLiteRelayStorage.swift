@@ -52,7 +52,13 @@ public final class SQLiteRelayStorage: RelayStorage {
             CREATE TABLE IF NOT EXISTS relay_meta(key TEXT PRIMARY KEY, value ANY) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS tokens(
                 hash TEXT PRIMARY KEY, cluster TEXT NOT NULL, label TEXT NOT NULL, created INTEGER NOT NULL,
-                revoked INTEGER) WITHOUT ROWID;
+                revoked INTEGER, rotated INTEGER) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS epochs(
+                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(cluster, epoch)
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS grants(
+                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, recipient TEXT NOT NULL, body TEXT NOT NULL,
+                PRIMARY KEY(cluster, epoch, recipient)) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS heads(
                 cluster TEXT NOT NULL, site BLOB NOT NULL, head INTEGER NOT NULL, PRIMARY KEY(cluster, site)
             ) WITHOUT ROWID;
@@ -160,7 +166,7 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// See ``RelayStorage``.
     public func tokens() async throws(ShoalError) -> [RelayToken] {
         try await run { connection throws(ShoalError) in
-            try connection.sqlite.rows("SELECT hash, cluster, label, created, revoked FROM tokens ORDER BY created")
+            try connection.sqlite.rows("SELECT hash, cluster, label, created, revoked, rotated FROM tokens ORDER BY created")
                 .map(Self.token(row:))
         }
     }
@@ -168,7 +174,7 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// See ``RelayStorage``.
     public func token(hash: String) async throws(ShoalError) -> RelayToken? {
         try await run { connection throws(ShoalError) in
-            let select = try connection.statement("SELECT hash, cluster, label, created, revoked FROM tokens WHERE hash = ?")
+            let select = try connection.statement("SELECT hash, cluster, label, created, revoked, rotated FROM tokens WHERE hash = ?")
             defer { select.reset() }
             try select.bind([.text(hash)])
             guard try select.step() else { return nil }
@@ -187,7 +193,8 @@ public final class SQLiteRelayStorage: RelayStorage {
             cluster: Self.text(row[1]),
             label: Self.text(row[2]),
             created: row[3].integerValue ?? 0,
-            revoked: row[4].integerValue
+            revoked: row[4].integerValue,
+            rotatedAtEpoch: row[5].integerValue.map { UInt32(truncatingIfNeeded: $0) }
         )
     }
 
@@ -328,6 +335,85 @@ public final class SQLiteRelayStorage: RelayStorage {
             }
             return page
         }
+    }
+
+    /// See ``RelayStorage``.
+    public func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant]) async throws(ShoalError)
+        -> RelayRotationOutcome
+    {
+        try await run { connection throws(ShoalError) in
+            try Self.transaction(connection) { () throws(ShoalError) -> RelayRotationOutcome in
+                let current = try Self.currentEpoch(connection, cluster: cluster)
+                guard epoch == current + 1 else { return .taken(current: current) }
+                let now = Self.now()
+                let insert = try connection.statement("INSERT INTO epochs(cluster, epoch, created) VALUES (?, ?, ?)")
+                try insert.bind([.text(cluster), .integer(Int64(epoch)), .integer(now)])
+                try insert.run()
+                try Self.insertGrants(connection, cluster: cluster, grants.filter { $0.epoch == epoch })
+                let retire = try connection.statement(
+                    "UPDATE tokens SET revoked = ?, rotated = ? WHERE cluster = ? AND revoked IS NULL"
+                )
+                try retire.bind([.integer(now), .integer(Int64(epoch)), .text(cluster)])
+                try retire.run()
+                let token = try connection.statement(
+                    "INSERT OR REPLACE INTO tokens(hash, cluster, label, created) VALUES (?, ?, ?, ?)"
+                )
+                try token.bind([.text(tokenHash), .text(cluster), .text("key epoch \(epoch)"), .integer(now)])
+                try token.run()
+                return .rotated
+            }
+        }
+    }
+
+    /// See ``RelayStorage``.
+    public func addGrants(cluster: String, grants: [RelayGrant]) async throws(ShoalError) -> Int {
+        try await run { connection throws(ShoalError) in
+            try Self.transaction(connection) { () throws(ShoalError) -> Int in
+                let current = try Self.currentEpoch(connection, cluster: cluster)
+                return try Self.insertGrants(connection, cluster: cluster, grants.filter { $0.epoch >= 1 && $0.epoch <= current })
+            }
+        }
+    }
+
+    /// See ``RelayStorage``.
+    public func grants(cluster: String, after epoch: UInt32) async throws(ShoalError) -> RelayGrants {
+        try await run { connection throws(ShoalError) in
+            let select = try connection.statement(
+                "SELECT epoch, recipient, body FROM grants WHERE cluster = ? AND epoch > ? ORDER BY epoch, recipient"
+            )
+            defer { select.reset() }
+            try select.bind([.text(cluster), .integer(Int64(epoch))])
+            var grants: [RelayGrant] = []
+            while try select.step() {
+                let row = select.row()
+                grants.append(
+                    RelayGrant(epoch: UInt32(truncatingIfNeeded: row[0].integerValue ?? 0), recipient: Self.text(row[1]), body: Self.text(row[2]))
+                )
+            }
+            return RelayGrants(grants: grants, epoch: try Self.currentEpoch(connection, cluster: cluster))
+        }
+    }
+
+    private static func currentEpoch(_ connection: Connection, cluster: String) throws(ShoalError) -> UInt32 {
+        let select = try connection.statement("SELECT max(epoch) FROM epochs WHERE cluster = ?")
+        defer { select.reset() }
+        try select.bind([.text(cluster)])
+        _ = try select.step()
+        return UInt32(truncatingIfNeeded: select.columnInt64(0))
+    }
+
+    @discardableResult
+    private static func insertGrants(_ connection: Connection, cluster: String, _ grants: [RelayGrant]) throws(ShoalError) -> Int {
+        let insert = try connection.statement(
+            "INSERT OR IGNORE INTO grants(cluster, epoch, recipient, body) VALUES (?, ?, ?, ?)"
+        )
+        var stored = 0
+        for grant in grants {
+            try insert.bind([.text(cluster), .integer(Int64(grant.epoch)), .text(grant.recipient), .text(grant.body)])
+            try insert.run()
+            stored += Int(sqlite3_changes(connection.sqlite.handle))
+        }
+        return stored
     }
 
     /// See ``RelayStorage``.

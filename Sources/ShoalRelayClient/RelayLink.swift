@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Crypto
 import Foundation
 import Logging
 import NIOCore
@@ -8,6 +9,7 @@ import ServiceLifecycle
 import ShoalCore
 import ShoalProtocol
 import ShoalRelayProtocol
+import ShoalSecurity
 import ShoalTransport
 import Synchronization
 
@@ -19,8 +21,15 @@ public struct RelayClientConfiguration: Sendable {
     public var token: String
     /// The node's cluster id (what the token was made for).
     public var clusterID: String
-    /// Seals and opens change sets with the cluster's keys.
-    public var seal: RelaySeal
+    /// The cluster secret: epoch 0 of the sealing keys.
+    public var clusterSecret: [UInt8]
+    /// The node's identity, to open the key grants of later epochs and to sign new ones: without it the node neither
+    /// rotates the key when a member is removed nor follows another member's rotation.
+    public var identity: NodeIdentity?
+    /// The cluster's roster as it stands (who gets grants, who was removed).
+    public var roster: (@Sendable () -> Roster)?
+    /// Where the epochs learnt and the newest token are kept (``RelayKeyring``); nil: in memory only.
+    public var keyringPath: String?
     /// A PEM file of the CA (or the self-signed certificate) to trust instead of the system's roots.
     public var caCertificatePath: String?
     /// The byte budget asked of each pull.
@@ -43,11 +52,11 @@ public struct RelayClientConfiguration: Sendable {
     public var clock: any WallClock = SystemWallClock()
 
     /// A configuration with the default sizes and backoff.
-    public init(url: String, token: String, clusterID: String, seal: RelaySeal, logger: Logger) {
+    public init(url: String, token: String, clusterID: String, clusterSecret: [UInt8], logger: Logger) {
         self.url = url
         self.token = token
         self.clusterID = clusterID
-        self.seal = seal
+        self.clusterSecret = clusterSecret
         self.logger = logger
     }
 }
@@ -63,6 +72,18 @@ public final class RelayLink: Service, Sendable {
     private let state: Mutex<RelayStatus>
     private let sizes: Mutex<(piece: Int, request: Int)>
     private let lastReported = Mutex<String?>(nil)
+    /// The keys and the token in use: they change when the key rotates.
+    private let credentials: Mutex<Credentials>
+    /// Set when the relay said the token was retired by a rotation: the grants are fetched before the next request.
+    private let grantsNeeded = Mutex(false)
+    /// The roster members whose grants were last checked (members that join after a rotation get grants).
+    private let grantedMembers = Mutex<Set<NodeID>?>(nil)
+
+    private struct Credentials {
+        var keyring: RelayKeyring
+        var seal: RelaySeal
+        var token: String
+    }
     /// What happens, as it happens.
     public let events: AsyncStream<RelayEvent>
     private let eventSink: AsyncStream<RelayEvent>.Continuation
@@ -92,7 +113,17 @@ public final class RelayLink: Service, Sendable {
         self.node = node
         self.configuration = configuration
         base = url
-        state = Mutex(RelayStatus(url: url))
+        let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) } ?? RelayKeyring()
+        credentials = Mutex(
+            Credentials(
+                keyring: keyring,
+                seal: RelaySeal(secrets: keyring.secrets(clusterSecret: configuration.clusterSecret), epoch: keyring.newest),
+                token: keyring.token ?? configuration.token
+            )
+        )
+        var status = RelayStatus(url: url)
+        status.epoch = keyring.newest
+        state = Mutex(status)
         sizes = Mutex((configuration.pieceBytes, configuration.requestBytes))
         (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
     }
@@ -142,6 +173,8 @@ public final class RelayLink: Service, Sendable {
             }
             due = false
             do throws(RelayCallError) {
+                try await refreshGrantsIfNeeded(client)
+                try await rotateIfNeeded(client)
                 if heads == nil { heads = try await fetchHeads(client) }
                 var known = heads!
                 let finished = try await pushOnce(client, heads: &known)
@@ -183,7 +216,7 @@ public final class RelayLink: Service, Sendable {
         let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
         var chunker = RelayChunker(
             cluster: configuration.clusterID,
-            seal: configuration.seal,
+            seal: credentials.withLock { $0.seal },
             heads: heads,
             pieceBytes: pieceBytes
         )
@@ -283,6 +316,7 @@ public final class RelayLink: Service, Sendable {
         )
         while !Task.isCancelled {
             do throws(RelayCallError) {
+                try await refreshGrantsIfNeeded(client)
                 pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
                 let request = RelayPullRequest(
                     vector: RelayAPI.json(pull.cursor),
@@ -308,7 +342,7 @@ public final class RelayLink: Service, Sendable {
                     throw RelayCallError.malformed("a page from the relay: \(error.message)")
                 }
                 var applied = 0
-                for envelope in envelopes { applied += try await receive(envelope, &pull) }
+                for envelope in envelopes { applied += try await receive(envelope, &pull, client) }
                 let now = configuration.clock.nowMilliseconds()
                 state.withLock { status in
                     status.lastPullMs = now
@@ -327,7 +361,11 @@ public final class RelayLink: Service, Sendable {
     }
 
     /// Opens one envelope and, when it completes a batch, applies the batch; returns the changes applied.
-    private func receive(_ envelope: RelayEnvelope, _ pull: inout PullState) async throws(RelayCallError) -> Int {
+    private func receive(
+        _ envelope: RelayEnvelope,
+        _ pull: inout PullState,
+        _ client: HTTPClient
+    ) async throws(RelayCallError) -> Int {
         let site = envelope.site
         guard envelope.cluster == configuration.clusterID else {
             throw RelayCallError.malformed("the relay sent a change set of another cluster (\(envelope.cluster.prefix(64)))")
@@ -347,7 +385,12 @@ public final class RelayLink: Service, Sendable {
                 )
             }
         }
-        let plaintext = try localNow { () throws(ShoalError) in try configuration.seal.open(envelope) }
+        let seal = credentials.withLock { $0.seal }
+        if !seal.holds(envelope.epoch) {
+            // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
+            try await refreshGrants(client, required: false)
+        }
+        let plaintext = try localNow { () throws(ShoalError) in try credentials.withLock { $0.seal }.open(envelope) }
         pull.buffers[site, default: []] += plaintext
         pull.resume[site] = (envelope.from, envelope.index + 1)
         guard envelope.flags.contains(.batchEnd) else { return 0 }
@@ -400,7 +443,7 @@ public final class RelayLink: Service, Sendable {
     ) async throws(RelayCallError) -> (body: [UInt8], headers: HTTPHeaders) {
         var request = HTTPClientRequest(url: base + path)
         request.method = method
-        request.headers.add(name: "Authorization", value: "Bearer \(configuration.token)")
+        request.headers.add(name: "Authorization", value: "Bearer \(credentials.withLock { $0.token })")
         if let body {
             request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
@@ -427,8 +470,12 @@ public final class RelayLink: Service, Sendable {
         let refusal = try? JSONDecoder().decode(RelayErrorBody.self, from: Data(answer))
         let reason = refusal.map { "\($0.message) (\(status.code) \($0.error))" } ?? "HTTP \(status.code)"
         switch status.code {
+        case 401 where refusal?.error == "token_rotated":
+            throw RelayCallError.rotated(reason)
         case 401, 403:
             throw RelayCallError.unauthorized(reason)
+        case 409:
+            throw RelayCallError.conflict(epoch: refusal?.epoch, reason)
         case 413:
             throw RelayCallError.tooLarge(limit: refusal?.limit, reason)
         case 429:
@@ -481,6 +528,188 @@ public final class RelayLink: Service, Sendable {
         }
     }
 
+    // MARK: Key epochs
+
+    private func refreshGrantsIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+        guard grantsNeeded.withLock({ $0 }) else { return }
+        try await refreshGrants(client, required: true)
+        grantsNeeded.withLock { $0 = false }
+    }
+
+    /// Fetches the grants of epochs after the newest held and adopts those made for this node by a member.
+    /// `required`: the token was retired, so finding none means this node was left out.
+    private func refreshGrants(_ client: HTTPClient, required: Bool) async throws(RelayCallError) {
+        guard let identity = configuration.identity else {
+            if required {
+                throw RelayCallError.unauthorized("the token was retired by a key rotation, and this node has no key to open grants")
+            }
+            return
+        }
+        let newest = credentials.withLock { $0.keyring.newest }
+        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(newest)", body: nil, timeout: .seconds(30))
+        let listed: RelayGrants = try decodeJSON(body)
+        let roster = configuration.roster?()
+        let me = identity.nodeID.description
+        var adopted: [(epoch: UInt32, contents: EpochGrant.Contents)] = []
+        for grant in listed.grants where grant.recipient == me {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == grant.epoch
+            else { continue }
+            // Only a member's grant counts: a removed node that rotated first gains nothing by it.
+            if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
+            guard let contents = try? decoded.open(with: identity, cluster: configuration.clusterID) else { continue }
+            adopted.append((decoded.epoch, contents))
+        }
+        guard !adopted.isEmpty else {
+            if required {
+                throw RelayCallError.ungranted(
+                    "the token was retired when the cluster's key moved to epoch \(listed.epoch ?? 0), and no grant "
+                        + "for this node was found: it was removed from the cluster, or the member who rotated did not "
+                        + "know it yet (members add grants for newer members as they see them)"
+                )
+            }
+            return
+        }
+        try adopt(adopted, rotatedHere: false)
+    }
+
+    /// Keeps the epochs of `grants`, seals with the newest from now on, and uses its token.
+    private func adopt(_ grants: [(epoch: UInt32, contents: EpochGrant.Contents)], rotatedHere: Bool) throws(RelayCallError) {
+        let (keyring, newest) = credentials.withLock { credentials in
+            let before = credentials.keyring.newest
+            for grant in grants where !credentials.keyring.epochs.contains(where: { $0.epoch == grant.epoch }) {
+                credentials.keyring.epochs.append(
+                    RelayKeyring.Epoch(
+                        epoch: grant.epoch,
+                        secret: Data(grant.contents.secret).base64EncodedString(),
+                        removed: grant.contents.removed.map(\.description)
+                    )
+                )
+            }
+            credentials.keyring.epochs.sort { $0.epoch < $1.epoch }
+            if let latest = grants.max(by: { $0.epoch < $1.epoch }), latest.epoch >= before, !latest.contents.token.isEmpty {
+                credentials.keyring.token = latest.contents.token
+                credentials.token = latest.contents.token
+            }
+            credentials.seal = RelaySeal(
+                secrets: credentials.keyring.secrets(clusterSecret: configuration.clusterSecret),
+                epoch: credentials.keyring.newest
+            )
+            return (credentials.keyring, credentials.keyring.newest)
+        }
+        if let path = configuration.keyringPath {
+            try localNow { () throws(ShoalError) in try keyring.save(path) }
+        }
+        state.withLock { $0.epoch = newest }
+        grantedMembers.withLock { $0 = nil }
+        eventSink.yield(.epoch(newest, rotatedHere: rotatedHere))
+    }
+
+    /// Starts a new key epoch when the roster removed a node that no epoch held here excludes yet; and leaves grants
+    /// for members that joined after the last rotation.
+    private func rotateIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+        guard let identity = configuration.identity, let roster = configuration.roster?() else { return }
+        guard roster.removed[identity.nodeID] == nil else { return }
+        let removed = Set(roster.removed.keys.map(\.description))
+        if !removed.isSubset(of: credentials.withLock({ $0.keyring.removed })) {
+            // Another member may have rotated already.
+            try await refreshGrants(client, required: false)
+        }
+        if !removed.isSubset(of: credentials.withLock({ $0.keyring.removed })) {
+            try await rotate(client, identity: identity, roster: roster)
+        } else {
+            try await grantNewMembers(client, identity: identity, roster: roster)
+        }
+    }
+
+    /// The members of `roster` and this node, with their keys.
+    private static func recipients(_ roster: Roster, identity: NodeIdentity) -> [(node: NodeID, key: [UInt8])] {
+        var recipients = roster.members.values.map { (node: $0.nodeID, key: $0.publicKeyDER) }
+        if !recipients.contains(where: { $0.node == identity.nodeID }) {
+            recipients.append((identity.nodeID, identity.publicKeyDER))
+        }
+        return recipients
+    }
+
+    private func rotate(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let epoch = credentials.withLock { $0.keyring.newest } + 1
+        var generator = SystemRandomNumberGenerator()
+        let secret = (0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let token = "shoal-relay-" + (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+        let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
+        var grants: [RelayGrant] = []
+        for recipient in Self.recipients(roster, identity: identity) {
+            let grant = try localNow { () throws(ShoalError) in
+                try EpochGrant.make(
+                    cluster: configuration.clusterID,
+                    epoch: epoch,
+                    contents: contents,
+                    recipient: recipient.node,
+                    recipientKey: recipient.key,
+                    signer: identity
+                )
+            }
+            grants.append(RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString()))
+        }
+        let tokenHash = SHA256.hash(data: Array(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        let body = Array((try? JSONEncoder().encode(RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants))) ?? Data())
+        do {
+            _ = try await call(client, .POST, RelayAPI.rotatePath, body: body, timeout: .seconds(30))
+        } catch {
+            if case .conflict = error {
+                // Another member started this epoch: adopt its grant; the next pass checks what it excludes.
+                try await refreshGrants(client, required: false)
+                return
+            }
+            throw error
+        }
+        try adopt([(epoch, contents)], rotatedHere: true)
+        configuration.logger.info("rotated the relay key", metadata: ["epoch": "\(epoch)"])
+    }
+
+    private func grantNewMembers(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let members = Set(roster.members.keys).union([identity.nodeID])
+        guard grantedMembers.withLock({ $0 }) != members else { return }
+        let (keyring, token) = credentials.withLock { ($0.keyring, $0.token) }
+        guard !keyring.epochs.isEmpty else {
+            grantedMembers.withLock { $0 = members }
+            return
+        }
+        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=0", body: nil, timeout: .seconds(30))
+        let listed: RelayGrants = try decodeJSON(body)
+        let held = Set(listed.grants.map { "\($0.epoch) \($0.recipient)" })
+        var grants: [RelayGrant] = []
+        for epoch in keyring.epochs {
+            guard let secret = Data(base64Encoded: epoch.secret) else { continue }
+            let contents = EpochGrant.Contents(
+                secret: Array(secret),
+                token: epoch.epoch == keyring.newest ? token : "",
+                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
+            )
+            for recipient in Self.recipients(roster, identity: identity)
+            where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
+                let grant = try localNow { () throws(ShoalError) in
+                    try EpochGrant.make(
+                        cluster: configuration.clusterID,
+                        epoch: epoch.epoch,
+                        contents: contents,
+                        recipient: recipient.node,
+                        recipientKey: recipient.key,
+                        signer: identity
+                    )
+                }
+                grants.append(
+                    RelayGrant(epoch: epoch.epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
+                )
+            }
+        }
+        if !grants.isEmpty {
+            let posted = Array((try? JSONEncoder().encode(RelayGrants(grants: grants))) ?? Data())
+            _ = try await call(client, .POST, RelayAPI.grantsPath, body: posted, timeout: .seconds(30))
+        }
+        grantedMembers.withLock { $0 = members }
+    }
+
     // MARK: Status
 
     private func markReachable() {
@@ -514,7 +743,22 @@ public final class RelayLink: Service, Sendable {
             }
         case .unauthorized(let why):
             reason = "the relay refused the token: \(why)"
-            delay = max(delay, configuration.unauthorizedBackoffMilliseconds)
+            let fellBack = credentials.withLock { credentials in
+                // A token from a rotation refused: try the configured one (an operator may have made a new one).
+                guard credentials.token != configuration.token else { return false }
+                credentials.token = configuration.token
+                return true
+            }
+            if !fellBack { delay = max(delay, configuration.unauthorizedBackoffMilliseconds) }
+        case .rotated(let why):
+            reason = "the relay retired the token at a key rotation (\(why)); fetching this node's grant"
+            grantsNeeded.withLock { $0 = true }
+        case .ungranted(let why):
+            // Retried with the ordinary backoff: a member adds grants for members it sees joining.
+            reason = "the relay refused the token: \(why)"
+            grantsNeeded.withLock { $0 = true }
+        case .conflict(_, let why):
+            reason = "relay: \(why)"
         case .rateLimited(let seconds, let why):
             reason = "the relay limits requests: \(why)"
             delay = max(delay, UInt64(max(1, seconds)) * 1000 + UInt64.random(in: 0...500))
@@ -533,7 +777,10 @@ public final class RelayLink: Service, Sendable {
         state.withLock { status in
             status.lastError = reason
             status.lastErrorMs = now
-            if case .unauthorized = error { status.unauthorized = true }
+            switch error {
+            case .unauthorized, .ungranted: status.unauthorized = true
+            default: break
+            }
         }
         let isNew = lastReported.withLock { last in
             defer { last = reason }
@@ -541,10 +788,14 @@ public final class RelayLink: Service, Sendable {
         }
         if isNew {
             configuration.logger.warning("\(reason); retrying in \(delay / 1000) s and later with backoff")
-            if case .unauthorized = error { eventSink.yield(.unauthorized(reason)) } else { eventSink.yield(.failed(reason)) }
+            switch error {
+            case .unauthorized, .ungranted: eventSink.yield(.unauthorized(reason))
+            default: eventSink.yield(.failed(reason))
+            }
         }
-        if case .unauthorized = error {} else {
-            state.withLock { $0.unauthorized = false }
+        switch error {
+        case .unauthorized, .ungranted, .rotated: break
+        default: state.withLock { $0.unauthorized = false }
         }
         return delay
     }
@@ -561,4 +812,10 @@ enum RelayCallError: Error {
     case refused(String)
     case malformed(String)
     case local(ShoalError)
+    /// The token was retired by a key rotation: the node's grant holds the new one.
+    case rotated(String)
+    /// The token was retired by a rotation and no grant for this node is there (yet, or ever: a removed node).
+    case ungranted(String)
+    /// Another member started the key epoch first.
+    case conflict(epoch: UInt32?, String)
 }

@@ -28,6 +28,9 @@ public struct RelaySeal: Sendable {
         self.init(secrets: [0: clusterSecret], epoch: 0)
     }
 
+    /// Whether this seal holds the key of `epoch`.
+    public func holds(_ epoch: UInt32) -> Bool { keys[epoch] != nil }
+
     /// `envelope` with `plaintext` sealed into its body (its `epoch` set to ``epoch``).
     public func seal(_ plaintext: [UInt8], into envelope: RelayEnvelope) throws(ShoalError) -> RelayEnvelope {
         var envelope = envelope

@@ -26,6 +26,8 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var received: UInt64 = 0
     /// Changes applied from the relay since the node started.
     public var applied: UInt64 = 0
+    /// The newest key epoch this node seals with (0: the cluster secret; each removal of a member starts a new one).
+    public var epoch: UInt32 = 0
 
     /// The status of a relay not tried yet.
     public init(url: String) {
@@ -45,4 +47,6 @@ public enum RelayEvent: Sendable, Hashable {
     case uploaded(chunks: Int)
     /// Changes from the relay were applied.
     case applied(changes: Int)
+    /// The sealing key moved to a new epoch: this node rotated it (`rotatedHere`) or learnt another member's rotation.
+    case epoch(UInt32, rotatedHere: Bool)
 }

@@ -11,6 +11,12 @@ public enum RelayAPI {
     public static let changeSetsPath = "/v1/changesets"
     /// `POST` a ``RelayPullRequest``: the change sets its vector lacks, as an envelope list.
     public static let pullPath = "/v1/pull"
+    /// `POST` a ``RelayRotation``: start a new key epoch, retire the cluster's tokens, leave grants for members.
+    public static let rotatePath = "/v1/rotate"
+    /// `GET ?after=N`: the key grants of epochs after N (``RelayGrants``); `POST` ``RelayGrants``: add grants (for
+    /// members that joined after a rotation). A token retired by a rotation may still read them: each grant opens
+    /// only with its recipient's key.
+    public static let grantsPath = "/v1/grants"
     /// `GET`: whether the relay answers (no token needed).
     public static let healthPath = "/v1/health"
     /// The content type of envelope lists.
@@ -115,9 +121,59 @@ public struct RelayPullRequest: Codable, Hashable, Sendable {
     }
 }
 
+/// One key grant as the relay keeps it: the epoch, who it is for, and its sealed bytes (base64).
+public struct RelayGrant: Codable, Hashable, Sendable {
+    /// The key epoch.
+    public var epoch: UInt32
+    /// The recipient's node id, as a person writes it.
+    public var recipient: String
+    /// The grant (``EpochGrant`` bytes), base64.
+    public var body: String
+
+    /// A grant for `recipient`.
+    public init(epoch: UInt32, recipient: String, body: String) {
+        self.epoch = epoch
+        self.recipient = recipient
+        self.body = body
+    }
+}
+
+/// Key grants, to post or as listed.
+public struct RelayGrants: Codable, Hashable, Sendable {
+    /// The grants.
+    public var grants: [RelayGrant]
+    /// The newest epoch of the cluster (in answers).
+    public var epoch: UInt32?
+
+    /// A list of grants.
+    public init(grants: [RelayGrant], epoch: UInt32? = nil) {
+        self.grants = grants
+        self.epoch = epoch
+    }
+}
+
+/// A new key epoch: its number (the relay's newest plus one), the SHA-256 (hex) of the token that replaces the
+/// cluster's tokens, and grants for the members.
+public struct RelayRotation: Codable, Hashable, Sendable {
+    /// The new epoch.
+    public var epoch: UInt32
+    /// The new token's SHA-256, hex (the token itself travels only inside the grants).
+    public var tokenHash: String
+    /// The grants of the new epoch.
+    public var grants: [RelayGrant]
+
+    /// A rotation to `epoch`.
+    public init(epoch: UInt32, tokenHash: String, grants: [RelayGrant]) {
+        self.epoch = epoch
+        self.tokenHash = tokenHash
+        self.grants = grants
+    }
+}
+
 /// The body of every refusal: a code for programs, a message for people, and the limit that was hit.
 public struct RelayErrorBody: Codable, Hashable, Sendable {
-    /// `unauthorized`, `wrong_cluster`, `malformed`, `too_large`, `rate_limited`, `not_found` or `internal`.
+    /// `unauthorized`, `token_rotated` (retired by a key rotation: fetch the grants), `wrong_cluster`, `malformed`,
+    /// `too_large`, `rate_limited`, `epoch_taken`, `not_found` or `internal`.
     public var error: String
     /// For a person.
     public var message: String
@@ -125,6 +181,8 @@ public struct RelayErrorBody: Codable, Hashable, Sendable {
     public var limit: Int?
     /// When to try again, in seconds (also in the `Retry-After` header).
     public var retryAfterSeconds: Int?
+    /// The cluster's newest key epoch (on `epoch_taken`).
+    public var epoch: UInt32?
 
     /// A refusal's body.
     public init(error: String, message: String, limit: Int? = nil, retryAfterSeconds: Int? = nil) {

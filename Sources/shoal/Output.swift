@@ -186,6 +186,7 @@ extension Output {
             }
         var text = "relay:      \(relay.url): \(state)"
         if relay.reachable != nil { text += " since \(ago(relay.sinceMs))" }
+        if relay.epoch > 0 { text += ", key epoch \(relay.epoch)" }
         text += "\n            last push \(ago(relay.lastPushMs)), last pull \(ago(relay.lastPullMs)); "
         text += relay.lacking == 0
             ? "it holds everything this node holds\n"

@@ -143,9 +143,18 @@ extension ShoalCommand {
                     switch event {
                     case .reachable: log("relay \(relayLink.configuration.url) reachable")
                     case .failed(let reason): log(reason)
-                    case .unauthorized(let reason): log("\(reason): fix the token (shoal relay token create) and restart")
+                    case .unauthorized(let reason):
+                        let hint = reason.contains("unknown token") || reason.contains("was revoked")
+                            ? ": give the node a token of its cluster (shoal relay token create) and restart it" : ""
+                        log(reason + hint)
                     case .applied(let changes): log("synced \(changes) changes from the relay")
                     case .uploaded: break
+                    case .epoch(let epoch, let rotatedHere):
+                        log(
+                            rotatedHere
+                                ? "rotated the relay key to epoch \(epoch): removed nodes can no longer read what is sealed from now on, nor use the relay"
+                                : "the relay key moved to epoch \(epoch) (another member rotated it after a removal)"
+                        )
                     }
                 }
             }
@@ -251,9 +260,13 @@ extension ShoalCommand {
                 url: relay,
                 token: token,
                 clusterID: security.keyFile.cluster.idHex,
-                seal: RelaySeal(clusterSecret: security.keyFile.cluster.secret),
+                clusterSecret: security.keyFile.cluster.secret,
                 logger: logger
             )
+            configuration.identity = security.keyFile.identity
+            let trust = security.trust
+            configuration.roster = { trust.roster }
+            configuration.keyringPath = RelayKeyring.path(forDatabase: database.db)
             configuration.caCertificatePath = relayCa
             return try RelayLink(node: node, configuration: configuration)
         }

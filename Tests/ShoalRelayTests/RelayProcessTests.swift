@@ -1,4 +1,8 @@
 import Foundation
+import ShoalCore
+import ShoalRelayClient
+import ShoalRelayProtocol
+import ShoalSecurity
 import ShoalTestSupport
 import Testing
 
@@ -145,5 +149,59 @@ import Testing
             """
         )
         #expect(chains.split(separator: "\n") == ["0", "0"])
+    }
+}
+
+/// Removing a member rotates the relay's sealing key: what is sealed afterwards opens only for the members left.
+@Suite(.serialized) struct RelayRotationTests {
+    @Test func aRemovedMemberCannotReadWhatIsSealedAfterItsRemovalNorUseTheRelay() async throws {
+        let world = try await RelayWorld("relay-rotation", nodes: ["a", "b", "c", "d"])
+        defer { Task { await world.tearDown() } }
+        try await world.serve("a")
+        try await world.serve("b")
+        let c = try await world.serve("c")
+        try await world.write("a", "INSERT INTO kv VALUES ('before', 1)")
+        #expect(try await world.converge(["a", "b", "c"]))
+        // a removes c (through its file, as `shoal trust remove` does while a runs).
+        let cPath = world.paths["c"]!
+        let aPath = world.paths["a"]!
+        let cID = try await offPool { try shoal("id", "--db", cPath) }.stdout
+            .split(separator: "\n").last.map(String.init) ?? ""
+        let removed = try await offPool { try shoal("trust", "remove", cID, "--db", aPath) }
+        #expect(removed.status == 0, "\(removed.stderr)")
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["epoch"] as? Int == 1 })
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("b"))["epoch"] as? Int == 1 })
+        let marker = "AFTER-REMOVAL-\(UInt64.random(in: 0...UInt64.max))"
+        try await world.write("a", "INSERT INTO kv VALUES ('after', '\(marker)')")
+        let bPath = world.paths["b"]!
+        #expect(try await waitUntil(within: 30, checkingEvery: 100) {
+            try await offPool { try sqlite3Shell(bPath, "SELECT v FROM kv WHERE k = 'after'") }.stdout == marker + "\n"
+        })
+        // c's retired token is refused, and no grant opens for it.
+        #expect(await c.line(within: 30) { $0.contains("no grant for this node") } != nil)
+        #expect(try await offPool { try sqlite3Shell(cPath, "SELECT count(*) FROM kv WHERE k = 'after'") }.stdout == "0\n")
+        // Every change set sealed after the removal fails to open with what c holds, and opens for a.
+        let cSeal = RelaySeal(clusterSecret: try KeyFile.load(forDatabase: cPath).cluster.secret)
+        let aKeyring = try RelayKeyring.load(RelayKeyring.path(forDatabase: aPath))
+        let aSeal = RelaySeal(secrets: aKeyring.secrets(clusterSecret: try KeyFile.load(forDatabase: aPath).cluster.secret), epoch: 1)
+        let hex = try await world.relayQuery("SELECT hex(envelope) FROM chunks")
+        let envelopes = try hex.split(separator: "\n").map { line in
+            try RelayEnvelope.decode(ArraySlice(stride(from: 0, to: line.count, by: 2).map { offset in
+                let start = line.index(line.startIndex, offsetBy: offset)
+                return UInt8(line[start..<line.index(start, offsetBy: 2)], radix: 16)!
+            }))
+        }
+        let later = envelopes.filter { $0.epoch >= 1 }
+        #expect(!later.isEmpty)
+        for envelope in later {
+            #expect(throws: ShoalError.self) { try cSeal.open(envelope) }
+            #expect(throws: Never.self) { try aSeal.open(envelope) }
+        }
+        // d, a member that never ran before, starts with the original (retired) token: it finds its grant and reads
+        // both epochs. e joins after the rotation: a sees it on the roster and leaves grants for it.
+        try await world.serve("d")
+        try await world.addMember("e", through: "a")
+        try await world.serve("e")
+        #expect(try await world.converge(["a", "b", "d", "e"], within: 90))
     }
 }

@@ -16,7 +16,7 @@ final class RelayWorld: @unchecked Sendable {
     private(set) var ports: [String: Int] = [:]
     let clusterID: String
     let token: String
-    let paths: [String: String]
+    private(set) var paths: [String: String]
 
     /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started, a token
     /// made for the cluster.
@@ -45,6 +45,26 @@ final class RelayWorld: @unchecked Sendable {
         }
         self.token = token
         try await startRelay()
+    }
+
+    /// Makes database `name` (the same table) and joins it to the cluster with an invite of member `member`, through
+    /// the member's file, while the member may run (as `shoal invite` and `shoal join --member-db` do).
+    func addMember(_ name: String, through member: String) async throws {
+        let path = directory.appendingPathComponent("\(name).db").path
+        var options = StoreOptions()
+        options.nodeName = name
+        let store = try Store(path: path, options: options)
+        try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+        try store.replicate(table: "kv")
+        try Membership.initialize(databasePath: path, store: store, now: SystemWallClock().nowMilliseconds())
+        let memberPath = paths[member]!
+        let invite = try await offPool { try shoal("invite", "--db", memberPath) }
+        guard invite.status == 0, let code = invite.stdout.split(separator: "\n").last.map(String.init) else {
+            throw TestSetupError("invite failed: \(invite.stderr)")
+        }
+        let joined = try await offPool { try shoal("join", code, "--db", path, "--member-db", memberPath) }
+        guard joined.status == 0 else { throw TestSetupError("join failed: \(joined.stderr)") }
+        paths[name] = path
     }
 
     /// Starts the relay (on its earlier port when it ran before, so nodes find it again).
