@@ -29,10 +29,14 @@ struct ShoalChaos: AsyncParsableCommand {
     @Option(help: "Seconds of chaos before healing.") var seconds: Double = 8
     @Option(help: "Seconds allowed to converge after healing.") var convergeTimeout: Double = 90
     @Option(help: "Folder for the databases and logs.") var dir: String?
+    @Flag(
+        help: "The relay path: nodes never reach each other and converge only through a relay, which is killed (-9) at random."
+    )
+    var relay = false
 
     func run() async throws {
         let seed = seed ?? UInt64.random(in: 0...UInt64.max)
-        print("shoal-chaos seed \(seed): \(nodes) nodes, \(seconds) s of chaos")
+        print("shoal-chaos seed \(seed): \(nodes) nodes\(relay ? " through a relay" : ""), \(seconds) s of chaos")
         var random = SeededRandom(state: seed)
         let directory = dir ?? NSTemporaryDirectory() + "shoal-chaos-\(seed)"
         try? FileManager.default.removeItem(atPath: directory)
@@ -51,12 +55,18 @@ struct ShoalChaos: AsyncParsableCommand {
         try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
         let foreignWriters = try paths.map { try ForeignWriter(path: $0) }
 
+        // The relay path: one relay, a token for the cluster, and no links between nodes at all.
+        var relayServer: RelayServer?
+        if relay {
+            relayServer = try RelayServer(data: directory + "/relay", cluster: try KeyFile.load(forDatabase: paths[0]).cluster.idHex)
+        }
+        defer { relayServer?.process?.stop() }
         // Every pair talks through a proxy: node i dials node j (j < i) via proxy (i, j).
         let faults = Faults()
         var peerPorts: [[Int]] = Array(repeating: [], count: nodes)
         let proxies = Task {
             try await withThrowingDiscardingTaskGroup { group in
-                for i in 0..<nodes {
+                for i in 0..<(relay ? 0 : nodes) {
                     for j in 0..<i {
                         let ready = AsyncStream.makeStream(of: Int.self)
                         group.addTask {
@@ -71,22 +81,34 @@ struct ShoalChaos: AsyncParsableCommand {
             }
         }
         defer { proxies.cancel() }
-        while await MainActorBox.shared.count < nodes * (nodes - 1) / 2 { try await Task.sleep(for: .milliseconds(10)) }
+        while await MainActorBox.shared.count < (relay ? 0 : nodes * (nodes - 1) / 2) {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         for (i, port) in await MainActorBox.shared.ports { peerPorts[i].append(port) }
 
-        var cluster = Cluster(paths: paths, peerPorts: peerPorts, faults: faults)
+        var cluster = Cluster(
+            paths: paths,
+            peerPorts: peerPorts,
+            faults: faults,
+            relayArguments: relayServer.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? []
+        )
         defer { cluster.stopAll() }
         for node in 0..<nodes { try await cluster.start(node) }
 
         var log: [AcknowledgedWrite] = []
         var restarts: [(node: Int, at: Date)] = []
         var heals: [(pair: (Int, Int), at: Date)] = []
+        var relayRestart: Date?
         var counts = [String: Int]()
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             let now = Date()
             for restart in restarts where restart.at <= now { try await cluster.start(restart.node) }
             restarts.removeAll { $0.at <= now }
+            if let at = relayRestart, at <= now {
+                try relayServer?.start()
+                relayRestart = nil
+            }
             for heal in heals where heal.at <= now { await faults.heal(heal.pair.0, heal.pair.1) }
             heals.removeAll { $0.at <= now }
 
@@ -102,6 +124,13 @@ struct ShoalChaos: AsyncParsableCommand {
                 cluster.kill(node)
                 restarts.append((node, now.addingTimeInterval(Double.random(in: 0.2...1.5, using: &random))))
                 counts["kill -9", default: 0] += 1
+            case 80..<90 where relay:
+                // The relay dies mid-whatever (an upload, a pull) and comes back on the same port and data.
+                if relayRestart == nil {
+                    relayServer?.kill()
+                    relayRestart = now.addingTimeInterval(Double.random(in: 0.2...2, using: &random))
+                    counts["relay kill -9", default: 0] += 1
+                }
             case 80..<85:
                 let other = (node + Int.random(in: 1..<nodes, using: &random)) % nodes
                 await faults.partition(node, other)
@@ -130,6 +159,7 @@ struct ShoalChaos: AsyncParsableCommand {
 
         print("chaos: " + counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "))
         await faults.healAll()
+        if relayRestart != nil { try relayServer?.start() }
         for node in 0..<nodes where !cluster.isRunning(node) { try await cluster.start(node) }
         let healed = Date()
         var converged = false
@@ -303,12 +333,15 @@ struct Cluster {
     let paths: [String]
     let peerPorts: [[Int]]
     let faults: Faults
+    /// `--relay URL --relay-token T` on the relay path.
+    let relayArguments: [String]
     private var processes: [Int: ServeProcess] = [:]
 
-    init(paths: [String], peerPorts: [[Int]], faults: Faults) {
+    init(paths: [String], peerPorts: [[Int]], faults: Faults, relayArguments: [String] = []) {
         self.paths = paths
         self.peerPorts = peerPorts
         self.faults = faults
+        self.relayArguments = relayArguments
     }
 
     func isRunning(_ node: Int) -> Bool { processes[node]?.isRunning ?? false }
@@ -321,7 +354,7 @@ struct Cluster {
             name: "node\(node)",
             peers: peerPorts[node],
             // Compaction runs often here, so it is exercised amid the faults.
-            extra: ["--round-interval", "500", "--compaction-interval", "300"]
+            extra: ["--round-interval", "500", "--compaction-interval", "300"] + relayArguments
         )
         processes[node] = serve
         await faults.setTarget(node, port: serve.port)
@@ -334,5 +367,33 @@ struct Cluster {
 
     func stopAll() {
         for serve in processes.values { serve.stop() }
+    }
+}
+
+/// The relay of the relay path: a `shoal relay serve` restarted on the same port and data after each kill.
+final class RelayServer {
+    let data: String
+    let token: String
+    private(set) var url = ""
+    private var port = 0
+    private(set) var process: RelayProcess?
+
+    init(data: String, cluster: String) throws {
+        self.data = data
+        token = try RelayProcess.token(data: data, cluster: cluster)
+        try start()
+    }
+
+    func start() throws {
+        guard process?.isRunning != true else { return }
+        let started = try RelayProcess.start(data: data, port: port)
+        process = started
+        port = started.port
+        url = started.url
+    }
+
+    func kill() {
+        process?.kill()
+        process = nil
     }
 }
