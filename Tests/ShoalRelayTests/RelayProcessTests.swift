@@ -205,3 +205,94 @@ import Testing
         #expect(try await world.converge(["a", "b", "d", "e"], within: 90))
     }
 }
+
+/// The relay over HTTPS: nodes check its certificate (here against a pinned CA file), and plain HTTP is refused
+/// anywhere but loopback.
+@Suite(.serialized) struct RelayTLSTests {
+    @Test func nodesSyncOverHTTPSWithAPinnedCertificateAndRefuseAnUntrustedOne() async throws {
+        let world = try await RelayWorld("relay-tls", nodes: ["a", "b", "c"])
+        defer { Task { await world.tearDown() } }
+        let directory = world.directory.path
+        let made = try await offPool {
+            try runProcess(
+                URL(fileURLWithPath: "/usr/bin/openssl"),
+                [
+                    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", directory + "/relay-key.pem", "-out", directory + "/relay-cert.pem", "-days", "2",
+                    "-subj", "/CN=shoal relay test", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                ]
+            )
+        }
+        #expect(made.status == 0, "openssl: \(made.stderr)")
+        try await world.stopRelay()
+        try await world.startRelay(extra: ["--tls-cert", directory + "/relay-cert.pem", "--tls-key", directory + "/relay-key.pem"])
+        #expect(world.relayURL.hasPrefix("https://"))
+        try await world.serve("a", extra: ["--relay-ca", directory + "/relay-cert.pem"])
+        try await world.serve("b", extra: ["--relay-ca", directory + "/relay-cert.pem"])
+        try await world.write("a", "INSERT INTO kv VALUES ('over https', 1)")
+        #expect(try await world.converge(["a", "b"]))
+        // c trusts only the system's roots: the relay's self-signed certificate is refused, and c says why.
+        try await world.serve("c")
+        #expect(try await waitUntil(within: 30) {
+            let error = (try await world.relayStatus("c"))["lastError"] as? String ?? ""
+            return error.contains("TLS") || error.contains("certificate")
+        })
+        let cPath = world.paths["c"]!
+        #expect(try await offPool { try sqlite3Shell(cPath, "SELECT count(*) FROM kv WHERE k = 'over https'") }.stdout == "0\n")
+    }
+
+    @Test func plainHTTPIsRefusedAwayFromLoopbackOnBothSides() async throws {
+        let directory = try temporaryDirectory("relay-plain")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let relay = try await offPool {
+            try shoal("relay", "serve", "--data", directory.path + "/relay", "--listen", "0.0.0.0:0")
+        }
+        #expect(relay.status != 0)
+        #expect(relay.stderr.contains("loopback"))
+        let world = try await RelayWorld("relay-plain-node", nodes: ["a"])
+        defer { Task { await world.tearDown() } }
+        let path = world.paths["a"]!
+        let node = try await offPool {
+            try shoal("serve", "--db", path, "--no-mdns", "--relay", "http://relay.example:80", "--relay-token", "x")
+        }
+        #expect(node.status != 0)
+        #expect(node.stderr.contains("in clear"))
+    }
+}
+
+extension RelayProcessTests {
+    @Test func aNodeKilledMidPullResumesFromItsVersionVector() async throws {
+        let world = try await RelayWorld("relay-midpull", nodes: ["a", "b"])
+        defer { Task { await world.tearDown() } }
+        try await world.serve("a")
+        // 40 transactions of 1,000 rows of 1 KB: b's pull takes many pages.
+        for batch in 0..<40 {
+            try await world.write(
+                "a",
+                """
+                WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+                INSERT INTO kv SELECT 'r\(batch)-' || i, printf('%.1000c', 'z') || i FROM n;
+                """
+            )
+        }
+        #expect(try await waitUntil(within: 120) {
+            let relay = try await world.relayStatus("a")
+            return relay["lacking"] as? Int == 0 && relay["lastPushMs"] != nil
+        })
+        try await world.stop("a")
+        try await world.serve("b")
+        let path = world.paths["b"]!
+        @Sendable func rows() async throws -> Int {
+            Int(try await offPool { try sqlite3Shell(path, "SELECT count(*) FROM kv") }.stdout
+                .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+        }
+        #expect(try await waitUntil(within: 60, checkingEvery: 5) { try await rows() > 0 })
+        try await world.kill("b")
+        let partial = try await rows()
+        #expect(partial < 40_000, "b had everything before it was killed: the test did not cut a pull")
+        try await world.serve("b")
+        try await world.serve("a")
+        #expect(try await world.converge(["a", "b"], within: 120))
+        #expect(try await rows() == 40_000)
+    }
+}

@@ -97,10 +97,14 @@ final class RelayWorld: @unchecked Sendable {
     /// Starts `shoal serve` on node `name`: no mDNS, no remembered peers; the relay unless `relay` is false; `peers`
     /// are names of running nodes to dial.
     @discardableResult
-    func serve(_ name: String, relay useRelay: Bool = true, peers: [String] = [], token: String? = nil) async throws
-        -> RunningProcess
-    {
-        var arguments = ["serve", "--db", paths[name]!, "--no-mdns", "--no-remembered", "--name", name]
+    func serve(
+        _ name: String,
+        relay useRelay: Bool = true,
+        peers: [String] = [],
+        token: String? = nil,
+        extra: [String] = []
+    ) async throws -> RunningProcess {
+        var arguments = ["serve", "--db", paths[name]!, "--no-mdns", "--no-remembered", "--name", name] + extra
         if useRelay { arguments += ["--relay", relayURL, "--relay-token", token ?? self.token] }
         for peer in peers { arguments += ["--peer", "127.0.0.1:\(ports[peer]!)"] }
         let process = try RunningProcess(try shoalExecutable(), arguments)
@@ -111,6 +115,13 @@ final class RelayWorld: @unchecked Sendable {
         nodes[name] = process
         ports[name] = Int(line.split(separator: ":").last!)!
         return process
+    }
+
+    /// Kills node `name` with SIGKILL.
+    func kill(_ name: String) async throws {
+        guard let node = nodes.removeValue(forKey: name) else { return }
+        Foundation.kill(node.pid, SIGKILL)
+        try await offPool { node.process.waitUntilExit() }
     }
 
     /// Stops node `name` (SIGTERM).
