@@ -218,6 +218,7 @@ public struct RelayServer: Sendable {
         }
         switch outcome {
         case .rotated:
+            await notifier.bump(token.cluster)
             configuration.logger.info(
                 "key epoch rotated; the cluster's earlier tokens are retired",
                 metadata: ["cluster": "\(token.cluster)", "epoch": "\(rotation.epoch)"]
@@ -232,9 +233,22 @@ public struct RelayServer: Sendable {
 
     private func grants(_ request: Request) async throws(RelayFailure) -> Response {
         let token = try await authorize(request, allowRotated: true)
-        let after = request.uri.queryParameters.get("after").flatMap { UInt32($0) } ?? 0
-        let grants = try await storageCall { () throws(ShoalError) in try await storage.grants(cluster: token.cluster, after: after) }
-        return Self.json(.ok, grants)
+        let parameters = request.uri.queryParameters
+        let after = parameters.get("after").flatMap { UInt32($0) } ?? 0
+        let recipient = parameters.get("recipient").map { String(describing: $0) }
+        let wait = min(max(parameters.get("wait").flatMap { Int($0) } ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
+        let deadline = ContinuousClock.now + .milliseconds(wait)
+        while true {
+            let generation = await notifier.generation(token.cluster)
+            var grants = try await storageCall { () throws(ShoalError) in
+                try await storage.grants(cluster: token.cluster, after: after)
+            }
+            if let recipient { grants.grants.removeAll { $0.recipient != recipient } }
+            let remaining = deadline - ContinuousClock.now
+            if !grants.grants.isEmpty || remaining <= .zero || Task.isCancelled { return Self.json(.ok, grants) }
+            // Nothing for this recipient yet: wait for a rotation or new grants (long-poll), not for the next retry.
+            await notifier.wait(token.cluster, after: generation, for: remaining)
+        }
     }
 
     private func addGrants(_ request: Request) async throws(RelayFailure) -> Response {
@@ -244,6 +258,7 @@ public struct RelayServer: Sendable {
         let stored = try await storageCall { () throws(ShoalError) in
             try await storage.addGrants(cluster: token.cluster, grants: posted.grants)
         }
+        if stored > 0 { await notifier.bump(token.cluster) }
         return Self.json(.ok, ["stored": stored])
     }
 

@@ -546,7 +546,17 @@ public final class RelayLink: Service, Sendable {
             return
         }
         let newest = credentials.withLock { $0.keyring.newest }
-        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(newest)", body: nil, timeout: .seconds(30))
+        // When the token was retired, the grant may still be on its way (a member grants those it sees join): wait
+        // for it at the relay rather than asking again and again.
+        let wait = required ? configuration.waitMilliseconds : 0
+        let recipient = identity.nodeID.description.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+        let (body, _) = try await call(
+            client,
+            .GET,
+            RelayAPI.grantsPath + "?after=\(newest)&recipient=\(recipient)&wait=\(wait)",
+            body: nil,
+            timeout: .milliseconds(Int64(wait) + 30_000)
+        )
         let listed: RelayGrants = try decodeJSON(body)
         let roster = configuration.roster?()
         let me = identity.nodeID.description

@@ -13,7 +13,8 @@ public enum RelayAPI {
     public static let pullPath = "/v1/pull"
     /// `POST` a ``RelayRotation``: start a new key epoch, retire the cluster's tokens, leave grants for members.
     public static let rotatePath = "/v1/rotate"
-    /// `GET ?after=N`: the key grants of epochs after N (``RelayGrants``); `POST` ``RelayGrants``: add grants (for
+    /// `GET ?after=N[&recipient=NODE_ID&wait=MS]`: the key grants of epochs after N (``RelayGrants``), only those for
+    /// the recipient when one is named, waiting up to `wait` ms for one to arrive; `POST` ``RelayGrants``: add grants (for
     /// members that joined after a rotation). A token retired by a rotation may still read them: each grant opens
     /// only with its recipient's key.
     public static let grantsPath = "/v1/grants"

@@ -173,6 +173,12 @@ final class RelayWorld: @unchecked Sendable {
         return try await offPool { try sqlite3Shell(path, sql) }.stdout
     }
 
+    /// What every running node and the relay wrote, for a failing test's message.
+    var outputs: String {
+        (nodes.sorted { $0.key < $1.key }.map { "--- \($0.key):\n\($0.value.output)" } + ["--- relay:\n\(relay?.output ?? "")"])
+            .joined(separator: "\n")
+    }
+
     /// Stops every process and removes the directory.
     func tearDown() async {
         for name in nodes.keys { try? await stop(name) }
