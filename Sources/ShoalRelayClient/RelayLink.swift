@@ -74,8 +74,9 @@ public final class RelayLink: Service, Sendable {
     private let lastReported = Mutex<String?>(nil)
     /// The keys and the token in use: they change when the key rotates.
     private let credentials: Mutex<Credentials>
-    /// Set when the relay said the token was retired by a rotation: the grants are fetched before the next request.
-    private let grantsNeeded = Mutex(false)
+    /// The token the relay said a rotation retired: until another is in use, the grants are fetched before the next
+    /// request. (A request that left with the old token may come back refused after the new one was adopted.)
+    private let grantsNeeded = Mutex<String?>(nil)
     /// The roster members whose grants were last checked (members that join after a rotation get grants).
     private let grantedMembers = Mutex<Set<NodeID>?>(nil)
 
@@ -443,7 +444,8 @@ public final class RelayLink: Service, Sendable {
     ) async throws(RelayCallError) -> (body: [UInt8], headers: HTTPHeaders) {
         var request = HTTPClientRequest(url: base + path)
         request.method = method
-        request.headers.add(name: "Authorization", value: "Bearer \(credentials.withLock { $0.token })")
+        let token = credentials.withLock { $0.token }
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
         if let body {
             request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
@@ -471,7 +473,7 @@ public final class RelayLink: Service, Sendable {
         let reason = refusal.map { "\($0.message) (\(status.code) \($0.error))" } ?? "HTTP \(status.code)"
         switch status.code {
         case 401 where refusal?.error == "token_rotated":
-            throw RelayCallError.rotated(reason)
+            throw RelayCallError.rotated(reason, token: token)
         case 401, 403:
             throw RelayCallError.unauthorized(reason)
         case 409:
@@ -531,9 +533,11 @@ public final class RelayLink: Service, Sendable {
     // MARK: Key epochs
 
     private func refreshGrantsIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
-        guard grantsNeeded.withLock({ $0 }) else { return }
-        try await refreshGrants(client, required: true)
-        grantsNeeded.withLock { $0 = false }
+        guard let refused = grantsNeeded.withLock({ $0 }) else { return }
+        if credentials.withLock({ $0.token }) == refused {
+            try await refreshGrants(client, required: true)
+        }
+        grantsNeeded.withLock { if $0 == refused { $0 = nil } }
     }
 
     /// Fetches the grants of epochs after the newest held and adopts those made for this node by a member.
@@ -760,13 +764,12 @@ public final class RelayLink: Service, Sendable {
                 return true
             }
             if !fellBack { delay = max(delay, configuration.unauthorizedBackoffMilliseconds) }
-        case .rotated(let why):
+        case .rotated(let why, let token):
             reason = "the relay retired the token at a key rotation (\(why)); fetching this node's grant"
-            grantsNeeded.withLock { $0 = true }
+            grantsNeeded.withLock { $0 = token }
         case .ungranted(let why):
             // Retried with the ordinary backoff: a member adds grants for members it sees joining.
             reason = "the relay refused the token: \(why)"
-            grantsNeeded.withLock { $0 = true }
         case .conflict(_, let why):
             reason = "relay: \(why)"
         case .rateLimited(let seconds, let why):
@@ -823,7 +826,7 @@ enum RelayCallError: Error {
     case malformed(String)
     case local(ShoalError)
     /// The token was retired by a key rotation: the node's grant holds the new one.
-    case rotated(String)
+    case rotated(String, token: String)
     /// The token was retired by a rotation and no grant for this node is there (yet, or ever: a removed node).
     case ungranted(String)
     /// Another member started the key epoch first.

@@ -6,7 +6,8 @@ import ShoalSecurity
 import ShoalTestSupport
 import Testing
 
-/// Nodes that sync only through a relay, every part a real process: `shoal relay serve` and `shoal serve`.
+/// Nodes that sync only through a relay, every part a real process: `shoal relay serve` and `shoal serve`. One
+/// test at a time: each runs a relay and up to five nodes, on a machine of two cores.
 @Suite(.serialized) struct RelayProcessTests {
     @Test func twoNodesThatNeverSeeEachOtherConvergeAndTheRelayHoldsNoByteOfTheirData() async throws {
         let world = try await RelayWorld("relay-two", nodes: ["a", "b"])
@@ -153,7 +154,7 @@ import Testing
 }
 
 /// Removing a member rotates the relay's sealing key: what is sealed afterwards opens only for the members left.
-@Suite(.serialized) struct RelayRotationTests {
+extension RelayProcessTests {
     @Test func aRemovedMemberCannotReadWhatIsSealedAfterItsRemovalNorUseTheRelay() async throws {
         let world = try await RelayWorld("relay-rotation", nodes: ["a", "b", "c", "d"])
         defer { Task { await world.tearDown() } }
@@ -208,7 +209,7 @@ import Testing
 
 /// The relay over HTTPS: nodes check its certificate (here against a pinned CA file), and plain HTTP is refused
 /// anywhere but loopback.
-@Suite(.serialized) struct RelayTLSTests {
+extension RelayProcessTests {
     @Test func nodesSyncOverHTTPSWithAPinnedCertificateAndRefuseAnUntrustedOne() async throws {
         let world = try await RelayWorld("relay-tls", nodes: ["a", "b", "c"])
         defer { Task { await world.tearDown() } }

@@ -219,6 +219,12 @@ import ShoalTestSupport
         let b = try await startNode(in: directory, name: "b", peers: [a.port]) { $0.roundIntervalMilliseconds = 50 }
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('i', 1)")
         #expect(try await converge(a, b))
+        // A round on each side first: the one after which a remembers b (a write of its own) may finish after the
+        // digests matched, late on a loaded machine.
+        for node in [a, b] {
+            _ = await node.log.next(within: 5) { if case .roundFinished = $0 { true } else { false } }
+            _ = await node.log.next(within: 5) { if case .roundFinished = $0 { true } else { false } }
+        }
         // Another connection sees SQLite's data version move on any commit by the nodes.
         let watchA = try Store(path: a.path)
         let watchB = try Store(path: b.path)
