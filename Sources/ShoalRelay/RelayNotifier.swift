@@ -9,6 +9,14 @@ actor RelayNotifier {
     private var generations: [String: UInt64] = [:]
     private var waiters: [String: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
+    private var shuttingDown = false
+
+    /// Answers every waiting pull now, and every later one at once: the relay is stopping.
+    func shutDown() {
+        shuttingDown = true
+        for cluster in waiters.values { for waiter in cluster.values { waiter.resume() } }
+        waiters = [:]
+    }
 
     func generation(_ cluster: String) -> UInt64 { generations[cluster, default: 0] }
 
@@ -19,7 +27,7 @@ actor RelayNotifier {
 
     /// Returns once the cluster's generation is past `generation`, or after `duration`.
     func wait(_ cluster: String, after generation: UInt64, for duration: Duration) async {
-        guard generations[cluster, default: 0] == generation else { return }
+        guard generations[cluster, default: 0] == generation, !shuttingDown else { return }
         nextWaiter += 1
         let id = nextWaiter
         await withCheckedContinuation { continuation in

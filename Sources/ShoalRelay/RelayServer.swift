@@ -6,6 +6,7 @@ import HummingbirdTLS
 import Logging
 import NIOCore
 import NIOSSL
+import ServiceLifecycle
 import ShoalCore
 import ShoalRelayProtocol
 
@@ -27,6 +28,12 @@ public struct RelayServerConfiguration: Sendable {
     public var requestsPerSecond = 200
     /// The byte budget of a pull's page, at most.
     public var maximumPageBytes = 16 * 1024 * 1024
+    /// Open connections at most (the ones beyond wait in the listen backlog); kept under the process's limit of
+    /// open files, which the relay raises to its hard limit at start.
+    public var maximumConnections = 10_000
+    /// A connection that sends nothing (no request, or half of one) for this long is closed; longer than any
+    /// long-poll.
+    public var idleTimeoutSeconds: Int64 = 45
     /// Where the relay logs (failures of its storage; no request is logged).
     public var logger: Logger
 
@@ -37,9 +44,10 @@ public struct RelayServerConfiguration: Sendable {
         self.logger = logger
     }
 
-    /// Whether `host` names a loopback address.
+    /// Whether `host` names a loopback address: `localhost`, `::1`, or an IPv4 address in 127.0.0.0/8 written as
+    /// one (a name that merely starts with "127." is not).
     public static func isLoopback(_ host: String) -> Bool {
-        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+        RelayAPI.isLoopback(host)
     }
 }
 
@@ -89,14 +97,25 @@ public struct RelayServer: Sendable {
         router.post(RouterPath(RelayAPI.grantsPath)) { request, _ in
             await respond { () throws(RelayFailure) in try await addGrants(request) }
         }
+        let http1 = HTTP1Channel.Configuration(idleTimeout: .seconds(configuration.idleTimeoutSeconds))
+        let limit = Self.raiseOpenFilesLimit()
+        let maximumConnections = max(16, min(configuration.maximumConnections, limit - 64))
         let server: HTTPServerBuilder
         if let certificate = configuration.tlsCertificatePath, let key = configuration.tlsKeyPath {
-            let chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
-            let tls = TLSConfiguration.makeServerConfiguration(
-                certificateChain: chain,
-                privateKey: .privateKey(try NIOSSLPrivateKey(file: key, format: .pem))
-            )
-            server = try .tls(.http1(), tlsConfiguration: tls)
+            let chain: [NIOSSLCertificateSource]
+            let privateKey: NIOSSLPrivateKey
+            do {
+                chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
+            } catch {
+                throw ShoalError(code: .invalidArgument, message: "cannot read the certificate chain \(certificate) (PEM): \(error)")
+            }
+            do {
+                privateKey = try NIOSSLPrivateKey(file: key, format: .pem)
+            } catch {
+                throw ShoalError(code: .invalidArgument, message: "cannot read the private key \(key) (PEM): \(error)")
+            }
+            let tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(privateKey))
+            server = try .tls(.http1(configuration: http1), tlsConfiguration: tls)
         } else {
             guard RelayServerConfiguration.isLoopback(configuration.host) else {
                 throw ShoalError(
@@ -105,19 +124,47 @@ public struct RelayServer: Sendable {
                         + "\(configuration.host)"
                 )
             }
-            server = .http1()
+            server = .http1(configuration: http1)
         }
         let app = Application(
             router: router,
             server: server,
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.host, port: configuration.port),
-                serverName: "shoal-relay"
+                serverName: "shoal-relay",
+                availableConnectionsDelegate: MaximumAvailableConnections(maximumConnections)
             ),
             onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
             logger: configuration.logger
         )
-        try await app.runService()
+        // Uploads that never completed are swept now and then; pulls waiting at shutdown are answered at once.
+        let sweeper = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(600))
+                let hourAgo = Int64(Date().timeIntervalSince1970 * 1000) - 3_600_000
+                if let swept = try? await storage.sweep(before: hourAgo), swept > 0 {
+                    configuration.logger.info("dropped chunks of uploads that never completed", metadata: ["chunks": "\(swept)"])
+                }
+            }
+        }
+        defer { sweeper.cancel() }
+        try await withGracefulShutdownHandler {
+            try await app.runService()
+        } onGracefulShutdown: {
+            Task { await notifier.shutDown() }
+        }
+    }
+
+    /// Raises the soft limit of open files to the hard limit; returns the soft limit now in force.
+    static func raiseOpenFilesLimit() -> Int {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        return limit.rlim_cur > rlim_t(Int.max) ? Int.max : Int(limit.rlim_cur)
     }
 
     // MARK: Routes
@@ -125,7 +172,7 @@ public struct RelayServer: Sendable {
     private func heads(_ request: Request) async throws(RelayFailure) -> Response {
         let token = try await authorize(request)
         let heads = try await storageCall { () throws(ShoalError) in try await storage.heads(cluster: token.cluster) }
-        return Self.json(.ok, RelayHeads(heads: RelayAPI.json(heads)))
+        return Self.json(.ok, RelayHeads(heads: RelayAPI.json(heads), cluster: token.cluster))
     }
 
     private func upload(_ request: Request) async throws(RelayFailure) -> Response {
@@ -149,7 +196,7 @@ public struct RelayServer: Sendable {
         }
         let pairs = envelopes.map { (envelope: $0, encoded: $0.encoded()) }
         let result = try await storageCall { () throws(ShoalError) in
-            try await storage.store(cluster: token.cluster, envelopes: pairs)
+            try await storage.store(cluster: token.cluster, envelopes: pairs, uploader: Self.uploader(request))
         }
         if result.stored > 0 { await notifier.bump(token.cluster) }
         return Self.json(.ok, result)
@@ -181,7 +228,13 @@ public struct RelayServer: Sendable {
         while true {
             let generation = await notifier.generation(token.cluster)
             let page = try await storageCall { () throws(ShoalError) in
-                try await storage.page(cluster: token.cluster, vector: vector, resume: resume, maximumBytes: budget)
+                try await storage.page(
+                    cluster: token.cluster,
+                    vector: vector,
+                    resume: resume,
+                    maximumBytes: budget,
+                    uploader: Self.uploader(request)
+                )
             }
             let remaining = deadline - ContinuousClock.now
             if !page.envelopes.isEmpty || remaining <= .zero || Task.isCancelled {
@@ -198,6 +251,12 @@ public struct RelayServer: Sendable {
     }
 
     static let moreField = HTTPField.Name(RelayAPI.moreHeader)!
+    static let uploaderField = HTTPField.Name(RelayAPI.uploaderHeader)!
+
+    /// The uploader id a request names (at most 64 characters), if any.
+    static func uploader(_ request: Request) -> String? {
+        request.headers[uploaderField].flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 }
+    }
 
     private func rotate(_ request: Request) async throws(RelayFailure) -> Response {
         let token = try await authorize(request)
@@ -282,10 +341,10 @@ public struct RelayServer: Sendable {
     // MARK: Helpers
 
     private func authorize(_ request: Request, allowRotated: Bool = false) async throws(RelayFailure) -> RelayToken {
-        guard let header = request.headers[.authorization], header.hasPrefix("Bearer ") else {
+        guard let header = request.headers[.authorization], header.lowercased().hasPrefix("bearer ") else {
             throw RelayFailure(.unauthorized, "unauthorized", "no bearer token: send Authorization: Bearer TOKEN")
         }
-        let token = String(header.dropFirst("Bearer ".count)).trimmingCharacters(in: .whitespaces)
+        let token = String(header.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
         let hash = RelayTokens.hash(token)
         guard let record = try await storageCall({ () throws(ShoalError) in try await storage.token(hash: hash) }) else {
             throw RelayFailure(.unauthorized, "unauthorized", "unknown token")

@@ -62,16 +62,24 @@ public protocol RelayStorage: Sendable {
     func token(hash: String) async throws(ShoalError) -> RelayToken?
     /// The head per site of `cluster`.
     func heads(cluster: String) async throws(ShoalError) -> VersionVector
-    /// Stores what the relay lacks of `envelopes` (all of `cluster`), in one transaction.
-    func store(cluster: String, envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])]) async throws(ShoalError)
-        -> RelayUploadResult
-    /// The change sets `vector` lacks, from `resume` points on, up to about `maximumBytes`.
+    /// Stores what the relay lacks of `envelopes` (all of `cluster`), in one transaction; `uploader` names the
+    /// uploading process (``RelayAPI/uploaderHeader``).
+    func store(
+        cluster: String,
+        envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])],
+        uploader: String?
+    ) async throws(ShoalError) -> RelayUploadResult
+    /// The change sets `vector` lacks, from `resume` points on, up to about `maximumBytes`, leaving out the ranges
+    /// `uploader` uploaded.
     func page(
         cluster: String,
         vector: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
-        maximumBytes: Int
+        maximumBytes: Int,
+        uploader: String?
     ) async throws(ShoalError) -> RelayPage
+    /// Drops chunks of uploads that never completed, received before `milliseconds` (Unix); returns how many.
+    func sweep(before milliseconds: Int64) async throws(ShoalError) -> Int
     /// Starts key epoch `epoch` of `cluster` if it follows the newest: stores its grants, retires every token of the
     /// cluster and adds the one whose hash is `tokenHash`, all in one transaction.
     func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant]) async throws(ShoalError)

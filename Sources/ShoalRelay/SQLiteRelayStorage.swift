@@ -38,9 +38,16 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// Opens (creating when missing) the relay database in directory `data`.
     public init(directory data: String) throws(ShoalError) {
         var isDirectory = false
-        if !Self.isDirectory(data, &isDirectory) || !isDirectory {
+        if Self.isDirectory(data, &isDirectory) {
+            guard isDirectory else {
+                throw ShoalError(code: .invalidArgument, message: "\(data) is not a directory: --data wants the relay's data directory")
+            }
+        } else {
             guard mkdir(data, 0o700) == 0 || errno == EEXIST else {
-                throw ShoalError(code: .invalidArgument, message: "cannot create the relay's data directory \(data)")
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "cannot create the relay's data directory \(data): \(String(cString: strerror(errno)))"
+                )
             }
         }
         path = data.hasSuffix("/") ? data + "relay.sqlite" : data + "/relay.sqlite"
@@ -65,7 +72,7 @@ public final class SQLiteRelayStorage: RelayStorage {
             CREATE TABLE IF NOT EXISTS ranges(
                 cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL,
                 upload INTEGER NOT NULL, chunks INTEGER NOT NULL, bytes INTEGER NOT NULL, created INTEGER NOT NULL,
-                PRIMARY KEY(cluster, site, from_seq)) WITHOUT ROWID;
+                uploader TEXT, PRIMARY KEY(cluster, site, from_seq)) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS chunks(
                 cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, upload INTEGER NOT NULL,
                 idx INTEGER NOT NULL, envelope BLOB NOT NULL, created INTEGER NOT NULL,
@@ -219,7 +226,8 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// See ``RelayStorage``.
     public func store(
         cluster: String,
-        envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])]
+        envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])],
+        uploader: String?
     ) async throws(ShoalError) -> RelayUploadResult {
         try await run { connection throws(ShoalError) in
             try Self.transaction(connection) { () throws(ShoalError) -> RelayUploadResult in
@@ -263,11 +271,11 @@ public final class SQLiteRelayStorage: RelayStorage {
                         continue
                     }
                     let range = try connection.statement(
-                        "INSERT INTO ranges(cluster, site, from_seq, to_seq, upload, chunks, bytes, created) "
-                            + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                        "INSERT INTO ranges(cluster, site, from_seq, to_seq, upload, chunks, bytes, created, uploader) "
+                            + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     )
                     try range.bind([.text(cluster), site, from, .integer(Int64(bitPattern: envelope.to)), upload,
-                        .integer(Int64(envelope.index) + 1), .integer(bytes), .integer(now)])
+                        .integer(Int64(envelope.index) + 1), .integer(bytes), .integer(now), uploader.map { .text($0) } ?? .null])
                     try range.run()
                     // Chunks of other uploads of the same range (an uploader that gave up, or lost a race) go.
                     let losers = try connection.statement(
@@ -294,14 +302,16 @@ public final class SQLiteRelayStorage: RelayStorage {
         cluster: String,
         vector: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
-        maximumBytes: Int
+        maximumBytes: Int,
+        uploader: String?
     ) async throws(ShoalError) -> RelayPage {
         try await run { connection throws(ShoalError) in
             let heads = try Self.heads(connection, cluster: cluster)
             var page = RelayPage(envelopes: [], more: false)
             var bytes = 0
             let ranges = try connection.statement(
-                "SELECT from_seq, upload FROM ranges WHERE cluster = ? AND site = ? AND to_seq > ? ORDER BY from_seq"
+                "SELECT from_seq, upload, to_seq, uploader IS ? FROM ranges WHERE cluster = ? AND site = ? AND to_seq > ? "
+                    + "ORDER BY from_seq"
             )
             let chunks = try connection.statement(
                 "SELECT envelope FROM chunks WHERE cluster = ? AND site = ? AND from_seq = ? AND upload = ? AND idx >= ? "
@@ -313,10 +323,14 @@ public final class SQLiteRelayStorage: RelayStorage {
             }
             for (site, head) in heads.sorted where head > vector[site] {
                 let siteValue = SQLValue.blob(site.bytes)
-                try ranges.bind([.text(cluster), siteValue, .integer(Int64(bitPattern: vector[site]))])
+                try ranges.bind([uploader.map { .text($0) } ?? .null, .text(cluster), siteValue,
+                    .integer(Int64(bitPattern: min(vector[site], UInt64(Int64.max))))])
                 while try ranges.step() {
                     let from = ranges.columnInt64(0)
                     let upload = ranges.columnInt64(1)
+                    // What the asking process uploaded itself it holds: left out (a range of its own follows
+                    // another of its own, or one the node gets, since it holds what it uploads, from the cursor on).
+                    if uploader != nil, ranges.columnInt64(3) == 1 { continue }
                     var first: Int64 = 0
                     if let point = resume[site], point.from == UInt64(bitPattern: from) { first = Int64(point.index) }
                     try chunks.bind([.text(cluster), siteValue, .integer(from), .integer(upload), .integer(first)])
@@ -414,6 +428,20 @@ public final class SQLiteRelayStorage: RelayStorage {
             stored += Int(sqlite3_changes(connection.sqlite.handle))
         }
         return stored
+    }
+
+    /// See ``RelayStorage``.
+    public func sweep(before milliseconds: Int64) async throws(ShoalError) -> Int {
+        try await run { connection throws(ShoalError) in
+            try connection.sqlite.exec(
+                """
+                DELETE FROM chunks WHERE created < \(milliseconds) AND NOT EXISTS (
+                    SELECT 1 FROM ranges r WHERE r.cluster = chunks.cluster AND r.site = chunks.site
+                        AND r.from_seq = chunks.from_seq AND r.upload = chunks.upload)
+                """
+            )
+            return Int(sqlite3_changes(connection.sqlite.handle))
+        }
     }
 
     /// See ``RelayStorage``.

@@ -72,6 +72,8 @@ public final class RelayLink: Service, Sendable {
     private let state: Mutex<RelayStatus>
     private let sizes: Mutex<(piece: Int, request: Int)>
     private let lastReported = Mutex<String?>(nil)
+    /// This process's uploader id (``RelayAPI/uploaderHeader``).
+    private let uploaderID = String(UInt64.random(in: 1...UInt64.max), radix: 16)
     /// The keys and the token in use: they change when the key rotates.
     private let credentials: Mutex<Credentials>
     /// The token the relay said a rotation retired: until another is in use, the grants are fetched before the next
@@ -101,7 +103,7 @@ public final class RelayLink: Service, Sendable {
             throw ShoalError(code: .invalidArgument, message: "--relay wants an https:// (or loopback http://) URL, got \"\(configuration.url)\"")
         }
         if lowered.hasPrefix("http://") {
-            guard host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.") else {
+            guard RelayAPI.isLoopback(host) else {
                 throw ShoalError(
                     code: .invalidArgument,
                     message: "plain http:// to \(host) would send the token in clear: use https:// (http:// only to loopback)"
@@ -168,6 +170,7 @@ public final class RelayLink: Service, Sendable {
         )
         var due = true
         var raced = 0
+        var headsFetched: UInt64 = 0
         while !Task.isCancelled {
             if !due {
                 guard await signals.next() != nil else { return }
@@ -176,7 +179,13 @@ public final class RelayLink: Service, Sendable {
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
                 try await rotateIfNeeded(client)
-                if heads == nil { heads = try await fetchHeads(client) }
+                // The heads are read again now and then, not only after a failure: another uploader, or an
+                // operator's repair, may have moved them.
+                let now = configuration.clock.monotonicMilliseconds()
+                if heads == nil || now - headsFetched > 30_000 {
+                    heads = try await fetchHeads(client)
+                    headsFetched = now
+                }
                 var known = heads!
                 let finished = try await pushOnce(client, heads: &known)
                 heads = known
@@ -191,6 +200,8 @@ public final class RelayLink: Service, Sendable {
                     if raced > 1 { try? await Task.sleep(for: .milliseconds(backoff.next())) }
                 }
             } catch {
+                // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
+                if let heads, let held = try? await node.versionVector() { noteLacking(held: held, heads: heads) }
                 heads = nil
                 due = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
@@ -201,11 +212,29 @@ public final class RelayLink: Service, Sendable {
     private func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
         let (body, _) = try await call(client, .GET, RelayAPI.headsPath, body: nil, timeout: .seconds(30))
         let heads: RelayHeads = try decodeJSON(body)
+        if let cluster = heads.cluster, cluster != configuration.clusterID {
+            throw RelayCallError.unauthorized(
+                "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)"
+            )
+        }
+        let vector: VersionVector
         do {
-            return try RelayAPI.vector(heads.heads)
+            vector = try RelayAPI.vector(heads.heads)
         } catch {
             throw RelayCallError.malformed("the relay's heads: \(error.message)")
         }
+        // Nobody holds more of this node's own site than the node itself: a head beyond it is a forged or corrupt
+        // range, which hides this node's next transactions from the relay until its operator removes it.
+        let own = node.siteID
+        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        if vector[own] > held[own] {
+            note(
+                "the relay claims transactions \(held[own] + 1)...\(vector[own]) of this node's own site, which it never "
+                    + "made: a forged or corrupt range; this node's later writes cannot reach the relay until its "
+                    + "operator removes that range"
+            )
+        }
+        return vector
     }
 
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
@@ -289,6 +318,7 @@ public final class RelayLink: Service, Sendable {
     private func noteLacking(held: VersionVector, heads: VersionVector) {
         var lacking: UInt64 = 0
         for (site, seq) in held.entries where seq > heads[site] { lacking += seq - heads[site] }
+        if heads[node.siteID] > held[node.siteID] { lacking += 1 }  // see fetchHeads: it cannot be trusted
         let now = configuration.clock.nowMilliseconds()
         state.withLock { status in
             status.lacking = lacking
@@ -305,9 +335,21 @@ public final class RelayLink: Service, Sendable {
     /// Where a pull stands: the vector it asks with, and the ranges a page ended inside.
     private struct PullState {
         var cursor = VersionVector()
-        var resume: [SiteID: (from: UInt64, index: UInt32)] = [:]
+        /// Ranges a page ended inside: where to resume, valid while the cursor of the site stays where it was.
+        var resume: [SiteID: (from: UInt64, index: UInt32, cursor: UInt64)] = [:]
         var buffers: [SiteID: [UInt8]] = [:]
+        /// Sites whose next range cannot be used (it fails its seal, or holds what it should not), until when: their
+        /// ranges are not asked for meanwhile, so one bad range never holds up the other sites.
+        var blocked: [SiteID: UInt64] = [:]
+
+        mutating func forget(_ site: SiteID) {
+            resume[site] = nil
+            buffers[site] = nil
+        }
     }
+
+    /// How long a site whose range could not be used is left aside before it is tried again.
+    static let blockedSiteMilliseconds: UInt64 = 60_000
 
     private func pullLoop(_ client: HTTPClient) async throws {
         var pull = PullState()
@@ -319,8 +361,15 @@ public final class RelayLink: Service, Sendable {
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
                 pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
+                // A resume point holds only while its site's cursor stays put (the node may have got the rest from
+                // a LAN peer meanwhile); a blocked site is left out until its time is up.
+                for (site, point) in pull.resume where pull.cursor[site] != point.cursor { pull.forget(site) }
+                let now = configuration.clock.nowMilliseconds()
+                pull.blocked = pull.blocked.filter { $0.value > now }
+                var asked = pull.cursor
+                for site in pull.blocked.keys { asked.advance(site, to: UInt64(Int64.max)) }
                 let request = RelayPullRequest(
-                    vector: RelayAPI.json(pull.cursor),
+                    vector: RelayAPI.json(asked),
                     resume: pull.resume.isEmpty
                         ? nil
                         : pull.resume.map { RelayPullRequest.Resume(site: RelayAPI.key($0.key), from: $0.value.from, index: $0.value.index) },
@@ -343,10 +392,24 @@ public final class RelayLink: Service, Sendable {
                     throw RelayCallError.malformed("a page from the relay: \(error.message)")
                 }
                 var applied = 0
-                for envelope in envelopes { applied += try await receive(envelope, &pull, client) }
-                let now = configuration.clock.nowMilliseconds()
+                var skipped: Set<SiteID> = []
+                for envelope in envelopes where !skipped.contains(envelope.site) {
+                    do throws(RelayCallError) {
+                        applied += try await receive(envelope, &pull, client)
+                    } catch {
+                        guard case .badChangeSet(let site, let why, let block) = error else { throw error }
+                        // Only this site waits: the rest of the page, and the other sites, go on.
+                        skipped.insert(site)
+                        pull.forget(site)
+                        if block {
+                            pull.blocked[site] = configuration.clock.nowMilliseconds() + Self.blockedSiteMilliseconds
+                            note(why)
+                        }
+                    }
+                }
+                let pulled = configuration.clock.nowMilliseconds()
                 state.withLock { status in
-                    status.lastPullMs = now
+                    status.lastPullMs = pulled
                     status.received += UInt64(envelopes.count)
                     status.applied += UInt64(applied)
                 }
@@ -372,17 +435,23 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.malformed("the relay sent a change set of another cluster (\(envelope.cluster.prefix(64)))")
         }
         if let point = pull.resume[site] {
+            // Not where the page before ended (the relay answered for another range): start the site again.
             guard envelope.from == point.from, envelope.index == point.index else {
-                throw RelayCallError.malformed(
-                    "the relay sent chunk \(envelope.index) of the range after \(envelope.from) of site "
-                        + "\(site.hex.prefix(8)); chunk \(point.index) of the range after \(point.from) was next"
-                )
+                throw RelayCallError.badChangeSet(site, "", block: false)
             }
         } else {
-            guard envelope.index == 0, envelope.from <= pull.cursor[site] else {
-                throw RelayCallError.malformed(
-                    "the relay sent chunk \(envelope.index) of the range after \(envelope.from) of site "
-                        + "\(site.hex.prefix(8)), which this node cannot apply after \(pull.cursor[site])"
+            guard envelope.index == 0 else { throw RelayCallError.badChangeSet(site, "", block: false) }
+            if envelope.from > pull.cursor[site] {
+                // The ranges this process uploaded are not sent back: the node holds them, so its own version
+                // vector, read now, covers what the page skipped.
+                pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
+            }
+            guard envelope.from <= pull.cursor[site] else {
+                throw RelayCallError.badChangeSet(
+                    site,
+                    "the relay's ranges of site \(site.hex.prefix(8)) have a gap (the next starts after "
+                        + "\(envelope.from), this node holds up to \(pull.cursor[site]))",
+                    block: true
                 )
             }
         }
@@ -391,33 +460,37 @@ public final class RelayLink: Service, Sendable {
             // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
             try await refreshGrants(client, required: false)
         }
-        let plaintext = try localNow { () throws(ShoalError) in try credentials.withLock { $0.seal }.open(envelope) }
+        let plaintext: [UInt8]
+        do {
+            plaintext = try credentials.withLock { $0.seal }.open(envelope)
+        } catch {
+            throw RelayCallError.badChangeSet(site, "relay changes could not be used here: \(error.message)", block: true)
+        }
         pull.buffers[site, default: []] += plaintext
-        pull.resume[site] = (envelope.from, envelope.index + 1)
+        pull.resume[site] = (envelope.from, envelope.index + 1, pull.cursor[site])
         guard envelope.flags.contains(.batchEnd) else { return 0 }
         let bytes = pull.buffers.removeValue(forKey: site) ?? []
         let message: WireMessage
         do {
             message = try WireMessage.decode(bytes)
         } catch {
-            throw RelayCallError.local(
-                ShoalError(code: .malformedMessage, message: "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)")
+            throw RelayCallError.badChangeSet(
+                site, "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)", block: true
             )
         }
         guard case .changeBatch(let batch) = message else {
-            throw RelayCallError.local(
-                ShoalError(code: .malformedMessage, message: "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
+            throw RelayCallError.badChangeSet(
+                site, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch", block: true
             )
         }
         for change in batch.batch.changes {
             let seq = change.stamp.seq
             guard change.stamp.site == site, seq > envelope.from, !envelope.endsRange || seq <= envelope.to else {
-                throw RelayCallError.local(
-                    ShoalError(
-                        code: .malformedMessage,
-                        message: "a sealed change set of site \(site.hex.prefix(8)) after seq \(envelope.from) holds "
-                            + "change \(change.stamp.site.hex.prefix(8)):\(seq), outside its range; nothing of it was applied"
-                    )
+                throw RelayCallError.badChangeSet(
+                    site,
+                    "a sealed change set of site \(site.hex.prefix(8)) after seq \(envelope.from) holds change "
+                        + "\(change.stamp.site.hex.prefix(8)):\(seq), outside its range; nothing of it was applied",
+                    block: true
                 )
             }
         }
@@ -446,6 +519,7 @@ public final class RelayLink: Service, Sendable {
         request.method = method
         let token = credentials.withLock { $0.token }
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        request.headers.add(name: RelayAPI.uploaderHeader, value: uploaderID)
         if let body {
             request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
@@ -493,14 +567,21 @@ public final class RelayLink: Service, Sendable {
     private static func describe(_ error: any Error) -> String {
         if let error = error as? HTTPClientError {
             switch error {
-            case .connectTimeout: return "the connection timed out"
+            case .connectTimeout, .getConnectionFromPoolTimeout: return "the connection timed out"
             case .readTimeout, .deadlineExceeded: return "the relay did not answer in time"
             case .remoteConnectionClosed: return "the relay closed the connection"
             default: break
             }
         }
-        if let error = error as? NIOSSLError { return "TLS failed: \(error)" }
-        if let error = error as? BoringSSLError { return "TLS failed: \(error)" }
+        if error is NIOSSLError || error is BoringSSLError || error is NIOSSLExtraError {
+            let text = "\(error)"
+            if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate") {
+                return "TLS failed: the relay's certificate is not trusted (give its CA, or the certificate itself, "
+                    + "with --relay-ca)"
+            }
+            return "TLS failed: \(text.prefix(200))"
+        }
+        if error is ChannelError { return "the connection was closed" }
         let text = "\(error)"
         if text.contains("connectionRefused") || text.contains("Connection refused") { return "connection refused" }
         return text
@@ -741,6 +822,23 @@ public final class RelayLink: Service, Sendable {
         }
     }
 
+    /// Records a failure that costs no backoff (it concerns one site; the others go on), said once.
+    private func note(_ reason: String) {
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { status in
+            status.lastError = reason
+            status.lastErrorMs = now
+        }
+        let isNew = lastReported.withLock { last in
+            defer { last = reason }
+            return last != reason
+        }
+        if isNew {
+            configuration.logger.warning("\(reason)")
+            eventSink.yield(.failed(reason))
+        }
+    }
+
     /// Records a failure and returns how long to wait before the next try.
     private func failed(_ error: RelayCallError, backoff: inout Backoff) -> UInt64 {
         let now = configuration.clock.nowMilliseconds()
@@ -778,14 +876,17 @@ public final class RelayLink: Service, Sendable {
         case .tooLarge(let limit, let why):
             reason = "the relay refused a request as too large: \(why)"
             sizes.withLock { sizes in
-                let cap = limit.map { max(64 * 1024, $0 / 2) } ?? Int.max
-                sizes.piece = max(64 * 1024, min(sizes.piece / 2, cap))
-                sizes.request = max(sizes.piece * 2, min(sizes.request / 2, limit ?? Int.max))
+                // Under the limit the relay named (it may be the request's or a change set's), with room for headers.
+                let cap = limit.map { max(2 * 1024, $0 / 2) } ?? Int.max
+                sizes.piece = max(1024, min(sizes.piece / 2, cap))
+                sizes.request = max(2 * 1024, min(sizes.request / 2, cap))
             }
         case .refused(let why), .malformed(let why):
             reason = "relay: \(why)"
         case .local(let why):
             reason = "relay changes could not be used here: \(why.message)"
+        case .badChangeSet(_, let why, _):
+            reason = why
         }
         state.withLock { status in
             status.lastError = reason
@@ -829,6 +930,8 @@ enum RelayCallError: Error {
     case rotated(String, token: String)
     /// The token was retired by a rotation and no grant for this node is there (yet, or ever: a removed node).
     case ungranted(String)
+    /// A change set of `site` cannot be used (`block`: leave the site aside a while, and say `why`).
+    case badChangeSet(SiteID, String, block: Bool)
     /// Another member started the key epoch first.
     case conflict(epoch: UInt32?, String)
 }

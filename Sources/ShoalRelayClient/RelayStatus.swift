@@ -10,8 +10,9 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var lastPushMs: UInt64?
     /// When a pull last succeeded.
     public var lastPullMs: UInt64?
-    /// Transactions this node holds that the relay lacks (its own and those it learnt from peers).
-    public var lacking: UInt64 = 0
+    /// Transactions this node holds that the relay lacks (its own and those it learnt from peers); nil until the
+    /// relay's heads were read once.
+    public var lacking: UInt64?
     /// Since when the relay has lacked some of them, without a break: the age of the oldest it lacks, at most.
     public var lackingSinceMs: UInt64?
     /// The last failure, in words.
@@ -32,6 +33,31 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     /// The status of a relay not tried yet.
     public init(url: String) {
         self.url = url
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case url, reachable, sinceMs, lastPushMs, lastPullMs, lacking, lackingSinceMs, lastError, lastErrorMs
+        case unauthorized, uploaded, received, applied, epoch
+    }
+
+    /// Decodes what any build wrote: fields a build did not write take their defaults (a status file outlives the
+    /// node that wrote it, and `shoal status` may be newer or older).
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        url = try container.decodeIfPresent(String.self, forKey: .url) ?? ""
+        reachable = try container.decodeIfPresent(Bool.self, forKey: .reachable)
+        sinceMs = try container.decodeIfPresent(UInt64.self, forKey: .sinceMs)
+        lastPushMs = try container.decodeIfPresent(UInt64.self, forKey: .lastPushMs)
+        lastPullMs = try container.decodeIfPresent(UInt64.self, forKey: .lastPullMs)
+        lacking = try container.decodeIfPresent(UInt64.self, forKey: .lacking)
+        lackingSinceMs = try container.decodeIfPresent(UInt64.self, forKey: .lackingSinceMs)
+        lastError = try container.decodeIfPresent(String.self, forKey: .lastError)
+        lastErrorMs = try container.decodeIfPresent(UInt64.self, forKey: .lastErrorMs)
+        unauthorized = try container.decodeIfPresent(Bool.self, forKey: .unauthorized) ?? false
+        uploaded = try container.decodeIfPresent(UInt64.self, forKey: .uploaded) ?? 0
+        received = try container.decodeIfPresent(UInt64.self, forKey: .received) ?? 0
+        applied = try container.decodeIfPresent(UInt64.self, forKey: .applied) ?? 0
+        epoch = try container.decodeIfPresent(UInt32.self, forKey: .epoch) ?? 0
     }
 }
 

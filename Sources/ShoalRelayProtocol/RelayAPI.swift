@@ -24,6 +24,9 @@ public enum RelayAPI {
     public static let envelopeContentType = "application/vnd.shoal.changesets"
     /// On a pull's answer: `1` when the relay holds more than the page carried.
     public static let moreHeader = "Shoal-More"
+    /// On uploads and pulls: a random id of the uploading process. A pull is not sent back the ranges its own process
+    /// uploaded (it holds them), so a node's long-poll is not woken by its own upload.
+    public static let uploaderHeader = "Shoal-Uploader"
     /// The longest a pull may wait for new change sets before answering empty, in milliseconds.
     public static let maximumWaitMilliseconds = 30_000
     /// The default byte budget of a pull's page.
@@ -32,6 +35,18 @@ public enum RelayAPI {
     public static let defaultMaximumEnvelopeBytes = 8 * 1024 * 1024
     /// The default largest request body a relay accepts.
     public static let defaultMaximumRequestBytes = 32 * 1024 * 1024
+
+    /// Whether `host` names a loopback address: `localhost`, `::1`, or an IPv4 address in 127.0.0.0/8 written as
+    /// four decimal numbers (a name that merely starts with "127." is not one).
+    public static func isLoopback(_ host: String) -> Bool {
+        let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+        if bare == "localhost" || bare == "::1" { return true }
+        let parts = bare.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4,
+            parts.allSatisfy({ !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCII) && UInt8($0) != nil })
+        else { return false }
+        return parts[0] == "127"
+    }
 
     /// A site id as the JSON bodies write it (32 hex digits).
     public static func key(_ site: SiteID) -> String { site.hex }
@@ -58,9 +73,14 @@ public enum RelayAPI {
 public struct RelayHeads: Codable, Hashable, Sendable {
     /// Site id (hex) → head.
     public var heads: [String: UInt64]
+    /// The cluster the token reaches, so a node given another cluster's token can say so.
+    public var cluster: String?
 
     /// Heads as the JSON body writes them.
-    public init(heads: [String: UInt64]) { self.heads = heads }
+    public init(heads: [String: UInt64], cluster: String? = nil) {
+        self.heads = heads
+        self.cluster = cluster
+    }
 }
 
 /// What an upload did.

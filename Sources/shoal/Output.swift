@@ -176,7 +176,7 @@ extension Output {
         func ago(_ milliseconds: UInt64?) -> String {
             guard let milliseconds else { return "never" }
             let elapsed = now > milliseconds ? now - milliseconds : 0
-            return elapsed < 10_000 ? "\(elapsed) ms ago" : "\(elapsed / 1000) s ago"
+            return elapsed < 1_000 ? "\(elapsed) ms ago" : "\(elapsed / 1000) s ago"
         }
         let state =
             switch relay.reachable {
@@ -185,12 +185,21 @@ extension Output {
             case false?: "unreachable"
             }
         var text = "relay:      \(relay.url): \(state)"
-        if relay.reachable != nil { text += " since \(ago(relay.sinceMs))" }
+        if relay.unauthorized, relay.reachable == true {
+            text += " (since \(ago(relay.lastErrorMs)))"
+        } else if relay.reachable != nil {
+            text += " since \(ago(relay.sinceMs))"
+        }
         if relay.epoch > 0 { text += ", key epoch \(relay.epoch)" }
         text += "\n            last push \(ago(relay.lastPushMs)), last pull \(ago(relay.lastPullMs)); "
-        text += relay.lacking == 0
-            ? "it holds everything this node holds\n"
-            : "it lacks \(relay.lacking) transaction\(relay.lacking == 1 ? "" : "s"), the oldest for \(ago(relay.lackingSinceMs).replacingOccurrences(of: " ago", with: ""))\n"
+        switch relay.lacking {
+        case nil:
+            text += "what it lacks is not known yet (its heads were never read)\n"
+        case 0?:
+            text += "it holds everything this node holds\n"
+        case let lacking?:
+            text += "it lacks \(lacking) transaction\(lacking == 1 ? "" : "s") of this node's, for \(ago(relay.lackingSinceMs).replacingOccurrences(of: " ago", with: ""))\n"
+        }
         if let error = relay.lastError {
             text += "            last error (\(ago(relay.lastErrorMs))): \(error)\n"
         }

@@ -23,8 +23,16 @@ extension ShoalCommand {
 struct RelayStorageOptions: ParsableArguments {
     @Option(help: "Directory of the relay's embedded database (made when missing).") var data: String
 
-    func open() throws -> any RelayStorage {
-        try SQLiteRelayStorage(directory: data)
+    /// Opens the relay's storage; `existing`: the database must be there already (listing or revoking tokens of a
+    /// mistyped directory is an error, not a new empty relay).
+    func open(existing: Bool = false) throws -> any RelayStorage {
+        if existing, !FileManager.default.fileExists(atPath: data + "/relay.sqlite") {
+            throw ShoalError(
+                code: .missingDatabase,
+                message: "there is no relay database in \(data); check --data (`shoal relay serve` or `token create` makes one)"
+            )
+        }
+        return try SQLiteRelayStorage(directory: data)
     }
 }
 
@@ -48,6 +56,17 @@ extension ShoalCommand.Relay {
         var maxChangesetBytes = RelayAPI.defaultMaximumEnvelopeBytes
         @Option(help: "Requests a second each token may make on average (429 beyond; bursts of twice as many).")
         var rateLimit = 200
+        @Option(help: "Open connections at most (kept under the limit of open files, raised to its hard limit).")
+        var maxConnections = 10_000
+
+        func validate() throws {
+            guard maxRequestBytes >= 65_536 else { throw ValidationError("--max-request-bytes must be at least 65536") }
+            guard (16_384...maxRequestBytes).contains(maxChangesetBytes) else {
+                throw ValidationError("--max-changeset-bytes must be at least 16384 and at most --max-request-bytes")
+            }
+            guard rateLimit >= 1 else { throw ValidationError("--rate-limit must be at least 1 request a second") }
+            guard maxConnections >= 16 else { throw ValidationError("--max-connections must be at least 16") }
+        }
 
         func run() async throws {
             guard let address = PeerAddress(parsing: listen) else {
@@ -64,6 +83,7 @@ extension ShoalCommand.Relay {
             configuration.maximumRequestBytes = maxRequestBytes
             configuration.maximumEnvelopeBytes = maxChangesetBytes
             configuration.requestsPerSecond = rateLimit
+            configuration.maximumConnections = maxConnections
             let server = RelayServer(configuration: configuration, storage: try storage.open())
             let scheme = tlsCert == nil ? "http" : "https"
             let host = address.host
@@ -126,13 +146,17 @@ extension ShoalCommand.Relay.Token {
     }
 
     struct List: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "List tokens: hash prefix, cluster, label, state.")
+        static let configuration = CommandConfiguration(
+            abstract: "List tokens: the SHA-256 of each (what `token revoke` takes), its cluster, state and label."
+        )
         @OptionGroup var storage: RelayStorageOptions
 
         func run() async throws {
-            for token in try await storage.open().tokens() {
-                let state = token.revoked == nil ? "active" : "revoked"
-                print("\(token.hash.prefix(16))  \(token.cluster)  \(state)  \(token.label)")
+            for token in try await storage.open(existing: true).tokens() {
+                let state =
+                    token.revoked == nil
+                    ? "active" : token.rotatedAtEpoch.map { "retired (key epoch \($0))" } ?? "revoked"
+                print("\(token.hash)  \(token.cluster)  \(state)  \(token.label)")
             }
         }
     }
@@ -146,7 +170,7 @@ extension ShoalCommand.Relay.Token {
         @Flag(help: "Revoke every token of the cluster named.") var cluster = false
 
         func run() async throws {
-            let count = try await storage.open().revokeTokens(matching: token, wholeCluster: cluster)
+            let count = try await storage.open(existing: true).revokeTokens(matching: token, wholeCluster: cluster)
             guard count > 0 else {
                 throw ShoalError(code: .invalidArgument, message: "no active token matches")
             }

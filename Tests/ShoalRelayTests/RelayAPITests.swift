@@ -5,6 +5,7 @@ import ShoalCore
 import ShoalProtocol
 import ShoalRelayClient
 import ShoalRelayProtocol
+import ShoalStore
 import ShoalTestSupport
 import Testing
 
@@ -54,7 +55,7 @@ extension RelayProcessTests {
 
     @Test func uploadsAreIdempotentAndBadOnesAreRefusedWithNothingStored() async throws {
         let world = try await RelayWorld("relay-api", nodes: ["a"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
         defer { _ = client.shutdown() }
         let seal = RelaySeal(clusterSecret: Array(repeating: 9, count: 32))
@@ -109,7 +110,7 @@ extension RelayProcessTests {
 
     @Test func limitsAnswer413And429WithTheLimitAndRetryAfter() async throws {
         let world = try await RelayWorld("relay-limits", nodes: ["a"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.stopRelay()
         try await world.startRelay(extra: ["--max-changeset-bytes", "100000", "--max-request-bytes", "300000", "--rate-limit", "5"])
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
@@ -137,14 +138,15 @@ extension RelayProcessTests {
         #expect(Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
     }
 
-    @Test func aChangeSetThatFailsItsSealIsRefusedByTheNodeWithNothingApplied() async throws {
-        let world = try await RelayWorld("relay-forged", nodes: ["a"])
-        defer { Task { await world.tearDown() } }
+    @Test func aChangeSetThatFailsItsSealIsRefusedAndHoldsUpNoOtherSite() async throws {
+        let world = try await RelayWorld("relay-forged", nodes: ["a", "b"])
+        defer { world.tearDown() }
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
         defer { _ = client.shutdown() }
-        // A token holder without the cluster secret uploads a change set sealed with another key.
+        // A token holder without the cluster secret uploads a change set sealed with another key, for a site that
+        // sorts first.
         let forger = RelaySeal(clusterSecret: Array(repeating: 1, count: 32))
-        let site = SiteID.random()
+        let site = SiteID(high: 0, low: 0)
         let change = Change(
             table: "kv",
             primaryKey: [.text("forged")],
@@ -156,11 +158,33 @@ extension RelayProcessTests {
         let stored = try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([forged]))
         #expect(stored.status == 200)
         try await world.serve("a")
+        try await world.serve("b")
         #expect(try await waitUntil(within: 30) {
             ((try await world.relayStatus("a"))["lastError"] as? String)?.contains("fails its seal") == true
         })
+        // The other sites go on syncing through the relay.
+        try await world.write("a", "INSERT INTO kv VALUES ('after the forgery', 1)")
+        try await world.write("b", "INSERT INTO kv VALUES ('b after the forgery', 2)")
+        #expect(try await world.converge(["a", "b"]))
+        for name in ["a", "b"] {
+            let path = world.paths[name]!
+            let rows = try await offPool { try sqlite3Shell(path, "SELECT count(*) FROM kv WHERE k = 'forged'") }
+            #expect(rows.stdout == "0\n")
+        }
+    }
+
+    @Test func aForgedRangeClaimingANodesOwnTransactionsIsReported() async throws {
+        let world = try await RelayWorld("relay-hijack", nodes: ["a"])
+        defer { world.tearDown() }
+        let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
+        defer { _ = client.shutdown() }
         let path = world.paths["a"]!
-        let rows = try await offPool { try sqlite3Shell(path, "SELECT count(*) FROM kv WHERE k = 'forged'") }
-        #expect(rows.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        let site = try await offPool { try Store(path: path).siteID }
+        let forger = RelaySeal(clusterSecret: Array(repeating: 1, count: 32))
+        let forged = try envelope(cluster: world.clusterID, site: site, from: 0, to: 1 << 40, seal: forger)
+        #expect(try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([forged])).status == 200)
+        let node = try await world.serve("a")
+        #expect(await node.line(within: 30) { $0.contains("of this node's own site") } != nil)
+        #expect(try await waitUntil(within: 10) { (try await world.relayStatus("a"))["lacking"] as? Int ?? 0 > 0 })
     }
 }

@@ -11,7 +11,7 @@ import Testing
 @Suite(.serialized) struct RelayProcessTests {
     @Test func twoNodesThatNeverSeeEachOtherConvergeAndTheRelayHoldsNoByteOfTheirData() async throws {
         let world = try await RelayWorld("relay-two", nodes: ["a", "b"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
         let marker = "MARKER-\(UInt64.random(in: 0...UInt64.max))-SECRET"
@@ -48,7 +48,7 @@ import Testing
 
     @Test func aWriterThatStopsBeforeTheReaderFirstStartsStillReachesIt() async throws {
         let world = try await RelayWorld("relay-offline", nodes: ["a", "b"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.serve("a")
         try await world.write("a", "INSERT INTO kv VALUES ('left before b came', 1)")
         #expect(try await waitUntil(within: 30) {
@@ -68,7 +68,7 @@ import Testing
 
     @Test func aLANOfThreeWithOneRelayedNodeAndAFourthElsewhereConverge() async throws {
         let world = try await RelayWorld("relay-lan", nodes: ["a", "b", "c", "d"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         // a, b and c form a LAN (static peers, no mDNS); only a knows the relay. d is elsewhere: relay only.
         try await world.serve("a")
         try await world.serve("b", relay: false, peers: ["a"])
@@ -82,7 +82,7 @@ import Testing
 
     @Test func aWrongTokenIsRefusedOnceAndTheNodeBacksOffAndSaysSo() async throws {
         let world = try await RelayWorld("relay-token", nodes: ["a"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         let node = try await world.serve("a", token: "shoal-relay-" + String(repeating: "0", count: 64))
         let refusal = await node.line(within: 30) { $0.contains("refused the token") }
         #expect(refusal?.contains("unknown token") == true)
@@ -95,7 +95,7 @@ import Testing
 
     @Test func aRevokedTokenStopsTheNodeAndTheStatusSaysWhy() async throws {
         let world = try await RelayWorld("relay-revoke", nodes: ["a", "b"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         let node = try await world.serve("a")
         #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["reachable"] as? Bool == true })
         let data = world.relayData
@@ -114,7 +114,7 @@ import Testing
 
     @Test func aRelayDownThenUpAndKilledMidUploadLosesAndDuplicatesNothing() async throws {
         let world = try await RelayWorld("relay-faults", nodes: ["a", "b"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
         try await world.write("a", "INSERT INTO kv VALUES ('before', 1)")
@@ -157,7 +157,7 @@ import Testing
 extension RelayProcessTests {
     @Test func aRemovedMemberCannotReadWhatIsSealedAfterItsRemovalNorUseTheRelay() async throws {
         let world = try await RelayWorld("relay-rotation", nodes: ["a", "b", "c", "d"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
         let c = try await world.serve("c")
@@ -212,7 +212,7 @@ extension RelayProcessTests {
 extension RelayProcessTests {
     @Test func nodesSyncOverHTTPSWithAPinnedCertificateAndRefuseAnUntrustedOne() async throws {
         let world = try await RelayWorld("relay-tls", nodes: ["a", "b", "c"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         let directory = world.directory.path
         let made = try await offPool {
             try runProcess(
@@ -251,7 +251,7 @@ extension RelayProcessTests {
         #expect(relay.status != 0)
         #expect(relay.stderr.contains("loopback"))
         let world = try await RelayWorld("relay-plain-node", nodes: ["a"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         let path = world.paths["a"]!
         let node = try await offPool {
             try shoal("serve", "--db", path, "--no-mdns", "--relay", "http://relay.example:80", "--relay-token", "x")
@@ -264,7 +264,7 @@ extension RelayProcessTests {
 extension RelayProcessTests {
     @Test func aNodeKilledMidPullResumesFromItsVersionVector() async throws {
         let world = try await RelayWorld("relay-midpull", nodes: ["a", "b"])
-        defer { Task { await world.tearDown() } }
+        defer { world.tearDown() }
         try await world.serve("a")
         // 40 transactions of 1,000 rows of 1 KB: b's pull takes many pages.
         for batch in 0..<40 {

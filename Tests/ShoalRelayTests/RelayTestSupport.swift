@@ -179,10 +179,14 @@ final class RelayWorld: @unchecked Sendable {
             .joined(separator: "\n")
     }
 
-    /// Stops every process and removes the directory.
-    func tearDown() async {
-        for name in nodes.keys { try? await stop(name) }
-        try? await stopRelay()
+    /// Kills every process (SIGKILL: the test is over) and removes the directory, before the test returns, so no
+    /// process outlives the test run.
+    func tearDown() {
+        let processes = Array(nodes.values) + (relay.map { [$0] } ?? [])
+        for process in processes where process.process.isRunning { Foundation.kill(process.pid, SIGKILL) }
+        for process in processes { process.process.waitUntilExit() }
+        nodes = [:]
+        relay = nil
         try? FileManager.default.removeItem(at: directory)
     }
 }

@@ -91,37 +91,44 @@ extension Array where Element == UInt8 {
             chunk(site, from: 0, upload: 2, index: 0, end: false),
             chunk(site, from: 0, upload: 1, index: 0, end: false),
             chunk(site, from: 0, upload: 1, index: 1, end: false),
-        ])
+        ], uploader: nil)
         #expect(result.stored == 3)
         #expect(try await storage.heads(cluster: "c")[site] == 0)
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 1, index: 2, end: true)])
+        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 1, index: 2, end: true)], uploader: nil)
         #expect(result.heads[site.hex] == 5)
         // The loser's chunk went; the winner's upload again is held.
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 2, index: 1, end: true)])
+        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 2, index: 1, end: true)], uploader: nil)
         #expect(result.alreadyHeld == 1)
         // A final chunk whose earlier ones never came is refused (a gap), and the head does not move.
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 3, index: 2, end: true)])
+        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 3, index: 2, end: true)], uploader: nil)
         #expect(result.gaps == 1)
         #expect(try await storage.heads(cluster: "c")[site] == 5)
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 4, index: 0, end: true)])
+        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 4, index: 0, end: true)], uploader: nil)
         #expect(result.heads[site.hex] == 8)
         // Another cluster sees none of it.
         #expect(try await storage.heads(cluster: "other").isEmpty)
         // A pull from nothing: every chunk, in order; a small budget stops after the first, and resumes.
-        let all = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 1 << 20)
+        let all = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 1 << 20, uploader: nil)
         #expect(all.envelopes.count == 4)
         #expect(!all.more)
-        let first = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 10)
+        let first = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 10, uploader: nil)
         #expect(first.envelopes.count == 1)
         #expect(first.more)
-        let rest = try await storage.page(cluster: "c", vector: VersionVector(), resume: [site: (0, 1)], maximumBytes: 1 << 20)
+        let rest = try await storage.page(cluster: "c", vector: VersionVector(), resume: [site: (0, 1)], maximumBytes: 1 << 20, uploader: nil)
         #expect(rest.envelopes == Array(all.envelopes.dropFirst()))
         // A node that holds up to 6 (from a LAN peer) gets the range that holds 6 and what follows.
-        let later = try await storage.page(cluster: "c", vector: VersionVector([site: 6]), resume: [:], maximumBytes: 1 << 20)
+        let later = try await storage.page(cluster: "c", vector: VersionVector([site: 6]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
         #expect(later.envelopes == [all.envelopes[3]])
-        #expect(try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20).envelopes.isEmpty)
+        #expect(try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: nil).envelopes.isEmpty)
+        // The process that uploaded ranges is not sent them back.
+        let mine = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 8, to: 9, upload: 5, index: 0, end: true)], uploader: "me")
+        #expect(mine.stored == 1)
+        let forMe = try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: "me")
+        #expect(forMe.envelopes.isEmpty)
+        let forOthers = try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: "other")
+        #expect(forOthers.envelopes.count == 1)
         let statistics = try await storage.statistics()
-        #expect(statistics.first?.ranges == 2)
+        #expect(statistics.first?.ranges == 3)
     }
 
     @Test func tokensReachOneClusterAndRevokedOnesAreKeptAsRevoked() async throws {
