@@ -100,7 +100,7 @@ let package = Package(
         // What the relay and the nodes say to each other: sealed change-set envelopes and the API's JSON bodies.
         .target(
             name: "ShoalRelayProtocol",
-            dependencies: ["ShoalCore"],
+            dependencies: ["ShoalCore", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
         // The relay server (Hummingbird 2) and its storage; never linked into the node library.

@@ -91,6 +91,9 @@ public struct RelayServer: Sendable {
         router.post(RouterPath(RelayAPI.rotatePath)) { request, _ in
             await respond { () throws(RelayFailure) in try await rotate(request) }
         }
+        router.post(RouterPath(RelayAPI.keysPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await registerKey(request) }
+        }
         router.get(RouterPath(RelayAPI.grantsPath)) { request, _ in
             await respond { () throws(RelayFailure) in try await grants(request) }
         }
@@ -186,6 +189,34 @@ public struct RelayServer: Sendable {
         } catch {
             throw RelayFailure(.badRequest, "malformed", "\(error.message); nothing was stored")
         }
+        // Only a holder of the epoch's secret can store: the body must carry its upload key's authentication.
+        guard let epochText = request.headers[Self.uploadEpochField], let epoch = UInt32(epochText),
+            let authentication = request.headers[Self.uploadAuthField]
+        else {
+            throw RelayFailure(
+                .forbidden, "bad_upload_auth", "an upload must name its key epoch and carry its authentication; nothing was stored"
+            )
+        }
+        guard let key = try await storageCall({ () throws(ShoalError) in try await storage.uploadKey(cluster: token.cluster, epoch: epoch) })
+        else {
+            throw RelayFailure(
+                .forbidden,
+                "no_upload_key",
+                "the relay holds no upload key for epoch \(epoch) of this cluster: register it (\(RelayAPI.keysPath)); nothing was stored"
+            )
+        }
+        guard RelayAPI.checkUploadAuthentication(authentication, body: body, key: key) else {
+            throw RelayFailure(
+                .forbidden,
+                "bad_upload_auth",
+                "the upload is not authenticated with this cluster's key of epoch \(epoch): nothing was stored"
+            )
+        }
+        for envelope in envelopes where envelope.epoch != epoch {
+            throw RelayFailure(
+                .badRequest, "malformed", "a change set sealed with epoch \(envelope.epoch) in an upload of epoch \(epoch)"
+            )
+        }
         for envelope in envelopes where envelope.cluster != token.cluster {
             throw RelayFailure(
                 .forbidden,
@@ -252,6 +283,28 @@ public struct RelayServer: Sendable {
 
     static let moreField = HTTPField.Name(RelayAPI.moreHeader)!
     static let uploaderField = HTTPField.Name(RelayAPI.uploaderHeader)!
+    static let uploadEpochField = HTTPField.Name(RelayAPI.uploadEpochHeader)!
+    static let uploadAuthField = HTTPField.Name(RelayAPI.uploadAuthHeader)!
+
+    private func registerKey(_ request: Request) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let posted: RelayUploadKey = try await decodeBody(request)
+        guard let key = Data(base64Encoded: posted.key), key.count == 32 else {
+            throw RelayFailure(.badRequest, "malformed", "an upload key is 32 bytes, base64")
+        }
+        let stored = try await storageCall { () throws(ShoalError) in
+            try await storage.registerUploadKey(cluster: token.cluster, epoch: posted.epoch, key: Array(key))
+        }
+        guard stored else {
+            throw RelayFailure(
+                .conflict,
+                "key_conflict",
+                "the relay holds another upload key for epoch \(posted.epoch) of this cluster: someone with this "
+                    + "cluster's token but not its secret registered one first; its operator must remove it"
+            )
+        }
+        return Self.json(.ok, ["epoch": posted.epoch])
+    }
 
     /// The uploader id a request names (at most 64 characters), if any.
     static func uploader(_ request: Request) -> String? {
@@ -267,12 +320,17 @@ public struct RelayServer: Sendable {
             throw RelayFailure(.badRequest, "malformed", "a rotation needs an epoch from 1 and a token hash of 64 hex digits")
         }
         try Self.check(rotation.grants)
+        let uploadKey = rotation.uploadKey.flatMap { Data(base64Encoded: $0) }.map { Array($0) }
+        guard uploadKey?.count ?? 32 == 32 else {
+            throw RelayFailure(.badRequest, "malformed", "an upload key is 32 bytes, base64")
+        }
         let outcome = try await storageCall { () throws(ShoalError) in
             try await storage.rotate(
                 cluster: token.cluster,
                 epoch: rotation.epoch,
                 tokenHash: rotation.tokenHash,
-                grants: rotation.grants
+                grants: rotation.grants,
+                uploadKey: uploadKey
             )
         }
         switch outcome {

@@ -80,10 +80,14 @@ public protocol RelayStorage: Sendable {
     ) async throws(ShoalError) -> RelayPage
     /// Drops chunks of uploads that never completed, received before `milliseconds` (Unix); returns how many.
     func sweep(before milliseconds: Int64) async throws(ShoalError) -> Int
-    /// Starts key epoch `epoch` of `cluster` if it follows the newest: stores its grants, retires every token of the
-    /// cluster and adds the one whose hash is `tokenHash`, all in one transaction.
-    func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant]) async throws(ShoalError)
-        -> RelayRotationOutcome
+    /// Starts key epoch `epoch` of `cluster` if it follows the newest: stores its grants and its upload key, retires
+    /// every token of the cluster and adds the one whose hash is `tokenHash`, all in one transaction.
+    func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: [UInt8]?)
+        async throws(ShoalError) -> RelayRotationOutcome
+    /// The upload key of an epoch of `cluster`, if one was registered.
+    func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> [UInt8]?
+    /// Registers the upload key of an epoch unless one is there; `false` when another key is.
+    func registerUploadKey(cluster: String, epoch: UInt32, key: [UInt8]) async throws(ShoalError) -> Bool
     /// Adds grants for epochs that exist (ignoring those already held); returns how many were stored.
     func addGrants(cluster: String, grants: [RelayGrant]) async throws(ShoalError) -> Int
     /// The grants of epochs after `epoch`, and the newest epoch.

@@ -63,6 +63,9 @@ public final class SQLiteRelayStorage: RelayStorage {
             CREATE TABLE IF NOT EXISTS epochs(
                 cluster TEXT NOT NULL, epoch INTEGER NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(cluster, epoch)
             ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS upload_keys(
+                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, key BLOB NOT NULL, PRIMARY KEY(cluster, epoch)
+            ) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS grants(
                 cluster TEXT NOT NULL, epoch INTEGER NOT NULL, recipient TEXT NOT NULL, body TEXT NOT NULL,
                 PRIMARY KEY(cluster, epoch, recipient)) WITHOUT ROWID;
@@ -352,8 +355,8 @@ public final class SQLiteRelayStorage: RelayStorage {
     }
 
     /// See ``RelayStorage``.
-    public func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant]) async throws(ShoalError)
-        -> RelayRotationOutcome
+    public func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: [UInt8]?)
+        async throws(ShoalError) -> RelayRotationOutcome
     {
         try await run { connection throws(ShoalError) in
             try Self.transaction(connection) { () throws(ShoalError) -> RelayRotationOutcome in
@@ -364,6 +367,11 @@ public final class SQLiteRelayStorage: RelayStorage {
                 try insert.bind([.text(cluster), .integer(Int64(epoch)), .integer(now)])
                 try insert.run()
                 try Self.insertGrants(connection, cluster: cluster, grants.filter { $0.epoch == epoch })
+                if let uploadKey {
+                    let key = try connection.statement("INSERT OR REPLACE INTO upload_keys(cluster, epoch, key) VALUES (?, ?, ?)")
+                    try key.bind([.text(cluster), .integer(Int64(epoch)), .blob(uploadKey)])
+                    try key.run()
+                }
                 let retire = try connection.statement(
                     "UPDATE tokens SET revoked = ?, rotated = ? WHERE cluster = ? AND revoked IS NULL"
                 )
@@ -376,6 +384,29 @@ public final class SQLiteRelayStorage: RelayStorage {
                 try token.run()
                 return .rotated
             }
+        }
+    }
+
+    /// See ``RelayStorage``.
+    public func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> [UInt8]? {
+        try await run { connection throws(ShoalError) in
+            let select = try connection.statement("SELECT key FROM upload_keys WHERE cluster = ? AND epoch = ?")
+            defer { select.reset() }
+            try select.bind([.text(cluster), .integer(Int64(epoch))])
+            return try select.step() ? select.columnBytes(0) : nil
+        }
+    }
+
+    /// See ``RelayStorage``.
+    public func registerUploadKey(cluster: String, epoch: UInt32, key: [UInt8]) async throws(ShoalError) -> Bool {
+        try await run { connection throws(ShoalError) in
+            let insert = try connection.statement("INSERT OR IGNORE INTO upload_keys(cluster, epoch, key) VALUES (?, ?, ?)")
+            try insert.bind([.text(cluster), .integer(Int64(epoch)), .blob(key)])
+            try insert.run()
+            let select = try connection.statement("SELECT key FROM upload_keys WHERE cluster = ? AND epoch = ?")
+            defer { select.reset() }
+            try select.bind([.text(cluster), .integer(Int64(epoch))])
+            return try select.step() && select.columnBytes(0) == key
         }
     }
 

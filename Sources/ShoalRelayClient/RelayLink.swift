@@ -287,15 +287,32 @@ public final class RelayLink: Service, Sendable {
     ) async throws(RelayCallError) -> Bool {
         let body = RelayEnvelopeList.encode(envelopes)
         let count = envelopes.count
+        let epoch = envelopes.first?.epoch ?? 0
         envelopes = []
-        let (answer, _) = try await call(
-            client,
-            .POST,
-            RelayAPI.changeSetsPath,
-            body: body,
-            contentType: RelayAPI.envelopeContentType,
-            timeout: .seconds(120)
-        )
+        // Authenticated with the epoch's upload key, so the relay stores only what a holder of the secret sent.
+        let seal = credentials.withLock { $0.seal }
+        guard let authentication = seal.authenticate(body, epoch: epoch), let uploadKey = seal.uploadKey(epoch) else {
+            throw RelayCallError.local(ShoalError(code: .sealBroken, message: "no upload key for epoch \(epoch)"))
+        }
+        let headers = [(RelayAPI.uploadEpochHeader, "\(epoch)"), (RelayAPI.uploadAuthHeader, authentication)]
+        let answer: [UInt8]
+        do {
+            (answer, _) = try await call(
+                client, .POST, RelayAPI.changeSetsPath, body: body, contentType: RelayAPI.envelopeContentType,
+                headers: headers, timeout: .seconds(120)
+            )
+        } catch {
+            guard case .noUploadKey = error else { throw error }
+            // The relay does not know this epoch's upload key yet (a new relay, or the cluster's first upload).
+            let key = RelayUploadKey(epoch: epoch, key: Data(uploadKey).base64EncodedString())
+            _ = try await call(
+                client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
+            )
+            (answer, _) = try await call(
+                client, .POST, RelayAPI.changeSetsPath, body: body, contentType: RelayAPI.envelopeContentType,
+                headers: headers, timeout: .seconds(120)
+            )
+        }
         let result: RelayUploadResult = try decodeJSON(answer)
         do {
             heads.merge(try RelayAPI.vector(result.heads))
@@ -513,10 +530,12 @@ public final class RelayLink: Service, Sendable {
         _ path: String,
         body: [UInt8]?,
         contentType: String = "application/json",
+        headers extra: [(String, String)] = [],
         timeout: TimeAmount
     ) async throws(RelayCallError) -> (body: [UInt8], headers: HTTPHeaders) {
         var request = HTTPClientRequest(url: base + path)
         request.method = method
+        for (name, value) in extra { request.headers.add(name: name, value: value) }
         let token = credentials.withLock { $0.token }
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
         request.headers.add(name: RelayAPI.uploaderHeader, value: uploaderID)
@@ -548,6 +567,8 @@ public final class RelayLink: Service, Sendable {
         switch status.code {
         case 401 where refusal?.error == "token_rotated":
             throw RelayCallError.rotated(reason, token: token)
+        case 403 where refusal?.error == "no_upload_key":
+            throw RelayCallError.noUploadKey(reason)
         case 401, 403:
             throw RelayCallError.unauthorized(reason)
         case 409:
@@ -747,7 +768,9 @@ public final class RelayLink: Service, Sendable {
             grants.append(RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString()))
         }
         let tokenHash = SHA256.hash(data: Array(token.utf8)).map { String(format: "%02x", $0) }.joined()
-        let body = Array((try? JSONEncoder().encode(RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants))) ?? Data())
+        let uploadKey = RelaySeal(secrets: [epoch: secret], epoch: epoch).uploadKey(epoch).map { Data($0).base64EncodedString() }
+        let rotation = RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
+        let body = Array((try? JSONEncoder().encode(rotation)) ?? Data())
         do {
             _ = try await call(client, .POST, RelayAPI.rotatePath, body: body, timeout: .seconds(30))
         } catch {
@@ -881,7 +904,7 @@ public final class RelayLink: Service, Sendable {
                 sizes.piece = max(1024, min(sizes.piece / 2, cap))
                 sizes.request = max(2 * 1024, min(sizes.request / 2, cap))
             }
-        case .refused(let why), .malformed(let why):
+        case .refused(let why), .malformed(let why), .noUploadKey(let why):
             reason = "relay: \(why)"
         case .local(let why):
             reason = "relay changes could not be used here: \(why.message)"
@@ -930,6 +953,8 @@ enum RelayCallError: Error {
     case rotated(String, token: String)
     /// The token was retired by a rotation and no grant for this node is there (yet, or ever: a removed node).
     case ungranted(String)
+    /// The relay holds no upload key for the epoch (registered on the spot, then the upload is sent again).
+    case noUploadKey(String)
     /// A change set of `site` cannot be used (`block`: leave the site aside a while, and say `why`).
     case badChangeSet(SiteID, String, block: Bool)
     /// Another member started the key epoch first.

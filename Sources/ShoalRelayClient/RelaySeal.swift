@@ -11,6 +11,9 @@ public struct RelaySeal: Sendable {
     public let epoch: UInt32
     /// Each epoch's key bytes (a `SymmetricKey` is made for each use).
     private let keys: [UInt32: [UInt8]]
+    /// Each epoch's upload key: the relay holds it to check that an upload comes from a holder of the epoch's secret
+    /// (it cannot open anything with it: sealing uses the other key).
+    private let uploadKeys: [UInt32: [UInt8]]
 
     /// A seal over the keys of `secrets` (epoch → that epoch's secret); new envelopes use `epoch`.
     public init(secrets: [UInt32: [UInt8]], epoch: UInt32) {
@@ -21,11 +24,26 @@ public struct RelaySeal: Sendable {
                 return (epoch, key.withUnsafeBytes { Array($0) })
             }
         )
+        uploadKeys = Dictionary(
+            uniqueKeysWithValues: secrets.map { epoch, secret in
+                let key = ClusterKeys.derive(secret: SymmetricKey(data: secret), purpose: "relay/upload/epoch-\(epoch)")
+                return (epoch, key.withUnsafeBytes { Array($0) })
+            }
+        )
     }
 
     /// A seal with the cluster secret as epoch 0.
     public init(clusterSecret: [UInt8]) {
         self.init(secrets: [0: clusterSecret], epoch: 0)
+    }
+
+    /// The upload key of `epoch`, if held.
+    public func uploadKey(_ epoch: UInt32) -> [UInt8]? { uploadKeys[epoch] }
+
+    /// The authentication of an upload's body with the upload key of `epoch` (HMAC-SHA256, hex), for
+    /// ``RelayAPI/uploadAuthHeader``.
+    public func authenticate(_ body: [UInt8], epoch: UInt32) -> String? {
+        uploadKeys[epoch].map { RelayAPI.uploadAuthentication(body, key: $0) }
     }
 
     /// Whether this seal holds the key of `epoch`.

@@ -1,3 +1,4 @@
+import Crypto
 import ShoalCore
 
 /// The relay's HTTP API: paths, headers and the JSON bodies both sides exchange. Change sets travel as
@@ -18,12 +19,19 @@ public enum RelayAPI {
     /// members that joined after a rotation). A token retired by a rotation may still read them: each grant opens
     /// only with its recipient's key.
     public static let grantsPath = "/v1/grants"
+    /// `POST` a ``RelayUploadKey``: the key uploads of an epoch are authenticated with (first one wins).
+    public static let keysPath = "/v1/keys"
     /// `GET`: whether the relay answers (no token needed).
     public static let healthPath = "/v1/health"
     /// The content type of envelope lists.
     public static let envelopeContentType = "application/vnd.shoal.changesets"
     /// On a pull's answer: `1` when the relay holds more than the page carried.
     public static let moreHeader = "Shoal-More"
+    /// On uploads: the key epoch the body is authenticated with.
+    public static let uploadEpochHeader = "Shoal-Upload-Epoch"
+    /// On uploads: HMAC-SHA256 of the body with the epoch's upload key, hex (``uploadAuthentication(_:key:)``): the
+    /// relay stores nothing of an upload that does not check, so only holders of the cluster's secret can store.
+    public static let uploadAuthHeader = "Shoal-Upload-Auth"
     /// On uploads and pulls: a random id of the uploading process. A pull is not sent back the ranges its own process
     /// uploaded (it holds them), so a node's long-poll is not woken by its own upload.
     public static let uploaderHeader = "Shoal-Uploader"
@@ -46,6 +54,26 @@ public enum RelayAPI {
             parts.allSatisfy({ !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCII) && UInt8($0) != nil })
         else { return false }
         return parts[0] == "127"
+    }
+
+    /// HMAC-SHA256 of `body` with `key`, hex.
+    public static func uploadAuthentication(_ body: [UInt8], key: [UInt8]) -> String {
+        HMAC<SHA256>.authenticationCode(for: body, using: SymmetricKey(data: key)).map { byte in
+            let digits = Array("0123456789abcdef".utf8)
+            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 15)]], as: UTF8.self)
+        }.joined()
+    }
+
+    /// Whether `authentication` (hex) is `body`'s HMAC-SHA256 with `key`, compared in constant time.
+    public static func checkUploadAuthentication(_ authentication: String, body: [UInt8], key: [UInt8]) -> Bool {
+        let bytes = Array(authentication.utf8)
+        guard bytes.count == 64 else { return false }
+        var code: [UInt8] = []
+        for index in stride(from: 0, to: 64, by: 2) {
+            guard let byte = UInt8(String(decoding: bytes[index..<index + 2], as: UTF8.self), radix: 16) else { return false }
+            code.append(byte)
+        }
+        return HMAC<SHA256>.isValidAuthenticationCode(code, authenticating: body, using: SymmetricKey(data: key))
     }
 
     /// A site id as the JSON bodies write it (32 hex digits).
@@ -182,19 +210,37 @@ public struct RelayRotation: Codable, Hashable, Sendable {
     public var tokenHash: String
     /// The grants of the new epoch.
     public var grants: [RelayGrant]
+    /// The new epoch's upload key, base64.
+    public var uploadKey: String?
 
     /// A rotation to `epoch`.
-    public init(epoch: UInt32, tokenHash: String, grants: [RelayGrant]) {
+    public init(epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: String? = nil) {
         self.epoch = epoch
         self.tokenHash = tokenHash
         self.grants = grants
+        self.uploadKey = uploadKey
+    }
+}
+
+/// The key uploads of an epoch are authenticated with, base64.
+public struct RelayUploadKey: Codable, Hashable, Sendable {
+    /// The key epoch.
+    public var epoch: UInt32
+    /// The key (32 bytes), base64.
+    public var key: String
+
+    /// An epoch's upload key.
+    public init(epoch: UInt32, key: String) {
+        self.epoch = epoch
+        self.key = key
     }
 }
 
 /// The body of every refusal: a code for programs, a message for people, and the limit that was hit.
 public struct RelayErrorBody: Codable, Hashable, Sendable {
     /// `unauthorized`, `token_rotated` (retired by a key rotation: fetch the grants), `wrong_cluster`, `malformed`,
-    /// `too_large`, `rate_limited`, `epoch_taken`, `not_found` or `internal`.
+    /// `no_upload_key` (register it: ``RelayAPI/keysPath``), `bad_upload_auth`, `key_conflict`, `too_large`,
+    /// `rate_limited`, `epoch_taken`, `not_found` or `internal`.
     public var error: String
     /// For a person.
     public var message: String

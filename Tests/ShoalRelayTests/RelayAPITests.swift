@@ -5,6 +5,7 @@ import ShoalCore
 import ShoalProtocol
 import ShoalRelayClient
 import ShoalRelayProtocol
+import ShoalSecurity
 import ShoalStore
 import ShoalTestSupport
 import Testing
@@ -16,17 +17,40 @@ extension RelayProcessTests {
         _ world: RelayWorld,
         _ path: String,
         _ body: [UInt8],
-        token: String? = nil
+        token: String? = nil,
+        headers extra: [String: String] = [:]
     ) async throws -> (status: Int, headers: [String: String], body: [UInt8]) {
         var request = HTTPClientRequest(url: "\(world.relayURL)\(path)")
         request.method = .POST
         request.headers.add(name: "Authorization", value: "Bearer \(token ?? world.token)")
+        for (name, value) in extra { request.headers.add(name: name, value: value) }
         request.body = .bytes(ByteBuffer(bytes: body))
         let response = try await client.execute(request, timeout: .seconds(30))
         let bytes = Array(try await response.body.collect(upTo: 64 << 20).readableBytesView)
         var headers: [String: String] = [:]
         for header in response.headers { headers[header.name.lowercased()] = header.value }
         return (Int(response.status.code), headers, bytes)
+    }
+
+    /// Uploads `envelopes` authenticated with `uploader`'s upload key of epoch 0 (registered first; the relay keeps
+    /// the first key registered), as a member's node does.
+    private func upload(
+        _ client: HTTPClient,
+        _ world: RelayWorld,
+        _ body: [UInt8],
+        authenticatedBy uploader: RelaySeal
+    ) async throws -> (status: Int, headers: [String: String], body: [UInt8]) {
+        let key = RelayUploadKey(epoch: 0, key: Data(uploader.uploadKey(0)!).base64EncodedString())
+        _ = try await post(client, world, "/v1/keys", Array(try JSONEncoder().encode(key)))
+        return try await post(
+            client, world, "/v1/changesets", body,
+            headers: ["Shoal-Upload-Epoch": "0", "Shoal-Upload-Auth": uploader.authenticate(body, epoch: 0)!]
+        )
+    }
+
+    /// The seal of the world's cluster (its secret, from a's key file).
+    private func clusterSeal(_ world: RelayWorld) throws -> RelaySeal {
+        RelaySeal(clusterSecret: try KeyFile.load(forDatabase: world.paths["a"]!).cluster.secret)
     }
 
     private func json(_ bytes: [UInt8]) -> [String: Any] {
@@ -58,22 +82,36 @@ extension RelayProcessTests {
         defer { world.tearDown() }
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
         defer { _ = client.shutdown() }
-        let seal = RelaySeal(clusterSecret: Array(repeating: 9, count: 32))
+        let seal = try clusterSeal(world)
         let site = SiteID.random()
         let first = try envelope(cluster: world.clusterID, site: site, from: 0, to: 3, seal: seal)
         let body = RelayEnvelopeList.encode([first])
 
-        let stored = try await post(client, world, "/v1/changesets", body)
+        // Not authenticated, or with a key that is not the cluster's: 403, nothing stored.
+        let bare = try await post(client, world, "/v1/changesets", body)
+        #expect(bare.status == 403)
+        let outsider = RelaySeal(clusterSecret: Array(repeating: 9, count: 32))
+        let strangers = try await post(
+            client, world, "/v1/changesets", body,
+            headers: ["Shoal-Upload-Epoch": "0", "Shoal-Upload-Auth": outsider.authenticate(body, epoch: 0)!]
+        )
+        #expect(strangers.status == 403)
+        #expect(json(strangers.body)["error"] as? String == "no_upload_key")
+        let stored = try await upload(client, world, body, authenticatedBy: seal)
         #expect(stored.status == 200)
         #expect(json(stored.body)["stored"] as? Int == 1)
+        // A stranger's key registered now is refused (the first one stays), and its uploads with it.
+        let forgedKey = try await upload(client, world, body, authenticatedBy: outsider)
+        #expect(forgedKey.status == 403)
+        #expect(json(forgedKey.body)["error"] as? String == "bad_upload_auth")
         // The same upload again: held already, nothing stored twice.
-        let again = try await post(client, world, "/v1/changesets", body)
+        let again = try await upload(client, world, body, authenticatedBy: seal)
         #expect(again.status == 200)
         #expect(json(again.body)["stored"] as? Int == 0)
         #expect(json(again.body)["alreadyHeld"] as? Int == 1)
         // A range that does not start at the relay's head is a gap: refused, the heads say where to start.
         let gap = try envelope(cluster: world.clusterID, site: site, from: 5, to: 6, seal: seal)
-        let gapped = try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([gap]))
+        let gapped = try await upload(client, world, RelayEnvelopeList.encode([gap]), authenticatedBy: seal)
         #expect(json(gapped.body)["gaps"] as? Int == 1)
         #expect((json(gapped.body)["heads"] as? [String: Int])?[site.hex] == 3)
 
@@ -81,7 +119,7 @@ extension RelayProcessTests {
         // Another cluster's change set with this cluster's token: 403, nothing of the request stored.
         let next = try envelope(cluster: world.clusterID, site: site, from: 3, to: 4, seal: seal)
         let foreign = try envelope(cluster: "another-cluster", site: site, from: 0, to: 1, seal: seal)
-        let wrong = try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([next, foreign]))
+        let wrong = try await upload(client, world, RelayEnvelopeList.encode([next, foreign]), authenticatedBy: seal)
         #expect(wrong.status == 403)
         #expect(json(wrong.body)["error"] as? String == "wrong_cluster")
         // Truncated: 400.
@@ -155,7 +193,9 @@ extension RelayProcessTests {
             stamp: Stamp(hlc: HLC(milliseconds: SystemWallClock().nowMilliseconds(), logical: 0), site: site, seq: 1)
         )
         let forged = try envelope(cluster: world.clusterID, site: site, from: 0, to: 1, seal: forger, changes: [change])
-        let stored = try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([forged]))
+        // Authenticated with the cluster's upload key (a member's buggy upload, or a chunk corrupted on the relay's
+        // disk): the relay stores it, and nodes find it fails its seal.
+        let stored = try await upload(client, world, RelayEnvelopeList.encode([forged]), authenticatedBy: try clusterSeal(world))
         #expect(stored.status == 200)
         try await world.serve("a")
         try await world.serve("b")
@@ -182,7 +222,8 @@ extension RelayProcessTests {
         let site = try await offPool { try Store(path: path).siteID }
         let forger = RelaySeal(clusterSecret: Array(repeating: 1, count: 32))
         let forged = try envelope(cluster: world.clusterID, site: site, from: 0, to: 1 << 40, seal: forger)
-        #expect(try await post(client, world, "/v1/changesets", RelayEnvelopeList.encode([forged])).status == 200)
+        let stored = try await upload(client, world, RelayEnvelopeList.encode([forged]), authenticatedBy: try clusterSeal(world))
+        #expect(stored.status == 200)
         let node = try await world.serve("a")
         #expect(await node.line(within: 30) { $0.contains("of this node's own site") } != nil)
         #expect(try await waitUntil(within: 10) { (try await world.relayStatus("a"))["lacking"] as? Int ?? 0 > 0 })

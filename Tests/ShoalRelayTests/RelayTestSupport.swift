@@ -24,16 +24,7 @@ final class RelayWorld: @unchecked Sendable {
         directory = try temporaryDirectory(name)
         relayData = directory.appendingPathComponent("relay").path
         var paths: [String: String] = [:]
-        for name in names {
-            let path = directory.appendingPathComponent("\(name).db").path
-            var options = StoreOptions()
-            options.nodeName = name
-            let store = try Store(path: path, options: options)
-            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
-            try store.replicate(table: "kv")
-            try Membership.initialize(databasePath: path, store: store, now: SystemWallClock().nowMilliseconds())
-            paths[name] = path
-        }
+        for name in names { paths[name] = try Self.makeDatabase(name, in: directory) }
         try Membership.formLocally(names.map { paths[$0]! }, now: SystemWallClock().nowMilliseconds())
         self.paths = paths
         clusterID = try KeyFile.load(forDatabase: paths[names[0]]!).cluster.idHex
@@ -47,9 +38,8 @@ final class RelayWorld: @unchecked Sendable {
         try await startRelay()
     }
 
-    /// Makes database `name` (the same table) and joins it to the cluster with an invite of member `member`, through
-    /// the member's file, while the member may run (as `shoal invite` and `shoal join --member-db` do).
-    func addMember(_ name: String, through member: String) async throws {
+    /// A database `name` in `directory` with table `kv(k TEXT PRIMARY KEY, v)` replicated, and a node key.
+    private static func makeDatabase(_ name: String, in directory: URL) throws -> String {
         let path = directory.appendingPathComponent("\(name).db").path
         var options = StoreOptions()
         options.nodeName = name
@@ -57,6 +47,13 @@ final class RelayWorld: @unchecked Sendable {
         try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
         try store.replicate(table: "kv")
         try Membership.initialize(databasePath: path, store: store, now: SystemWallClock().nowMilliseconds())
+        return path
+    }
+
+    /// Makes database `name` (the same table) and joins it to the cluster with an invite of member `member`, through
+    /// the member's file, while the member may run (as `shoal invite` and `shoal join --member-db` do).
+    func addMember(_ name: String, through member: String) async throws {
+        let path = try Self.makeDatabase(name, in: directory)
         let memberPath = paths[member]!
         let invite = try await offPool { try shoal("invite", "--db", memberPath) }
         guard invite.status == 0, let code = invite.stdout.split(separator: "\n").last.map(String.init) else {

@@ -80,17 +80,7 @@ struct RelayBenchmark: AsyncParsableCommand {
             figures += lan.map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_lan_"), $0.1) }
             figures += relayed.map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_relay_"), $0.1) }
         }
-        if json {
-            var object: [String: Any] = [:]
-            for (name, value) in figures { object[name] = (value * 1000).rounded() / 1000 }
-            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
-            print(String(decoding: data, as: UTF8.self))
-        } else {
-            for (name, value) in figures {
-                let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
-                print(name.padding(toLength: 34, withPad: " ", startingAt: 0) + text)
-            }
-        }
+        printFigures(figures, json: json, width: 34)
     }
 
     /// Fills a database with `rows` rows in transactions of 50,000, as an application would.

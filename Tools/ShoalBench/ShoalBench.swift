@@ -264,3 +264,18 @@ func median(_ values: [Double]) -> Double {
     return sorted.count % 2 == 1
         ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
 }
+
+/// Prints named figures: one JSON object (values to three decimals), or a table of name and value.
+func printFigures(_ figures: [(String, Double)], json: Bool, width: Int = 30) {
+    if json {
+        var object: [String: Any] = [:]
+        for (name, value) in figures { object[name] = (value * 1000).rounded() / 1000 }
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
+        print(String(decoding: data, as: UTF8.self))
+    } else {
+        for (name, value) in figures {
+            let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
+            print(name.padding(toLength: width, withPad: " ", startingAt: 0) + text)
+        }
+    }
+}

@@ -53,17 +53,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         }
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
-        if json {
-            var object: [String: Any] = [:]
-            for (name, value) in figures { object[name] = (value * 1000).rounded() / 1000 }
-            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
-            print(String(decoding: data, as: UTF8.self))
-        } else {
-            for (name, value) in figures {
-                let text = value < 100 ? String(format: "%.3f", value) : String(format: "%.0f", value)
-                print(name.padding(toLength: 30, withPad: " ", startingAt: 0) + text)
-            }
-        }
+        printFigures(figures, json: json)
     }
 
     func makeDatabase(_ path: String, name: String) throws -> Store {

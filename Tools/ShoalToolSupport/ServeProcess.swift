@@ -16,14 +16,29 @@ public struct ServeProcess {
     /// appended to `database.log`.
     public static func start(database: String, name: String, peers: [Int], extra: [String] = []) throws -> ServeProcess
     {
+        let (process, said) = try launch(
+            ["serve", "--db", database, "--name", name, "--listen", "127.0.0.1:0"] + extra
+                + peers.flatMap { ["--peer", "127.0.0.1:\($0)"] },
+            log: database + ".log"
+        )
+        let logPath = database + ".log"
+        guard said.hasPrefix("listening on"),
+            let port = Int(said.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
+        else {
+            process.terminate()
+            throw ServeError(message: "\(name) did not start (see \(logPath)): \(said)")
+        }
+        return ServeProcess(process: process, port: port)
+    }
+
+    /// Starts `shoal ARGUMENTS`, its standard error appended to `log`, and returns it with the first line it prints
+    /// on standard output (empty if it ended first).
+    static func launch(_ arguments: [String], log logPath: String) throws -> (Process, String) {
         let process = Process()
         process.executableURL = executable()
-        process.arguments =
-            ["serve", "--db", database, "--name", name, "--listen", "127.0.0.1:0"] + extra
-            + peers.flatMap { ["--peer", "127.0.0.1:\($0)"] }
+        process.arguments = arguments
         let output = Pipe()
         process.standardOutput = output
-        let logPath = database + ".log"
         if !FileManager.default.fileExists(atPath: logPath) {
             _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         }
@@ -37,13 +52,7 @@ public struct ServeProcess {
             if chunk.isEmpty { break }
             said += String(decoding: chunk, as: UTF8.self)
         }
-        guard said.hasPrefix("listening on"),
-            let port = Int(said.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
-        else {
-            process.terminate()
-            throw ServeError(message: "\(name) did not start (see \(logPath)): \(said)")
-        }
-        return ServeProcess(process: process, port: port)
+        return (process, said)
     }
 
     /// Starts a node that talks only to the peers it is given: no mDNS, no peers remembered from earlier runs.
@@ -125,25 +134,11 @@ public struct RelayProcess {
     /// Starts a relay on `data` (at `port`, 0 for any) and returns once it prints where it listens. Its log is appended
     /// to `data.log`.
     public static func start(data: String, port: Int = 0, extra: [String] = []) throws -> RelayProcess {
-        let process = Process()
-        process.executableURL = ServeProcess.executable()
-        process.arguments = ["relay", "serve", "--data", data, "--listen", "127.0.0.1:\(port)"] + extra
-        let output = Pipe()
-        process.standardOutput = output
         let logPath = data + ".log"
-        if !FileManager.default.fileExists(atPath: logPath) {
-            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        }
-        let log = FileHandle(forWritingAtPath: logPath)
-        log?.seekToEndOfFile()
-        process.standardError = log ?? FileHandle.nullDevice
-        try process.run()
-        var said = ""
-        while !said.contains("\n") {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            said += String(decoding: chunk, as: UTF8.self)
-        }
+        let (process, said) = try ServeProcess.launch(
+            ["relay", "serve", "--data", data, "--listen", "127.0.0.1:\(port)"] + extra,
+            log: logPath
+        )
         let prefix = "relay listening on "
         guard said.hasPrefix(prefix) else {
             process.terminate()
