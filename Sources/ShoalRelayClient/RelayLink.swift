@@ -164,6 +164,7 @@ public final class RelayLink: Service, Sendable {
     private func pushLoop(_ client: HTTPClient) async throws {
         var signals = await node.changeSignals().makeAsyncIterator()
         var heads: VersionVector?
+        var lastHeads: VersionVector?
         var backoff = Backoff(
             initialMilliseconds: configuration.initialBackoffMilliseconds,
             maximumMilliseconds: configuration.maximumBackoffMilliseconds
@@ -189,6 +190,7 @@ public final class RelayLink: Service, Sendable {
                 var known = heads!
                 let finished = try await pushOnce(client, heads: &known)
                 heads = known
+                lastHeads = known
                 if finished {
                     raced = 0
                     backoff.reset()
@@ -201,7 +203,7 @@ public final class RelayLink: Service, Sendable {
                 }
             } catch {
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
-                if let heads, let held = try? await node.versionVector() { noteLacking(held: held, heads: heads) }
+                if let lastHeads, let held = try? await node.versionVector() { noteLacking(held: held, heads: lastHeads) }
                 heads = nil
                 due = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
