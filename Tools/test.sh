@@ -20,7 +20,10 @@ else
 fi
 # Two groups of nodes that never meet converge through a relay, also after one group was offline.
 SHOAL_DEMO_QUIET=1 "$root/Tools/relay-demo.sh" >/dev/null
-swift test --skip-build
+# The relay's process tests (each a relay and up to five nodes, one test at a time) run on their own, after the rest:
+# beside the in-process tests they would starve those of the machine's two cores.
+swift test --skip-build --skip ShoalRelayTests
+swift test --skip-build --filter ShoalRelayTests
 # Every fuzz target for a short bounded time (a release build with libFuzzer and AddressSanitizer, cached in
 # .build-fuzz); a crash fails the run and leaves the reproducing input in .fuzz/crashes/TARGET/.
 "$root/Tools/fuzz.sh" all "${SHOAL_FUZZ_SECONDS:-20}"
