@@ -60,15 +60,13 @@ func nextEvent(
         #expect(service.clusterHint == "t" && service.protocolVersion == "1")
         #expect(service.instance == "test-b \(siteB.hex.prefix(12))")
 
-        // avahi-browse, an independent client of the daemon, lists it with its TXT fields.
-        let browse = Process()
-        browse.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-browse")
-        browse.arguments = ["-rpt", MDNSDiscovery.serviceType]
-        let output = Pipe()
-        browse.standardOutput = output
-        try browse.run()
-        let listing = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        browse.waitUntilExit()
+        // avahi-browse, an independent client of the daemon, lists it with its TXT fields. It can wait on a
+        // resolution that never ends (another service that just went away): each try is ended after 15 s, and it is
+        // asked again a bounded number of times.
+        var listing = ""
+        for _ in 0..<5 where !listing.contains("site=\(siteB.hex)") {
+            listing = try await browse(within: 15)
+        }
         #expect(listing.contains("site=\(siteB.hex)"))
 
         // When b leaves, a hears about it.
@@ -120,5 +118,31 @@ func nextEvent(
         #expect(MDNSDiscovery.interfaceName(owning: "::") == nil)
         #expect(MDNSDiscovery.interfaceName(owning: "192.0.2.77") == nil)  // documentation range: held by none
         #expect(MDNSDiscovery.interfaceName(owning: "not an address") == nil)
+    }
+}
+
+/// What `avahi-browse -rpt` lists, ending it after `seconds` (its output so far is kept), off the cooperative pool.
+private func browse(within seconds: Double) async throws -> String {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            let browse = Process()
+            browse.executableURL = URL(fileURLWithPath: "/usr/bin/avahi-browse")
+            browse.arguments = ["-rpt", MDNSDiscovery.serviceType]
+            let output = Pipe()
+            browse.standardOutput = output
+            do {
+                try browse.run()
+            } catch {
+                continuation.resume(throwing: error)
+                return
+            }
+            // SIGKILL: avahi-browse waiting on a resolution does not stop on SIGTERM.
+            let watchdog = DispatchWorkItem { if browse.isRunning { kill(browse.processIdentifier, SIGKILL) } }
+            DispatchQueue.global().asyncAfter(deadline: .now() + seconds, execute: watchdog)
+            let listing = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            browse.waitUntilExit()
+            watchdog.cancel()
+            continuation.resume(returning: listing)
+        }
     }
 }

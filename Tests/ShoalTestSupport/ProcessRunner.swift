@@ -37,7 +37,14 @@ public func runProcess(
         stdin.fileHandleForWriting.write(input)
         try stdin.fileHandleForWriting.close()
     }
-    let watchdog = DispatchWorkItem { if process.isRunning { process.terminate() } }
+    // SIGTERM, then SIGKILL for a child that does not stop on it (avahi-browse waiting on a resolution, say).
+    let watchdog = DispatchWorkItem {
+        guard process.isRunning else { return }
+        process.terminate()
+        DispatchQueue.global().asyncAfter(deadline: .now() + 2) {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
     DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog)
     // Both pipes are read to their end before waiting, so a large output cannot block the child.
     nonisolated(unsafe) var errorData = Data()
