@@ -108,7 +108,6 @@ let package = Package(
             name: "ShoalRelay",
             dependencies: [
                 "ShoalCore", "ShoalRelayProtocol", "ShoalStore", "CSQLite",
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),

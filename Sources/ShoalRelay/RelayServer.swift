@@ -255,10 +255,8 @@ public struct RelayServer: Sendable {
         }
         let budget = min(max(pull.maximumBytes ?? RelayAPI.defaultPageBytes, 64 * 1024), configuration.maximumPageBytes)
         let wait = min(max(pull.waitMilliseconds ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
-        let deadline = ContinuousClock.now + .milliseconds(wait)
-        while true {
-            let generation = await notifier.generation(token.cluster)
-            let page = try await storageCall { () throws(ShoalError) in
+        let page = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
+            try await storageCall { () throws(ShoalError) in
                 try await storage.page(
                     cluster: token.cluster,
                     vector: vector,
@@ -267,17 +265,32 @@ public struct RelayServer: Sendable {
                     uploader: Self.uploader(request)
                 )
             }
+        } isEmpty: { $0.envelopes.isEmpty }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
+        for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
+        var headers = HTTPFields()
+        headers[.contentType] = RelayAPI.envelopeContentType
+        headers[Self.moreField] = page.more ? "1" : "0"
+        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    /// Answers `query` at once when it finds something; otherwise waits (long-poll) until an upload, a rotation or new
+    /// grants of `cluster` land, or `milliseconds` pass, and asks again. The generation is read before each query, so
+    /// what lands between the query and the wait is never missed.
+    private func longPoll<T>(
+        cluster: String,
+        milliseconds: Int,
+        _ query: () async throws(RelayFailure) -> T,
+        isEmpty: (T) -> Bool
+    ) async throws(RelayFailure) -> T {
+        let deadline = ContinuousClock.now + .milliseconds(milliseconds)
+        while true {
+            let generation = await notifier.generation(cluster)
+            let answer = try await query()
             let remaining = deadline - ContinuousClock.now
-            if !page.envelopes.isEmpty || remaining <= .zero || Task.isCancelled {
-                var bytes: [UInt8] = []
-                bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
-                for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
-                var headers = HTTPFields()
-                headers[.contentType] = RelayAPI.envelopeContentType
-                headers[Self.moreField] = page.more ? "1" : "0"
-                return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
-            }
-            await notifier.wait(token.cluster, after: generation, for: remaining)
+            if !isEmpty(answer) || remaining <= .zero || Task.isCancelled { return answer }
+            await notifier.wait(cluster, after: generation, for: remaining)
         }
     }
 
@@ -354,18 +367,15 @@ public struct RelayServer: Sendable {
         let after = parameters.get("after").flatMap { UInt32($0) } ?? 0
         let recipient = parameters.get("recipient").map { String(describing: $0) }
         let wait = min(max(parameters.get("wait").flatMap { Int($0) } ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
-        let deadline = ContinuousClock.now + .milliseconds(wait)
-        while true {
-            let generation = await notifier.generation(token.cluster)
+        // Nothing for this recipient yet: wait for a rotation or new grants, not for the node's next retry.
+        let grants = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
             var grants = try await storageCall { () throws(ShoalError) in
                 try await storage.grants(cluster: token.cluster, after: after)
             }
             if let recipient { grants.grants.removeAll { $0.recipient != recipient } }
-            let remaining = deadline - ContinuousClock.now
-            if !grants.grants.isEmpty || remaining <= .zero || Task.isCancelled { return Self.json(.ok, grants) }
-            // Nothing for this recipient yet: wait for a rotation or new grants (long-poll), not for the next retry.
-            await notifier.wait(token.cluster, after: generation, for: remaining)
-        }
+            return grants
+        } isEmpty: { $0.grants.isEmpty }
+        return Self.json(.ok, grants)
     }
 
     private func addGrants(_ request: Request) async throws(RelayFailure) -> Response {

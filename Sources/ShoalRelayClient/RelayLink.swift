@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import Crypto
 import Foundation
 import Logging
 import NIOCore
@@ -753,23 +752,13 @@ public final class RelayLink: Service, Sendable {
         let epoch = credentials.withLock { $0.keyring.newest } + 1
         var generator = SystemRandomNumberGenerator()
         let secret = (0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) }
-        let token = "shoal-relay-" + (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+        let token = RelayAPI.makeToken()
         let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
         var grants: [RelayGrant] = []
         for recipient in Self.recipients(roster, identity: identity) {
-            let grant = try localNow { () throws(ShoalError) in
-                try EpochGrant.make(
-                    cluster: configuration.clusterID,
-                    epoch: epoch,
-                    contents: contents,
-                    recipient: recipient.node,
-                    recipientKey: recipient.key,
-                    signer: identity
-                )
-            }
-            grants.append(RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString()))
+            grants.append(try grant(epoch, contents, to: recipient, signer: identity))
         }
-        let tokenHash = SHA256.hash(data: Array(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        let tokenHash = RelayAPI.tokenHash(token)
         let uploadKey = RelaySeal(secrets: [epoch: secret], epoch: epoch).uploadKey(epoch).map { Data($0).base64EncodedString() }
         let rotation = RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
         let body = Array((try? JSONEncoder().encode(rotation)) ?? Data())
@@ -785,6 +774,26 @@ public final class RelayLink: Service, Sendable {
         }
         try adopt([(epoch, contents)], rotatedHere: true)
         configuration.logger.info("rotated the relay key", metadata: ["epoch": "\(epoch)"])
+    }
+
+    /// `contents` of `epoch` sealed to `recipient` and signed by `signer`, as the relay's mailbox keeps it.
+    private func grant(
+        _ epoch: UInt32,
+        _ contents: EpochGrant.Contents,
+        to recipient: (node: NodeID, key: [UInt8]),
+        signer: NodeIdentity
+    ) throws(RelayCallError) -> RelayGrant {
+        let grant = try localNow { () throws(ShoalError) in
+            try EpochGrant.make(
+                cluster: configuration.clusterID,
+                epoch: epoch,
+                contents: contents,
+                recipient: recipient.node,
+                recipientKey: recipient.key,
+                signer: signer
+            )
+        }
+        return RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
     }
 
     private func grantNewMembers(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
@@ -808,19 +817,7 @@ public final class RelayLink: Service, Sendable {
             )
             for recipient in Self.recipients(roster, identity: identity)
             where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
-                let grant = try localNow { () throws(ShoalError) in
-                    try EpochGrant.make(
-                        cluster: configuration.clusterID,
-                        epoch: epoch.epoch,
-                        contents: contents,
-                        recipient: recipient.node,
-                        recipientKey: recipient.key,
-                        signer: identity
-                    )
-                }
-                grants.append(
-                    RelayGrant(epoch: epoch.epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
-                )
+                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
             }
         }
         if !grants.isEmpty {

@@ -58,10 +58,33 @@ public enum RelayAPI {
 
     /// HMAC-SHA256 of `body` with `key`, hex.
     public static func uploadAuthentication(_ body: [UInt8], key: [UInt8]) -> String {
-        HMAC<SHA256>.authenticationCode(for: body, using: SymmetricKey(data: key)).map { byte in
-            let digits = Array("0123456789abcdef".utf8)
-            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 15)]], as: UTF8.self)
-        }.joined()
+        hex(Array(HMAC<SHA256>.authenticationCode(for: body, using: SymmetricKey(data: key))))
+    }
+
+    /// Every bearer token starts with this.
+    public static let tokenPrefix = "shoal-relay-"
+
+    /// A new random bearer token: 32 random bytes, written ``tokenPrefix`` and 64 hex digits.
+    public static func makeToken() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return tokenPrefix + hex((0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) })
+    }
+
+    /// The SHA-256 of a token, hex: what the relay keeps and looks tokens up by.
+    public static func tokenHash(_ token: String) -> String {
+        hex(Array(SHA256.hash(data: Array(token.utf8))))
+    }
+
+    /// Lowercase hexadecimal.
+    public static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var text: [UInt8] = []
+        text.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 
     /// Whether `authentication` (hex) is `body`'s HMAC-SHA256 with `key`, compared in constant time.

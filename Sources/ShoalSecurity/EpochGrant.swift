@@ -31,8 +31,9 @@ public struct EpochGrant: Sendable, Hashable {
     public var epoch: UInt32
     /// Who may open it.
     public var recipient: NodeID
-    /// The member who made it, and its public key (DER).
+    /// The member who made it.
     public var signer: NodeID
+    /// The signer's public key (DER).
     public var signerKey: [UInt8]
     /// The fresh public key of the key agreement (X9.63).
     public var ephemeralKey: [UInt8]
@@ -105,10 +106,8 @@ public struct EpochGrant: Sendable, Hashable {
         return shared.hkdfDerivedSymmetricKey(using: SHA256.self, salt: Self.salt, sharedInfo: info, outputByteCount: 32)
     }
 
-    /// What the signature covers.
-    var signedBytes: [UInt8] {
-        var writer = FieldWriter()
-        writer.bytes(Self.signingLabel)
+    /// Every field but the signature, in order.
+    private func writeFields(to writer: inout FieldWriter) {
         writer.bytes(Array(cluster.utf8))
         writer.integer(UInt64(epoch), 4)
         writer.bytes(recipient.bytes)
@@ -116,6 +115,13 @@ public struct EpochGrant: Sendable, Hashable {
         writer.bytes(signerKey)
         writer.bytes(ephemeralKey)
         writer.bytes(sealed)
+    }
+
+    /// What the signature covers: a label, then every field but the signature.
+    var signedBytes: [UInt8] {
+        var writer = FieldWriter()
+        writer.bytes(Self.signingLabel)
+        writeFields(to: &writer)
         return writer.output
     }
 
@@ -147,13 +153,7 @@ public struct EpochGrant: Sendable, Hashable {
     public var encoded: [UInt8] {
         var writer = FieldWriter()
         writer.integer(1, 1)
-        writer.bytes(Array(cluster.utf8))
-        writer.integer(UInt64(epoch), 4)
-        writer.bytes(recipient.bytes)
-        writer.bytes(signer.bytes)
-        writer.bytes(signerKey)
-        writer.bytes(ephemeralKey)
-        writer.bytes(sealed)
+        writeFields(to: &writer)
         writer.bytes(signature)
         return writer.output
     }

@@ -1,7 +1,7 @@
 import Foundation
 
 /// A `shoal serve` child process, for the demo, the chaos harness and the benchmarks.
-public struct ServeProcess {
+public struct ServeProcess: ChildProcess {
     public let process: Process
     /// The port it listens on.
     public let port: Int
@@ -65,21 +65,6 @@ public struct ServeProcess {
         try start(database: database, name: name, peers: peers, extra: extra + ["--no-mdns", "--no-remembered"])
     }
 
-    public var isRunning: Bool { process.isRunning }
-
-    /// SIGKILL, and wait.
-    public func kill() {
-        guard process.isRunning else { return }
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-    }
-
-    /// SIGTERM, and wait.
-    public func stop() {
-        guard process.isRunning else { return }
-        process.terminate()
-        process.waitUntilExit()
-    }
 
     /// Peak resident memory so far, in MiB (from /proc).
     public var peakResidentMiB: Double? {
@@ -124,7 +109,7 @@ public struct SeededRandom: RandomNumberGenerator {
 }
 
 /// A `shoal relay serve` child process on loopback, for the demo, the chaos harness and the benchmarks.
-public struct RelayProcess {
+public struct RelayProcess: ChildProcess {
     public let process: Process
     /// Its base URL (`http://127.0.0.1:PORT`).
     public let url: String
@@ -169,6 +154,16 @@ public struct RelayProcess {
         return String(token)
     }
 
+}
+
+/// A child process the tools start, stop and kill.
+public protocol ChildProcess {
+    /// The process.
+    var process: Process { get }
+}
+
+extension ChildProcess {
+    /// Whether it still runs.
     public var isRunning: Bool { process.isRunning }
 
     /// SIGKILL, and wait.
