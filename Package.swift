@@ -26,6 +26,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // Pure logic, no I/O: identities, clocks, version vectors, change records, merge rules, digest.
@@ -103,11 +104,14 @@ let package = Package(
             dependencies: ["ShoalCore", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
-        // The relay server (Hummingbird 2) and its storage; never linked into the node library.
+        // The relay server (Hummingbird 2) and its storage (embedded SQLite or PostgreSQL); never linked into the node
+        // library.
         .target(
             name: "ShoalRelay",
             dependencies: [
                 "ShoalCore", "ShoalRelayProtocol", "ShoalStore", "CSQLite",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
@@ -261,6 +265,7 @@ let package = Package(
                 "ShoalRelay", "ShoalRelayClient", "ShoalRelayProtocol", "ShoalCore", "ShoalProtocol", "ShoalStore",
                 "ShoalSecurity", "shoal", "ShoalTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strict

@@ -20,7 +20,12 @@ actor RelayNotifier {
 
     func generation(_ cluster: String) -> UInt64 { generations[cluster, default: 0] }
 
-    func bump(_ cluster: String) {
+    /// Moves `cluster`'s generation on and wakes its waiting pulls; `nil`: every cluster's.
+    func bump(_ cluster: String?) {
+        guard let cluster else {
+            for cluster in Set(waiters.keys).union(generations.keys) { bump(cluster) }
+            return
+        }
         generations[cluster, default: 0] += 1
         for waiter in waiters.removeValue(forKey: cluster)?.values ?? [:].values { waiter.resume() }
     }

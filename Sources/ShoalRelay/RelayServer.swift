@@ -34,6 +34,9 @@ public struct RelayServerConfiguration: Sendable {
     /// A connection that sends nothing (no request, or half of one) for this long is closed; longer than any
     /// long-poll.
     public var idleTimeoutSeconds: Int64 = 45
+    /// How long change sets a snapshot covers are kept (by age and by bytes per cluster); the rest are kept until a
+    /// snapshot covers them.
+    public var retention = RelayRetention(maximumAgeMilliseconds: 7 * 24 * 3_600_000, maximumBytes: 256 * 1024 * 1024)
     /// Where the relay logs (failures of its storage; no request is logged).
     public var logger: Logger
 
@@ -83,7 +86,13 @@ public struct RelayServer: Sendable {
             await respond { () throws(RelayFailure) in try await heads(request) }
         }
         router.post(RouterPath(RelayAPI.changeSetsPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await upload(request) }
+            await respond { () throws(RelayFailure) in try await upload(request, snapshot: 0) }
+        }
+        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id")) { request, context in
+            await respond { () throws(RelayFailure) in try await upload(request, snapshot: try Self.snapshotID(context)) }
+        }
+        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id/complete")) { request, context in
+            await respond { () throws(RelayFailure) in try await completeSnapshot(request, snapshot: try Self.snapshotID(context)) }
         }
         router.post(RouterPath(RelayAPI.pullPath)) { request, _ in
             await respond { () throws(RelayFailure) in try await pull(request) }
@@ -148,9 +157,17 @@ public struct RelayServer: Sendable {
                 if let swept = try? await storage.sweep(before: hourAgo), swept > 0 {
                     configuration.logger.info("dropped chunks of uploads that never completed", metadata: ["chunks": "\(swept)"])
                 }
+                if let dropped = try? await storage.retain(configuration.retention), dropped > 0 {
+                    configuration.logger.info("dropped change sets snapshots cover, past the retention", metadata: ["ranges": "\(dropped)"])
+                }
             }
         }
-        defer { sweeper.cancel() }
+        // Other instances sharing the storage announce what they store: their uploads wake pulls waiting here.
+        let watcher = Task { await storage.watch { cluster in await notifier.bump(cluster) } }
+        defer {
+            sweeper.cancel()
+            watcher.cancel()
+        }
         try await withGracefulShutdownHandler {
             try await app.runService()
         } onGracefulShutdown: {
@@ -175,21 +192,27 @@ public struct RelayServer: Sendable {
     private func heads(_ request: Request) async throws(RelayFailure) -> Response {
         let token = try await authorize(request)
         let heads = try await storageCall { () throws(ShoalError) in try await storage.heads(cluster: token.cluster) }
-        return Self.json(.ok, RelayHeads(heads: RelayAPI.json(heads), cluster: token.cluster))
+        let state = try await storageCall { () throws(ShoalError) in try await storage.snapshotState(cluster: token.cluster) }
+        let snapshot = state.snapshot.map {
+            RelaySnapshotInfo(id: "\($0.id)", vector: RelayAPI.json($0.vector), bytes: $0.bytes, createdMs: $0.created)
+        }
+        return Self.json(
+            .ok,
+            RelayHeads(heads: RelayAPI.json(heads), cluster: token.cluster, snapshot: snapshot, uncoveredBytes: state.uncoveredBytes)
+        )
     }
 
-    private func upload(_ request: Request) async throws(RelayFailure) -> Response {
-        let token = try await authorize(request)
-        let body = try await collect(request, limit: configuration.maximumRequestBytes)
-        let envelopes: [RelayEnvelope]
-        do {
-            envelopes = try RelayEnvelopeList.decode(body, maximumEnvelopeBytes: configuration.maximumEnvelopeBytes)
-        } catch where error.code == .frameTooLarge {
-            throw RelayFailure.tooLarge(error.message, limit: configuration.maximumEnvelopeBytes)
-        } catch {
-            throw RelayFailure(.badRequest, "malformed", "\(error.message); nothing was stored")
+    /// The snapshot id of a `/v1/snapshots/ID` path: 1 to 2^63 - 1.
+    private static func snapshotID(_ context: BasicRequestContext) throws(RelayFailure) -> UInt64 {
+        guard let text = context.parameters.get("id"), let id = UInt64(text), (1...UInt64(Int64.max)).contains(id) else {
+            throw RelayFailure(.badRequest, "malformed", "a snapshot id is a number from 1 to 2^63 - 1")
         }
-        // Only a holder of the epoch's secret can store: the body must carry its upload key's authentication.
+        return id
+    }
+
+    /// The key epoch an upload's body is authenticated with, once its authentication checks: only a holder of the
+    /// epoch's secret can store.
+    private func authenticateUpload(_ request: Request, token: RelayToken, body: [UInt8]) async throws(RelayFailure) -> UInt32 {
         guard let epochText = request.headers[Self.uploadEpochField], let epoch = UInt32(epochText),
             let authentication = request.headers[Self.uploadAuthField]
         else {
@@ -212,6 +235,53 @@ public struct RelayServer: Sendable {
                 "the upload is not authenticated with this cluster's key of epoch \(epoch): nothing was stored"
             )
         }
+        return epoch
+    }
+
+    private func completeSnapshot(_ request: Request, snapshot: UInt64) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let body = try await collect(request, limit: 1024 * 1024)
+        _ = try await authenticateUpload(request, token: token, body: body)
+        let vector: VersionVector
+        do {
+            vector = try RelayAPI.vector(try JSONDecoder().decode(RelaySnapshotCompletion.self, from: Data(body)).vector)
+        } catch let error as ShoalError {
+            throw RelayFailure(.badRequest, "malformed", error.message)
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "the body is not valid JSON of the documented shape")
+        }
+        let outcome = try await storageCall { () throws(ShoalError) in
+            try await storage.completeSnapshot(
+                cluster: token.cluster,
+                snapshot: snapshot,
+                vector: vector,
+                retention: configuration.retention
+            )
+        }
+        switch outcome {
+        case .completed(let dropped):
+            configuration.logger.info(
+                "snapshot completed",
+                metadata: ["cluster": "\(token.cluster)", "snapshot": "\(snapshot)", "dropped_ranges": "\(dropped)"]
+            )
+            return Self.json(.ok, ["snapshot": "\(snapshot)", "droppedRanges": "\(dropped)"])
+        case .incomplete(let why):
+            throw RelayFailure(.conflict, "snapshot_incomplete", "snapshot \(snapshot) is not whole: \(why)")
+        }
+    }
+
+    private func upload(_ request: Request, snapshot: UInt64) async throws(RelayFailure) -> Response {
+        let token = try await authorize(request)
+        let body = try await collect(request, limit: configuration.maximumRequestBytes)
+        let envelopes: [RelayEnvelope]
+        do {
+            envelopes = try RelayEnvelopeList.decode(body, maximumEnvelopeBytes: configuration.maximumEnvelopeBytes)
+        } catch where error.code == .frameTooLarge {
+            throw RelayFailure.tooLarge(error.message, limit: configuration.maximumEnvelopeBytes)
+        } catch {
+            throw RelayFailure(.badRequest, "malformed", "\(error.message); nothing was stored")
+        }
+        let epoch = try await authenticateUpload(request, token: token, body: body)
         for envelope in envelopes where envelope.epoch != epoch {
             throw RelayFailure(
                 .badRequest, "malformed", "a change set sealed with epoch \(envelope.epoch) in an upload of epoch \(epoch)"
@@ -227,9 +297,9 @@ public struct RelayServer: Sendable {
         }
         let pairs = envelopes.map { (envelope: $0, encoded: $0.encoded()) }
         let result = try await storageCall { () throws(ShoalError) in
-            try await storage.store(cluster: token.cluster, envelopes: pairs, uploader: Self.uploader(request))
+            try await storage.store(cluster: token.cluster, snapshot: snapshot, envelopes: pairs, uploader: Self.uploader(request))
         }
-        if result.stored > 0 { await notifier.bump(token.cluster) }
+        if result.stored > 0 && snapshot == 0 { await notifier.bump(token.cluster) }
         return Self.json(.ok, result)
     }
 

@@ -39,6 +39,50 @@ public struct RelayClusterStatistics: Hashable, Sendable {
     public var bytes: Int64
 }
 
+/// A complete snapshot of a cluster as the relay keeps it: a sealed change stream from the empty vector, cut in
+/// ranges per site like any upload, covering `vector`.
+public struct RelaySnapshot: Hashable, Sendable {
+    /// Its id (1 to 2^63 - 1, chosen by the uploader).
+    public var id: UInt64
+    /// What it covers.
+    public var vector: VersionVector
+    /// Its sealed size.
+    public var bytes: Int64
+    /// When it was completed (Unix milliseconds).
+    public var created: Int64
+
+    /// A snapshot's description.
+    public init(id: UInt64, vector: VersionVector, bytes: Int64, created: Int64) {
+        self.id = id
+        self.vector = vector
+        self.bytes = bytes
+        self.created = created
+    }
+}
+
+/// How long change sets the newest snapshot covers are kept: a node whose vector is older than what is kept gets the
+/// snapshot and what follows it. Change sets the snapshot does not cover are never dropped.
+public struct RelayRetention: Hashable, Sendable {
+    /// Covered change sets older than this go.
+    public var maximumAgeMilliseconds: Int64
+    /// Covered change sets beyond this many bytes per cluster go, oldest first.
+    public var maximumBytes: Int64
+
+    /// A retention of `maximumAgeMilliseconds` and `maximumBytes`.
+    public init(maximumAgeMilliseconds: Int64, maximumBytes: Int64) {
+        self.maximumAgeMilliseconds = maximumAgeMilliseconds
+        self.maximumBytes = maximumBytes
+    }
+}
+
+/// How completing a snapshot went.
+public enum RelaySnapshotOutcome: Hashable, Sendable {
+    /// It is the cluster's snapshot now; `dropped` ranges it covers went under the retention.
+    case completed(dropped: Int)
+    /// Some of it is missing (the reason says what): nothing changed.
+    case incomplete(String)
+}
+
 /// A page of a pull: the encoded envelopes, in an order the node can apply, and whether more remain.
 public struct RelayPage: Sendable {
     /// Each envelope's bytes, exactly as uploaded.
@@ -62,15 +106,26 @@ public protocol RelayStorage: Sendable {
     func token(hash: String) async throws(ShoalError) -> RelayToken?
     /// The head per site of `cluster`.
     func heads(cluster: String) async throws(ShoalError) -> VersionVector
-    /// Stores what the relay lacks of `envelopes` (all of `cluster`), in one transaction; `uploader` names the
-    /// uploading process (``RelayAPI/uploaderHeader``).
+    /// Stores what the relay lacks of `envelopes` (all of `cluster`), in one transaction: into the change log when
+    /// `snapshot` is 0, into that snapshot otherwise; `uploader` names the uploading process
+    /// (``RelayAPI/uploaderHeader``).
     func store(
         cluster: String,
+        snapshot: UInt64,
         envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])],
         uploader: String?
     ) async throws(ShoalError) -> RelayUploadResult
+    /// Makes snapshot `snapshot` the cluster's, if its ranges run from 0 to `vector` for every site; then drops older
+    /// snapshots and the change sets it covers that `retention` lets go.
+    func completeSnapshot(cluster: String, snapshot: UInt64, vector: VersionVector, retention: RelayRetention)
+        async throws(ShoalError) -> RelaySnapshotOutcome
+    /// The cluster's newest complete snapshot, and the bytes of change sets it does not cover.
+    func snapshotState(cluster: String) async throws(ShoalError) -> (snapshot: RelaySnapshot?, uncoveredBytes: Int64)
+    /// Drops, in every cluster, the change sets its snapshot covers that `retention` lets go; returns how many ranges.
+    func retain(_ retention: RelayRetention) async throws(ShoalError) -> Int
     /// The change sets `vector` lacks, from `resume` points on, up to about `maximumBytes`, leaving out the ranges
-    /// `uploader` uploaded.
+    /// `uploader` uploaded. Where the relay no longer keeps what a site lacks (dropped under the retention), the
+    /// snapshot's ranges of that site come first, then the change log's after it.
     func page(
         cluster: String,
         vector: VersionVector,
@@ -94,4 +149,21 @@ public protocol RelayStorage: Sendable {
     func grants(cluster: String, after epoch: UInt32) async throws(ShoalError) -> RelayGrants
     /// Counts and sizes per cluster.
     func statistics() async throws(ShoalError) -> [RelayClusterStatistics]
+    /// Calls `changed` with a cluster each time any process sharing this storage stored change sets, grants or a
+    /// rotation in it, and with `nil` when some such news may have been missed (every cluster may have changed); runs
+    /// until cancelled. A storage no other process shares returns at once: the server wakes its own pulls.
+    func watch(_ changed: @escaping @Sendable (String?) async -> Void) async
+    /// Releases connections and threads; the storage is not used afterwards.
+    func close() async
+}
+
+extension RelayStorage {
+    /// Stores into the change log (see ``store(cluster:snapshot:envelopes:uploader:)``).
+    public func store(
+        cluster: String,
+        envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])],
+        uploader: String?
+    ) async throws(ShoalError) -> RelayUploadResult {
+        try await store(cluster: cluster, snapshot: 0, envelopes: envelopes, uploader: uploader)
+    }
 }

@@ -13,7 +13,84 @@ import Synchronization
 /// relay's heads lack).
 public final class SQLiteRelayStorage: RelayStorage {
     /// The schema version this build creates and reads.
-    public static let schemaVersion: Int64 = 1
+    public static let schemaVersion: Int64 = 2
+
+    /// What each schema version adds, in order: version N is `migrations[N - 1]`.
+    static let migrations: [String] = [
+        """
+        CREATE TABLE tokens(
+            hash TEXT PRIMARY KEY, cluster TEXT NOT NULL, label TEXT NOT NULL, created INTEGER NOT NULL,
+            revoked INTEGER, rotated INTEGER) WITHOUT ROWID;
+        CREATE TABLE epochs(
+            cluster TEXT NOT NULL, epoch INTEGER NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(cluster, epoch)
+        ) WITHOUT ROWID;
+        CREATE TABLE upload_keys(
+            cluster TEXT NOT NULL, epoch INTEGER NOT NULL, key BLOB NOT NULL, PRIMARY KEY(cluster, epoch)
+        ) WITHOUT ROWID;
+        CREATE TABLE grants(
+            cluster TEXT NOT NULL, epoch INTEGER NOT NULL, recipient TEXT NOT NULL, body TEXT NOT NULL,
+            PRIMARY KEY(cluster, epoch, recipient)) WITHOUT ROWID;
+        CREATE TABLE heads(
+            cluster TEXT NOT NULL, site BLOB NOT NULL, head INTEGER NOT NULL, PRIMARY KEY(cluster, site)
+        ) WITHOUT ROWID;
+        CREATE TABLE ranges(
+            cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL,
+            upload INTEGER NOT NULL, chunks INTEGER NOT NULL, bytes INTEGER NOT NULL, created INTEGER NOT NULL,
+            uploader TEXT, PRIMARY KEY(cluster, site, from_seq)) WITHOUT ROWID;
+        CREATE TABLE chunks(
+            cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, upload INTEGER NOT NULL,
+            idx INTEGER NOT NULL, envelope BLOB NOT NULL, created INTEGER NOT NULL,
+            PRIMARY KEY(cluster, site, from_seq, upload, idx));
+        """,
+        // Snapshots: ranges and chunks belong to the change log (snapshot 0) or to a snapshot.
+        """
+        ALTER TABLE ranges RENAME TO ranges_1;
+        CREATE TABLE ranges(
+            cluster TEXT NOT NULL, snapshot INTEGER NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL,
+            to_seq INTEGER NOT NULL, upload INTEGER NOT NULL, chunks INTEGER NOT NULL, bytes INTEGER NOT NULL,
+            created INTEGER NOT NULL, uploader TEXT, PRIMARY KEY(cluster, snapshot, site, from_seq)) WITHOUT ROWID;
+        INSERT INTO ranges SELECT cluster, 0, site, from_seq, to_seq, upload, chunks, bytes, created, uploader FROM ranges_1;
+        DROP TABLE ranges_1;
+        ALTER TABLE chunks RENAME TO chunks_1;
+        CREATE TABLE chunks(
+            cluster TEXT NOT NULL, snapshot INTEGER NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL,
+            upload INTEGER NOT NULL, idx INTEGER NOT NULL, envelope BLOB NOT NULL, created INTEGER NOT NULL,
+            PRIMARY KEY(cluster, snapshot, site, from_seq, upload, idx));
+        INSERT INTO chunks SELECT cluster, 0, site, from_seq, upload, idx, envelope, created FROM chunks_1;
+        DROP TABLE chunks_1;
+        CREATE TABLE snapshots(
+            cluster TEXT NOT NULL, snapshot INTEGER NOT NULL, vector TEXT NOT NULL, bytes INTEGER NOT NULL,
+            created INTEGER NOT NULL, PRIMARY KEY(cluster, snapshot)) WITHOUT ROWID;
+        """,
+    ]
+
+    /// Brings the schema to ``schemaVersion`` in one transaction; refuses a newer one.
+    private static func migrate(_ sqlite: SQLiteConnection, path: String) throws(ShoalError) {
+        try sqlite.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            var version: Int64 = 0
+            switch try sqlite.scalar("SELECT value FROM relay_meta WHERE key = 'schema'") {
+            case .null:
+                break
+            case .integer(let stored):
+                version = stored
+            case let other:
+                throw ShoalError(code: .corruptMetadata, message: "the relay database \(path) records schema \(other)")
+            }
+            guard version <= schemaVersion else {
+                throw ShoalError(
+                    code: .versionMismatch,
+                    message: "the relay database \(path) has schema \(version), and this build reads \(schemaVersion): run a newer relay"
+                )
+            }
+            for migration in migrations[Int(version)...] { try sqlite.exec(migration) }
+            try sqlite.exec("INSERT OR REPLACE INTO relay_meta VALUES ('schema', \(schemaVersion))")
+            try sqlite.exec("COMMIT")
+        } catch {
+            try? sqlite.exec("ROLLBACK")
+            throw error
+        }
+    }
 
     private let connection: Mutex<Connection>
     private let pool: NIOThreadPool
@@ -57,43 +134,9 @@ public final class SQLiteRelayStorage: RelayStorage {
             PRAGMA journal_mode=WAL;
             PRAGMA synchronous=NORMAL;
             CREATE TABLE IF NOT EXISTS relay_meta(key TEXT PRIMARY KEY, value ANY) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS tokens(
-                hash TEXT PRIMARY KEY, cluster TEXT NOT NULL, label TEXT NOT NULL, created INTEGER NOT NULL,
-                revoked INTEGER, rotated INTEGER) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS epochs(
-                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(cluster, epoch)
-            ) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS upload_keys(
-                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, key BLOB NOT NULL, PRIMARY KEY(cluster, epoch)
-            ) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS grants(
-                cluster TEXT NOT NULL, epoch INTEGER NOT NULL, recipient TEXT NOT NULL, body TEXT NOT NULL,
-                PRIMARY KEY(cluster, epoch, recipient)) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS heads(
-                cluster TEXT NOT NULL, site BLOB NOT NULL, head INTEGER NOT NULL, PRIMARY KEY(cluster, site)
-            ) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS ranges(
-                cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL,
-                upload INTEGER NOT NULL, chunks INTEGER NOT NULL, bytes INTEGER NOT NULL, created INTEGER NOT NULL,
-                uploader TEXT, PRIMARY KEY(cluster, site, from_seq)) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS chunks(
-                cluster TEXT NOT NULL, site BLOB NOT NULL, from_seq INTEGER NOT NULL, upload INTEGER NOT NULL,
-                idx INTEGER NOT NULL, envelope BLOB NOT NULL, created INTEGER NOT NULL,
-                PRIMARY KEY(cluster, site, from_seq, upload, idx));
             """
         )
-        let version = try sqlite.scalar("SELECT value FROM relay_meta WHERE key = 'schema'")
-        switch version {
-        case .null:
-            try sqlite.exec("INSERT INTO relay_meta VALUES ('schema', \(Self.schemaVersion))")
-        case .integer(let stored) where stored == Self.schemaVersion:
-            break
-        default:
-            throw ShoalError(
-                code: .versionMismatch,
-                message: "the relay database \(path) has schema \(version), and this build reads \(Self.schemaVersion)"
-            )
-        }
+        try Self.migrate(sqlite, path: path)
         connection = Mutex(Connection(sqlite))
         pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
@@ -102,6 +145,12 @@ public final class SQLiteRelayStorage: RelayStorage {
     deinit {
         pool.shutdownGracefully { _ in }
     }
+
+    /// See ``RelayStorage``: one process uses the file, and the server wakes its own pulls.
+    public func watch(_ changed: @escaping @Sendable (String?) async -> Void) async {}
+
+    /// See ``RelayStorage``.
+    public func close() async {}
 
     private static func isDirectory(_ path: String, _ isDirectory: inout Bool) -> Bool {
         var info = stat()
@@ -226,20 +275,39 @@ public final class SQLiteRelayStorage: RelayStorage {
         return vector
     }
 
+    /// The head per site of the change log (`snapshot` 0) or of a snapshot: where its chain of ranges ends.
+    private static func heads(_ connection: Connection, cluster: String, snapshot: Int64) throws(ShoalError) -> VersionVector {
+        guard snapshot != 0 else { return try heads(connection, cluster: cluster) }
+        let select = try connection.statement(
+            "SELECT site, max(to_seq) FROM ranges WHERE cluster = ? AND snapshot = ? GROUP BY site"
+        )
+        defer { select.reset() }
+        try select.bind([.text(cluster), .integer(snapshot)])
+        var vector = VersionVector()
+        while try select.step() {
+            if let site = SiteID(bytes: select.columnBytes(0)) {
+                vector.advance(site, to: UInt64(bitPattern: select.columnInt64(1)))
+            }
+        }
+        return vector
+    }
+
     /// See ``RelayStorage``.
     public func store(
         cluster: String,
+        snapshot: UInt64,
         envelopes: [(envelope: RelayEnvelope, encoded: [UInt8])],
         uploader: String?
     ) async throws(ShoalError) -> RelayUploadResult {
-        try await run { connection throws(ShoalError) in
+        let snapshot = Int64(bitPattern: snapshot)
+        return try await run { connection throws(ShoalError) in
             try Self.transaction(connection) { () throws(ShoalError) -> RelayUploadResult in
-                var heads = try Self.heads(connection, cluster: cluster)
+                var heads = try Self.heads(connection, cluster: cluster, snapshot: snapshot)
                 var result = RelayUploadResult(stored: 0, alreadyHeld: 0, gaps: 0, heads: [:])
                 let now = Self.now()
                 let insert = try connection.statement(
-                    "INSERT OR IGNORE INTO chunks(cluster, site, from_seq, upload, idx, envelope, created) "
-                        + "VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT OR IGNORE INTO chunks(cluster, snapshot, site, from_seq, upload, idx, envelope, created) "
+                        + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 )
                 for (envelope, encoded) in envelopes {
                     let head = heads[envelope.site]
@@ -254,16 +322,16 @@ public final class SQLiteRelayStorage: RelayStorage {
                     let site = SQLValue.blob(envelope.site.bytes)
                     let from = SQLValue.integer(Int64(bitPattern: envelope.from))
                     let upload = SQLValue.integer(Int64(bitPattern: envelope.upload))
-                    try insert.bind([.text(cluster), site, from, upload,
-                        .integer(Int64(envelope.index)), .blob(encoded), .integer(now)])
+                    let key: [SQLValue] = [.text(cluster), .integer(snapshot), site, from]
+                    try insert.bind(key + [upload, .integer(Int64(envelope.index)), .blob(encoded), .integer(now)])
                     try insert.run()
                     if sqlite3_changes(connection.sqlite.handle) == 1 { result.stored += 1 } else { result.alreadyHeld += 1 }
                     guard envelope.endsRange else { continue }
                     let count = try connection.statement(
                         "SELECT count(*), sum(length(envelope)) FROM chunks "
-                            + "WHERE cluster = ? AND site = ? AND from_seq = ? AND upload = ? AND idx <= ?"
+                            + "WHERE cluster = ? AND snapshot = ? AND site = ? AND from_seq = ? AND upload = ? AND idx <= ?"
                     )
-                    try count.bind([.text(cluster), site, from, upload, .integer(Int64(envelope.index))])
+                    try count.bind(key + [upload, .integer(Int64(envelope.index))])
                     _ = try count.step()
                     let present = count.columnInt64(0)
                     let bytes = count.columnInt64(1)
@@ -274,24 +342,26 @@ public final class SQLiteRelayStorage: RelayStorage {
                         continue
                     }
                     let range = try connection.statement(
-                        "INSERT INTO ranges(cluster, site, from_seq, to_seq, upload, chunks, bytes, created, uploader) "
-                            + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                        "INSERT INTO ranges(cluster, snapshot, site, from_seq, to_seq, upload, chunks, bytes, created, uploader) "
+                            + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     )
-                    try range.bind([.text(cluster), site, from, .integer(Int64(bitPattern: envelope.to)), upload,
+                    try range.bind(key + [.integer(Int64(bitPattern: envelope.to)), upload,
                         .integer(Int64(envelope.index) + 1), .integer(bytes), .integer(now), uploader.map { .text($0) } ?? .null])
                     try range.run()
                     // Chunks of other uploads of the same range (an uploader that gave up, or lost a race) go.
                     let losers = try connection.statement(
-                        "DELETE FROM chunks WHERE cluster = ? AND site = ? AND from_seq = ? AND upload != ?"
+                        "DELETE FROM chunks WHERE cluster = ? AND snapshot = ? AND site = ? AND from_seq = ? AND upload != ?"
                     )
-                    try losers.bind([.text(cluster), site, from, upload])
+                    try losers.bind(key + [upload])
                     try losers.run()
-                    let setHead = try connection.statement(
-                        "INSERT INTO heads(cluster, site, head) VALUES (?, ?, ?) "
-                            + "ON CONFLICT(cluster, site) DO UPDATE SET head = excluded.head"
-                    )
-                    try setHead.bind([.text(cluster), site, .integer(Int64(bitPattern: envelope.to))])
-                    try setHead.run()
+                    if snapshot == 0 {
+                        let setHead = try connection.statement(
+                            "INSERT INTO heads(cluster, site, head) VALUES (?, ?, ?) "
+                                + "ON CONFLICT(cluster, site) DO UPDATE SET head = excluded.head"
+                        )
+                        try setHead.bind([.text(cluster), site, .integer(Int64(bitPattern: envelope.to))])
+                        try setHead.run()
+                    }
                     heads.advance(envelope.site, to: envelope.to)
                 }
                 result.heads = RelayAPI.json(heads)
@@ -310,47 +380,190 @@ public final class SQLiteRelayStorage: RelayStorage {
     ) async throws(ShoalError) -> RelayPage {
         try await run { connection throws(ShoalError) in
             let heads = try Self.heads(connection, cluster: cluster)
+            let snapshot = try Self.snapshot(connection, cluster: cluster)
             var page = RelayPage(envelopes: [], more: false)
             var bytes = 0
+            let floor = try connection.statement(
+                "SELECT min(from_seq) FROM ranges WHERE cluster = ? AND snapshot = 0 AND site = ?"
+            )
             let ranges = try connection.statement(
-                "SELECT from_seq, upload, to_seq, uploader IS ? FROM ranges WHERE cluster = ? AND site = ? AND to_seq > ? "
-                    + "ORDER BY from_seq"
+                "SELECT from_seq, upload, uploader IS ? FROM ranges WHERE cluster = ? AND snapshot = ? AND site = ? "
+                    + "AND to_seq > ? ORDER BY from_seq"
             )
             let chunks = try connection.statement(
-                "SELECT envelope FROM chunks WHERE cluster = ? AND site = ? AND from_seq = ? AND upload = ? AND idx >= ? "
-                    + "ORDER BY idx"
+                "SELECT envelope FROM chunks WHERE cluster = ? AND snapshot = ? AND site = ? AND from_seq = ? AND upload = ? "
+                    + "AND idx >= ? ORDER BY idx"
             )
             defer {
+                floor.reset()
                 ranges.reset()
                 chunks.reset()
             }
-            for (site, head) in heads.sorted where head > vector[site] {
+            /// Adds the ranges of `site` in `source` (0: the change log) that end after `after`; false once the page
+            /// is full.
+            func add(_ source: Int64, _ site: SiteID, after: UInt64) throws(ShoalError) -> Bool {
                 let siteValue = SQLValue.blob(site.bytes)
-                try ranges.bind([uploader.map { .text($0) } ?? .null, .text(cluster), siteValue,
-                    .integer(Int64(bitPattern: min(vector[site], UInt64(Int64.max))))])
+                try ranges.bind([uploader.map { .text($0) } ?? .null, .text(cluster), .integer(source), siteValue,
+                    .integer(Int64(bitPattern: min(after, UInt64(Int64.max))))])
+                defer { ranges.reset() }
                 while try ranges.step() {
                     let from = ranges.columnInt64(0)
                     let upload = ranges.columnInt64(1)
                     // What the asking process uploaded itself it holds: left out (a range of its own follows
                     // another of its own, or one the node gets, since it holds what it uploads, from the cursor on).
-                    if uploader != nil, ranges.columnInt64(3) == 1 { continue }
+                    if uploader != nil, ranges.columnInt64(2) == 1 { continue }
                     var first: Int64 = 0
                     if let point = resume[site], point.from == UInt64(bitPattern: from) { first = Int64(point.index) }
-                    try chunks.bind([.text(cluster), siteValue, .integer(from), .integer(upload), .integer(first)])
+                    try chunks.bind([.text(cluster), .integer(source), siteValue, .integer(from), .integer(upload), .integer(first)])
+                    defer { chunks.reset() }
                     while try chunks.step() {
                         if bytes > 0 && bytes >= maximumBytes {
                             page.more = true
-                            return page
+                            return false
                         }
                         let envelope = chunks.columnBytes(0)
                         bytes += envelope.count
                         page.envelopes.append(envelope)
                     }
-                    chunks.reset()
                 }
-                ranges.reset()
+                return true
+            }
+            for (site, head) in heads.sorted where head > vector[site] {
+                var after = vector[site]
+                // The change log no longer holds what this node lacks of the site (the retention dropped it): the
+                // snapshot's ranges of the site first, then the log's after what the snapshot covers.
+                try floor.bind([.text(cluster), .blob(site.bytes)])
+                var held = head
+                if try floor.step(), case .integer(let from) = floor.row()[0] { held = UInt64(bitPattern: from) }
+                floor.reset()
+                if after < held, let snapshot, snapshot.vector[site] > after {
+                    guard try add(Int64(bitPattern: snapshot.id), site, after: after) else { return page }
+                    after = snapshot.vector[site]
+                }
+                guard try add(0, site, after: after) else { return page }
             }
             return page
+        }
+    }
+
+    private static func snapshot(_ connection: Connection, cluster: String) throws(ShoalError) -> RelaySnapshot? {
+        let select = try connection.statement(
+            "SELECT snapshot, vector, bytes, created FROM snapshots WHERE cluster = ? ORDER BY created DESC LIMIT 1"
+        )
+        defer { select.reset() }
+        try select.bind([.text(cluster)])
+        guard try select.step() else { return nil }
+        let row = select.row()
+        return RelaySnapshot(
+            id: UInt64(bitPattern: row[0].integerValue ?? 0),
+            vector: RelaySnapshotVector.decode(Self.text(row[1])),
+            bytes: row[2].integerValue ?? 0,
+            created: row[3].integerValue ?? 0
+        )
+    }
+
+    /// See ``RelayStorage``.
+    public func completeSnapshot(cluster: String, snapshot: UInt64, vector: VersionVector, retention: RelayRetention)
+        async throws(ShoalError) -> RelaySnapshotOutcome
+    {
+        let id = Int64(bitPattern: snapshot)
+        return try await run { connection throws(ShoalError) in
+            try Self.transaction(connection) { () throws(ShoalError) -> RelaySnapshotOutcome in
+                let heads = try Self.heads(connection, cluster: cluster, snapshot: id)
+                if let missing = RelaySnapshotVector.mismatch(heads: heads, vector: vector) { return .incomplete(missing) }
+                let size = try connection.statement("SELECT coalesce(sum(bytes), 0) FROM ranges WHERE cluster = ? AND snapshot = ?")
+                try size.bind([.text(cluster), .integer(id)])
+                _ = try size.step()
+                let bytes = size.columnInt64(0)
+                size.reset()
+                let insert = try connection.statement(
+                    "INSERT OR REPLACE INTO snapshots(cluster, snapshot, vector, bytes, created) VALUES (?, ?, ?, ?, ?)"
+                )
+                try insert.bind([.text(cluster), .integer(id), .text(RelaySnapshotVector.encode(vector)), .integer(bytes),
+                    .integer(Self.now())])
+                try insert.run()
+                // The snapshots before it go: complete ones, and those still under way that started earlier.
+                for table in ["chunks", "ranges"] {
+                    let older = try connection.statement(
+                        "DELETE FROM \(table) WHERE cluster = ? AND snapshot != 0 AND snapshot != ? AND created <= ?"
+                    )
+                    try older.bind([.text(cluster), .integer(id), .integer(Self.now())])
+                    try older.run()
+                }
+                let others = try connection.statement("DELETE FROM snapshots WHERE cluster = ? AND snapshot != ?")
+                try others.bind([.text(cluster), .integer(id)])
+                try others.run()
+                return .completed(dropped: try Self.retain(connection, cluster: cluster, retention))
+            }
+        }
+    }
+
+    /// Drops the ranges of `cluster`'s change log that its snapshot covers and `retention` lets go (oldest first:
+    /// per site a prefix of its chain, so what is kept still runs on from the snapshot); returns how many went.
+    private static func retain(_ connection: Connection, cluster: String, _ retention: RelayRetention) throws(ShoalError) -> Int {
+        guard let snapshot = try snapshot(connection, cluster: cluster) else { return 0 }
+        let covered = try connection.statement(
+            "SELECT site, from_seq, upload, to_seq, bytes, created FROM ranges WHERE cluster = ? AND snapshot = 0 "
+                + "ORDER BY created DESC, site, from_seq DESC"
+        )
+        try covered.bind([.text(cluster)])
+        var candidates: [(site: [UInt8], from: Int64, upload: Int64)] = []
+        var kept: Int64 = 0
+        let cutoff = now() - retention.maximumAgeMilliseconds
+        while try covered.step() {
+            let row = covered.row()
+            guard case .blob(let site) = row[0], let siteID = SiteID(bytes: site),
+                UInt64(bitPattern: row[3].integerValue ?? 0) <= snapshot.vector[siteID]
+            else { continue }
+            let bytes = row[4].integerValue ?? 0
+            // Newest first: kept while young enough and within the byte budget, then everything older goes.
+            if (row[5].integerValue ?? 0) >= cutoff && kept + bytes <= retention.maximumBytes {
+                kept += bytes
+            } else {
+                candidates.append((site, row[1].integerValue ?? 0, row[2].integerValue ?? 0))
+            }
+        }
+        covered.reset()
+        let dropRange = try connection.statement("DELETE FROM ranges WHERE cluster = ? AND snapshot = 0 AND site = ? AND from_seq = ?")
+        let dropChunks = try connection.statement(
+            "DELETE FROM chunks WHERE cluster = ? AND snapshot = 0 AND site = ? AND from_seq = ? AND upload = ?"
+        )
+        for candidate in candidates {
+            try dropRange.bind([.text(cluster), .blob(candidate.site), .integer(candidate.from)])
+            try dropRange.run()
+            try dropChunks.bind([.text(cluster), .blob(candidate.site), .integer(candidate.from), .integer(candidate.upload)])
+            try dropChunks.run()
+        }
+        return candidates.count
+    }
+
+    /// See ``RelayStorage``.
+    public func snapshotState(cluster: String) async throws(ShoalError) -> (snapshot: RelaySnapshot?, uncoveredBytes: Int64) {
+        try await run { connection throws(ShoalError) in
+            let snapshot = try Self.snapshot(connection, cluster: cluster)
+            let select = try connection.statement("SELECT site, to_seq, bytes FROM ranges WHERE cluster = ? AND snapshot = 0")
+            defer { select.reset() }
+            try select.bind([.text(cluster)])
+            var uncovered: Int64 = 0
+            while try select.step() {
+                guard let site = SiteID(bytes: select.columnBytes(0)) else { continue }
+                if UInt64(bitPattern: select.columnInt64(1)) > snapshot?.vector[site] ?? 0 { uncovered += select.columnInt64(2) }
+            }
+            return (snapshot, uncovered)
+        }
+    }
+
+    /// See ``RelayStorage``.
+    public func retain(_ retention: RelayRetention) async throws(ShoalError) -> Int {
+        try await run { connection throws(ShoalError) in
+            let clusters = try connection.sqlite.rows("SELECT DISTINCT cluster FROM snapshots").map { Self.text($0[0]) }
+            var dropped = 0
+            for cluster in clusters {
+                dropped += try Self.transaction(connection) { () throws(ShoalError) in
+                    try Self.retain(connection, cluster: cluster, retention)
+                }
+            }
+            return dropped
         }
     }
 
@@ -464,14 +677,24 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// See ``RelayStorage``.
     public func sweep(before milliseconds: Int64) async throws(ShoalError) -> Int {
         try await run { connection throws(ShoalError) in
+            // Chunks of ranges never completed, and the ranges of snapshots never completed.
             try connection.sqlite.exec(
                 """
-                DELETE FROM chunks WHERE created < \(milliseconds) AND NOT EXISTS (
-                    SELECT 1 FROM ranges r WHERE r.cluster = chunks.cluster AND r.site = chunks.site
-                        AND r.from_seq = chunks.from_seq AND r.upload = chunks.upload)
+                DELETE FROM chunks WHERE created < \(milliseconds) AND (NOT EXISTS (
+                    SELECT 1 FROM ranges r WHERE r.cluster = chunks.cluster AND r.snapshot = chunks.snapshot
+                        AND r.site = chunks.site AND r.from_seq = chunks.from_seq AND r.upload = chunks.upload)
+                    OR (snapshot != 0 AND NOT EXISTS (
+                        SELECT 1 FROM snapshots s WHERE s.cluster = chunks.cluster AND s.snapshot = chunks.snapshot)))
                 """
             )
-            return Int(sqlite3_changes(connection.sqlite.handle))
+            let chunks = Int(sqlite3_changes(connection.sqlite.handle))
+            try connection.sqlite.exec(
+                """
+                DELETE FROM ranges WHERE snapshot != 0 AND created < \(milliseconds) AND NOT EXISTS (
+                    SELECT 1 FROM snapshots s WHERE s.cluster = ranges.cluster AND s.snapshot = ranges.snapshot)
+                """
+            )
+            return chunks
         }
     }
 

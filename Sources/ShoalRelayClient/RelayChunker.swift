@@ -21,6 +21,9 @@ public struct RelayChunker {
         claim = heads
     }
 
+    /// What the batches so far claim: after the cursor's last batch, the vector it covers.
+    public var covered: VersionVector { claim }
+
     /// The envelopes of the cursor's next batch, in order.
     public mutating func envelopes(for batch: ChangeBatch) throws(ShoalError) -> [RelayEnvelope] {
         var bySite: [SiteID: [Change]] = [:]

@@ -16,6 +16,9 @@ import Synchronization
 public struct RelayClientConfiguration: Sendable {
     /// The relay's base URL: `https://HOST[:PORT]`, or `http://` to a loopback address.
     public var url: String
+    /// Other instances of the same relay (sharing its storage), tried in turn when the one in use does not answer: a
+    /// pull resumes on the next at once, from the node's version vector.
+    public var otherURLs: [String] = []
     /// The bearer token (`shoal relay token create`).
     public var token: String
     /// The node's cluster id (what the token was made for).
@@ -37,6 +40,10 @@ public struct RelayClientConfiguration: Sendable {
     public var pieceBytes = 1024 * 1024
     /// About how many bytes each upload request carries.
     public var requestBytes = 8 * 1024 * 1024
+    /// When the change sets the relay's snapshot does not cover grow beyond this many bytes (and beyond the snapshot
+    /// itself), a node that holds everything the relay holds uploads a new snapshot; the relay then drops what it
+    /// covers, after its retention.
+    public var snapshotMinimumBytes: Int64 = 8 * 1024 * 1024
     /// How long a pull waits at the relay for new change sets (long-poll).
     public var waitMilliseconds = 25_000
     /// Retries after failures: exponential with jitter between these bounds.
@@ -67,7 +74,11 @@ public final class RelayLink: Service, Sendable {
     /// How the link works.
     public let configuration: RelayClientConfiguration
     let node: SyncNode
-    private let base: String
+    /// The relay's instances; requests go to the one `instance` names.
+    private let bases: [String]
+    /// The instance in use, and how many instances in a row failed to answer since one last did.
+    private let instance = Mutex<(index: Int, failures: Int)>((0, 0))
+    private var base: String { bases[instance.withLock { $0.index }] }
     private let state: Mutex<RelayStatus>
     private let sizes: Mutex<(piece: Int, request: Int)>
     private let lastReported = Mutex<String?>(nil)
@@ -78,6 +89,9 @@ public final class RelayLink: Service, Sendable {
     /// The token the relay said a rotation retired: until another is in use, the grants are fetched before the next
     /// request. (A request that left with the old token may come back refused after the new one was adopted.)
     private let grantsNeeded = Mutex<String?>(nil)
+    /// What the relay's snapshot leaves uncovered (as last read, plus what this node uploaded since), the snapshot's
+    /// size, and when this node last tried to upload one.
+    private let snapshotState = Mutex<(uncovered: Int64, snapshotBytes: Int64, triedMs: UInt64?)>((0, 0, nil))
     /// The roster members whose grants were last checked (members that join after a rotation get grants).
     private let grantedMembers = Mutex<Set<NodeID>?>(nil)
 
@@ -93,13 +107,36 @@ public final class RelayLink: Service, Sendable {
     /// A link for `node`; the URL is checked here (an `http://` URL must name a loopback address: the token would
     /// otherwise cross the network in clear).
     public init(node: SyncNode, configuration: RelayClientConfiguration) throws(ShoalError) {
-        var url = configuration.url
+        bases = try ([configuration.url] + configuration.otherURLs).map { url throws(ShoalError) in try Self.checked(url) }
+        guard !configuration.token.isEmpty else {
+            throw ShoalError(code: .invalidArgument, message: "a relay needs a token (--relay-token; `shoal relay token create` makes one)")
+        }
+        self.node = node
+        self.configuration = configuration
+        let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) } ?? RelayKeyring()
+        credentials = Mutex(
+            Credentials(
+                keyring: keyring,
+                seal: RelaySeal(secrets: keyring.secrets(clusterSecret: configuration.clusterSecret), epoch: keyring.newest),
+                token: keyring.token ?? configuration.token
+            )
+        )
+        var status = RelayStatus(url: bases[0])
+        status.epoch = keyring.newest
+        state = Mutex(status)
+        sizes = Mutex((configuration.pieceBytes, configuration.requestBytes))
+        (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
+    }
+
+    /// `url` without trailing slashes, if it is an `https://` URL or an `http://` one to a loopback address.
+    private static func checked(_ url: String) throws(ShoalError) -> String {
+        var url = url
         while url.hasSuffix("/") { url.removeLast() }
         let lowered = url.lowercased()
         guard lowered.hasPrefix("https://") || lowered.hasPrefix("http://"),
             let components = URLComponents(string: url), let host = components.host, !host.isEmpty
         else {
-            throw ShoalError(code: .invalidArgument, message: "--relay wants an https:// (or loopback http://) URL, got \"\(configuration.url)\"")
+            throw ShoalError(code: .invalidArgument, message: "--relay wants an https:// (or loopback http://) URL, got \"\(url)\"")
         }
         if lowered.hasPrefix("http://") {
             guard RelayAPI.isLoopback(host) else {
@@ -109,25 +146,7 @@ public final class RelayLink: Service, Sendable {
                 )
             }
         }
-        guard !configuration.token.isEmpty else {
-            throw ShoalError(code: .invalidArgument, message: "a relay needs a token (--relay-token; `shoal relay token create` makes one)")
-        }
-        self.node = node
-        self.configuration = configuration
-        base = url
-        let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) } ?? RelayKeyring()
-        credentials = Mutex(
-            Credentials(
-                keyring: keyring,
-                seal: RelaySeal(secrets: keyring.secrets(clusterSecret: configuration.clusterSecret), epoch: keyring.newest),
-                token: keyring.token ?? configuration.token
-            )
-        )
-        var status = RelayStatus(url: url)
-        status.epoch = keyring.newest
-        state = Mutex(status)
-        sizes = Mutex((configuration.pieceBytes, configuration.requestBytes))
-        (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
+        return url
     }
 
     /// The relay as this node sees it now.
@@ -193,6 +212,14 @@ public final class RelayLink: Service, Sendable {
                 if finished {
                     raced = 0
                     backoff.reset()
+                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: known) {
+                        // Read again first: another node may have just uploaded one.
+                        heads = try await fetchHeads(client)
+                        headsFetched = now
+                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads!) {
+                            try await uploadSnapshot(client)
+                        }
+                    }
                 } else {
                     // Another node moved the relay's heads while this one uploaded: cut again from the new heads,
                     // at once the first time, then with backoff.
@@ -213,6 +240,10 @@ public final class RelayLink: Service, Sendable {
     private func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
         let (body, _) = try await call(client, .GET, RelayAPI.headsPath, body: nil, timeout: .seconds(30))
         let heads: RelayHeads = try decodeJSON(body)
+        snapshotState.withLock { state in
+            state.uncovered = heads.uncoveredBytes ?? 0
+            state.snapshotBytes = heads.snapshot?.bytes ?? 0
+        }
         if let cluster = heads.cluster, cluster != configuration.clusterID {
             throw RelayCallError.unauthorized(
                 "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)"
@@ -280,28 +311,22 @@ public final class RelayLink: Service, Sendable {
         return finished
     }
 
-    /// Sends `envelopes` (and empties it); `false` when some were refused because the relay's heads moved.
-    private func send(
+    /// Posts `body` to `path` authenticated with `epoch`'s upload key, so the relay stores only what a holder of the
+    /// secret sent; registers the key first when the relay does not know it yet.
+    private func postAuthenticated(
         _ client: HTTPClient,
-        _ envelopes: inout [RelayEnvelope],
-        heads: inout VersionVector
-    ) async throws(RelayCallError) -> Bool {
-        let body = RelayEnvelopeList.encode(envelopes)
-        let count = envelopes.count
-        let epoch = envelopes.first?.epoch ?? 0
-        envelopes = []
-        // Authenticated with the epoch's upload key, so the relay stores only what a holder of the secret sent.
+        _ path: String,
+        body: [UInt8],
+        contentType: String,
+        epoch: UInt32
+    ) async throws(RelayCallError) -> [UInt8] {
         let seal = credentials.withLock { $0.seal }
         guard let authentication = seal.authenticate(body, epoch: epoch), let uploadKey = seal.uploadKey(epoch) else {
             throw RelayCallError.local(ShoalError(code: .sealBroken, message: "no upload key for epoch \(epoch)"))
         }
         let headers = [(RelayAPI.uploadEpochHeader, "\(epoch)"), (RelayAPI.uploadAuthHeader, authentication)]
-        let answer: [UInt8]
         do {
-            (answer, _) = try await call(
-                client, .POST, RelayAPI.changeSetsPath, body: body, contentType: RelayAPI.envelopeContentType,
-                headers: headers, timeout: .seconds(120)
-            )
+            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
         } catch {
             guard case .noUploadKey = error else { throw error }
             // The relay does not know this epoch's upload key yet (a new relay, or the cluster's first upload).
@@ -309,12 +334,26 @@ public final class RelayLink: Service, Sendable {
             _ = try await call(
                 client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
             )
-            (answer, _) = try await call(
-                client, .POST, RelayAPI.changeSetsPath, body: body, contentType: RelayAPI.envelopeContentType,
-                headers: headers, timeout: .seconds(120)
-            )
+            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
         }
+    }
+
+    /// Sends `envelopes` (and empties it) to the change log, or to snapshot `snapshot`; `false` when some were refused
+    /// because the relay's heads moved.
+    private func send(
+        _ client: HTTPClient,
+        _ envelopes: inout [RelayEnvelope],
+        heads: inout VersionVector,
+        snapshot: UInt64? = nil
+    ) async throws(RelayCallError) -> Bool {
+        let body = RelayEnvelopeList.encode(envelopes)
+        let count = envelopes.count
+        let epoch = envelopes.first?.epoch ?? 0
+        envelopes = []
+        let path = snapshot.map { "\(RelayAPI.snapshotsPath)/\($0)" } ?? RelayAPI.changeSetsPath
+        let answer = try await postAuthenticated(client, path, body: body, contentType: RelayAPI.envelopeContentType, epoch: epoch)
         let result: RelayUploadResult = try decodeJSON(answer)
+        if snapshot == nil { snapshotState.withLock { $0.uncovered += Int64(body.count) } }
         do {
             heads.merge(try RelayAPI.vector(result.heads))
         } catch {
@@ -331,6 +370,70 @@ public final class RelayLink: Service, Sendable {
             metadata: ["sent": "\(count)", "stored": "\(result.stored)", "gaps": "\(result.gaps)"]
         )
         return result.gaps == 0
+    }
+
+    /// Whether this node should upload a snapshot now: the relay holds everything the node holds, the change sets its
+    /// snapshot leaves uncovered outgrew both the snapshot and the minimum, and the node has not tried for a minute.
+    private func snapshotDue(held: VersionVector, heads: VersionVector) -> Bool {
+        guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }) else { return false }
+        let now = configuration.clock.nowMilliseconds()
+        return snapshotState.withLock { state in
+            guard state.uncovered >= max(configuration.snapshotMinimumBytes, state.snapshotBytes) else { return false }
+            if let tried = state.triedMs, now < tried + 60_000 { return false }
+            return true
+        }
+    }
+
+    /// Uploads a snapshot: the node's whole merged state, as a change stream from the empty vector cut in ranges like
+    /// any upload, into a snapshot of a new id; then tells the relay it is whole and what it covers.
+    private func uploadSnapshot(_ client: HTTPClient) async throws(RelayCallError) {
+        snapshotState.withLock { $0.triedMs = configuration.clock.nowMilliseconds() }
+        let id = UInt64.random(in: 1...UInt64(Int64.max))
+        let (pieceBytes, requestBytes) = sizes.withLock { $0 }
+        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: VersionVector()) }
+        let seal = credentials.withLock { $0.seal }
+        var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: VersionVector(), pieceBytes: pieceBytes)
+        var outgoing: [RelayEnvelope] = []
+        var outgoingBytes = 0
+        var uploaded = VersionVector()
+        do throws(RelayCallError) {
+            while let batch = try await local({ () throws(ShoalError) in
+                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
+            }) {
+                for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
+                    outgoing.append(envelope)
+                    outgoingBytes += envelope.encodedCount
+                    if outgoingBytes >= requestBytes {
+                        guard try await send(client, &outgoing, heads: &uploaded, snapshot: id) else {
+                            throw RelayCallError.refused("the relay refused part of a snapshot")
+                        }
+                        outgoingBytes = 0
+                    }
+                }
+            }
+            if !outgoing.isEmpty, !(try await send(client, &outgoing, heads: &uploaded, snapshot: id)) {
+                throw RelayCallError.refused("the relay refused part of a snapshot")
+            }
+        } catch {
+            await node.closeChangeCursor(cursor)
+            throw error
+        }
+        await node.closeChangeCursor(cursor)
+        let covered = chunker.covered
+        guard !covered.isEmpty else { return }
+        let completion = Array((try? JSONEncoder().encode(RelaySnapshotCompletion(vector: RelayAPI.json(covered)))) ?? Data())
+        _ = try await postAuthenticated(
+            client,
+            "\(RelayAPI.snapshotsPath)/\(id)/complete",
+            body: completion,
+            contentType: "application/json",
+            epoch: seal.epoch
+        )
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { $0.lastSnapshotMs = now }
+        snapshotState.withLock { $0.uncovered = 0 }
+        configuration.logger.info("uploaded a snapshot", metadata: ["snapshot": "\(id)"])
+        eventSink.yield(.snapshotted)
     }
 
     private func noteLacking(held: VersionVector, heads: VersionVector) {
@@ -354,7 +457,7 @@ public final class RelayLink: Service, Sendable {
     private struct PullState {
         var cursor = VersionVector()
         /// Ranges a page ended inside: where to resume, valid while the cursor of the site stays where it was.
-        var resume: [SiteID: (from: UInt64, index: UInt32, cursor: UInt64)] = [:]
+        var resume: [SiteID: (from: UInt64, index: UInt32, upload: UInt64, cursor: UInt64)] = [:]
         var buffers: [SiteID: [UInt8]] = [:]
         /// Sites whose next range cannot be used (it fails its seal, or holds what it should not), until when: their
         /// ranges are not asked for meanwhile, so one bad range never holds up the other sites.
@@ -453,8 +556,9 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.malformed("the relay sent a change set of another cluster (\(envelope.cluster.prefix(64)))")
         }
         if let point = pull.resume[site] {
-            // Not where the page before ended (the relay answered for another range): start the site again.
-            guard envelope.from == point.from, envelope.index == point.index else {
+            // Not where the page before ended (the relay answered for another range, or from a new snapshot): start
+            // the site again.
+            guard envelope.from == point.from, envelope.index == point.index, envelope.upload == point.upload else {
                 throw RelayCallError.badChangeSet(site, "", block: false)
             }
         } else {
@@ -485,7 +589,7 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.badChangeSet(site, "relay changes could not be used here: \(error.message)", block: true)
         }
         pull.buffers[site, default: []] += plaintext
-        pull.resume[site] = (envelope.from, envelope.index + 1, pull.cursor[site])
+        pull.resume[site] = (envelope.from, envelope.index + 1, envelope.upload, pull.cursor[site])
         guard envelope.flags.contains(.batchEnd) else { return 0 }
         let bytes = pull.buffers.removeValue(forKey: site) ?? []
         let message: WireMessage
@@ -830,6 +934,7 @@ public final class RelayLink: Service, Sendable {
     // MARK: Status
 
     private func markReachable() {
+        instance.withLock { $0.failures = 0 }
         let now = configuration.clock.nowMilliseconds()
         let changed = state.withLock { status in
             guard status.reachable != true else { return false }
@@ -871,9 +976,22 @@ public final class RelayLink: Service, Sendable {
             return 0
         case .unreachable(let why), .server(let why):
             reason = "the relay at \(base) did not answer: \(why)"
+            // The next instance is tried at once, until every one has failed in a row; then the backoff holds.
+            let next = instance.withLock { instance -> String? in
+                guard bases.count > 1 else { return nil }
+                instance.failures += 1
+                instance.index = (instance.index + 1) % bases.count
+                return instance.failures < bases.count ? bases[instance.index] : nil
+            }
+            if let next {
+                configuration.logger.info("relay instance did not answer; trying the next", metadata: ["next": "\(next)"])
+                state.withLock { $0.url = next }
+                return UInt64.random(in: 0...50)
+            }
             state.withLock { status in
                 if status.reachable != false { status.sinceMs = now }
                 status.reachable = false
+                status.url = bases[instance.withLock { $0.index }]
             }
         case .unauthorized(let why):
             reason = "the relay refused the token: \(why)"

@@ -15,6 +15,8 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var lacking: UInt64?
     /// Since when the relay has lacked some of them, without a break: the age of the oldest it lacks, at most.
     public var lackingSinceMs: UInt64?
+    /// When this node last uploaded a snapshot.
+    public var lastSnapshotMs: UInt64?
     /// The last failure, in words.
     public var lastError: String?
     /// When the last failure happened.
@@ -36,7 +38,7 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     }
 
     private enum CodingKeys: String, CodingKey {
-        case url, reachable, sinceMs, lastPushMs, lastPullMs, lacking, lackingSinceMs, lastError, lastErrorMs
+        case url, reachable, sinceMs, lastPushMs, lastPullMs, lacking, lackingSinceMs, lastSnapshotMs, lastError, lastErrorMs
         case unauthorized, uploaded, received, applied, epoch
     }
 
@@ -51,6 +53,7 @@ public struct RelayStatus: Sendable, Hashable, Codable {
         lastPullMs = try container.decodeIfPresent(UInt64.self, forKey: .lastPullMs)
         lacking = try container.decodeIfPresent(UInt64.self, forKey: .lacking)
         lackingSinceMs = try container.decodeIfPresent(UInt64.self, forKey: .lackingSinceMs)
+        lastSnapshotMs = try container.decodeIfPresent(UInt64.self, forKey: .lastSnapshotMs)
         lastError = try container.decodeIfPresent(String.self, forKey: .lastError)
         lastErrorMs = try container.decodeIfPresent(UInt64.self, forKey: .lastErrorMs)
         unauthorized = try container.decodeIfPresent(Bool.self, forKey: .unauthorized) ?? false
@@ -71,6 +74,8 @@ public enum RelayEvent: Sendable, Hashable {
     case unauthorized(String)
     /// Change-set chunks went up.
     case uploaded(chunks: Int)
+    /// This node uploaded a snapshot of its merged state.
+    case snapshotted
     /// Changes from the relay were applied.
     case applied(changes: Int)
     /// The sealing key moved to a new epoch: this node rotated it (`rotatedHere`) or learnt another member's rotation.

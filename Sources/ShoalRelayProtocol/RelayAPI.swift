@@ -21,6 +21,10 @@ public enum RelayAPI {
     public static let grantsPath = "/v1/grants"
     /// `POST` a ``RelayUploadKey``: the key uploads of an epoch are authenticated with (first one wins).
     public static let keysPath = "/v1/keys"
+    /// `POST /v1/snapshots/ID` an envelope list: chunks of snapshot ID (1 to 2^63 - 1, the uploader's choice), uploaded
+    /// as change sets are, with the same authentication; `POST /v1/snapshots/ID/complete` a ``RelaySnapshotCompletion``:
+    /// the snapshot covers that vector, and from now on the relay serves it to nodes older than what it keeps.
+    public static let snapshotsPath = "/v1/snapshots"
     /// `GET`: whether the relay answers (no token needed).
     public static let healthPath = "/v1/health"
     /// The content type of envelope lists.
@@ -126,11 +130,49 @@ public struct RelayHeads: Codable, Hashable, Sendable {
     public var heads: [String: UInt64]
     /// The cluster the token reaches, so a node given another cluster's token can say so.
     public var cluster: String?
+    /// The cluster's newest complete snapshot, if it has one.
+    public var snapshot: RelaySnapshotInfo?
+    /// Bytes of change sets the snapshot does not cover (all of them without a snapshot): when they outgrow the
+    /// snapshot, a node that holds everything uploads a new one.
+    public var uncoveredBytes: Int64?
 
     /// Heads as the JSON body writes them.
-    public init(heads: [String: UInt64], cluster: String? = nil) {
+    public init(heads: [String: UInt64], cluster: String? = nil, snapshot: RelaySnapshotInfo? = nil, uncoveredBytes: Int64? = nil) {
         self.heads = heads
         self.cluster = cluster
+        self.snapshot = snapshot
+        self.uncoveredBytes = uncoveredBytes
+    }
+}
+
+/// A complete snapshot as the relay describes it: which, what it covers, its size and age.
+public struct RelaySnapshotInfo: Codable, Hashable, Sendable {
+    /// Its id (decimal).
+    public var id: String
+    /// The version vector it covers (site id hex → seq).
+    public var vector: [String: UInt64]
+    /// Its sealed size in bytes.
+    public var bytes: Int64
+    /// When it was completed, Unix milliseconds.
+    public var createdMs: Int64
+
+    /// A snapshot's description.
+    public init(id: String, vector: [String: UInt64], bytes: Int64, createdMs: Int64) {
+        self.id = id
+        self.vector = vector
+        self.bytes = bytes
+        self.createdMs = createdMs
+    }
+}
+
+/// "Snapshot ID is whole, and covers this vector": every site's chain of ranges in it runs from 0 to the vector's seq.
+public struct RelaySnapshotCompletion: Codable, Hashable, Sendable {
+    /// The version vector the snapshot covers (site id hex → seq).
+    public var vector: [String: UInt64]
+
+    /// A completion for a snapshot covering `vector`.
+    public init(vector: [String: UInt64]) {
+        self.vector = vector
     }
 }
 
@@ -263,7 +305,7 @@ public struct RelayUploadKey: Codable, Hashable, Sendable {
 public struct RelayErrorBody: Codable, Hashable, Sendable {
     /// `unauthorized`, `token_rotated` (retired by a key rotation: fetch the grants), `wrong_cluster`, `malformed`,
     /// `no_upload_key` (register it: ``RelayAPI/keysPath``), `bad_upload_auth`, `key_conflict`, `too_large`,
-    /// `rate_limited`, `epoch_taken`, `not_found` or `internal`.
+    /// `rate_limited`, `epoch_taken`, `snapshot_incomplete`, `not_found` or `internal`.
     public var error: String
     /// For a person.
     public var message: String

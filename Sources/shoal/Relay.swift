@@ -19,13 +19,30 @@ extension ShoalCommand {
     }
 }
 
-/// Where a relay keeps its data.
+/// Where a relay keeps its data: an embedded SQLite database in a directory, or PostgreSQL.
 struct RelayStorageOptions: ParsableArguments {
-    @Option(help: "Directory of the relay's embedded database (made when missing).") var data: String
+    @Option(help: "Directory of the relay's embedded SQLite database (made when missing).") var data: String?
+    @Option(
+        help: ArgumentHelp(
+            "PostgreSQL instead of --data: postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|prefer|require].",
+            discussion: "Without a password in the URL, PGPASSWORD is used. Any number of relays may share one database."
+        )
+    )
+    var postgres: String?
 
-    /// Opens the relay's storage; `existing`: the database must be there already (listing or revoking tokens of a
-    /// mistyped directory is an error, not a new empty relay).
-    func open(existing: Bool = false) throws -> any RelayStorage {
+    func validate() throws {
+        guard (data == nil) != (postgres == nil) else {
+            throw ValidationError("give the relay's storage: --data DIR (embedded SQLite) or --postgres URL, one of them")
+        }
+    }
+
+    /// Opens the relay's storage; `existing`: an SQLite database must be there already (listing or revoking tokens of
+    /// a mistyped directory is an error, not a new empty relay).
+    func open(existing: Bool = false, logger: Logger = Logger(label: "shoal.relay")) async throws -> any RelayStorage {
+        if let postgres {
+            return try await PostgresRelayStorage.open(try PostgresLocation(url: postgres), logger: logger)
+        }
+        let data = data ?? ""
         if existing, !FileManager.default.fileExists(atPath: data + "/relay.sqlite") {
             throw ShoalError(
                 code: .missingDatabase,
@@ -58,6 +75,10 @@ extension ShoalCommand.Relay {
         var rateLimit = 200
         @Option(help: "Open connections at most (kept under the limit of open files, raised to its hard limit).")
         var maxConnections = 10_000
+        @Option(help: "Hours change sets a snapshot covers are kept before they go (nodes older than that get the snapshot).")
+        var retentionHours = 168.0
+        @Option(help: "Bytes of change sets a snapshot covers kept per cluster at most (the oldest go first).")
+        var retentionBytes: Int64 = 256 * 1024 * 1024
 
         func validate() throws {
             guard maxRequestBytes >= 65_536 else { throw ValidationError("--max-request-bytes must be at least 65536") }
@@ -66,6 +87,8 @@ extension ShoalCommand.Relay {
             }
             guard rateLimit >= 1 else { throw ValidationError("--rate-limit must be at least 1 request a second") }
             guard maxConnections >= 16 else { throw ValidationError("--max-connections must be at least 16") }
+            guard retentionHours >= 0, retentionHours <= 100_000 else { throw ValidationError("--retention-hours must be 0 to 100000") }
+            guard retentionBytes >= 0 else { throw ValidationError("--retention-bytes must be 0 or more") }
         }
 
         func run() async throws {
@@ -84,7 +107,12 @@ extension ShoalCommand.Relay {
             configuration.maximumEnvelopeBytes = maxChangesetBytes
             configuration.requestsPerSecond = rateLimit
             configuration.maximumConnections = maxConnections
-            let server = RelayServer(configuration: configuration, storage: try storage.open())
+            configuration.retention = RelayRetention(
+                maximumAgeMilliseconds: Int64(retentionHours * 3_600_000),
+                maximumBytes: retentionBytes
+            )
+            let store = try await storage.open(logger: logger)
+            let server = RelayServer(configuration: configuration, storage: store)
             let scheme = tlsCert == nil ? "http" : "https"
             let host = address.host
             let service = RelayService(server: server) { port in
@@ -97,7 +125,13 @@ extension ShoalCommand.Relay {
                     logger: logger
                 )
             )
-            try await group.run()
+            do {
+                try await group.run()
+            } catch {
+                await store.close()
+                throw error
+            }
+            await store.close()
         }
     }
 
@@ -139,7 +173,9 @@ extension ShoalCommand.Relay.Token {
                     message: "--cluster wants a cluster id (1 to \(RelayEnvelope.maximumClusterBytes) printable characters), got \"\(cluster.prefix(80))\""
                 )
             }
-            let token = try await storage.open().createToken(cluster: trimmed, label: label)
+            let store = try await storage.open()
+            let token = try await store.createToken(cluster: trimmed, label: label)
+            await store.close()
             FileHandle.standardError.write(Data("shoal: a token for cluster \(trimmed); it is shown once\n".utf8))
             print(token)
         }
@@ -152,7 +188,10 @@ extension ShoalCommand.Relay.Token {
         @OptionGroup var storage: RelayStorageOptions
 
         func run() async throws {
-            for token in try await storage.open(existing: true).tokens() {
+            let store = try await storage.open(existing: true)
+            let tokens = try await store.tokens()
+            await store.close()
+            for token in tokens {
                 let state =
                     token.revoked == nil
                     ? "active" : token.rotatedAtEpoch.map { "retired (key epoch \($0))" } ?? "revoked"
@@ -170,7 +209,9 @@ extension ShoalCommand.Relay.Token {
         @Flag(help: "Revoke every token of the cluster named.") var cluster = false
 
         func run() async throws {
-            let count = try await storage.open(existing: true).revokeTokens(matching: token, wholeCluster: cluster)
+            let store = try await storage.open(existing: true)
+            let count = try await store.revokeTokens(matching: token, wholeCluster: cluster)
+            await store.close()
             guard count > 0 else {
                 throw ShoalError(code: .invalidArgument, message: "no active token matches")
             }

@@ -33,10 +33,17 @@ extension ShoalCommand {
         var compactionInterval: UInt64 = 60_000
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
         @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
-        @Option(help: "A relay to sync through whenever it answers: https://HOST:PORT (http:// to loopback only).")
-        var relay: String?
+        @Option(
+            help: ArgumentHelp(
+                "A relay to sync through whenever it answers: https://HOST:PORT (http:// to loopback only).",
+                discussion: "Give it again for other instances of the same relay: the next is tried when one does not answer."
+            )
+        )
+        var relay: [String] = []
         @Option(help: "The relay's bearer token for this cluster (`shoal relay token create`).") var relayToken: String?
         @Option(help: "A file holding the relay token (kept out of the process list).") var relayTokenFile: String?
+        @Option(help: "Upload a snapshot to the relay once the change sets it does not cover outgrow this many bytes (and the last snapshot).")
+        var relaySnapshotBytes: Int64 = 8 * 1024 * 1024
         @Option(help: "A PEM CA (or self-signed certificate) to trust for the relay instead of the system's roots.")
         var relayCa: String?
 
@@ -141,7 +148,7 @@ extension ShoalCommand {
                 guard let relayLink else { return }
                 for await event in relayLink.events {
                     switch event {
-                    case .reachable: log("relay \(relayLink.configuration.url) reachable")
+                    case .reachable: log("relay \(relayLink.status.url) reachable")
                     case .failed(let reason): log(reason)
                     case .unauthorized(let reason):
                         let hint = reason.contains("unknown token") || reason.contains("was revoked")
@@ -149,6 +156,7 @@ extension ShoalCommand {
                         log(reason + hint)
                     case .applied(let changes): log("synced \(changes) changes from the relay")
                     case .uploaded: break
+                    case .snapshotted: log("uploaded a snapshot to the relay")
                     case .epoch(let epoch, let rotatedHere):
                         log(
                             rotatedHere
@@ -229,7 +237,7 @@ extension ShoalCommand {
 
         /// The relay link `--relay` asks for, if any.
         private func makeRelayLink(node: SyncNode, security: NodeSecurity?) throws -> RelayLink? {
-            guard let relay else {
+            guard let url = relay.first else {
                 guard relayToken == nil, relayTokenFile == nil, relayCa == nil else {
                     throw ShoalError(code: .invalidArgument, message: "--relay-token, --relay-token-file and --relay-ca go with --relay URL")
                 }
@@ -257,7 +265,7 @@ extension ShoalCommand {
             var logger = Logger(label: "shoal.relay")
             logger.logLevel = .critical
             var configuration = RelayClientConfiguration(
-                url: relay,
+                url: url,
                 token: token,
                 clusterID: security.keyFile.cluster.idHex,
                 clusterSecret: security.keyFile.cluster.secret,
@@ -268,6 +276,8 @@ extension ShoalCommand {
             configuration.roster = { trust.roster }
             configuration.keyringPath = RelayKeyring.path(forDatabase: database.db)
             configuration.caCertificatePath = relayCa
+            configuration.otherURLs = Array(relay.dropFirst())
+            configuration.snapshotMinimumBytes = relaySnapshotBytes
             return try RelayLink(node: node, configuration: configuration)
         }
 

@@ -9,9 +9,13 @@ import Testing
 final class RelayWorld: @unchecked Sendable {
     let directory: URL
     let relayData: String
+    /// The relay's PostgreSQL database, when it keeps its data there instead of in ``relayData``.
+    let postgres: String?
     private(set) var relay: RunningProcess?
     private(set) var relayURL = ""
     private(set) var relayPort = 0
+    /// More instances of the relay (on the same PostgreSQL database), by their URL.
+    private(set) var instances: [String: RunningProcess] = [:]
     private(set) var nodes: [String: RunningProcess] = [:]
     private(set) var ports: [String: Int] = [:]
     let clusterID: String
@@ -19,18 +23,19 @@ final class RelayWorld: @unchecked Sendable {
     private(set) var paths: [String: String]
 
     /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started, a token
-    /// made for the cluster.
-    init(_ name: String, nodes names: [String]) async throws {
+    /// made for the cluster. With `postgres`, the relay keeps its data in a PostgreSQL database of the test's own.
+    init(_ name: String, nodes names: [String], postgres: Bool = false) async throws {
         directory = try temporaryDirectory(name)
         relayData = directory.appendingPathComponent("relay").path
+        self.postgres = postgres ? try await offPool { try TestPostgres.freshDatabase(name) } : nil
         var paths: [String: String] = [:]
         for name in names { paths[name] = try Self.makeDatabase(name, in: directory) }
         try Membership.formLocally(names.map { paths[$0]! }, now: SystemWallClock().nowMilliseconds())
         self.paths = paths
         clusterID = try KeyFile.load(forDatabase: paths[names[0]]!).cluster.idHex
-        let relayData = self.relayData
+        let storage = self.postgres.map { ["--postgres", $0] } ?? ["--data", relayData]
         let cluster = clusterID
-        let made = try await offPool { try shoal("relay", "token", "create", "--data", relayData, "--cluster", cluster) }
+        let made = try await offPool { try shoal(arguments: ["relay", "token", "create"] + storage + ["--cluster", cluster]) }
         guard made.status == 0, let token = made.stdout.split(separator: "\n").last.map(String.init) else {
             throw TestSetupError("token create failed: \(made.stderr)")
         }
@@ -64,19 +69,45 @@ final class RelayWorld: @unchecked Sendable {
         paths[name] = path
     }
 
+    /// Where the relay keeps its data, as `shoal relay` commands take it.
+    var storageArguments: [String] { postgres.map { ["--postgres", $0] } ?? ["--data", relayData] }
+
     /// Starts the relay (on its earlier port when it ran before, so nodes find it again).
     func startRelay(extra: [String] = []) async throws {
+        let (process, url) = try await Self.startInstance(storageArguments, port: relayPort, extra: extra)
+        relay = process
+        relayURL = url
+        relayPort = Int(relayURL.split(separator: ":").last!)!
+    }
+
+    /// Starts one more instance of the relay on the same PostgreSQL database; returns its URL.
+    func startInstance() async throws -> String {
+        let (process, url) = try await Self.startInstance(storageArguments, port: 0, extra: [])
+        instances[url] = process
+        return url
+    }
+
+    private static func startInstance(_ storage: [String], port: Int, extra: [String]) async throws -> (RunningProcess, String) {
         let process = try RunningProcess(
             try shoalExecutable(),
-            ["relay", "serve", "--data", relayData, "--listen", "127.0.0.1:\(relayPort)"] + extra
+            ["relay", "serve"] + storage + ["--listen", "127.0.0.1:\(port)"] + extra
         )
         guard let line = await process.line(within: 30, { $0.hasPrefix("relay listening on ") }) else {
             process.stop()
             throw TestSetupError("the relay did not start: \(process.output)")
         }
-        relay = process
-        relayURL = String(line.dropFirst("relay listening on ".count))
-        relayPort = Int(relayURL.split(separator: ":").last!)!
+        return (process, String(line.dropFirst("relay listening on ".count)))
+    }
+
+    /// Kills the relay instance at `url` (SIGKILL), the first one or another.
+    func killInstance(_ url: String) async throws {
+        if url == relayURL {
+            try await stopRelay(kill: true)
+            return
+        }
+        guard let process = instances.removeValue(forKey: url) else { return }
+        Foundation.kill(process.pid, SIGKILL)
+        try await offPool { process.process.waitUntilExit() }
     }
 
     /// Stops the relay: gracefully, or with SIGKILL.
@@ -99,10 +130,14 @@ final class RelayWorld: @unchecked Sendable {
         relay useRelay: Bool = true,
         peers: [String] = [],
         token: String? = nil,
+        relays: [String]? = nil,
         extra: [String] = []
     ) async throws -> RunningProcess {
         var arguments = ["serve", "--db", paths[name]!, "--no-mdns", "--no-remembered", "--name", name] + extra
-        if useRelay { arguments += ["--relay", relayURL, "--relay-token", token ?? self.token] }
+        if useRelay {
+            for url in relays ?? [relayURL] { arguments += ["--relay", url] }
+            arguments += ["--relay-token", token ?? self.token]
+        }
         for peer in peers { arguments += ["--peer", "127.0.0.1:\(ports[peer]!)"] }
         let process = try RunningProcess(try shoalExecutable(), arguments)
         guard let line = await process.line(within: 30, { $0.hasPrefix("listening on ") }) else {
@@ -172,18 +207,20 @@ final class RelayWorld: @unchecked Sendable {
 
     /// What every running node and the relay wrote, for a failing test's message.
     var outputs: String {
-        (nodes.sorted { $0.key < $1.key }.map { "--- \($0.key):\n\($0.value.output)" } + ["--- relay:\n\(relay?.output ?? "")"])
+        (nodes.sorted { $0.key < $1.key }.map { "--- \($0.key):\n\($0.value.output)" } + ["--- relay:\n\(relay?.output ?? "")"]
+            + instances.sorted { $0.key < $1.key }.map { "--- relay \($0.key):\n\($0.value.output)" })
             .joined(separator: "\n")
     }
 
     /// Kills every process (SIGKILL: the test is over) and removes the directory, before the test returns, so no
     /// process outlives the test run.
     func tearDown() {
-        let processes = Array(nodes.values) + (relay.map { [$0] } ?? [])
+        let processes = Array(nodes.values) + (relay.map { [$0] } ?? []) + Array(instances.values)
         for process in processes where process.process.isRunning { Foundation.kill(process.pid, SIGKILL) }
         for process in processes { process.process.waitUntilExit() }
         nodes = [:]
         relay = nil
+        instances = [:]
         try? FileManager.default.removeItem(at: directory)
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import ShoalCore
 import ShoalRelay
 import ShoalRelayClient
@@ -70,7 +71,28 @@ extension Array where Element == UInt8 {
     }
 }
 
-@Suite struct SQLiteRelayStorageTests {
+/// The relay's two storages, each real: SQLite in a temporary directory, PostgreSQL in a database of the test's own.
+enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case sqlite, postgres
+
+    var testDescription: String { rawValue }
+
+    /// A new, empty storage of this kind, and what removes it.
+    func open(_ name: String) async throws -> (storage: any RelayStorage, where: String, cleanUp: @Sendable () async -> Void) {
+        switch self {
+        case .sqlite:
+            let directory = try temporaryDirectory(name)
+            let storage = try SQLiteRelayStorage(directory: directory.path)
+            return (storage, directory.path, { try? FileManager.default.removeItem(at: directory) })
+        case .postgres:
+            let url = try await offPool { try TestPostgres.freshDatabase(name) }
+            let storage = try await PostgresRelayStorage.open(try PostgresLocation(url: url), logger: Logger(label: "test"))
+            return (storage, url, { await storage.close() })
+        }
+    }
+}
+
+@Suite struct RelayStorageTests {
     private func chunk(_ site: SiteID, from: UInt64, to: UInt64 = 0, upload: UInt64, index: UInt32, end: Bool)
         -> (envelope: RelayEnvelope, encoded: [UInt8])
     {
@@ -81,10 +103,9 @@ extension Array where Element == UInt8 {
         return (envelope, envelope.encoded())
     }
 
-    @Test func rangesChainPerSiteAndAPullResumesInsideOne() async throws {
-        let directory = try temporaryDirectory("relay-storage")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let storage = try SQLiteRelayStorage(directory: directory.path)
+    @Test(arguments: StorageKind.allCases) func rangesChainPerSiteAndAPullResumesInsideOne(_ kind: StorageKind) async throws {
+        let (storage, _, cleanUp) = try await kind.open("relay-storage")
+        defer { Task { await cleanUp() } }
         let site = SiteID(high: 0, low: 1)
         // Upload 1: a range of three chunks after 0, to 5. Upload 2 raced for the same range and loses.
         var result = try await storage.store(cluster: "c", envelopes: [
@@ -131,10 +152,9 @@ extension Array where Element == UInt8 {
         #expect(statistics.first?.ranges == 3)
     }
 
-    @Test func tokensReachOneClusterAndRevokedOnesAreKeptAsRevoked() async throws {
-        let directory = try temporaryDirectory("relay-tokens")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let storage = try SQLiteRelayStorage(directory: directory.path)
+    @Test(arguments: StorageKind.allCases) func tokensReachOneClusterAndRevokedOnesAreKeptAsRevoked(_ kind: StorageKind) async throws {
+        let (storage, place, cleanUp) = try await kind.open("relay-tokens")
+        defer { Task { await cleanUp() } }
         let token = try await storage.createToken(cluster: "c", label: "shop")
         let record = try #require(try await storage.token(hash: RelayTokens.hash(token)))
         #expect(record.cluster == "c")
@@ -143,8 +163,105 @@ extension Array where Element == UInt8 {
         #expect(try await storage.token(hash: RelayTokens.hash(token))?.revoked != nil)
         #expect(try await storage.revokeTokens(matching: token, wholeCluster: false) == 0)
         // The database holds hashes only.
-        let bytes = try Data(contentsOf: directory.appendingPathComponent("relay.sqlite"))
-            + ((try? Data(contentsOf: directory.appendingPathComponent("relay.sqlite-wal"))) ?? Data())
+        let bytes: Data
+        switch kind {
+        case .sqlite:
+            let directory = URL(fileURLWithPath: place)
+            bytes = try Data(contentsOf: directory.appendingPathComponent("relay.sqlite"))
+                + ((try? Data(contentsOf: directory.appendingPathComponent("relay.sqlite-wal"))) ?? Data())
+        case .postgres:
+            let dump = try await offPool { try runProcess(URL(fileURLWithPath: "/usr/bin/pg_dump"), ["--data-only", place]) }
+            #expect(dump.status == 0)
+            #expect(dump.stdout.contains(RelayTokens.hash(token)))
+            bytes = Data(dump.stdout.utf8)
+        }
         #expect(bytes.range(of: Data(token.utf8)) == nil)
+    }
+}
+
+/// What only the PostgreSQL storage does: a versioned schema it migrates itself, and news shared between instances.
+@Suite struct PostgresRelayStorageTests {
+    @Test func theSchemaIsMadeOnceAndANewerOneIsRefused() async throws {
+        let url = try await offPool { try TestPostgres.freshDatabase("relay-schema") }
+        let location = try PostgresLocation(url: url)
+        // Two instances starting at once migrate once (the advisory lock), and a third opens what they made.
+        async let first = PostgresRelayStorage.open(location, logger: Logger(label: "test"))
+        async let second = PostgresRelayStorage.open(location, logger: Logger(label: "test"))
+        let (one, two) = try await (first, second)
+        let token = try await one.createToken(cluster: "c", label: "")
+        #expect(try await two.token(hash: RelayTokens.hash(token))?.cluster == "c")
+        await one.close()
+        await two.close()
+        let version = try await offPool { try TestPostgres.query(url, "SELECT value FROM shoal_relay.meta WHERE key = 'schema'") }
+        #expect(version == "\(PostgresRelayStorage.schemaVersion)\n")
+        _ = try await offPool { try TestPostgres.query(url, "UPDATE shoal_relay.meta SET value = 99 WHERE key = 'schema'") }
+        do {
+            _ = try await PostgresRelayStorage.open(location, logger: Logger(label: "test"))
+            Issue.record("a schema newer than this build's was opened")
+        } catch {
+            #expect(error.code == .versionMismatch)
+            #expect(error.message.contains("version 99"))
+        }
+    }
+
+    @Test func aWrongServerOrDatabaseIsAClearError() async throws {
+        let url = try await offPool { try TestPostgres.serverURL() }
+        let missing = url.replacingOccurrences(of: "/shoal?", with: "/no_such_database?")
+        do {
+            _ = try await PostgresRelayStorage.open(try PostgresLocation(url: missing), logger: Logger(label: "test"))
+            Issue.record("a missing database was opened")
+        } catch {
+            #expect(error.message.contains("no_such_database"))
+            #expect(error.message.contains("cannot connect to PostgreSQL"))
+        }
+        do {
+            _ = try await PostgresRelayStorage.open(try PostgresLocation(url: "postgres://shoal@127.0.0.1:1/shoal?sslmode=disable"), logger: Logger(label: "test"))
+            Issue.record("a closed port was opened")
+        } catch {
+            #expect(error.message.contains("cannot connect to PostgreSQL at postgres://shoal@127.0.0.1:1/shoal"))
+        }
+        #expect(throws: ShoalError.self) { try PostgresLocation(url: "mysql://x@y/z") }
+        #expect(throws: ShoalError.self) { try PostgresLocation(url: "postgres://x@y/z?sslmode=sometimes") }
+        #expect(throws: ShoalError.self) { try PostgresLocation(url: "postgres://y/z") }
+        let secret = try PostgresLocation(url: "postgres://u:hunter2@db.example:6000/relay?sslmode=require")
+        #expect(secret.description == "postgres://u@db.example:6000/relay")
+        #expect(secret.password == "hunter2")
+        #expect(secret.tls == .require)
+    }
+
+    @Test func anUploadThroughOneInstanceWakesTheOther() async throws {
+        let url = try await offPool { try TestPostgres.freshDatabase("relay-notify") }
+        let location = try PostgresLocation(url: url)
+        let one = try await PostgresRelayStorage.open(location, logger: Logger(label: "test"))
+        let two = try await PostgresRelayStorage.open(location, logger: Logger(label: "test"))
+        let (news, sink) = AsyncStream.makeStream(of: String?.self)
+        let watcher = Task { await two.watch { cluster in sink.yield(cluster) } }
+        defer {
+            watcher.cancel()
+            Task {
+                await one.close()
+                await two.close()
+            }
+        }
+        var iterator = news.makeAsyncIterator()
+        // Listening starts with news that every cluster may have changed (what came before was not heard).
+        #expect(await iterator.next() == .some(nil))
+        let site = SiteID(high: 0, low: 9)
+        let envelope = RelayEnvelope(
+            cluster: "far", epoch: 0, site: site, from: 0, to: 3, upload: 1, index: 0,
+            flags: [.batchEnd, .rangeEnd], sealed: [1, 2, 3]
+        )
+        let stored = try await one.store(cluster: "far", envelopes: [(envelope, envelope.encoded())], uploader: nil)
+        #expect(stored.stored == 1)
+        #expect(await iterator.next() == .some("far"))
+        // The same upload again stores nothing and announces nothing; the next real one is announced.
+        _ = try await one.store(cluster: "far", envelopes: [(envelope, envelope.encoded())], uploader: nil)
+        let next = RelayEnvelope(
+            cluster: "near", epoch: 0, site: site, from: 0, to: 1, upload: 2, index: 0,
+            flags: [.batchEnd, .rangeEnd], sealed: [4]
+        )
+        _ = try await one.store(cluster: "near", envelopes: [(next, next.encoded())], uploader: nil)
+        #expect(await iterator.next() == .some("near"))
+        #expect(try await two.heads(cluster: "far")[site] == 3)
     }
 }
