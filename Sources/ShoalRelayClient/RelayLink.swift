@@ -372,10 +372,12 @@ public final class RelayLink: Service, Sendable {
         return result.gaps == 0
     }
 
-    /// Whether this node should upload a snapshot now: the relay holds everything the node holds, the change sets its
-    /// snapshot leaves uncovered outgrew both the snapshot and the minimum, and the node has not tried for a minute.
+    /// Whether this node should upload a snapshot now: it holds exactly what the relay holds (a node still catching up
+    /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
+    /// both that snapshot and the minimum, and the node has not tried for a minute.
     private func snapshotDue(held: VersionVector, heads: VersionVector) -> Bool {
-        guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }) else { return false }
+        guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }), heads.entries.allSatisfy({ $0.value <= held[$0.key] })
+        else { return false }
         let now = configuration.clock.nowMilliseconds()
         return snapshotState.withLock { state in
             guard state.uncovered >= max(configuration.snapshotMinimumBytes, state.snapshotBytes) else { return false }
