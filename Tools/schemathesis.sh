@@ -5,6 +5,7 @@
 # document says: status, content type, headers and body. Bounded in examples per operation; exit status 0 only if
 # every check passed.
 #   Tools/schemathesis.sh PATH_TO_SHOAL [SCHEMATHESIS OPTIONS...]   (for instance --seed N to repeat a run)
+# SHOAL_SCHEMATHESIS_EXAMPLES sets the examples per operation and phase (100).
 set -euo pipefail
 shoal=${1:?usage: Tools/schemathesis.sh PATH_TO_SHOAL [SCHEMATHESIS OPTIONS...]}
 shift
@@ -15,6 +16,11 @@ relay=""
 cleanup() {
     if [ -n "$relay" ]; then
         kill "$relay" 2>/dev/null || true
+        for _ in $(seq 1 100); do
+            kill -0 "$relay" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "$relay" 2>/dev/null || true
         wait "$relay" 2>/dev/null || true
     fi
     rm -rf "$dir"
@@ -101,8 +107,11 @@ status=0
 check "$seeded" --exclude-operation-id rotate "$@" || status=1
 check "$(token schemathesis-rotation)" --include-operation-id rotate "$@" || status=1
 if ! kill -0 "$relay" 2>/dev/null; then
-    echo "FAILED: the relay stopped during the run:" >&2
-    cat "$dir/relay.log" >&2
+    echo "FAILED: the relay stopped during the run" >&2
     status=1
+fi
+if [ $status != 0 ]; then
+    echo "the relay's log:" >&2
+    cat "$dir/relay.log" >&2
 fi
 exit $status
