@@ -2,8 +2,8 @@
 # Installs what Shoal needs on Debian (idempotent). Runs as root, or uses sudo.
 #   Tools/setup.sh           what building and running need
 #   Tools/setup.sh --tests   also what the tests need: iproute2 (network namespaces for the two-host tests),
-#                            openssl (an outside TLS client) and python-zeroconf from PyPI (an independent mDNS
-#                            implementation)
+#                            openssl (an outside TLS client), python-zeroconf from PyPI (an independent mDNS
+#                            implementation) and schemathesis from PyPI (checks the relay against its API description)
 set -euo pipefail
 
 packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
@@ -29,4 +29,9 @@ if [ -n "$tests" ] && ! python3 -c "import zeroconf" 2>/dev/null; then
     # Debian's own Python refuses system-wide pip installs unless told otherwise (PEP 668).
     python3 -m pip install --quiet zeroconf 2>/dev/null \
         || python3 -m pip install --quiet --break-system-packages zeroconf
+fi
+if [ -n "$tests" ] && ! python3 -c "import schemathesis" 2>/dev/null; then
+    echo "installing schemathesis from PyPI" >&2
+    python3 -m pip install --quiet schemathesis 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages schemathesis
 fi

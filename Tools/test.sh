@@ -20,6 +20,8 @@ else
 fi
 # Two groups of nodes that never meet converge through a relay, also after one group was offline.
 SHOAL_DEMO_QUIET=1 "$root/Tools/relay-demo.sh" >/dev/null
+# The relay against its API description (/openapi.json): no server error, no answer the document does not allow.
+"$root/Tools/schemathesis.sh" "$root/.build/debug/shoal"
 # The relay's process tests (each a relay and up to five nodes, one test at a time) run on their own, after the rest:
 # beside the in-process tests they would starve those of the machine's two cores.
 swift test --skip-build --skip ShoalRelayTests

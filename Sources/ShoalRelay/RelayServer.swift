@@ -56,7 +56,8 @@ public struct RelayServerConfiguration: Sendable {
 
 /// The relay: a blind store-and-forward endpoint for sealed change sets (Hummingbird 2).
 ///
-/// Routes (all but health need `Authorization: Bearer TOKEN`; a token reaches its own cluster only):
+/// Routes (all but health and the API description need `Authorization: Bearer TOKEN`; a token reaches its own cluster
+/// only); `GET /openapi.json` describes every one, with its bodies and refusals (OpenAPI 3.1):
 /// - `GET /v1/health`
 /// - `GET /v1/heads`: ``RelayHeads``
 /// - `POST /v1/changesets` (an envelope list): ``RelayUploadResult``
@@ -78,37 +79,7 @@ public struct RelayServer: Sendable {
 
     /// Serves until cancelled or shut down gracefully; `onListening` gets the bound port.
     public func run(onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
-        let router = Router(context: BasicRequestContext.self)
-        router.get(RouterPath(RelayAPI.healthPath)) { _, _ in
-            Self.json(.ok, ["status": "ok"])
-        }
-        router.get(RouterPath(RelayAPI.headsPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await heads(request) }
-        }
-        router.post(RouterPath(RelayAPI.changeSetsPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await upload(request, snapshot: 0) }
-        }
-        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id")) { request, context in
-            await respond { () throws(RelayFailure) in try await upload(request, snapshot: try Self.snapshotID(context)) }
-        }
-        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id/complete")) { request, context in
-            await respond { () throws(RelayFailure) in try await completeSnapshot(request, snapshot: try Self.snapshotID(context)) }
-        }
-        router.post(RouterPath(RelayAPI.pullPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await pull(request) }
-        }
-        router.post(RouterPath(RelayAPI.rotatePath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await rotate(request) }
-        }
-        router.post(RouterPath(RelayAPI.keysPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await registerKey(request) }
-        }
-        router.get(RouterPath(RelayAPI.grantsPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await grants(request) }
-        }
-        router.post(RouterPath(RelayAPI.grantsPath)) { request, _ in
-            await respond { () throws(RelayFailure) in try await addGrants(request) }
-        }
+        let router = makeRouter()
         let http1 = HTTP1Channel.Configuration(idleTimeout: .seconds(configuration.idleTimeoutSeconds))
         let limit = Self.raiseOpenFilesLimit()
         let maximumConnections = max(16, min(configuration.maximumConnections, limit - 64))
@@ -174,6 +145,52 @@ public struct RelayServer: Sendable {
             Task { await notifier.shutDown() }
         }
     }
+
+    /// Every route the relay answers; ``RelayOpenAPI`` describes each one.
+    func makeRouter() -> Router<BasicRequestContext> {
+        let router = Router(context: BasicRequestContext.self)
+        router.get(RouterPath(RelayAPI.openAPIPath)) { _, _ in
+            var headers = HTTPFields()
+            headers[.contentType] = "application/json"
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: Self.openAPIDocument))
+        }
+        router.get(RouterPath(RelayAPI.healthPath)) { _, _ in
+            Self.json(.ok, ["status": "ok"])
+        }
+        router.get(RouterPath(RelayAPI.headsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await heads(request) }
+        }
+        router.post(RouterPath(RelayAPI.changeSetsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await upload(request, snapshot: 0) }
+        }
+        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id")) { request, context in
+            await respond { () throws(RelayFailure) in try await upload(request, snapshot: try Self.snapshotID(context)) }
+        }
+        router.post(RouterPath(RelayAPI.snapshotsPath + "/:id/complete")) { request, context in
+            await respond { () throws(RelayFailure) in try await completeSnapshot(request, snapshot: try Self.snapshotID(context)) }
+        }
+        router.post(RouterPath(RelayAPI.pullPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await pull(request) }
+        }
+        router.post(RouterPath(RelayAPI.rotatePath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await rotate(request) }
+        }
+        router.post(RouterPath(RelayAPI.keysPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await registerKey(request) }
+        }
+        router.get(RouterPath(RelayAPI.grantsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await grants(request) }
+        }
+        router.post(RouterPath(RelayAPI.grantsPath)) { request, _ in
+            await respond { () throws(RelayFailure) in try await addGrants(request) }
+        }
+        return router
+    }
+
+    /// Every route the router answers, `METHOD /path` (the API description must name each).
+    var routes: [String] { makeRouter().routes.map { "\($0.method.rawValue) \($0.path)" } }
+
+    static let openAPIDocument = ByteBuffer(string: RelayOpenAPI.document)
 
     /// Raises the soft limit of open files to the hard limit; returns the soft limit now in force.
     static func raiseOpenFilesLimit() -> Int {

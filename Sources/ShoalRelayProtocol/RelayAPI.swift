@@ -27,6 +27,8 @@ public enum RelayAPI {
     public static let snapshotsPath = "/v1/snapshots"
     /// `GET`: whether the relay answers (no token needed).
     public static let healthPath = "/v1/health"
+    /// `GET`: the relay's API description, OpenAPI 3.1 JSON (no token needed).
+    public static let openAPIPath = "/openapi.json"
     /// The content type of envelope lists.
     public static let envelopeContentType = "application/vnd.shoal.changesets"
     /// On a pull's answer: `1` when the relay holds more than the page carried.
