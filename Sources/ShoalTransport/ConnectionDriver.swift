@@ -53,6 +53,8 @@ struct ConnectionDriver {
     let delegate: any ConnectionDelegate
     let settings: Settings
     private var peer: SiteID?
+    /// The peer's metrics, once the handshake is accepted.
+    private var metrics: PeerMetrics?
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
     private var roundsFinished = 0
@@ -172,6 +174,7 @@ struct ConnectionDriver {
                     switch await delegate.connectionEstablished(id, peer: hello, address: address) {
                     case .accepted:
                         peer = hello.siteID
+                        metrics = await delegate.metrics(for: hello.siteID)
                         outcome.established = true
                     case .duplicate:
                         outcome.duplicate = true
@@ -211,6 +214,7 @@ struct ConnectionDriver {
                     actions += try await apply(message, session: &session)
                 case .roundFinished:
                     roundsFinished += 1
+                    metrics?.roundFinished(milliseconds: now - roundStarted)
                     if let peer {
                         await delegate.connectionRoundFinished(
                             peer: peer,
@@ -221,6 +225,11 @@ struct ConnectionDriver {
                 case .peerAcknowledged(let ack):
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
+                    // The peer refused our round (a clock it will not take, …); it stopping, or keeping another
+                    // connection, is no failure.
+                    if outcome.established, ![.duplicateConnection, .shuttingDown].contains(rejection.reason) {
+                        metrics?.roundFailed()
+                    }
                     outcome.refusal = rejection
                     if rejection.reason == .duplicateConnection { outcome.duplicate = true }
                     outcome.failedHere = false
@@ -230,6 +239,7 @@ struct ConnectionDriver {
             } catch {
                 outcome.failedHere = true
                 if let peer, session.phase == .established {
+                    metrics?.roundFailed()
                     await delegate.connectionRoundFailed(peer: peer, reason: error.message)
                 }
                 actions = session.fail(error, now: now)
@@ -296,11 +306,13 @@ struct ConnectionDriver {
             throw await delegate.describeClockRefusal(error, batch: message.batch, peer: peer)
         }
         appliedThisRound += result.applied
+        metrics?.applied(result.applied)
         if let peer, let newest = message.batch.changes.map(\.stamp.hlc.milliseconds).max() {
             let wall = settings.clock.nowMilliseconds()
             await delegate.connectionClockView(peer: peer, aheadMilliseconds: Int64(newest) - Int64(wall))
         }
         if !message.isLast, let peer {
+            metrics?.catchingUp(done: appliedThisRound, remaining: message.estimatedRemaining)
             await delegate.connectionProgress(
                 peer: peer,
                 changes: appliedThisRound,
