@@ -6,6 +6,7 @@ import HummingbirdTLS
 import Logging
 import NIOCore
 import NIOSSL
+import Prometheus
 import ServiceLifecycle
 import ShoalCore
 import ShoalRelayProtocol
@@ -36,6 +37,14 @@ public struct RelayServerConfiguration: Sendable {
     public var idleTimeoutSeconds: Int64 = 45
     /// Where the relay logs (failures of its storage; no request is logged).
     public var logger: Logger
+    /// The registry `GET /metrics` serves (Prometheus text), with no token; nil (the default): no such route.
+    ///
+    /// Off unless asked for (`shoal relay serve --metrics`), because a relay usually faces the internet and the
+    /// metrics would tell anyone who can reach it which clusters it serves, how much each stores and how busy it is.
+    /// An operator who turns it on should keep `/metrics` from the public (a reverse proxy or firewall that lets only
+    /// the scraper reach it). The metrics themselves are emitted through swift-metrics whatever this says: the
+    /// process that bootstraps swift-metrics with this registry decides where they go.
+    public var metrics: PrometheusCollectorRegistry?
 
     /// Serves on `host`:`port` with the default limits.
     public init(host: String, port: Int, logger: Logger) {
@@ -59,12 +68,14 @@ public struct RelayServerConfiguration: Sendable {
 /// - `POST /v1/changesets` (an envelope list): ``RelayUploadResult``
 /// - `POST /v1/pull` (a ``RelayPullRequest``): an envelope list, `Shoal-More: 1` when more remain; with nothing to
 ///   send it waits up to `waitMilliseconds` for an upload to the cluster (long-poll).
+/// - `GET /metrics` (no token), only when ``RelayServerConfiguration/metrics`` is set: Prometheus text
 public struct RelayServer: Sendable {
     /// How it serves.
     public let configuration: RelayServerConfiguration
     let storage: any RelayStorage
     let notifier = RelayNotifier()
     let limiter: RateLimiter
+    let metrics = RelayMetrics()
 
     /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
@@ -73,9 +84,23 @@ public struct RelayServer: Sendable {
         self.limiter = RateLimiter(perSecond: configuration.requestsPerSecond)
     }
 
+    /// The hook for snapshots: call it when a snapshot of `cluster` is made (Unix milliseconds), and at start with
+    /// each cluster's newest one, so that `shoal_relay_snapshot_age_seconds{cluster}` reports its age. A cluster
+    /// with no snapshot reported has no such series (the relay makes no snapshots yet: none has one).
+    public func snapshotMade(cluster: String, atMilliseconds milliseconds: Int64) {
+        metrics.snapshotMade(cluster: cluster, atMilliseconds: milliseconds)
+    }
+
     /// Serves until cancelled or shut down gracefully; `onListening` gets the bound port.
     public func run(onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
         let router = Router(context: BasicRequestContext.self)
+        router.add(middleware: RelayMetricsMiddleware(metrics: metrics))
+        if let registry = configuration.metrics {
+            // No token, on purpose: see RelayServerConfiguration.metrics for who should reach it.
+            router.get("/metrics") { _, _ in
+                await scrape(registry)
+            }
+        }
         router.get(RouterPath(RelayAPI.healthPath)) { _, _ in
             Self.json(.ok, ["status": "ok"])
         }
@@ -135,7 +160,10 @@ public struct RelayServer: Sendable {
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.host, port: configuration.port),
                 serverName: "shoal-relay",
-                availableConnectionsDelegate: MaximumAvailableConnections(maximumConnections)
+                availableConnectionsDelegate: CountedConnections(
+                    maximum: maximumConnections,
+                    gauge: metrics.openConnections
+                )
             ),
             onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
             logger: configuration.logger
@@ -156,6 +184,17 @@ public struct RelayServer: Sendable {
         } onGracefulShutdown: {
             Task { await notifier.shutDown() }
         }
+    }
+
+    /// The metrics' text, the per-cluster figures brought up to date first.
+    private func scrape(_ registry: PrometheusCollectorRegistry) async -> Response {
+        await metrics.refresh(now: Int64(Date().timeIntervalSince1970 * 1000)) { () throws(ShoalError) in
+            try await storage.statistics()
+        }
+        var headers = HTTPFields()
+        headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
+        let body = ResponseBody(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer()))
+        return Response(status: .ok, headers: headers, body: body)
     }
 
     /// Raises the soft limit of open files to the hard limit; returns the soft limit now in force.
@@ -230,6 +269,9 @@ public struct RelayServer: Sendable {
             try await storage.store(cluster: token.cluster, envelopes: pairs, uploader: Self.uploader(request))
         }
         if result.stored > 0 { await notifier.bump(token.cluster) }
+        metrics.changeSetsIn.increment(by: pairs.count)
+        metrics.bytesIn.increment(by: pairs.reduce(0) { $0 + $1.encoded.count })
+        metrics.stored.increment(by: result.stored)
         return Self.json(.ok, result)
     }
 
@@ -269,6 +311,8 @@ public struct RelayServer: Sendable {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
         for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
+        metrics.changeSetsOut.increment(by: page.envelopes.count)
+        metrics.bytesOut.increment(by: page.envelopes.reduce(0) { $0 + $1.count })
         var headers = HTTPFields()
         headers[.contentType] = RelayAPI.envelopeContentType
         headers[Self.moreField] = page.more ? "1" : "0"
