@@ -18,9 +18,9 @@ final class RelayWorld: @unchecked Sendable {
     let token: String
     private(set) var paths: [String: String]
 
-    /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started, a token
-    /// made for the cluster.
-    init(_ name: String, nodes names: [String]) async throws {
+    /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started (with
+    /// `relayArguments` besides its data and address), a token made for the cluster.
+    init(_ name: String, nodes names: [String], relayArguments: [String] = []) async throws {
         directory = try temporaryDirectory(name)
         relayData = directory.appendingPathComponent("relay").path
         var paths: [String: String] = [:]
@@ -35,7 +35,7 @@ final class RelayWorld: @unchecked Sendable {
             throw TestSetupError("token create failed: \(made.stderr)")
         }
         self.token = token
-        try await startRelay()
+        try await startRelay(extra: relayArguments)
     }
 
     /// A database `name` in `directory` with table `kv(k TEXT PRIMARY KEY, v)` replicated, and a node key.
