@@ -124,6 +124,7 @@ extension RelayProcessTests {
                 last = try await scrape(client, urls[name]!)
                 guard let last else { return false }
                 return (last.value("shoal_node_rounds_total", peer.merging(["result": "ok"]) { $1 }) ?? 0) >= 1
+                    && (last.value("shoal_node_round_duration_seconds_count", peer) ?? 0) >= 1
                     && last.value("shoal_node_queue_depth") == 0
                     && last.value("shoal_node_peer_staleness_seconds", peer) == 0
                     && last.value("shoal_node_peers_connected") == 1
@@ -218,8 +219,8 @@ extension RelayProcessTests {
         let bytesOut = try #require(metrics.value("shoal_relay_changeset_bytes_total", ["direction": "out"]))
         #expect(bytesIn > 0 && bytesOut > 0)
         #expect((metrics.value("shoal_relay_changesets_stored_total") ?? 0) >= 1)
-        // Two nodes hold a long-poll open each: connections are open.
-        #expect((metrics.value("shoal_relay_connections") ?? 0) >= 1)
+        // Open connections: each node's long-poll (kept open between pulls too), and this scrape's.
+        #expect((metrics.value("shoal_relay_connections") ?? 0) >= 3)
         // Storage by cluster, read at the scrape; no snapshot age, since the relay makes no snapshots yet.
         #expect((metrics.value("shoal_relay_storage_ranges", ["cluster": world.clusterID]) ?? 0) >= 1)
         #expect((metrics.value("shoal_relay_storage_bytes", ["cluster": world.clusterID]) ?? 0) > 0)
