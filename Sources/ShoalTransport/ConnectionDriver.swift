@@ -55,6 +55,8 @@ struct ConnectionDriver {
     private var peer: SiteID?
     /// The peer's metrics, once the handshake is accepted.
     private var metrics: PeerMetrics?
+    /// Whether the round under way was counted as failed already (a failure closes the connection too).
+    private var roundFailureCounted = false
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
     private var roundsFinished = 0
@@ -197,6 +199,7 @@ struct ConnectionDriver {
                     if session.outstandingRequest == nil {
                         roundStarted = now
                         appliedThisRound = 0
+                        roundFailureCounted = false
                     }
                     actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
                 case .serve(let request):
@@ -228,23 +231,34 @@ struct ConnectionDriver {
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another
                     // connection, is no failure.
                     if outcome.established, ![.duplicateConnection, .shuttingDown].contains(rejection.reason) {
-                        metrics?.roundFailed()
+                        countRoundFailure()
                     }
                     outcome.refusal = rejection
                     if rejection.reason == .duplicateConnection { outcome.duplicate = true }
                     outcome.failedHere = false
                 case .close(let error):
                     if outcome.error == nil { outcome.error = error }
+                    // A round cut short (the link broke or timed out before its last batch) failed as well.
+                    if outcome.established, session.outstandingRequest != nil, error.code != .rejected {
+                        countRoundFailure()
+                    }
                 }
             } catch {
                 outcome.failedHere = true
                 if let peer, session.phase == .established {
-                    metrics?.roundFailed()
+                    countRoundFailure()
                     await delegate.connectionRoundFailed(peer: peer, reason: error.message)
                 }
                 actions = session.fail(error, now: now)
             }
         }
+    }
+
+    /// Counts the round under way as failed, once.
+    private mutating func countRoundFailure() {
+        guard !roundFailureCounted else { return }
+        roundFailureCounted = true
+        metrics?.roundFailed()
     }
 
     /// Answers the peer's pull, one bounded batch at a time: memory stays flat however much the peer lacks.
