@@ -6,6 +6,7 @@ import HummingbirdTLS
 import Logging
 import NIOCore
 import NIOSSL
+import Prometheus
 import ServiceLifecycle
 import ShoalCore
 import ShoalRelayProtocol
@@ -39,6 +40,14 @@ public struct RelayServerConfiguration: Sendable {
     public var retention = RelayRetention(maximumAgeMilliseconds: 7 * 24 * 3_600_000, maximumBytes: 256 * 1024 * 1024)
     /// Where the relay logs (failures of its storage; no request is logged).
     public var logger: Logger
+    /// The registry `GET /metrics` serves (Prometheus text), with no token; nil (the default): no such route.
+    ///
+    /// Off unless asked for (`shoal relay serve --metrics`), because a relay usually faces the internet and the
+    /// metrics would tell anyone who can reach it which clusters it serves, how much each stores and how busy it is.
+    /// An operator who turns it on should keep `/metrics` from the public (a reverse proxy or firewall that lets only
+    /// the scraper reach it). The metrics themselves are emitted through swift-metrics whatever this says: the
+    /// process that bootstraps swift-metrics with this registry decides where they go.
+    public var metrics: PrometheusCollectorRegistry?
 
     /// Serves on `host`:`port` with the default limits.
     public init(host: String, port: Int, logger: Logger) {
@@ -63,12 +72,14 @@ public struct RelayServerConfiguration: Sendable {
 /// - `POST /v1/changesets` (an envelope list): ``RelayUploadResult``
 /// - `POST /v1/pull` (a ``RelayPullRequest``): an envelope list, `Shoal-More: 1` when more remain; with nothing to
 ///   send it waits up to `waitMilliseconds` for an upload to the cluster (long-poll).
+/// - `GET /metrics` (no token), only when ``RelayServerConfiguration/metrics`` is set: Prometheus text
 public struct RelayServer: Sendable {
     /// How it serves.
     public let configuration: RelayServerConfiguration
     let storage: any RelayStorage
     let notifier = RelayNotifier()
     let limiter: RateLimiter
+    let metrics = RelayMetrics()
 
     /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
@@ -115,7 +126,10 @@ public struct RelayServer: Sendable {
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.host, port: configuration.port),
                 serverName: "shoal-relay",
-                availableConnectionsDelegate: MaximumAvailableConnections(maximumConnections)
+                availableConnectionsDelegate: CountedConnections(
+                    maximum: maximumConnections,
+                    gauge: metrics.openConnections
+                )
             ),
             onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
             logger: configuration.logger
@@ -149,6 +163,14 @@ public struct RelayServer: Sendable {
     /// Every route the relay answers; ``RelayOpenAPI`` describes each one.
     func makeRouter() -> Router<BasicRequestContext> {
         let router = Router(context: BasicRequestContext.self)
+        router.add(middleware: RelayMetricsMiddleware(metrics: metrics))
+        if let registry = configuration.metrics {
+            // No token, on purpose: see RelayServerConfiguration.metrics for who should reach it. It is an operator's
+            // route, not the API's: the API description leaves it out.
+            router.get("/metrics") { _, _ in
+                await scrape(registry)
+            }
+        }
         router.get(RouterPath(RelayAPI.openAPIPath)) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "application/json"
@@ -191,6 +213,24 @@ public struct RelayServer: Sendable {
     var routes: [String] { makeRouter().routes.map { "\($0.method.rawValue) \($0.path)" } }
 
     static let openAPIDocument = ByteBuffer(string: RelayOpenAPI.document)
+
+    /// The metrics' text, the per-cluster figures brought up to date first.
+    private func scrape(_ registry: PrometheusCollectorRegistry) async -> Response {
+        // Read from the storage, so every instance reports every cluster's snapshot, whoever completed it.
+        await metrics.refresh(now: Int64(Date().timeIntervalSince1970 * 1000)) { () throws(ShoalError) in
+            let statistics = try await storage.statistics()
+            for cluster in statistics {
+                if let snapshot = try await storage.snapshotState(cluster: cluster.cluster).snapshot {
+                    metrics.snapshotMade(cluster: cluster.cluster, atMilliseconds: snapshot.created)
+                }
+            }
+            return statistics
+        }
+        var headers = HTTPFields()
+        headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
+        let body = ResponseBody(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer()))
+        return Response(status: .ok, headers: headers, body: body)
+    }
 
     /// Raises the soft limit of open files to the hard limit; returns the soft limit now in force.
     static func raiseOpenFilesLimit() -> Int {
@@ -317,6 +357,9 @@ public struct RelayServer: Sendable {
             try await storage.store(cluster: token.cluster, snapshot: snapshot, envelopes: pairs, uploader: Self.uploader(request))
         }
         if result.stored > 0 && snapshot == 0 { await notifier.bump(token.cluster) }
+        metrics.changeSetsIn.increment(by: pairs.count)
+        metrics.bytesIn.increment(by: pairs.reduce(0) { $0 + $1.encoded.count })
+        metrics.stored.increment(by: result.stored)
         return Self.json(.ok, result)
     }
 
@@ -356,6 +399,8 @@ public struct RelayServer: Sendable {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
         for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
+        metrics.changeSetsOut.increment(by: page.envelopes.count)
+        metrics.bytesOut.increment(by: page.envelopes.reduce(0) { $0 + $1.count })
         var headers = HTTPFields()
         headers[.contentType] = RelayAPI.envelopeContentType
         headers[Self.moreField] = page.more ? "1" : "0"

@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import Foundation
 import Logging
+import Metrics
 import NIOCore
 import NIOHTTP1
 import NIOSSL
@@ -94,6 +95,9 @@ public final class RelayLink: Service, Sendable {
     private let snapshotState = Mutex<(uncovered: Int64, snapshotBytes: Int64, triedMs: UInt64?)>((0, 0, nil))
     /// The roster members whose grants were last checked (members that join after a rotation get grants).
     private let grantedMembers = Mutex<Set<NodeID>?>(nil)
+    /// The relay's heads as last read, for the relay's staleness.
+    private let knownHeads = Mutex<VersionVector?>(nil)
+    private let metrics = RelayLinkMetrics()
 
     private struct Credentials {
         var keyring: RelayKeyring
@@ -168,6 +172,7 @@ public final class RelayLink: Service, Sendable {
                 try await withThrowingDiscardingTaskGroup { group in
                     group.addTask { try await self.pushLoop(client) }
                     group.addTask { try await self.pullLoop(client) }
+                    group.addTask { try await self.sampleMetrics() }
                 }
             }
         } catch {
@@ -228,6 +233,7 @@ public final class RelayLink: Service, Sendable {
                     if raced > 1 { try? await Task.sleep(for: .milliseconds(backoff.next())) }
                 }
             } catch {
+                if case .cancelled = error {} else { metrics.pushFailed.increment() }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
                 if let lastHeads, let held = try? await node.versionVector() { noteLacking(held: held, heads: lastHeads) }
                 heads = nil
@@ -274,6 +280,7 @@ public final class RelayLink: Service, Sendable {
         let held = try await local { () throws(ShoalError) in try await node.versionVector() }
         noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
+        let started = ContinuousClock.now
         let (pieceBytes, requestBytes) = sizes.withLock { $0 }
         let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
         var chunker = RelayChunker(
@@ -308,6 +315,8 @@ public final class RelayLink: Service, Sendable {
         }
         await node.closeChangeCursor(cursor)
         noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        metrics.pushOK.increment()
+        metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished
     }
 
@@ -374,7 +383,7 @@ public final class RelayLink: Service, Sendable {
 
     /// Whether this node should upload a snapshot now: it holds exactly what the relay holds (a node still catching up
     /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
-    /// both that snapshot and the minimum, and the node has not tried for a minute.
+    /// both that snapshot and the minimum, and no attempt of its failed in the last minute.
     private func snapshotDue(held: VersionVector, heads: VersionVector) -> Bool {
         guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }), heads.entries.allSatisfy({ $0.value <= held[$0.key] })
         else { return false }
@@ -422,7 +431,10 @@ public final class RelayLink: Service, Sendable {
         }
         await node.closeChangeCursor(cursor)
         let covered = chunker.covered
-        guard !covered.isEmpty else { return }
+        guard !covered.isEmpty else {
+            snapshotState.withLock { $0.triedMs = nil }
+            return
+        }
         let completion = Array((try? JSONEncoder().encode(RelaySnapshotCompletion(vector: RelayAPI.json(covered)))) ?? Data())
         _ = try await postAuthenticated(
             client,
@@ -433,12 +445,16 @@ public final class RelayLink: Service, Sendable {
         )
         let now = configuration.clock.nowMilliseconds()
         state.withLock { $0.lastSnapshotMs = now }
-        snapshotState.withLock { $0.uncovered = 0 }
+        snapshotState.withLock { state in
+            state.uncovered = 0
+            state.triedMs = nil
+        }
         configuration.logger.info("uploaded a snapshot", metadata: ["snapshot": "\(id)"])
         eventSink.yield(.snapshotted)
     }
 
     private func noteLacking(held: VersionVector, heads: VersionVector) {
+        knownHeads.withLock { $0 = heads }
         var lacking: UInt64 = 0
         for (site, seq) in held.entries where seq > heads[site] { lacking += seq - heads[site] }
         if heads[node.siteID] > held[node.siteID] { lacking += 1 }  // see fetchHeads: it cannot be trusted
@@ -450,6 +466,20 @@ public final class RelayLink: Service, Sendable {
             } else if status.lackingSinceMs == nil {
                 status.lackingSinceMs = now
             }
+        }
+    }
+
+    /// Updates the relay's lacking and staleness gauges as often as the node samples its own (neither is known
+    /// before the relay's heads were first read).
+    private func sampleMetrics() async throws {
+        let interval = await node.configuration.metricsIntervalMilliseconds
+        guard interval > 0 else { return }
+        while !Task.isCancelled {
+            if let heads = knownHeads.withLock({ $0 }) {
+                metrics.lackingGauge.record(status.lacking ?? 0)
+                metrics.stalenessGauge.record(Double(await node.ageOfOldestChangeLacking(in: heads)) / 1000)
+            }
+            try await Task.sleep(for: .milliseconds(interval))
         }
     }
 
@@ -537,8 +567,11 @@ public final class RelayLink: Service, Sendable {
                     status.applied += UInt64(applied)
                 }
                 if applied > 0 { eventSink.yield(.applied(changes: applied)) }
+                metrics.pullOK.increment()
+                metrics.applied.increment(by: applied)
                 backoff.reset()
             } catch {
+                if case .cancelled = error {} else { metrics.pullFailed.increment() }
                 // Ranges in progress start again from their first chunk.
                 pull.resume = [:]
                 pull.buffers = [:]

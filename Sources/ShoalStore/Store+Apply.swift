@@ -8,6 +8,8 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     public var alreadyKnown = 0
     /// Changes that met a different concurrent value (recorded in the conflict log).
     public var conflicts = 0
+    /// The same conflicts counted by table (what the node's `shoal_node_conflicts_total` metric counts).
+    public var conflictsByTable: [String: Int] = [:]
 
     /// A report of nothing applied yet.
     public init() {}
@@ -103,6 +105,7 @@ extension Store {
                 total.applied += report.applied
                 total.alreadyKnown += report.alreadyKnown
                 total.conflicts += report.conflicts
+                total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
                 carried.merge(Self.highestSeqs(chunk)) { max($0, $1) }
             }
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
@@ -421,6 +424,7 @@ extension Store {
         if !conflicts.isEmpty {
             try record(conflicts)
             report.conflicts = conflicts.count
+            for conflict in conflicts { report.conflictsByTable[conflict.table, default: 0] += 1 }
         }
         return report
     }

@@ -49,4 +49,11 @@ protocol ConnectionDelegate: Sendable {
     func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) async
     /// Rewrites a clock refusal of `batch` from `peer` so that it says how far apart the clocks are.
     func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) async -> ShoalError
+    /// The metrics of `peer`, which the driver records its rounds, applies and catch-ups in.
+    func metrics(for peer: SiteID) async -> PeerMetrics
+}
+
+extension ConnectionDelegate {
+    /// Handles of their own, labelled with the peer's site id.
+    func metrics(for peer: SiteID) async -> PeerMetrics { PeerMetrics(label: peer.hex) }
 }

@@ -53,6 +53,10 @@ struct ConnectionDriver {
     let delegate: any ConnectionDelegate
     let settings: Settings
     private var peer: SiteID?
+    /// The peer's metrics, once the handshake is accepted.
+    private var metrics: PeerMetrics?
+    /// Whether the round under way was counted as failed already (a failure closes the connection too).
+    private var roundFailureCounted = false
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
     private var roundsFinished = 0
@@ -172,6 +176,7 @@ struct ConnectionDriver {
                     switch await delegate.connectionEstablished(id, peer: hello, address: address) {
                     case .accepted:
                         peer = hello.siteID
+                        metrics = await delegate.metrics(for: hello.siteID)
                         outcome.established = true
                     case .duplicate:
                         outcome.duplicate = true
@@ -194,6 +199,7 @@ struct ConnectionDriver {
                     if session.outstandingRequest == nil {
                         roundStarted = now
                         appliedThisRound = 0
+                        roundFailureCounted = false
                     }
                     actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
                 case .serve(let request):
@@ -211,6 +217,7 @@ struct ConnectionDriver {
                     actions += try await apply(message, session: &session)
                 case .roundFinished:
                     roundsFinished += 1
+                    metrics?.roundFinished(milliseconds: now - roundStarted)
                     if let peer {
                         await delegate.connectionRoundFinished(
                             peer: peer,
@@ -221,20 +228,37 @@ struct ConnectionDriver {
                 case .peerAcknowledged(let ack):
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
+                    // The peer refused our round (a clock it will not take, …); it stopping, or keeping another
+                    // connection, is no failure.
+                    if outcome.established, ![.duplicateConnection, .shuttingDown].contains(rejection.reason) {
+                        countRoundFailure()
+                    }
                     outcome.refusal = rejection
                     if rejection.reason == .duplicateConnection { outcome.duplicate = true }
                     outcome.failedHere = false
                 case .close(let error):
                     if outcome.error == nil { outcome.error = error }
+                    // A round cut short (the link broke or timed out before its last batch) failed as well.
+                    if outcome.established, session.outstandingRequest != nil, error.code != .rejected {
+                        countRoundFailure()
+                    }
                 }
             } catch {
                 outcome.failedHere = true
                 if let peer, session.phase == .established {
+                    countRoundFailure()
                     await delegate.connectionRoundFailed(peer: peer, reason: error.message)
                 }
                 actions = session.fail(error, now: now)
             }
         }
+    }
+
+    /// Counts the round under way as failed, once.
+    private mutating func countRoundFailure() {
+        guard !roundFailureCounted else { return }
+        roundFailureCounted = true
+        metrics?.roundFailed()
     }
 
     /// Answers the peer's pull, one bounded batch at a time: memory stays flat however much the peer lacks.
@@ -296,11 +320,13 @@ struct ConnectionDriver {
             throw await delegate.describeClockRefusal(error, batch: message.batch, peer: peer)
         }
         appliedThisRound += result.applied
+        metrics?.applied(result.applied)
         if let peer, let newest = message.batch.changes.map(\.stamp.hlc.milliseconds).max() {
             let wall = settings.clock.nowMilliseconds()
             await delegate.connectionClockView(peer: peer, aheadMilliseconds: Int64(newest) - Int64(wall))
         }
         if !message.isLast, let peer {
+            metrics?.catchingUp(done: appliedThisRound, remaining: message.estimatedRemaining)
             await delegate.connectionProgress(
                 peer: peer,
                 changes: appliedThisRound,

@@ -55,6 +55,11 @@ struct PeerDirectory {
         peers.values.map { $0.versionVector[site] }.max() ?? 0
     }
 
+    /// What each peer that ever connected acknowledged holding, and whether it is connected now.
+    func acknowledgedVectors() -> [(site: SiteID, connected: Bool, vector: VersionVector)] {
+        peers.values.filter(\.everConnected).map { ($0.siteID, $0.isConnected, $0.versionVector) }
+    }
+
     /// Configured addresses never reached: where, how many attempts, why they failed, when the next one is.
     func unreachedPeers() -> [UnreachedPeer] {
         origins.filter { $0.value == .static && sites[$0.key] == nil }.keys.sorted().map { address in

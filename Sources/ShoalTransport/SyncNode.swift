@@ -47,6 +47,10 @@ public actor SyncNode: Service {
     var changeWatchers: [Int: AsyncStream<Void>.Continuation] = [:]
     var nextChangeWatcher = 0
     var lastRefreshedDigest: StateDigest?
+    /// The node's metrics (swift-metrics; see `SyncNode+Metrics.swift`).
+    var nodeMetrics = NodeMetrics()
+    /// When the node came to hold what it holds, for the age of what a peer lacks.
+    var vectorHistory = VersionVectorHistory()
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -224,6 +228,9 @@ public actor SyncNode: Service {
             group.addTask { try await self.periodicRounds() }
             if configuration.compactionIntervalMilliseconds > 0 {
                 group.addTask { try await self.compactPeriodically() }
+            }
+            if configuration.metricsIntervalMilliseconds > 0 {
+                group.addTask { try await self.sampleMetricsPeriodically() }
             }
         }
     }

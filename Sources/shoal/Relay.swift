@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import ShoalMetricsEndpoint
 import ShoalRelay
 
 extension ShoalCommand {
@@ -59,7 +60,9 @@ extension ShoalCommand.Relay {
             abstract: "Serve the relay until stopped (SIGINT or SIGTERM).",
             discussion: """
                 Prints `relay listening on HOST:PORT` once bound (port 0 picks a free port). HTTPS with --tls-cert \
-                and --tls-key; plain HTTP only on a loopback address, for tests and demos.
+                and --tls-key; plain HTTP only on a loopback address, for tests and demos. --metrics serves \
+                Prometheus metrics at /metrics on the same address, without a token: keep that path from the public \
+                (a reverse proxy or firewall), since it names the clusters the relay serves and how much each stores.
                 """
         )
 
@@ -79,6 +82,8 @@ extension ShoalCommand.Relay {
         var retentionHours = 168.0
         @Option(help: "Bytes of change sets a snapshot covers kept per cluster at most (the oldest go first).")
         var retentionBytes: Int64 = 256 * 1024 * 1024
+        @Flag(help: "Serve Prometheus metrics at /metrics, without a token (keep that path from the public).")
+        var metrics = false
 
         func validate() throws {
             guard maxRequestBytes >= 65_536 else { throw ValidationError("--max-request-bytes must be at least 65536") }
@@ -101,6 +106,8 @@ extension ShoalCommand.Relay {
             var logger = Logger(label: "shoal.relay")
             logger.logLevel = .info
             var configuration = RelayServerConfiguration(host: address.host, port: address.port, logger: logger)
+            // Before the server exists: it makes its metrics' handles with it.
+            if metrics { configuration.metrics = PrometheusMetrics.bootstrap() }
             configuration.tlsCertificatePath = tlsCert
             configuration.tlsKeyPath = tlsKey
             configuration.maximumRequestBytes = maxRequestBytes

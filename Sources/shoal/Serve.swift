@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import ShoalMetricsEndpoint
 import Synchronization
 
 extension ShoalCommand {
@@ -16,7 +17,10 @@ extension ShoalCommand {
                 the `sqlite3` shell), reach the peers within milliseconds. \
                 Stop it with SIGINT or SIGTERM. Peer links are mutual TLS 1.3: a peer gets data only when its key is \
                 on the cluster's roster (`shoal invite` / `shoal join`, `shoal trust`). --insecure-plaintext turns \
-                that off (no authentication, no encryption: the cluster id is the only gate).
+                that off (no authentication, no encryption: the cluster id is the only gate). --metrics HOST:PORT \
+                serves the node's sync-health metrics for Prometheus at http://HOST:PORT/metrics, with no \
+                authentication (keep it on loopback or a private address), and prints `metrics listening on \
+                HOST:PORT` once bound.
                 """
         )
 
@@ -46,10 +50,18 @@ extension ShoalCommand {
         var relaySnapshotBytes: Int64 = 8 * 1024 * 1024
         @Option(help: "A PEM CA (or self-signed certificate) to trust for the relay instead of the system's roots.")
         var relayCa: String?
+        @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
+        var metrics: String?
 
         func run() async throws {
             guard let address = PeerAddress(parsing: listen) else {
                 throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
+            }
+            let metricsAddress = try metrics.map { text throws(ShoalError) in
+                guard let parsed = PeerAddress(parsing: text) else {
+                    throw ShoalError(code: .invalidArgument, message: "--metrics wants HOST:PORT, got \"\(text)\"")
+                }
+                return parsed
             }
             try database.requireExisting()
             let lock = try ServeLock.acquire(database: database.db)
@@ -97,6 +109,19 @@ extension ShoalCommand {
                 try secured.configure(&configuration)
                 security = secured
             }
+            // The registry first: the node and the relay link make their metrics' handles as they start.
+            let metricsEndpoint = metricsAddress.map { address in
+                MetricsEndpoint(
+                    host: address.host,
+                    port: address.port,
+                    registry: PrometheusMetrics.bootstrap(),
+                    logger: Logger(label: "shoal.metrics")
+                ) { port in
+                    // One unbuffered write, like `listening on`, so a script reading the pipe sees it at once.
+                    let bound = PeerAddress(host: address.host, port: port)
+                    FileHandle.standardOutput.write(Data("metrics listening on \(bound)\n".utf8))
+                }
+            }
             let node = try await SyncNode(configuration: configuration)
             security?.attach(node)
             let relayLink = try makeRelayLink(node: node, security: security)
@@ -106,7 +131,8 @@ extension ShoalCommand {
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
-                    services: [.init(service: node)] + (relayLink.map { [.init(service: $0)] } ?? []),
+                    services: [.init(service: node)] + (relayLink.map { [.init(service: $0)] } ?? [])
+                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []),
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
@@ -220,6 +246,9 @@ extension ShoalCommand {
             } catch let error as ShoalError {
                 reporter.cancel()
                 throw error
+            } catch let error as MetricsEndpointError {
+                reporter.cancel()
+                throw ShoalError(code: .invalidArgument, message: "--metrics: \(Output.failure(error.underlying, while: "could not listen on \(error.host):\(error.port)"))")
             } catch {
                 reporter.cancel()
                 // The listening socket is bound first: a failure before the node said where it listens is that.

@@ -11,6 +11,8 @@ final class RelayWorld: @unchecked Sendable {
     let relayData: String
     /// The relay's PostgreSQL database, when it keeps its data there instead of in ``relayData``.
     let postgres: String?
+    /// What every instance of the relay is started with, besides its data and address.
+    let relayArguments: [String]
     private(set) var relay: RunningProcess?
     private(set) var relayURL = ""
     private(set) var relayPort = 0
@@ -22,12 +24,14 @@ final class RelayWorld: @unchecked Sendable {
     let token: String
     private(set) var paths: [String: String]
 
-    /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started, a token
-    /// made for the cluster. With `postgres`, the relay keeps its data in a PostgreSQL database of the test's own.
-    init(_ name: String, nodes names: [String], postgres: Bool = false) async throws {
+    /// Databases `names` made one cluster (table `kv(k TEXT PRIMARY KEY, v)` replicated), a relay started (with
+    /// `relayArguments` besides its data and address), a token made for the cluster. With `postgres`, the relay keeps
+    /// its data in a PostgreSQL database of the test's own.
+    init(_ name: String, nodes names: [String], postgres: Bool = false, relayArguments: [String] = []) async throws {
         directory = try temporaryDirectory(name)
         relayData = directory.appendingPathComponent("relay").path
         self.postgres = postgres ? try await offPool { try TestPostgres.freshDatabase(name) } : nil
+        self.relayArguments = relayArguments
         var paths: [String: String] = [:]
         for name in names { paths[name] = try Self.makeDatabase(name, in: directory) }
         try Membership.formLocally(names.map { paths[$0]! }, now: SystemWallClock().nowMilliseconds())
@@ -74,7 +78,7 @@ final class RelayWorld: @unchecked Sendable {
 
     /// Starts the relay (on its earlier port when it ran before, so nodes find it again).
     func startRelay(extra: [String] = []) async throws {
-        let (process, url) = try await Self.startInstance(storageArguments, port: relayPort, extra: extra)
+        let (process, url) = try await Self.startInstance(storageArguments, port: relayPort, extra: relayArguments + extra)
         relay = process
         relayURL = url
         relayPort = Int(relayURL.split(separator: ":").last!)!
@@ -82,7 +86,7 @@ final class RelayWorld: @unchecked Sendable {
 
     /// Starts one more instance of the relay on the same PostgreSQL database; returns its URL.
     func startInstance() async throws -> String {
-        let (process, url) = try await Self.startInstance(storageArguments, port: 0, extra: [])
+        let (process, url) = try await Self.startInstance(storageArguments, port: 0, extra: relayArguments)
         instances[url] = process
         return url
     }
@@ -203,6 +207,33 @@ final class RelayWorld: @unchecked Sendable {
     func relayQuery(_ sql: String) async throws -> String {
         let path = relayData + "/relay.sqlite"
         return try await offPool { try sqlite3Shell(path, sql) }.stdout
+    }
+
+    /// Where the relay's change log of `site` (hex) starts now: the first seq it still holds ranges after (nil: none).
+    func logFloor(_ site: String) async throws -> UInt64? {
+        let answer: String
+        if let postgres {
+            answer = try await offPool {
+                try TestPostgres.query(
+                    postgres,
+                    "SELECT min(from_seq) FROM shoal_relay.ranges WHERE snapshot = 0 AND encode(site, 'hex') = '\(site.lowercased())'"
+                )
+            }
+        } else {
+            answer = try await relayQuery("SELECT min(from_seq) FROM ranges WHERE snapshot = 0 AND hex(site) = '\(site.uppercased())'")
+        }
+        return UInt64(answer.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// The bytes of every range the relay holds, its change log's and its snapshots'.
+    func storedBytes() async throws -> Int {
+        let answer: String
+        if let postgres {
+            answer = try await offPool { try TestPostgres.query(postgres, "SELECT coalesce(sum(bytes), 0) FROM shoal_relay.ranges") }
+        } else {
+            answer = try await relayQuery("SELECT coalesce(sum(bytes), 0) FROM ranges")
+        }
+        return Int(answer.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
     }
 
     /// What every running node and the relay wrote, for a failing test's message.

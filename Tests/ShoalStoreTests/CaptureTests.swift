@@ -25,6 +25,7 @@ func sync(_ from: Store, _ to: Store) throws -> ApplyReport {
         total.applied += report.applied
         total.alreadyKnown += report.alreadyKnown
         total.conflicts += report.conflicts
+        total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
     }
     return total
 }
@@ -187,6 +188,8 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         // One of the two sides recorded the name conflict, with both values.
         let conflicts = try a.conflicts() + b.conflicts()
         #expect(first.conflicts + (try a.conflictCount()) >= 1)
+        // The report counts them by table too (the node's metrics do).
+        #expect(first.conflictsByTable == (first.conflicts > 0 ? ["items": first.conflicts] : [:]))
         #expect(
             conflicts.contains {
                 $0.column == "name" && Set([$0.localValue, $0.remoteValue]) == [.text("from a"), .text("from b")]

@@ -1,0 +1,110 @@
+import CoreMetrics
+import ShoalCore
+
+/// The metrics of one peer, emitted through swift-metrics: whatever backend the process bootstrapped (`shoal serve
+/// --metrics` bootstraps Prometheus), none at all otherwise. The handles are made once per peer, so recording is a
+/// few atomic operations; the README's Metrics section lists every name.
+struct PeerMetrics: Sendable {
+    /// The `peer` label: the peer's site id in hex (as `shoal status` lists it), or `other` beyond the node's limit
+    /// of labelled peers.
+    let label: String
+    private let roundsOK: Counter
+    private let roundsFailed: Counter
+    private let roundDuration: CoreMetrics.Timer
+    private let applied: Counter
+    private let remaining: Gauge
+    private let progress: Gauge
+    let staleness: Gauge
+    let gap: Gauge
+
+    /// The handles of the peer labelled `label`.
+    init(label: String) {
+        self.label = label
+        let peer = [("peer", label)]
+        roundsOK = Counter(label: NodeMetrics.rounds, dimensions: peer + [("result", "ok")])
+        roundsFailed = Counter(label: NodeMetrics.rounds, dimensions: peer + [("result", "failed")])
+        roundDuration = CoreMetrics.Timer(label: NodeMetrics.roundDuration, dimensions: peer)
+        applied = Counter(label: NodeMetrics.changesApplied, dimensions: peer)
+        remaining = Gauge(label: NodeMetrics.catchUpRemaining, dimensions: peer)
+        progress = Gauge(label: NodeMetrics.catchUpProgress, dimensions: peer)
+        staleness = Gauge(label: NodeMetrics.peerStaleness, dimensions: peer)
+        gap = Gauge(label: NodeMetrics.peerGap, dimensions: peer)
+    }
+
+    /// A pull from the peer finished in `milliseconds`: no catch-up is under way any more.
+    func roundFinished(milliseconds: UInt64) {
+        roundsOK.increment()
+        roundDuration.recordMilliseconds(milliseconds)
+        remaining.record(0)
+        progress.record(1)
+    }
+
+    /// A round with the peer failed here, or the peer refused ours.
+    func roundFailed() {
+        roundsFailed.increment()
+    }
+
+    /// `changes` more changes from the peer took effect.
+    func applied(_ changes: Int) {
+        if changes > 0 { applied.increment(by: changes) }
+    }
+
+    /// A pull spanning several batches is under way: `done` applied so far, about `remaining` to go (the sender's
+    /// estimate, the same figures `shoal serve` prints as it catches up).
+    func catchingUp(done: Int, remaining left: UInt64) {
+        remaining.record(Double(left))
+        let total = Double(done) + Double(left)
+        progress.record(total > 0 ? Double(done) / total : 1)
+    }
+}
+
+/// The node's own metrics (not per peer), and the names of all of them.
+///
+/// Labels stay bounded: `peer` is a site id, and at most ``peerLabelLimit`` peers get one of their own (with TLS only
+/// roster members ever connect; the limit guards plaintext nodes, where anyone can say any site id); `table` is a
+/// replicated table's name, from the local schema.
+struct NodeMetrics: Sendable {
+    static let rounds = "shoal_node_rounds_total"
+    static let roundDuration = "shoal_node_round_duration_seconds"
+    static let changesApplied = "shoal_node_changes_applied_total"
+    static let catchUpRemaining = "shoal_node_catchup_remaining_changes"
+    static let catchUpProgress = "shoal_node_catchup_progress_ratio"
+    static let peerStaleness = "shoal_node_peer_staleness_seconds"
+    static let peerGap = "shoal_node_peer_gap_transactions"
+    static let conflicts = "shoal_node_conflicts_total"
+    static let queueDepth = "shoal_node_queue_depth"
+    static let connectedPeers = "shoal_node_peers_connected"
+
+    /// Peers with a `peer` label of their own; the ones beyond share `other`.
+    static let peerLabelLimit = 256
+
+    /// Local transactions no peer has acknowledged holding yet.
+    let queue = Gauge(label: NodeMetrics.queueDepth)
+    /// Peers with an established connection.
+    let connected = Gauge(label: NodeMetrics.connectedPeers)
+    private var peers: [SiteID: PeerMetrics] = [:]
+    private var other: PeerMetrics?
+
+    init() {}
+
+    /// The handles of peer `site`, made at its first use.
+    mutating func peer(_ site: SiteID) -> PeerMetrics {
+        if let known = peers[site] { return known }
+        guard peers.count < Self.peerLabelLimit else {
+            if let other { return other }
+            let shared = PeerMetrics(label: "other")
+            other = shared
+            return shared
+        }
+        let made = PeerMetrics(label: site.hex)
+        peers[site] = made
+        return made
+    }
+
+    /// Counts conflicts met while applying, by table.
+    static func countConflicts(_ byTable: [String: Int]) {
+        for (table, count) in byTable where count > 0 {
+            Counter(label: conflicts, dimensions: [("table", table)]).increment(by: count)
+        }
+    }
+}
