@@ -33,10 +33,16 @@ struct ShoalChaos: AsyncParsableCommand {
         help: "The relay path: nodes never reach each other and converge only through a relay, which is killed (-9) at random."
     )
     var relay = false
+    @Option(
+        help: "The relay path on PostgreSQL (implies --relay): two relay instances on this database, every node given both, one of them killed (-9) at random."
+    )
+    var postgres: String?
 
     func run() async throws {
         let seed = seed ?? UInt64.random(in: 0...UInt64.max)
-        print("shoal-chaos seed \(seed): \(nodes) nodes\(relay ? " through a relay" : ""), \(seconds) s of chaos")
+        let relay = relay || postgres != nil
+        let through = postgres != nil ? " through two relay instances on PostgreSQL" : relay ? " through a relay" : ""
+        print("shoal-chaos seed \(seed): \(nodes) nodes\(through), \(seconds) s of chaos")
         var random = SeededRandom(state: seed)
         let directory = dir ?? NSTemporaryDirectory() + "shoal-chaos-\(seed)"
         try? FileManager.default.removeItem(atPath: directory)
@@ -58,9 +64,17 @@ struct ShoalChaos: AsyncParsableCommand {
         // The relay path: one relay, a token for the cluster, and no links between nodes at all.
         var relayServer: RelayServer?
         if relay {
-            relayServer = try RelayServer(data: directory + "/relay", cluster: try KeyFile.load(forDatabase: paths[0]).cluster.idHex)
+            let cluster = try KeyFile.load(forDatabase: paths[0]).cluster.idHex
+            if let postgres {
+                // A database of this run's own on the server, so runs never share a relay's data.
+                let database = postgres.replacingOccurrences(of: "/shoal?", with: "/chaos_\(seed % 1_000_000_007)?")
+                try RelayServer.createDatabase(server: postgres, name: "chaos_\(seed % 1_000_000_007)")
+                relayServer = try RelayServer(storage: ["--postgres", database], log: directory + "/relay", instances: 2, cluster: cluster)
+            } else {
+                relayServer = try RelayServer(storage: ["--data", directory + "/relay"], log: directory + "/relay", instances: 1, cluster: cluster)
+            }
         }
-        defer { relayServer?.process?.stop() }
+        defer { relayServer?.stop() }
         // Every pair talks through a proxy: node i dials node j (j < i) via proxy (i, j).
         let faults = Faults()
         var peerPorts: [[Int]] = Array(repeating: [], count: nodes)
@@ -90,7 +104,7 @@ struct ShoalChaos: AsyncParsableCommand {
             paths: paths,
             peerPorts: peerPorts,
             faults: faults,
-            relayArguments: relayServer.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? []
+            relayArguments: relayServer.map { $0.urls.flatMap { ["--relay", $0] } + ["--relay-token", $0.token] } ?? []
         )
         defer { cluster.stopAll() }
         for node in 0..<nodes { try await cluster.start(node) }
@@ -127,7 +141,7 @@ struct ShoalChaos: AsyncParsableCommand {
             case 80..<90 where relay:
                 // The relay dies mid-whatever (an upload, a pull) and comes back on the same port and data.
                 if relayRestart == nil {
-                    relayServer?.kill()
+                    relayServer?.kill(Int.random(in: 0...1, using: &random))
                     relayRestart = now.addingTimeInterval(Double.random(in: 0.2...2, using: &random))
                     counts["relay kill -9", default: 0] += 1
                 }
@@ -370,30 +384,57 @@ struct Cluster {
     }
 }
 
-/// The relay of the relay path: a `shoal relay serve` restarted on the same port and data after each kill.
+/// The relay of the relay path: `shoal relay serve` instances on one storage, each restarted on the same port after
+/// it is killed.
 final class RelayServer {
-    let data: String
+    let storage: [String]
+    let log: String
     let token: String
-    private(set) var url = ""
-    private var port = 0
-    private(set) var process: RelayProcess?
+    private var ports: [Int]
+    private var processes: [RelayProcess?]
+    /// Every instance's URL, in order (the nodes get them all).
+    private(set) var urls: [String] = []
 
-    init(data: String, cluster: String) throws {
-        self.data = data
-        token = try RelayProcess.token(data: data, cluster: cluster)
+    init(storage: [String], log: String, instances: Int, cluster: String) throws {
+        self.storage = storage
+        self.log = log
+        token = try RelayProcess.token(storage: storage, cluster: cluster)
+        ports = Array(repeating: 0, count: instances)
+        processes = Array(repeating: nil, count: instances)
         try start()
+        urls = processes.compactMap { $0?.url }
     }
 
+    /// Starts every instance that is not running.
     func start() throws {
-        guard process?.isRunning != true else { return }
-        let started = try RelayProcess.start(data: data, port: port)
-        process = started
-        port = started.port
-        url = started.url
+        for index in processes.indices where processes[index]?.isRunning != true {
+            let started = try RelayProcess.start(storage: storage, log: log + "\(index).log", port: ports[index])
+            processes[index] = started
+            ports[index] = started.port
+        }
     }
 
-    func kill() {
-        process?.kill()
-        process = nil
+    /// Stops every instance.
+    func stop() {
+        for process in processes { process?.stop() }
+        processes = processes.map { _ in nil }
+    }
+
+    /// Kills one instance (with SIGKILL), chosen by `pick`.
+    func kill(_ pick: Int) {
+        let index = pick % processes.count
+        processes[index]?.kill()
+        processes[index] = nil
+    }
+
+    /// Makes database `name` on the PostgreSQL server `server` names (its `shoal` database's URL).
+    static func createDatabase(server: String, name: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
+        process.arguments = [server, "-qc", "DROP DATABASE IF EXISTS \(name)", "-c", "CREATE DATABASE \(name)"]
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw ServeError(message: "psql could not create database \(name)") }
     }
 }

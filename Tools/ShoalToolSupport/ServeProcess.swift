@@ -119,9 +119,14 @@ public struct RelayProcess: ChildProcess {
     /// Starts a relay on `data` (at `port`, 0 for any) and returns once it prints where it listens. Its log is appended
     /// to `data.log`.
     public static func start(data: String, port: Int = 0, extra: [String] = []) throws -> RelayProcess {
-        let logPath = data + ".log"
+        try start(storage: ["--data", data], log: data + ".log", port: port, extra: extra)
+    }
+
+    /// Starts a relay on `storage` (`--data DIR` or `--postgres URL`) logging to `logPath` (at `port`, 0 for any) and
+    /// returns once it prints where it listens.
+    public static func start(storage: [String], log logPath: String, port: Int = 0, extra: [String] = []) throws -> RelayProcess {
         let (process, said) = try ServeProcess.launch(
-            ["relay", "serve", "--data", data, "--listen", "127.0.0.1:\(port)"] + extra,
+            ["relay", "serve"] + storage + ["--listen", "127.0.0.1:\(port)"] + extra,
             log: logPath
         )
         let prefix = "relay listening on "
@@ -139,9 +144,14 @@ public struct RelayProcess: ChildProcess {
 
     /// Makes a token for `cluster` in the relay's data directory `data`.
     public static func token(data: String, cluster: String) throws -> String {
+        try token(storage: ["--data", data], cluster: cluster)
+    }
+
+    /// Makes a token for `cluster` in the relay's storage (`--data DIR` or `--postgres URL`).
+    public static func token(storage: [String], cluster: String) throws -> String {
         let process = Process()
         process.executableURL = ServeProcess.executable()
-        process.arguments = ["relay", "token", "create", "--data", data, "--cluster", cluster]
+        process.arguments = ["relay", "token", "create"] + storage + ["--cluster", cluster]
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
