@@ -3,14 +3,16 @@
 #   Tools/setup.sh           what building and running need
 #   Tools/setup.sh --tests   also what the tests need: iproute2 (network namespaces for the two-host tests),
 #                            openssl (an outside TLS client), python-zeroconf from PyPI (an independent mDNS
-#                            implementation) and schemathesis from PyPI (checks the relay against its API description)
+#                            implementation), schemathesis from PyPI (checks the relay against its API description),
+#                            postgresql (the relay's PostgreSQL storage; Tools/start-postgres.sh runs a server of its
+#                            own) and curl
 set -euo pipefail
 
 packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
 tests=""
 if [ "${1:-}" = "--tests" ]; then
     tests=1
-    packages+=(iproute2 util-linux python3 python3-pip openssl)
+    packages+=(iproute2 util-linux python3 python3-pip openssl postgresql curl)
 fi
 missing=()
 for package in "${packages[@]}"; do

@@ -6,12 +6,18 @@ cd "$root"
 "$root/Tools/setup.sh" --tests
 # The mDNS tests need the daemons; they fail loudly (they do not skip) if these could not start.
 "$root/Tools/start-daemons.sh"
+# The relay's PostgreSQL tests use a server of the run's own (loopback only, a throwaway data directory); they fail
+# loudly if it could not start.
+SHOAL_TEST_POSTGRES_URL=$("$root/Tools/start-postgres.sh" | tail -n 1)
+export SHOAL_TEST_POSTGRES_URL
 swift build --build-tests 2>&1 | tail -n 3
 SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 "$root/.build/debug/shoal" demo --nodes 3 --writes 50
 "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
 # The relay path: the nodes never meet, and the relay is killed (-9) at random.
 "$root/.build/debug/shoal-chaos" --relay --nodes 4 --seconds 6
+# The same on PostgreSQL: two relay instances on one database, one of them killed (-9) at random.
+"$root/.build/debug/shoal-chaos" --postgres "$SHOAL_TEST_POSTGRES_URL" --nodes 4 --seconds 6
 # Two hosts on one machine (network namespaces on a veth link): discovery and convergence across the link.
 if unshare --net --mount --uts true 2>/dev/null || sudo -n unshare --net --mount --uts true 2>/dev/null; then
     SHOAL_NETNS=shoaldemo "$root/Tools/netns.sh" demo "$root/.build/debug/shoal"

@@ -144,9 +144,9 @@ import Testing
         // Each site's ranges form one chain, each starting where the one before ended: nothing twice, no gap.
         let chains = try await world.relayQuery(
             """
-            SELECT count(*) FROM ranges r WHERE from_seq != 0 AND NOT EXISTS
-              (SELECT 1 FROM ranges p WHERE p.cluster = r.cluster AND p.site = r.site AND p.to_seq = r.from_seq);
-            SELECT count(*) FROM (SELECT site, to_seq FROM ranges GROUP BY cluster, site, to_seq HAVING count(*) > 1);
+            SELECT count(*) FROM ranges r WHERE snapshot = 0 AND from_seq != 0 AND NOT EXISTS
+              (SELECT 1 FROM ranges p WHERE p.snapshot = 0 AND p.cluster = r.cluster AND p.site = r.site AND p.to_seq = r.from_seq);
+            SELECT count(*) FROM (SELECT site, to_seq FROM ranges WHERE snapshot = 0 GROUP BY cluster, site, to_seq HAVING count(*) > 1);
             """
         )
         #expect(chains.split(separator: "\n") == ["0", "0"])

@@ -433,6 +433,7 @@ final class RelayServer {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
         process.arguments = [server, "-qc", "DROP DATABASE IF EXISTS \(name)", "-c", "CREATE DATABASE \(name)"]
         process.standardOutput = FileHandle.nullDevice
+        process.environment = ProcessInfo.processInfo.environment.merging(["PGOPTIONS": "-c client_min_messages=warning"]) { $1 }
         try process.run()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else { throw ServeError(message: "psql could not create database \(name)") }
