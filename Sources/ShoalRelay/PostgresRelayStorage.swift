@@ -640,9 +640,7 @@ public final class PostgresRelayStorage: RelayStorage {
         logger: Logger
     ) async throws -> Int {
         guard let snapshot = try await snapshot(connection, cluster: cluster, logger: logger) else { return 0 }
-        var candidates: [(site: ByteBuffer, from: Int64, upload: Int64)] = []
-        var kept: Int64 = 0
-        let cutoff = now() - retention.maximumAgeMilliseconds
+        var ranges: [RetainedRange] = []
         for try await (site, from, upload, to, bytes, created) in try await connection.query(
             """
             SELECT site, from_seq, upload, to_seq, bytes, created FROM shoal_relay.ranges WHERE cluster = \(cluster)
@@ -650,31 +648,30 @@ public final class PostgresRelayStorage: RelayStorage {
             """,
             logger: logger
         ).decode((ByteBuffer, Int64, Int64, Int64, Int64, Int64).self) {
-            guard let siteID = SiteID(bytes: Self.bytes(site)), UInt64(bitPattern: to) <= snapshot.vector[siteID] else { continue }
-            // Newest first: kept while young enough and within the byte budget, then everything older goes.
-            if created >= cutoff && kept + bytes <= retention.maximumBytes {
-                kept += bytes
-            } else {
-                candidates.append((site, from, upload))
-            }
+            guard let site = SiteID(bytes: Self.bytes(site)) else { continue }
+            ranges.append(
+                RetainedRange(site: site, from: from, upload: upload, to: UInt64(bitPattern: to), bytes: bytes, created: created)
+            )
         }
-        for candidate in candidates {
+        let drops = retention.drops(ranges, snapshot: snapshot.vector, now: now())
+        for range in drops {
+            let site = ByteBuffer(bytes: range.site.bytes)
             try await connection.query(
                 """
-                DELETE FROM shoal_relay.ranges WHERE cluster = \(cluster) AND snapshot = 0 AND site = \(candidate.site)
-                AND from_seq = \(candidate.from)
+                DELETE FROM shoal_relay.ranges WHERE cluster = \(cluster) AND snapshot = 0 AND site = \(site)
+                AND from_seq = \(range.from)
                 """,
                 logger: logger
             )
             try await connection.query(
                 """
-                DELETE FROM shoal_relay.chunks WHERE cluster = \(cluster) AND snapshot = 0 AND site = \(candidate.site)
-                AND from_seq = \(candidate.from) AND upload = \(candidate.upload)
+                DELETE FROM shoal_relay.chunks WHERE cluster = \(cluster) AND snapshot = 0 AND site = \(site)
+                AND from_seq = \(range.from) AND upload = \(range.upload)
                 """,
                 logger: logger
             )
         }
-        return candidates.count
+        return drops.count
     }
 
     /// See ``RelayStorage``.

@@ -68,20 +68,8 @@ enum RelayOpenAPI {
          is ignored, one that would leave a gap is counted in `gaps`. A body that is malformed, of another cluster\#
          than the token's, or not authenticated with the epoch's upload key stores nothing.",
                 "parameters": [
-                  {
-                    "name": "Shoal-Upload-Epoch",
-                    "in": "header",
-                    "required": true,
-                    "description": "The key epoch the body is authenticated with (and every change set sealed with).",
-                    "schema": { "$ref": "#/components/schemas/Epoch" }
-                  },
-                  {
-                    "name": "Shoal-Upload-Auth",
-                    "in": "header",
-                    "required": true,
-                    "description": "HMAC-SHA256 of the body with the epoch's upload key, hex.",
-                    "schema": { "type": "string", "pattern": "^[0-9a-f]{64}$" }
-                  },
+                  { "$ref": "#/components/parameters/UploadEpoch" },
+                  { "$ref": "#/components/parameters/UploadAuth" },
                   { "$ref": "#/components/parameters/Uploader" }
                 ],
                 "requestBody": {
@@ -120,20 +108,8 @@ enum RelayOpenAPI {
          POST /v1/changesets. Each site's ranges in the snapshot chain from 0; `heads` answers the snapshot's own.",
                 "parameters": [
                   { "$ref": "#/components/parameters/SnapshotID" },
-                  {
-                    "name": "Shoal-Upload-Epoch",
-                    "in": "header",
-                    "required": true,
-                    "description": "The key epoch the body is authenticated with (and every change set sealed with).",
-                    "schema": { "$ref": "#/components/schemas/Epoch" }
-                  },
-                  {
-                    "name": "Shoal-Upload-Auth",
-                    "in": "header",
-                    "required": true,
-                    "description": "HMAC-SHA256 of the body with the epoch's upload key, hex.",
-                    "schema": { "type": "string", "pattern": "^[0-9a-f]{64}$" }
-                  },
+                  { "$ref": "#/components/parameters/UploadEpoch" },
+                  { "$ref": "#/components/parameters/UploadAuth" },
                   { "$ref": "#/components/parameters/Uploader" }
                 ],
                 "requestBody": {
@@ -172,20 +148,8 @@ enum RelayOpenAPI {
          Authenticated as uploads are.",
                 "parameters": [
                   { "$ref": "#/components/parameters/SnapshotID" },
-                  {
-                    "name": "Shoal-Upload-Epoch",
-                    "in": "header",
-                    "required": true,
-                    "description": "The key epoch the body is authenticated with.",
-                    "schema": { "$ref": "#/components/schemas/Epoch" }
-                  },
-                  {
-                    "name": "Shoal-Upload-Auth",
-                    "in": "header",
-                    "required": true,
-                    "description": "HMAC-SHA256 of the body with the epoch's upload key, hex.",
-                    "schema": { "type": "string", "pattern": "^[0-9a-f]{64}$" }
-                  }
+                  { "$ref": "#/components/parameters/UploadEpoch" },
+                  { "$ref": "#/components/parameters/UploadAuth" }
                 ],
                 "requestBody": {
                   "required": true,
@@ -382,6 +346,20 @@ enum RelayOpenAPI {
               }
             },
             "parameters": {
+              "UploadEpoch": {
+                "name": "Shoal-Upload-Epoch",
+                "in": "header",
+                "required": true,
+                "description": "The key epoch the body is authenticated with (and every change set in it sealed with).",
+                "schema": { "$ref": "#/components/schemas/Epoch" }
+              },
+              "UploadAuth": {
+                "name": "Shoal-Upload-Auth",
+                "in": "header",
+                "required": true,
+                "description": "HMAC-SHA256 of the body with the epoch's upload key, hex.",
+                "schema": { "type": "string", "pattern": "^[0-9a-f]{64}$" }
+              },
               "SnapshotID": {
                 "name": "id",
                 "in": "path",

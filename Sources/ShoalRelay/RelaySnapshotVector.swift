@@ -29,3 +29,32 @@ enum RelaySnapshotVector {
         return nil
     }
 }
+
+/// A range of a change log as the retention weighs it.
+struct RetainedRange {
+    var site: SiteID
+    var from: Int64
+    var upload: Int64
+    var to: UInt64
+    var bytes: Int64
+    var created: Int64
+}
+
+extension RelayRetention {
+    /// The ranges of `newestFirst` (a cluster's change log, newest first) to drop: those `snapshot` covers that are
+    /// older than the age limit or beyond the byte budget, counting from the newest. Ranges are made in order along
+    /// each site's chain, so what goes is a prefix of every chain and what stays still runs on from the snapshot.
+    func drops(_ newestFirst: [RetainedRange], snapshot: VersionVector, now: Int64) -> [RetainedRange] {
+        let cutoff = now - maximumAgeMilliseconds
+        var kept: Int64 = 0
+        var drops: [RetainedRange] = []
+        for range in newestFirst where range.to <= snapshot[range.site] {
+            if range.created >= cutoff && kept + range.bytes <= maximumBytes {
+                kept += range.bytes
+            } else {
+                drops.append(range)
+            }
+        }
+        return drops
+    }
+}

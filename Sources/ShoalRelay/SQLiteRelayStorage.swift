@@ -502,39 +502,38 @@ public final class SQLiteRelayStorage: RelayStorage {
     /// per site a prefix of its chain, so what is kept still runs on from the snapshot); returns how many went.
     private static func retain(_ connection: Connection, cluster: String, _ retention: RelayRetention) throws(ShoalError) -> Int {
         guard let snapshot = try snapshot(connection, cluster: cluster) else { return 0 }
-        let covered = try connection.statement(
+        let select = try connection.statement(
             "SELECT site, from_seq, upload, to_seq, bytes, created FROM ranges WHERE cluster = ? AND snapshot = 0 "
                 + "ORDER BY created DESC, site, from_seq DESC"
         )
-        try covered.bind([.text(cluster)])
-        var candidates: [(site: [UInt8], from: Int64, upload: Int64)] = []
-        var kept: Int64 = 0
-        let cutoff = now() - retention.maximumAgeMilliseconds
-        while try covered.step() {
-            let row = covered.row()
-            guard case .blob(let site) = row[0], let siteID = SiteID(bytes: site),
-                UInt64(bitPattern: row[3].integerValue ?? 0) <= snapshot.vector[siteID]
-            else { continue }
-            let bytes = row[4].integerValue ?? 0
-            // Newest first: kept while young enough and within the byte budget, then everything older goes.
-            if (row[5].integerValue ?? 0) >= cutoff && kept + bytes <= retention.maximumBytes {
-                kept += bytes
-            } else {
-                candidates.append((site, row[1].integerValue ?? 0, row[2].integerValue ?? 0))
-            }
+        try select.bind([.text(cluster)])
+        var ranges: [RetainedRange] = []
+        while try select.step() {
+            guard let site = SiteID(bytes: select.columnBytes(0)) else { continue }
+            ranges.append(
+                RetainedRange(
+                    site: site,
+                    from: select.columnInt64(1),
+                    upload: select.columnInt64(2),
+                    to: UInt64(bitPattern: select.columnInt64(3)),
+                    bytes: select.columnInt64(4),
+                    created: select.columnInt64(5)
+                )
+            )
         }
-        covered.reset()
+        select.reset()
+        let drops = retention.drops(ranges, snapshot: snapshot.vector, now: now())
         let dropRange = try connection.statement("DELETE FROM ranges WHERE cluster = ? AND snapshot = 0 AND site = ? AND from_seq = ?")
         let dropChunks = try connection.statement(
             "DELETE FROM chunks WHERE cluster = ? AND snapshot = 0 AND site = ? AND from_seq = ? AND upload = ?"
         )
-        for candidate in candidates {
-            try dropRange.bind([.text(cluster), .blob(candidate.site), .integer(candidate.from)])
+        for range in drops {
+            try dropRange.bind([.text(cluster), .blob(range.site.bytes), .integer(range.from)])
             try dropRange.run()
-            try dropChunks.bind([.text(cluster), .blob(candidate.site), .integer(candidate.from), .integer(candidate.upload)])
+            try dropChunks.bind([.text(cluster), .blob(range.site.bytes), .integer(range.from), .integer(range.upload)])
             try dropChunks.run()
         }
-        return candidates.count
+        return drops.count
     }
 
     /// See ``RelayStorage``.

@@ -1,7 +1,7 @@
 import Foundation
 import Logging
 import ShoalCore
-import ShoalRelay
+@testable import ShoalRelay
 import ShoalRelayClient
 import ShoalRelayProtocol
 import ShoalTestSupport
@@ -263,5 +263,32 @@ enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         _ = try await one.store(cluster: "near", envelopes: [(next, next.encoded())], uploader: nil)
         #expect(await iterator.next() == .some("near"))
         #expect(try await two.heads(cluster: "far")[site] == 3)
+    }
+}
+
+@Suite struct RelayRetentionTests {
+    @Test func coveredRangesGoOldestFirstPastTheAgeOrTheBudgetAndUncoveredOnesNever() {
+        let site = SiteID(high: 0, low: 1)
+        let other = SiteID(high: 0, low: 2)
+        // Newest first: per site a chain (0,2] (2,4] (4,6]; the snapshot covers site up to 4 and other up to 2.
+        let ranges = [
+            RetainedRange(site: site, from: 4, upload: 3, to: 6, bytes: 10, created: 900),
+            RetainedRange(site: other, from: 2, upload: 6, to: 4, bytes: 10, created: 850),
+            RetainedRange(site: site, from: 2, upload: 2, to: 4, bytes: 10, created: 800),
+            RetainedRange(site: other, from: 0, upload: 5, to: 2, bytes: 10, created: 750),
+            RetainedRange(site: site, from: 0, upload: 1, to: 2, bytes: 10, created: 700),
+        ]
+        let snapshot = VersionVector([site: 4, other: 2])
+        let keepAll = RelayRetention(maximumAgeMilliseconds: 1_000, maximumBytes: 1_000)
+        #expect(keepAll.drops(ranges, snapshot: snapshot, now: 1_000).isEmpty)
+        // By age: what is older than 230 ms goes (created before 770), covered or not decides first.
+        let young = RelayRetention(maximumAgeMilliseconds: 230, maximumBytes: 1_000)
+        #expect(young.drops(ranges, snapshot: snapshot, now: 1_000).map(\.upload) == [5, 1])
+        // By bytes: 15 bytes of covered ranges kept, the newest first.
+        let small = RelayRetention(maximumAgeMilliseconds: 1_000, maximumBytes: 15)
+        #expect(small.drops(ranges, snapshot: snapshot, now: 1_000).map(\.upload) == [5, 1])
+        // Nothing kept: every covered range goes, never (4,6] of site nor (2,4] of other, which it does not cover.
+        let none = RelayRetention(maximumAgeMilliseconds: 0, maximumBytes: 0)
+        #expect(none.drops(ranges, snapshot: snapshot, now: 1_000).map(\.upload) == [2, 5, 1])
     }
 }
