@@ -54,15 +54,19 @@ public final class PostgresRelayStorage: RelayStorage {
         self.location = location
         self.logger = logger
         var configuration: PostgresClient.Configuration
-        switch (location.socketPath, location.tls) {
-        case (let socket?, _):
+        if let socket = location.socketPath {
             configuration = .init(unixSocketPath: socket, username: location.username, password: location.password, database: location.database)
-        case (nil, .disable):
-            configuration = .init(host: location.host, port: location.port, username: location.username, password: location.password, database: location.database, tls: .disable)
-        case (nil, .prefer):
-            configuration = .init(host: location.host, port: location.port, username: location.username, password: location.password, database: location.database, tls: .prefer(.makeClientConfiguration()))
-        case (nil, .require):
-            configuration = .init(host: location.host, port: location.port, username: location.username, password: location.password, database: location.database, tls: .require(.makeClientConfiguration()))
+        } else {
+            let tls: PostgresClient.Configuration.TLS
+            switch (location.tls, location.tlsConfiguration) {
+            case (.prefer, let context?): tls = .prefer(context)
+            case (_, let context?): tls = .require(context)
+            case (_, nil): tls = .disable
+            }
+            configuration = .init(
+                host: location.host, port: location.port, username: location.username, password: location.password,
+                database: location.database, tls: tls
+            )
         }
         configuration.options.maximumConnections = 16
         client = PostgresClient(configuration: configuration, backgroundLogger: logger)
@@ -84,10 +88,10 @@ public final class PostgresRelayStorage: RelayStorage {
             return .init(unixSocketPath: socket, username: location.username, password: location.password, database: location.database)
         }
         let tls: PostgresConnection.Configuration.TLS
-        switch location.tls {
-        case .disable: tls = .disable
-        case .prefer: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
-        case .require: tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        switch (location.tls, try location.tlsConfiguration.map { try NIOSSLContext(configuration: $0) }) {
+        case (.prefer, let context?): tls = .prefer(context)
+        case (_, let context?): tls = .require(context)
+        case (_, nil): tls = .disable
         }
         return .init(host: location.host, port: location.port, username: location.username, password: location.password, database: location.database, tls: tls)
     }

@@ -79,7 +79,6 @@ public final class RelayLink: Service, Sendable {
     private let bases: [String]
     /// The instance in use, and how many instances in a row failed to answer since one last did.
     private let instance = Mutex<(index: Int, failures: Int)>((0, 0))
-    private var base: String { bases[instance.withLock { $0.index }] }
     private let state: Mutex<RelayStatus>
     private let sizes: Mutex<(piece: Int, request: Int)>
     private let lastReported = Mutex<String?>(nil)
@@ -163,7 +162,9 @@ public final class RelayLink: Service, Sendable {
         if let ca = configuration.caCertificatePath { tls.trustRoots = .file(ca) }
         var http = HTTPClient.Configuration(
             tlsConfiguration: tls,
-            timeout: HTTPClient.Configuration.Timeout(connect: .seconds(5), read: .seconds(90))
+            // A connection refused is retried by the client until the connect timeout: kept short, so a node whose
+            // relay instance died goes on with the next within seconds.
+            timeout: HTTPClient.Configuration.Timeout(connect: .seconds(3), read: .seconds(90))
         )
         http.httpVersion = .http1Only
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
@@ -673,7 +674,9 @@ public final class RelayLink: Service, Sendable {
         headers extra: [(String, String)] = [],
         timeout: TimeAmount
     ) async throws(RelayCallError) -> (body: [UInt8], headers: HTTPHeaders) {
-        var request = HTTPClientRequest(url: base + path)
+        // The instance this call goes to: a failure moves on from it, not from wherever the other loop moved since.
+        let used = instance.withLock { $0.index }
+        var request = HTTPClientRequest(url: bases[used] + path)
         request.method = method
         for (name, value) in extra { request.headers.add(name: name, value: value) }
         let token = credentials.withLock { $0.token }
@@ -695,9 +698,9 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.cancelled
         } catch {
             if Task.isCancelled { throw RelayCallError.cancelled }
-            throw RelayCallError.unreachable(Self.describe(error))
+            throw RelayCallError.unreachable(Self.describe(error), instance: used)
         }
-        markReachable()
+        markReachable(used)
         guard status.code >= 300 else {
             state.withLock { status in if status.unauthorized { status.unauthorized = false } }
             return (answer, headers)
@@ -721,7 +724,7 @@ public final class RelayLink: Service, Sendable {
         case 400..<500:
             throw RelayCallError.refused(reason)
         default:
-            throw RelayCallError.server(reason)
+            throw RelayCallError.server(reason, instance: used)
         }
     }
 
@@ -968,10 +971,12 @@ public final class RelayLink: Service, Sendable {
 
     // MARK: Status
 
-    private func markReachable() {
+    /// Records that instance `used` answered.
+    private func markReachable(_ used: Int) {
         instance.withLock { $0.failures = 0 }
         let now = configuration.clock.nowMilliseconds()
         let changed = state.withLock { status in
+            status.url = bases[used]
             guard status.reachable != true else { return false }
             status.reachable = true
             status.sinceMs = now
@@ -979,7 +984,7 @@ public final class RelayLink: Service, Sendable {
         }
         if changed {
             lastReported.withLock { $0 = nil }
-            configuration.logger.info("relay reachable", metadata: ["url": "\(base)"])
+            configuration.logger.info("relay reachable", metadata: ["url": "\(bases[used])"])
             eventSink.yield(.reachable)
         }
     }
@@ -1009,18 +1014,21 @@ public final class RelayLink: Service, Sendable {
         switch error {
         case .cancelled:
             return 0
-        case .unreachable(let why), .server(let why):
-            reason = "the relay at \(base) did not answer: \(why)"
-            // The next instance is tried at once, until every one has failed in a row; then the backoff holds.
+        case .unreachable(let why, let used), .server(let why, let used):
+            reason = "the relay at \(bases[used]) did not answer: \(why)"
+            // The next instance is tried at once, until every one has failed in a row; then the backoff holds. The
+            // upload and the pull loops share the instance: a failure moves on only from the instance it met (the
+            // other loop may have moved on already), and counts once per instance.
             let next = instance.withLock { instance -> String? in
                 guard bases.count > 1 else { return nil }
-                instance.failures += 1
-                instance.index = (instance.index + 1) % bases.count
+                if instance.index == used {
+                    instance.failures += 1
+                    instance.index = (used + 1) % bases.count
+                }
                 return instance.failures < bases.count ? bases[instance.index] : nil
             }
             if let next {
                 configuration.logger.info("relay instance did not answer; trying the next", metadata: ["next": "\(next)"])
-                state.withLock { $0.url = next }
                 return UInt64.random(in: 0...50)
             }
             state.withLock { status in
@@ -1093,8 +1101,10 @@ public final class RelayLink: Service, Sendable {
 /// Why a call to the relay failed.
 enum RelayCallError: Error {
     case cancelled
-    case unreachable(String)
-    case server(String)
+    /// The instance at `instance` did not answer (or not in time).
+    case unreachable(String, instance: Int)
+    /// The instance at `instance` answered with a server error.
+    case server(String, instance: Int)
     case unauthorized(String)
     case rateLimited(retryAfterSeconds: Int, String)
     case tooLarge(limit: Int?, String)

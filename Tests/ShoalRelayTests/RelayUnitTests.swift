@@ -227,6 +227,9 @@ enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         #expect(secret.description == "postgres://u@db.example:6000/relay")
         #expect(secret.password == "hunter2")
         #expect(secret.tls == .require)
+        let checked = try PostgresLocation(url: "postgres://u@db.example/relay?sslmode=verify-full&sslrootcert=/etc/ca.pem")
+        #expect(checked.tls == .verifyFull)
+        #expect(checked.rootCertificatePath == "/etc/ca.pem")
     }
 
     @Test func anUploadThroughOneInstanceWakesTheOther() async throws {
