@@ -422,7 +422,8 @@ public struct RelayServer: Sendable {
             let answer = try await query()
             let remaining = deadline - ContinuousClock.now
             if !isEmpty(answer) || remaining <= .zero || Task.isCancelled { return answer }
-            await notifier.wait(cluster, after: generation, for: remaining)
+            // The relay is stopping: answer now (asking again at once would spin until the deadline).
+            guard await notifier.wait(cluster, after: generation, for: remaining) else { return answer }
         }
     }
 
