@@ -39,8 +39,8 @@ struct RelayBenchmark: AsyncParsableCommand {
     @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
     @Option(
         help: """
-            PostgreSQL server (the URL Tools/start-postgres.sh prints): ingest runs on it too, beside SQLite, and the \
-            reconnect part runs; each part makes a database of its own there and drops it.
+            PostgreSQL server (the URL Tools/start-postgres.sh prints): ingest and idle run on it too, beside SQLite, \
+            and the reconnect part runs; each part makes a database of its own there and drops it.
             """
     )
     var postgres: String?
@@ -88,7 +88,22 @@ struct RelayBenchmark: AsyncParsableCommand {
             figures += relayed.map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_relay_"), $0.1) }
         }
         if only == nil || only == "idle" {
-            figures += try await RelayIdleConnections(count: idleConnections, seconds: idleSeconds).run(directory + "/idle")
+            figures += try await RelayIdleConnections(
+                count: idleConnections,
+                seconds: idleSeconds,
+                storage: ["--data", directory + "/idle/relay"],
+                prefix: "relay_idle_"
+            ).run(directory + "/idle")
+            if let postgres {
+                let database = try PostgresDatabase.create(server: postgres, name: "shoal_bench_idle_\(getpid())")
+                defer { database.drop() }
+                figures += try await RelayIdleConnections(
+                    count: idleConnections,
+                    seconds: idleSeconds,
+                    storage: ["--postgres", database.url],
+                    prefix: "relay_idle_postgres_"
+                ).run(directory + "/idle-postgres")
+            }
         }
         if only == nil || only == "slow" {
             figures += try await slowReaderMemory(directory + "/slow", sync: sync)

@@ -16,6 +16,9 @@ import Synchronization
 struct RelayIdleConnections {
     let count: Int
     let seconds: Int
+    /// Where the relay stores (`--data DIR` or `--postgres URL`); its figures' names start with `prefix`.
+    let storage: [String]
+    let prefix: String
 
     /// Connections per loopback source address (127.0.0.2, 127.0.0.3, …): each address has its own ephemeral ports.
     static let perSourceAddress = 2_000
@@ -33,7 +36,6 @@ struct RelayIdleConnections {
             )
             count = max(1, limit - 256)
         }
-        let storage = ["--data", directory + "/relay"]
         // One token makes every pull; a burst of `count` pulls is over the default rate limit (200 a second, bursts of
         // 400), and the default of 10,000 open connections is the goal itself: both are raised for this part.
         let process = try RelayProcess.start(
@@ -65,16 +67,16 @@ struct RelayIdleConnections {
         let peak = ServeProcess.peakResidentMiB(pid: pid) ?? 0
         load.shutDown()
         return [
-            ("relay_idle_connections_asked", Double(count)),
-            ("relay_idle_connections_held", Double(held)),
-            ("relay_idle_failed", Double(load.failed.load(ordering: .relaxed))),
-            ("relay_idle_answered", Double(load.answered.load(ordering: .relaxed))),
-            ("relay_idle_open_seconds", Double(opened.components.seconds) + Double(opened.components.attoseconds) / 1e18),
-            ("relay_idle_base_rss_mb", baseline),
-            ("relay_idle_rss_mb", resident),
-            ("relay_idle_max_rss_mb", samples.max() ?? resident),
-            ("relay_idle_peak_rss_mb", peak),
-            ("relay_idle_mb_per_1000", held > 0 ? (resident - baseline) / Double(held) * 1000 : .nan),
+            (prefix + "connections_asked", Double(count)),
+            (prefix + "connections_held", Double(held)),
+            (prefix + "failed", Double(load.failed.load(ordering: .relaxed))),
+            (prefix + "answered", Double(load.answered.load(ordering: .relaxed))),
+            (prefix + "open_seconds", Double(opened.components.seconds) + Double(opened.components.attoseconds) / 1e18),
+            (prefix + "base_rss_mb", baseline),
+            (prefix + "rss_mb", resident),
+            (prefix + "max_rss_mb", samples.max() ?? resident),
+            (prefix + "peak_rss_mb", peak),
+            (prefix + "mb_per_1000", held > 0 ? (resident - baseline) / Double(held) * 1000 : .nan),
         ]
     }
 
