@@ -42,6 +42,8 @@ let package = Package(
             name: "CSQLite",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        // glibc's malloc.h (mallopt), for the relay process's allocator settings.
+        .systemLibrary(name: "CMalloc"),
         // Avahi's dns_sd.h (Bonjour-compatible API).
         .systemLibrary(
             name: "CDNSSD",
@@ -177,6 +179,7 @@ let package = Package(
             name: "shoal",
             dependencies: [
                 "Shoal", "ShoalToolSupport", "ShoalRelay", "ShoalMetricsEndpoint",
+                .target(name: "CMalloc", condition: .when(platforms: [.linux])),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
@@ -189,6 +192,7 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tools/ShoalBench",
@@ -292,6 +296,7 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),

@@ -30,9 +30,12 @@ actor RelayNotifier {
         for waiter in waiters.removeValue(forKey: cluster)?.values ?? [:].values { waiter.resume() }
     }
 
-    /// Returns once the cluster's generation is past `generation`, or after `duration`.
-    func wait(_ cluster: String, after generation: UInt64, for duration: Duration) async {
-        guard generations[cluster, default: 0] == generation, !shuttingDown else { return }
+    /// Returns once the cluster's generation is past `generation`, or after `duration`; false (at once) when the relay
+    /// is stopping.
+    @discardableResult
+    func wait(_ cluster: String, after generation: UInt64, for duration: Duration) async -> Bool {
+        guard !shuttingDown else { return false }
+        guard generations[cluster, default: 0] == generation else { return true }
         nextWaiter += 1
         let id = nextWaiter
         await withCheckedContinuation { continuation in
@@ -42,6 +45,7 @@ actor RelayNotifier {
                 self.expire(cluster, id)
             }
         }
+        return !shuttingDown
     }
 
     private func expire(_ cluster: String, _ id: UInt64) {

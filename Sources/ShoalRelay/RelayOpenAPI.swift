@@ -220,7 +220,8 @@ enum RelayOpenAPI {
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/Busy" }
                 }
               }
             },
@@ -404,6 +405,12 @@ enum RelayOpenAPI {
               },
               "Internal": {
                 "description": "`internal`: the relay's storage failed; try again later.",
+                "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
+              },
+              "Busy": {
+                "description": "`busy`: the relay holds as many bytes of answers being sent as it allows (`limit`);\#
+         try again after Retry-After, or another instance.",
+                "headers": { "Retry-After": { "$ref": "#/components/headers/Retry-After" } },
                 "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
               }
             },
@@ -598,13 +605,13 @@ enum RelayOpenAPI {
                 "properties": {
                   "error": {
                     "description": "For programs: unauthorized, token_rotated, wrong_cluster, malformed,\#
-         no_upload_key, bad_upload_auth, key_conflict, too_large, rate_limited, epoch_taken, snapshot_incomplete or\#
-         internal.",
+         no_upload_key, bad_upload_auth, key_conflict, too_large, rate_limited, epoch_taken, snapshot_incomplete,\#
+         internal or busy.",
                     "type": "string"
                   },
                   "message": { "description": "For a person.", "type": "string" },
                   "limit": { "description": "The limit that was exceeded: bytes for too_large, requests a second for\#
-         rate_limited.", "type": "integer" },
+         rate_limited, bytes of answers held at once for busy.", "type": "integer" },
                   "retryAfterSeconds": { "description": "When to try again, in seconds (also in Retry-After).",\#
          "type": "integer", "minimum": 1 },
                   "epoch": { "description": "The cluster's newest key epoch (on epoch_taken).", "$ref":\#

@@ -35,6 +35,14 @@ public struct RelayServerConfiguration: Sendable {
     /// A connection that sends nothing (no request, or half of one) for this long is closed; longer than any
     /// long-poll.
     public var idleTimeoutSeconds: Int64 = 45
+    /// Bytes of pull answers held at once across all connections, at most: a pull that finds less than its page's
+    /// budget left gets 503 with `Retry-After`, so slow readers cannot make the relay hold more.
+    public var maximumPagesBytes = 256 * 1024 * 1024
+    /// A connection whose peer takes nothing of an answer for this long is closed (answers go out in slices of
+    /// ``answerSliceBytes``, each once the peer took the slices before).
+    public var writeStallSeconds: Int64 = 30
+    /// The slices an answer is written in.
+    public static let answerSliceBytes = 64 * 1024
     /// How long change sets a snapshot covers are kept (by age and by bytes per cluster); the rest are kept until a
     /// snapshot covers them.
     public var retention = RelayRetention(maximumAgeMilliseconds: 7 * 24 * 3_600_000, maximumBytes: 256 * 1024 * 1024)
@@ -80,18 +88,25 @@ public struct RelayServer: Sendable {
     let notifier = RelayNotifier()
     let limiter: RateLimiter
     let metrics = RelayMetrics()
+    let pageMemory: RelayPageMemory
 
     /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
         self.configuration = configuration
         self.storage = storage
         self.limiter = RateLimiter(perSecond: configuration.requestsPerSecond)
+        // Never under one page at the largest budget, or no pull could pass.
+        self.pageMemory = RelayPageMemory(limit: max(configuration.maximumPagesBytes, configuration.maximumPageBytes))
     }
 
     /// Serves until cancelled or shut down gracefully; `onListening` gets the bound port.
     public func run(onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
         let router = makeRouter()
-        let http1 = HTTP1Channel.Configuration(idleTimeout: .seconds(configuration.idleTimeoutSeconds))
+        let stall = TimeAmount.seconds(configuration.writeStallSeconds)
+        let http1 = HTTP1Channel.Configuration(
+            additionalChannelHandlers: [RelayWriteStallHandler(timeout: stall)],
+            idleTimeout: .seconds(configuration.idleTimeoutSeconds)
+        )
         let limit = Self.raiseOpenFilesLimit()
         let maximumConnections = max(16, min(configuration.maximumConnections, limit - 64))
         let server: HTTPServerBuilder
@@ -385,8 +400,18 @@ public struct RelayServer: Sendable {
         }
         let budget = min(max(pull.maximumBytes ?? RelayAPI.defaultPageBytes, 64 * 1024), configuration.maximumPageBytes)
         let wait = min(max(pull.waitMilliseconds ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
-        let page = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
-            try await storageCall { () throws(ShoalError) in
+        let (page, hold) = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
+            // The page's budget is held before it is read, and what it holds until its answer is written out.
+            guard let hold = pageMemory.hold(budget) else {
+                throw RelayFailure(
+                    .serviceUnavailable,
+                    "busy",
+                    "the relay is sending as many pages as its memory allows (\(pageMemory.limit) bytes); try again",
+                    limit: pageMemory.limit,
+                    retryAfter: 1
+                )
+            }
+            let page = try await storageCall { () throws(ShoalError) in
                 try await storage.page(
                     cluster: token.cluster,
                     vector: vector,
@@ -395,16 +420,41 @@ public struct RelayServer: Sendable {
                     uploader: Self.uploader(request)
                 )
             }
-        } isEmpty: { $0.envelopes.isEmpty }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(page.envelopes.reduce(0) { $0 + 4 + $1.count })
-        for envelope in page.envelopes { RelayEnvelopeList.appendEncoded(envelope, to: &bytes) }
+            hold.resize(to: page.envelopes.reduce(0) { $0 + $1.count })
+            return (page, hold)
+        } isEmpty: { $0.0.envelopes.isEmpty }
         metrics.changeSetsOut.increment(by: page.envelopes.count)
         metrics.bytesOut.increment(by: page.envelopes.reduce(0) { $0 + $1.count })
         var headers = HTTPFields()
         headers[.contentType] = RelayAPI.envelopeContentType
         headers[Self.moreField] = page.more ? "1" : "0"
-        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+        let envelopes = page.envelopes
+        let sliced = ResponseBody(contentLength: envelopes.reduce(0) { $0 + 4 + $1.count }) { writer in
+            // Copied out a slice at a time, each once the connection took the ones before: a connection holds at most
+            // a slice or two beyond the page (which its hold counts), and one that takes nothing is closed after
+            // writeStallSeconds (RelayWriteStallHandler). The page's memory is given back when the answer is written.
+            let sliceBytes = RelayServerConfiguration.answerSliceBytes
+            var slice = ByteBuffer()
+            slice.reserveCapacity(sliceBytes + 4)
+            for envelope in envelopes {
+                slice.writeInteger(UInt32(envelope.count))
+                var offset = 0
+                while offset < envelope.count {
+                    let end = min(envelope.count, offset + max(0, sliceBytes - slice.readableBytes))
+                    slice.writeBytes(envelope[offset..<end])
+                    offset = end
+                    if slice.readableBytes >= sliceBytes {
+                        try await writer.write(slice)
+                        slice = ByteBuffer()
+                        slice.reserveCapacity(sliceBytes + 4)
+                    }
+                }
+            }
+            if slice.readableBytes > 0 { try await writer.write(slice) }
+            try await writer.finish(nil)
+            withExtendedLifetime(hold) {}
+        }
+        return Response(status: .ok, headers: headers, body: sliced)
     }
 
     /// Answers `query` at once when it finds something; otherwise waits (long-poll) until an upload, a rotation or new
@@ -422,7 +472,8 @@ public struct RelayServer: Sendable {
             let answer = try await query()
             let remaining = deadline - ContinuousClock.now
             if !isEmpty(answer) || remaining <= .zero || Task.isCancelled { return answer }
-            await notifier.wait(cluster, after: generation, for: remaining)
+            // The relay is stopping: answer now (asking again at once would spin until the deadline).
+            guard await notifier.wait(cluster, after: generation, for: remaining) else { return answer }
         }
     }
 

@@ -1,5 +1,8 @@
 import ArgumentParser
 import Foundation
+#if canImport(CMalloc)
+import CMalloc
+#endif
 import Logging
 import ServiceLifecycle
 import Shoal
@@ -78,6 +81,8 @@ extension ShoalCommand.Relay {
         var rateLimit = 200
         @Option(help: "Open connections at most (kept under the limit of open files, raised to its hard limit).")
         var maxConnections = 10_000
+        @Option(help: "Bytes of pull answers held at once across all connections (a pull beyond gets 503).")
+        var maxPagesBytes = 256 * 1024 * 1024
         @Option(help: "Hours change sets a snapshot covers are kept before they go (nodes older than that get the snapshot).")
         var retentionHours = 168.0
         @Option(help: "Bytes of change sets a snapshot covers kept per cluster at most (the oldest go first).")
@@ -92,11 +97,19 @@ extension ShoalCommand.Relay {
             }
             guard rateLimit >= 1 else { throw ValidationError("--rate-limit must be at least 1 request a second") }
             guard maxConnections >= 16 else { throw ValidationError("--max-connections must be at least 16") }
+            guard maxPagesBytes >= 16 * 1024 * 1024 else {
+                throw ValidationError("--max-pages-bytes must be at least 16777216 (the largest page)")
+            }
             guard retentionHours >= 0, retentionHours <= 100_000 else { throw ValidationError("--retention-hours must be 0 to 100000") }
             guard retentionBytes >= 0 else { throw ValidationError("--retention-bytes must be 0 or more") }
         }
 
         func run() async throws {
+            #if canImport(CMalloc)
+            // Buffers of 128 KiB and more (pages, change sets) are mapped and unmapped, so what a page freed goes back
+            // to the system: glibc's own threshold climbs to the sizes freed, and freed pages then stay resident.
+            mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+            #endif
             guard let address = PeerAddress(parsing: listen) else {
                 throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
             }
@@ -114,6 +127,7 @@ extension ShoalCommand.Relay {
             configuration.maximumEnvelopeBytes = maxChangesetBytes
             configuration.requestsPerSecond = rateLimit
             configuration.maximumConnections = maxConnections
+            configuration.maximumPagesBytes = maxPagesBytes
             configuration.retention = RelayRetention(
                 maximumAgeMilliseconds: Int64(retentionHours * 3_600_000),
                 maximumBytes: retentionBytes

@@ -72,8 +72,17 @@ public struct ServeProcess: ChildProcess {
     }
 
     public static func peakResidentMiB(pid: Int32) -> Double? {
+        statusMiB(pid: pid, field: "VmHWM:")
+    }
+
+    /// Resident memory now, in MiB (VmRSS, from /proc).
+    public static func residentMiB(pid: Int32) -> Double? {
+        statusMiB(pid: pid, field: "VmRSS:")
+    }
+
+    private static func statusMiB(pid: Int32, field: String) -> Double? {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field) }),
             let kib = Double(line.split(whereSeparator: { $0 == " " || $0 == "\t" })[1])
         else { return nil }
         return kib / 1024

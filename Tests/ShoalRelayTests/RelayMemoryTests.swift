@@ -1,0 +1,63 @@
+import NIOCore
+import NIOEmbedded
+import Testing
+
+@testable import ShoalRelay
+
+@Suite struct RelayMemoryTests {
+    @Test func pagesAreHeldUpToTheLimitAndGivenBackWhenReleased() {
+        let memory = RelayPageMemory(limit: 10_000)
+        var first: RelayPageMemory.Hold? = memory.hold(6_000)
+        #expect(first != nil)
+        #expect(memory.hold(5_000) == nil)
+        #expect(memory.bytes == 6_000)
+        // The page read held less than its budget: the rest is free again.
+        first?.resize(to: 1_000)
+        #expect(memory.bytes == 1_000)
+        var second: RelayPageMemory.Hold? = memory.hold(9_000)
+        #expect(second != nil)
+        // One change set larger than the budget is held all the same (a page carries at least one).
+        second?.resize(to: 12_000)
+        #expect(memory.bytes == 13_000)
+        #expect(memory.hold(1) == nil)
+        first = nil
+        second = nil
+        #expect(memory.bytes == 0)
+        #expect(memory.hold(10_000) != nil)
+    }
+
+    @Test func aConnectionThatTakesNothingForTheTimeoutIsClosed() throws {
+        let channel = EmbeddedChannel(handler: RelayWriteStallHandler(timeout: .seconds(30)))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        // It takes a little now and then: never closed.
+        for _ in 0..<5 {
+            channel.isWritable = false
+            channel.pipeline.fireChannelWritabilityChanged()
+            channel.embeddedEventLoop.advanceTime(by: .seconds(20))
+            channel.isWritable = true
+            channel.pipeline.fireChannelWritabilityChanged()
+            channel.embeddedEventLoop.advanceTime(by: .seconds(20))
+        }
+        #expect(channel.isActive)
+        // It stops taking anything.
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        channel.embeddedEventLoop.advanceTime(by: .seconds(29))
+        #expect(channel.isActive)
+        channel.embeddedEventLoop.advanceTime(by: .seconds(1))
+        #expect(!channel.isActive)
+    }
+
+    @Test func aStoppingRelayEndsEveryWaitAtOnce() async {
+        let notifier = RelayNotifier()
+        let clock = ContinuousClock()
+        let started = clock.now
+        async let waited = notifier.wait("c", after: 0, for: .seconds(60))
+        try? await Task.sleep(for: .milliseconds(50))
+        await notifier.shutDown()
+        #expect(await waited == false)
+        // Later waits return at once too, saying so, rather than letting a long-poll ask again in a loop.
+        #expect(await notifier.wait("c", after: 0, for: .seconds(60)) == false)
+        #expect(clock.now - started < .seconds(10))
+    }
+}
