@@ -35,10 +35,11 @@ extension Store {
             throw ShoalError(code: .invalidArgument, message: "compact the change log outside of any open transaction")
         }
         try refreshSchema()
-        try refreshSites()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            // Inside the transaction: another process may have added sites that the log entries name.
+            try refreshSites()
             try stampForeignWrites()
             var report = CompactionReport()
             let start = compactionPosition ?? (site: Int64.min, seq: Int64.min, table: Int64.min)

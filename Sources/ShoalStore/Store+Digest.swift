@@ -72,6 +72,8 @@ extension Store {
         guard connection.isAutocommit else { return try body() }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            // Another process may have added sites since they were last read, and the rows to settle may name them.
+            try refreshSites()
             try body()
             try connection.exec("COMMIT")
         } catch {
