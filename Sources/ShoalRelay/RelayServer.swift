@@ -35,9 +35,12 @@ public struct RelayServerConfiguration: Sendable {
     /// A connection that sends nothing (no request, or half of one) for this long is closed; longer than any
     /// long-poll.
     public var idleTimeoutSeconds: Int64 = 45
-    /// Bytes of pull answers held at once across all connections, at most: a pull that finds less than its page's
-    /// budget left gets 503 with `Retry-After`, so slow readers cannot make the relay hold more.
+    /// Bytes of pull answers held at once across all connections, at most, from before a page is read until its answer
+    /// is written out: a pull whose page budget does not fit waits its turn, and gets 503 with `Retry-After` after
+    /// ``pageMemoryWaitSeconds``; so slow readers cannot make the relay hold more.
     public var maximumPagesBytes = 256 * 1024 * 1024
+    /// How long a pull waits for its page budget to fit under ``maximumPagesBytes``.
+    public var pageMemoryWaitSeconds: Int64 = 10
     /// A connection whose peer takes nothing of an answer for this long is closed (answers go out in slices of
     /// ``answerSliceBytes``, each once the peer took the slices before).
     public var writeStallSeconds: Int64 = 30
@@ -95,7 +98,7 @@ public struct RelayServer: Sendable {
         self.configuration = configuration
         self.storage = storage
         self.limiter = RateLimiter(perSecond: configuration.requestsPerSecond)
-        // Never under one page at the largest budget, or no pull could pass.
+        // Never under one page at the largest budget, or pulls could pass only one at a time.
         self.pageMemory = RelayPageMemory(limit: max(configuration.maximumPagesBytes, configuration.maximumPageBytes))
     }
 
@@ -401,8 +404,9 @@ public struct RelayServer: Sendable {
         let budget = min(max(pull.maximumBytes ?? RelayAPI.defaultPageBytes, 64 * 1024), configuration.maximumPageBytes)
         let wait = min(max(pull.waitMilliseconds ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
         let (page, hold) = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
-            // The page's budget is held before it is read, and what it holds until its answer is written out.
-            guard let hold = pageMemory.hold(budget) else {
+            // The page's budget is held before it is read, and what it carries until its answer is written out.
+            guard let hold = await pageMemory.hold(budget, waitingAtMost: .seconds(configuration.pageMemoryWaitSeconds))
+            else {
                 throw RelayFailure(
                     .serviceUnavailable,
                     "busy",

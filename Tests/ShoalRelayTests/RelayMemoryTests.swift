@@ -5,25 +5,41 @@ import Testing
 @testable import ShoalRelay
 
 @Suite struct RelayMemoryTests {
-    @Test func pagesAreHeldUpToTheLimitAndGivenBackWhenReleased() {
+    @Test func pagesAreHeldUpToTheLimitAndGivenBackWhenReleased() async {
         let memory = RelayPageMemory(limit: 10_000)
-        var first: RelayPageMemory.Hold? = memory.hold(6_000)
+        var first: RelayPageMemory.Hold? = await memory.hold(6_000, waitingAtMost: .seconds(10))
         #expect(first != nil)
-        #expect(memory.hold(5_000) == nil)
+        #expect(await memory.hold(5_000, waitingAtMost: .milliseconds(20)) == nil)
         #expect(memory.bytes == 6_000)
-        // The page read held less than its budget: the rest is free again.
+        // The page read carried less than its budget: the rest is free again.
         first?.resize(to: 1_000)
         #expect(memory.bytes == 1_000)
-        var second: RelayPageMemory.Hold? = memory.hold(9_000)
+        var second: RelayPageMemory.Hold? = await memory.hold(9_000, waitingAtMost: .seconds(10))
         #expect(second != nil)
         // One change set larger than the budget is held all the same (a page carries at least one).
         second?.resize(to: 12_000)
         #expect(memory.bytes == 13_000)
-        #expect(memory.hold(1) == nil)
+        #expect(await memory.hold(1, waitingAtMost: .milliseconds(20)) == nil)
         first = nil
         second = nil
         #expect(memory.bytes == 0)
-        #expect(memory.hold(10_000) != nil)
+        // A budget over the limit holds the limit.
+        let whole = await memory.hold(50_000, waitingAtMost: .seconds(10))
+        #expect(whole != nil && memory.bytes == 10_000)
+    }
+
+    @Test func aPullWhoseBudgetDoesNotFitWaitsItsTurnUntilPagesAreWrittenOut() async {
+        let memory = RelayPageMemory(limit: 10_000)
+        var held: RelayPageMemory.Hold? = await memory.hold(8_000, waitingAtMost: .seconds(10))
+        async let waiting = memory.hold(4_000, waitingAtMost: .seconds(30))
+        try? await Task.sleep(for: .milliseconds(50))
+        // A later, smaller one does not pass the one waiting.
+        #expect(await memory.hold(1_000, waitingAtMost: .milliseconds(20)) == nil)
+        held = nil
+        let admitted = await waiting
+        #expect(admitted != nil)
+        #expect(memory.bytes == 4_000)
+        _ = held
     }
 
     @Test func aConnectionThatTakesNothingForTheTimeoutIsClosed() throws {
