@@ -9,14 +9,18 @@ extension RelayBenchmark {
     static let pullsPerSlowReader = 4
 
     /// Slow readers: `slowReaders` clients connect to a relay holding several pages of change sets, each posts
-    /// ``pullsPerSlowReader`` pulls for 4 MiB pages at once and never reads an answer (a receive buffer of 16 KiB, never
-    /// drained). The relay's resident memory is sampled for `slowSeconds`: it must stay bounded, not grow with the pulls
-    /// posted or the time they wait.
+    /// ``pullsPerSlowReader`` pulls for 4 MiB pages at once and never reads an answer (a receive buffer of 16 KiB,
+    /// never drained). The relay's resident memory is sampled for `slowSeconds`: it must stay bounded, not grow with
+    /// the pulls posted or the time they wait.
     func slowReaderMemory(_ directory: String, sync: SyncBenchmark) async throws -> [(String, Double)] {
         let uploads = try makeUploads(directory, sync: sync, rows: min(rows, 200_000))
         let storage = ["--data", directory + "/relay"]
         // Every reader's pulls come at once, with one token: over the default rate limit, raised for this part.
-        let process = try RelayProcess.start(storage: storage, log: directory + "/relay.log", extra: ["--rate-limit", "100000"])
+        let process = try RelayProcess.start(
+            storage: storage,
+            log: directory + "/relay.log",
+            extra: ["--rate-limit", "100000"]
+        )
         defer { process.stop() }
         let pid = process.process.processIdentifier
         let relay = BenchRelay(url: process.url, token: try RelayProcess.token(storage: storage, cluster: "bench"))
@@ -29,7 +33,8 @@ extension RelayBenchmark {
         var request = ByteBuffer()
         for _ in 0..<Self.pullsPerSlowReader {
             request.writeString(
-                "POST \(RelayAPI.pullPath) HTTP/1.1\r\nHost: 127.0.0.1:\(process.port)\r\nAuthorization: Bearer \(relay.token)\r\n"
+                "POST \(RelayAPI.pullPath) HTTP/1.1\r\nHost: 127.0.0.1:\(process.port)\r\n"
+                    + "Authorization: Bearer \(relay.token)\r\n"
                     + "Content-Type: application/json\r\nContent-Length: \(json.count)\r\n\r\n"
             )
             request.writeBytes(json)

@@ -82,7 +82,8 @@ struct RelayBenchmark: AsyncParsableCommand {
             let relayed = try await viaRelay.propagation(directory + "/propagation") { cluster in
                 let relay = try RelayProcess.start(data: relayDirectory + "/data")
                 started = relay
-                return BenchRelay(url: relay.url, token: try RelayProcess.token(data: relayDirectory + "/data", cluster: cluster))
+                let token = try RelayProcess.token(data: relayDirectory + "/data", cluster: cluster)
+                return BenchRelay(url: relay.url, token: token)
             }
             figures += lan.map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_lan_"), $0.1) }
             figures += relayed.map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_relay_"), $0.1) }
@@ -109,7 +110,8 @@ struct RelayBenchmark: AsyncParsableCommand {
             figures += try await slowReaderMemory(directory + "/slow", sync: sync)
         }
         if let postgres, only == nil || only == "reconnect" {
-            figures += try await RelayReconnect(server: postgres, times: reconnects).run(directory + "/reconnect", sync: sync)
+            figures += try await RelayReconnect(server: postgres, times: reconnects)
+                .run(directory + "/reconnect", sync: sync)
         }
         printFigures(figures, json: json, width: 38)
     }
@@ -179,7 +181,9 @@ struct RelayBenchmark: AsyncParsableCommand {
         register.body = .bytes(ByteBuffer(bytes: try JSONEncoder().encode(key)))
         let registered = try await client.execute(register, timeout: .seconds(30))
         _ = try await registered.body.collect(upTo: 1 << 20)
-        guard registered.status == .ok else { throw ServeError(message: "the relay answered \(registered.status) to the key") }
+        guard registered.status == .ok else {
+            throw ServeError(message: "the relay answered \(registered.status) to the key")
+        }
         let started = Date()
         for body in uploads.requests {
             var request = HTTPClientRequest(url: relay.url + RelayAPI.changeSetsPath)
@@ -236,7 +240,8 @@ struct RelayBenchmark: AsyncParsableCommand {
         let relayProcess = try RelayProcess.start(data: directory + "/relay")
         defer { relayProcess.stop() }
         let cluster = try KeyFile.load(forDatabase: directory + "/source.db").cluster.idHex
-        let relay = BenchRelay(url: relayProcess.url, token: try RelayProcess.token(data: directory + "/relay", cluster: cluster))
+        let token = try RelayProcess.token(data: directory + "/relay", cluster: cluster)
+        let relay = BenchRelay(url: relayProcess.url, token: token)
         let relayed = try sync.timeCatchUp(directory, source: source, target: relayTarget, targetName: "relayed", relay: relay)
         return [
             ("relay_catchup_seconds", relayed.seconds), ("relay_catchup_lan_seconds", lan.seconds),

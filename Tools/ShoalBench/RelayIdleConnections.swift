@@ -28,12 +28,9 @@ struct RelayIdleConnections {
         var count = self.count
         let limit = raiseOpenFilesLimit()
         if limit < count + 256 {
-            FileHandle.standardError.write(
-                Data(
-                    "shoal-bench relay: this process may open \(limit) files (its hard limit): holding \(limit - 256) idle connections, not \(count)\n"
-                        .utf8
-                )
-            )
+            let said = "shoal-bench relay: this process may open \(limit) files (its hard limit): holding "
+                + "\(limit - 256) idle connections, not \(count)\n"
+            FileHandle.standardError.write(Data(said.utf8))
             count = max(1, limit - 256)
         }
         // One token makes every pull; a burst of `count` pulls is over the default rate limit (200 a second, bursts of

@@ -59,7 +59,8 @@ struct RelayReconnect {
             nextID += 1
             try writer.execute("INSERT INTO t(id, a, b, c) VALUES (?, 'r', 1, 1.0)", [.integer(id)])
             while ContinuousClock.now - start < .seconds(30) {
-                if case .integer(let highest) = try reader.execute("SELECT max(id) FROM t").rows.first?.first, highest >= id {
+                let highest = try reader.execute("SELECT max(id) FROM t").rows.first?.first
+                if case .integer(let highest) = highest, highest >= id {
                     let elapsed = ContinuousClock.now - start
                     return Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
                 }
@@ -68,7 +69,9 @@ struct RelayReconnect {
             return nil
         }
         // Both nodes are linked before anything is timed: a first row goes through.
-        guard try arrival(since: .now) != nil else { throw ServeError(message: "a first row never reached the node through the relay") }
+        guard try arrival(since: .now) != nil else {
+            throw ServeError(message: "a first row never reached the node through the relay")
+        }
 
         var baseline: [Double] = []
         var resumed: [Double] = []
