@@ -58,11 +58,14 @@ extension RowState {
 
     private static func entry(_ current: CounterEntry?, delta: Int64, stamp: Stamp) -> CounterEntry {
         var entry = current ?? CounterEntry(increments: 0, decrements: 0, seq: stamp.seq, hlc: stamp.hlc)
+        // A site's running totals stop at UInt64.max rather than wrap (see ``counterValue(_:)``).
         if delta >= 0 {
-            entry.increments &+= UInt64(delta)
+            let (sum, overflow) = entry.increments.addingReportingOverflow(UInt64(delta))
+            entry.increments = overflow ? .max : sum
         } else {
             // `magnitude`, not negation: Int64.min has no positive counterpart.
-            entry.decrements &+= delta.magnitude
+            let (sum, overflow) = entry.decrements.addingReportingOverflow(delta.magnitude)
+            entry.decrements = overflow ? .max : sum
         }
         entry.seq = stamp.seq
         entry.hlc = stamp.hlc

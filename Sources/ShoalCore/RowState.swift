@@ -53,10 +53,14 @@ public struct RowState: Hashable, Sendable {
         }
     }
 
-    /// The value of counter cell `index`: the sum of every site's contribution.
+    /// The value of counter cell `index`: the sum of every site's contribution, computed exactly (in 128 bits)
+    /// and then held within Int64's range: a sum beyond `Int64.max` reads `Int64.max`, one below `Int64.min` reads
+    /// `Int64.min`. The sum is taken over the whole set of contributions, so every node holding the same ones
+    /// reads the same value, whatever order they arrived in; a counter never wraps around to the other sign.
     public func counterValue(_ index: Int) -> Int64 {
         guard case .counter(let entries) = cells[index] else { return 0 }
-        return entries.values.reduce(Int64(0)) { $0 &+ $1.net }
+        let sum = entries.values.reduce(Int128(0)) { $0 + Int128($1.increments) - Int128($1.decrements) }
+        return Int64(clamping: sum)
     }
 
     /// Every stamp this row holds, for the delta query: a change must be sent while its dot is not covered.

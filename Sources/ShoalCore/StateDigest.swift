@@ -70,40 +70,57 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         rowCount += other.rowCount
     }
 
-    /// The SHA-256 of one row: its table, key, metadata and the values of its non-key columns.
+    /// The SHA-256 of one row: its table, key, metadata, whether the table holds a data row for it, and that
+    /// row's stored values.
+    ///
+    /// `state` is nil for a data row Shoal holds no metadata for, and `values` nil when the table holds no data
+    /// row for the key: both are hashed apart from any row with metadata, and from a row whose values are all
+    /// NULL, so that two files whose rows differ in any way never share a digest. A deleted row's values are
+    /// hashed too when its data row is (wrongly) there.
     public static func rowHash(
         table: String,
         primaryKey: [SQLValue],
-        state: RowState,
+        state: RowState?,
         columns: [String],
-        values: [SQLValue]
+        values: [SQLValue]?
     ) -> [UInt8] {
         var bytes = [UInt8]()
-        bytes.reserveCapacity(64 + values.count * 24)
+        bytes.reserveCapacity(64 + (values?.count ?? 0) * 24)
         SQLValue.text(table).encode(into: &bytes)
         bytes.appendVarint(UInt64(primaryKey.count))
         for value in primaryKey { value.encode(into: &bytes) }
-        bytes.appendVarint(state.causalLength)
-        Self.encode(state.lengthStamp, into: &bytes)
-        for (index, cell) in state.cells.enumerated() where state.isAlive {
-            SQLValue.text(columns[index]).encode(into: &bytes)
-            switch cell {
-            case .empty:
-                bytes.append(0)
-            case .value(let stamp, _):
-                bytes.append(1)
-                Self.encode(stamp, into: &bytes)
-            case .counter(let entries):
-                bytes.append(2)
-                for (site, entry) in entries.sorted(by: { $0.key < $1.key }) {
-                    bytes.appendBigEndian(site.high)
-                    bytes.appendBigEndian(site.low)
-                    bytes.appendVarint(entry.seq)
-                    bytes.appendVarint(entry.increments)
-                    bytes.appendVarint(entry.decrements)
+        if let state {
+            bytes.append(1)
+            bytes.appendVarint(state.causalLength)
+            Self.encode(state.lengthStamp, into: &bytes)
+            for (index, cell) in state.cells.enumerated() where state.isAlive {
+                SQLValue.text(columns[index]).encode(into: &bytes)
+                switch cell {
+                case .empty:
+                    bytes.append(0)
+                case .value(let stamp, _):
+                    bytes.append(1)
+                    Self.encode(stamp, into: &bytes)
+                case .counter(let entries):
+                    bytes.append(2)
+                    for (site, entry) in entries.sorted(by: { $0.key < $1.key }) {
+                        bytes.appendBigEndian(site.high)
+                        bytes.appendBigEndian(site.low)
+                        bytes.appendVarint(entry.seq)
+                        bytes.appendVarint(entry.increments)
+                        bytes.appendVarint(entry.decrements)
+                    }
                 }
             }
-            values[index].encode(into: &bytes)
+        } else {
+            bytes.append(0)
+        }
+        if let values {
+            bytes.append(1)
+            bytes.appendVarint(UInt64(values.count))
+            for value in values { value.encode(into: &bytes) }
+        } else {
+            bytes.append(0)
         }
         return Array(SHA256.hash(data: bytes))
     }

@@ -89,7 +89,7 @@ final class ChangeCapture {
 
     /// Folds an event read from a table's outbox (a foreign connection's committed write).
     func foldForeign(_ event: CapturedEvent) {
-        fold(event)
+        fold(event, fromOutbox: true)
     }
 
     /// Folds net writes that happened after those pending now (this connection's own writes, taken out so
@@ -104,6 +104,8 @@ final class ChangeCapture {
                 }
                 var combined = pending[table].rows[position].write
                 combined.existsAfter = write.existsAfter
+                // This connection's own writes came last: what they say of the row's existence is current.
+                combined.fromOutbox = false
                 if let changed = write.changed, let earlier = combined.changed {
                     combined.changed = zip(earlier, changed).map { $0 || $1 }
                 } else if write.changed == nil {
@@ -117,7 +119,7 @@ final class ChangeCapture {
         }
     }
 
-    private func fold(_ event: CapturedEvent) {
+    private func fold(_ event: CapturedEvent, fromOutbox: Bool = false) {
         let columnCount = tables[event.table].columns.count
         let position = pending[event.table].position(of: event.key)
         let existing = position.map { pending[event.table].rows[$0].write }
@@ -141,6 +143,7 @@ final class ChangeCapture {
                 for (index, flag) in changed.enumerated() where flag { write.changed![index] = true }
             }
         }
+        if fromOutbox { write.fromOutbox = true }
         if let delta = event.counterDelta {
             if write.counterDelta == nil {
                 write.counterDelta = delta
@@ -179,6 +182,7 @@ final class ChangeCapture {
         switch operation {
         case SQLITE_INSERT:
             let key: PendingKey = table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
+            if refusal == nil, case .values(let values) = key { refusal = table.keyRefusal(values) }
             let counters = table.hasCounters ? counterValues(db, table, new: true) : nil
             statementEvents.append(
                 CapturedEvent(table: number, kind: .insert, key: key, changed: nil, counterDelta: counters)
@@ -195,6 +199,7 @@ final class ChangeCapture {
                 table.keyIsRowid ? .rowid(oldKey) : .values(values(db, table.keyPositions, new: false))
             let newRowKey: PendingKey =
                 table.keyIsRowid ? .rowid(newKey) : .values(values(db, table.keyPositions, new: true))
+            if refusal == nil, case .values(let values) = newRowKey { refusal = table.keyRefusal(values) }
             let oldValues = values(db, table.columnPositions, new: false)
             let newValues = values(db, table.columnPositions, new: true)
             if oldRowKey != newRowKey {

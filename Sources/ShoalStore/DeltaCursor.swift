@@ -30,6 +30,31 @@ public final class DeltaCursor {
     /// Whether the last batch (the one with the final claim) was handed out.
     public internal(set) var isFinished = false
 
+    /// Counts this cursor as open until it finishes or goes away.
+    var lease: CursorLease?
+    /// Per site, the highest seq the answer may claim: below a transaction one of whose rows this store wrote
+    /// after the answer's version was fixed (see ``CursorCount``). What it sent of that
+    /// transaction and the later ones still applies; the receiver claims them once a later answer, whose version
+    /// holds the newer write, sends it.
+    var ceilings: [SiteID: UInt64] = [:]
+
+    /// Lowers the claim's ceiling for `dot`'s site to just below `dot`.
+    func cap(_ dot: Dot) {
+        ceilings[dot.site] = min(ceilings[dot.site] ?? .max, dot.seq - 1)
+    }
+
+    /// Claims what the current site holds (up to its ceiling) and moves on to the next site.
+    func moveToNextSite() {
+        advanceClaim(sites[siteIndex].site, to: held[sites[siteIndex].site])
+        siteIndex += 1
+        if siteIndex < sites.count { floor = since[sites[siteIndex].site] }
+    }
+
+    /// Advances the claim for `site` to `seq`, or to its ceiling.
+    func advanceClaim(_ site: SiteID, to seq: UInt64) {
+        claim.advance(site, to: min(seq, ceilings[site] ?? .max))
+    }
+
     init(since: VersionVector, held: VersionVector, sites: [(index: UInt64, site: SiteID)]) {
         self.since = since
         self.held = held
@@ -46,6 +71,7 @@ extension Store {
         try captureForeignWritesIfIdle()
         let held = try versionVector()
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
+        cursor.lease = CursorLease(openCursors)
         // Integer keys take 10 bytes in the log; each row listed carries about one change per column.
         let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
         let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ?")
@@ -87,7 +113,7 @@ extension Store {
         var bytes = 0
         var dotStart = 0
         var rowChanges: [Change] = []
-        while true {
+        nextTransaction: while true {
             if let dot = cursor.dot {
                 // Continue the transaction in progress.
                 if cursor.dotStartedInBatch == false { dotStart = changes.count }
@@ -113,6 +139,18 @@ extension Store {
                         }
                         rowChanges.removeAll(keepingCapacity: true)
                         try collect(dot: dot, table: table, key: key, into: &rowChanges)
+                        if let lease = cursor.lease,
+                            openCursors.wasTouched(table: table.id, key: key, since: lease.openedAt)
+                        {
+                            // Written since the answer's version was fixed: this transaction and the site's later
+                            // ones are neither sent nor claimed now (a later answer sends them with what overwrote
+                            // them), so that every change sent lies within what the answer claims.
+                            cursor.cap(dot)
+                            changes.removeSubrange(dotStart...)
+                            cursor.dot = nil
+                            cursor.moveToNextSite()
+                            continue nextTransaction
+                        }
                         let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
                         if !changes.isEmpty
                             && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
@@ -140,7 +178,7 @@ extension Store {
                     cursor.seenKeys.removeAll()  // keys repeat only within one table's list
                 }
                 // The transaction is complete.
-                cursor.claim.advance(dot.site, to: dot.seq)
+                cursor.advanceClaim(dot.site, to: dot.seq)
                 cursor.floor = dot.seq
                 cursor.dot = nil
                 if changes.count >= maxChanges || bytes >= maxBytes {
@@ -150,16 +188,13 @@ extension Store {
             // The next transaction of the current site, or the next site.
             guard cursor.siteIndex < cursor.sites.count else {
                 cursor.isFinished = true
-                cursor.claim.merge(cursor.held)
+                cursor.lease = nil
+                for (site, seq) in cursor.held.entries { cursor.advanceClaim(site, to: seq) }
                 return ChangeBatch(changes: changes, claim: cursor.claim)
             }
             let (index, site) = cursor.sites[cursor.siteIndex]
             guard let seq = try nextLoggedSeq(site: index, after: cursor.floor), seq <= cursor.held[site] else {
-                cursor.claim.advance(site, to: cursor.held[site])
-                cursor.siteIndex += 1
-                if cursor.siteIndex < cursor.sites.count {
-                    cursor.floor = cursor.since[cursor.sites[cursor.siteIndex].site]
-                }
+                cursor.moveToNextSite()
                 continue
             }
             let select = try statement("SELECT tbl, keys FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl")
@@ -206,4 +241,73 @@ extension Change {
         }
         return size
     }
+}
+
+/// The delta cursors a store has open, and the rows its own commits touched while any was open.
+///
+/// An answer's claim is fixed when its cursor opens, and its rows are read batch by batch: a row this store
+/// writes in between (a local write, an app's write it stamps, a batch from a third peer) may have overwritten
+/// part of a transaction the answer has yet to send. Such rows are noted here, so the cursor can tell them apart
+/// from rows unchanged since it opened. (A store in another process on the same file is not seen: its commits
+/// change no row this connection notes.)
+final class CursorCount {
+    private(set) var count = 0
+    /// Increases with every row noted.
+    private var clock: UInt64 = 0
+    private var touched: [TouchedRow: UInt64] = [:]
+    /// Set when more rows were touched than are kept: every row counts as touched for cursors opened before.
+    private var overflowAt: UInt64?
+    private static let maximumRows = 1_000_000
+
+    /// The position a cursor opened now compares against.
+    var now: UInt64 { clock }
+
+    func open() { count += 1 }
+
+    func close() {
+        count -= 1
+        if count == 0 {
+            touched.removeAll()
+            overflowAt = nil
+        }
+    }
+
+    /// Notes that a row of table `table` was written (only while a cursor is open).
+    func touch(table: Int64, key: [SQLValue]) {
+        guard count > 0 else { return }
+        clock += 1
+        guard overflowAt == nil else { return }
+        if touched.count >= Self.maximumRows {
+            touched.removeAll()
+            overflowAt = clock
+            return
+        }
+        touched[TouchedRow(table: table, key: key)] = clock
+    }
+
+    /// Whether the row was written after position `since`.
+    func wasTouched(table: Int64, key: [SQLValue], since: UInt64) -> Bool {
+        if let overflowAt, overflowAt > since { return true }
+        return (touched[TouchedRow(table: table, key: key)] ?? 0) > since
+    }
+}
+
+private struct TouchedRow: Hashable {
+    let table: Int64
+    let key: [SQLValue]
+}
+
+/// Holds one count of a ``CursorCount`` while it lives.
+final class CursorLease {
+    private let counter: CursorCount
+    /// Where the counter stood when the cursor opened.
+    let openedAt: UInt64
+
+    init(_ counter: CursorCount) {
+        self.counter = counter
+        counter.open()
+        openedAt = counter.now
+    }
+
+    deinit { counter.close() }
 }

@@ -72,6 +72,29 @@ final class ReplicatedTable {
     }
 
     /// A description of the replicated schema that two nodes must share.
+    /// Why a key written to this table cannot be replicated, if it cannot: a NULL part (SQLite allows one in the
+    /// primary key of a rowid table, but no node could name the row), or, in a key column declared with no type, a
+    /// REAL equal to an integer (SQLite compares `1.0` and `1` as one key; nodes would keep either).
+    func keyRefusal(_ key: [SQLValue], ending: String = "nothing was written") -> ShoalError? {
+        for (index, value) in key.enumerated() {
+            let problem: String
+            switch value {
+            case .null:
+                problem = "NULL"
+            case .real(let real) where keyAffinities[index] == .blob && real == real.rounded(.towardZero):
+                problem = "the REAL \(real), which SQLite compares equal to an integer key"
+            default:
+                continue
+            }
+            return ShoalError(
+                code: .unsupportedSchema,
+                message: "key column \(name).\(keyColumns[index]) of a replicated table cannot hold \(problem): no "
+                    + "other node could tell that row apart; \(ending)"
+            )
+        }
+        return nil
+    }
+
     var fingerprintText: String {
         let cells = zip(columns, isCounter).map { "\($0)\($1 ? ":counter" : "")" }
         return "\(name)(\(keyColumns.joined(separator: ","))|\(cells.joined(separator: ",")))"
@@ -88,6 +111,9 @@ struct PendingWrite {
     var changed: [Bool]?
     /// Net movement of each counter column; `nil` when none moved.
     var counterDelta: [Int64]?
+    /// Whether another connection's write (read from the outbox) is part of it: what it says of the row's
+    /// existence held when that connection committed, and is checked against the table when stamped.
+    var fromOutbox = false
 }
 
 /// A row's primary key as the capture keeps it: the rowid itself when the key is the rowid.

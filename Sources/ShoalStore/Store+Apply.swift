@@ -68,7 +68,11 @@ extension Store {
             throw error
         }
         capture.isSuspended = true
-        defer { capture.isSuspended = false }
+        let triggersWereOn = suspendAppTriggers()
+        defer {
+            capture.isSuspended = false
+            setTriggers(enabled: triggersWereOn)
+        }
         do throws(ShoalError) {
             let report = try applyInTransaction(changes, claim: claim, since: since)
             try connection.exec("COMMIT")
@@ -94,8 +98,21 @@ extension Store {
         }
         try refreshSchema()
         try connection.exec("BEGIN IMMEDIATE")
+        // Writes other connections committed come before anything applied here (an app's write made after a
+        // remote one must win over it, and a remote delete must see the update it deletes).
+        do throws(ShoalError) {
+            try stampForeignWrites()
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
         capture.isSuspended = true
-        defer { capture.isSuspended = false }
+        let triggersWereOn = suspendAppTriggers()
+        defer {
+            capture.isSuspended = false
+            setTriggers(enabled: triggersWereOn)
+        }
         do throws(ShoalError) {
             var total = ApplyReport()
             var carried: [SiteID: UInt64] = [:]
@@ -115,6 +132,20 @@ extension Store {
             try? connection.exec("ROLLBACK")
             throw error
         }
+    }
+
+    /// Turns the app's triggers off for an apply; returns whether they were on.
+    ///
+    /// An app trigger's writes are part of the transaction that fired it: on the node where the app wrote, they
+    /// are captured with it and travel as that node's own changes (an audit row, a running total, an `updated_at`).
+    /// Firing the trigger again where the change is applied would write them twice, or write rows no one
+    /// captures, so triggers of the main schema do not run while Shoal applies remote changes. TEMP triggers
+    /// created on Shoal's own connection still run (SQLite leaves them on): the way to keep a local-only table
+    /// (a search index, a cache) up to date with applied rows; their writes to replicated tables are not captured.
+    func suspendAppTriggers() -> Bool {
+        let wereOn = triggersEnabled
+        setTriggers(enabled: false)
+        return wereOn
     }
 
     private func validate(_ changes: [Change], claim: VersionVector, since: VersionVector?) throws(ShoalError) -> Int64

@@ -64,6 +64,7 @@ extension Store {
     }
 
     /// The changes of transaction `dot` that row `key` still holds.
+    /// The changes of row `key` that transaction `dot` wrote and that still hold.
     func collect(
         dot: Dot,
         table: ReplicatedTable,

@@ -10,6 +10,9 @@ public struct CompactionReport: Sendable, Hashable, CustomStringConvertible {
     public var keysDropped = 0
     /// Whether the pass reached the end of the log (the next one starts again from its beginning).
     public var reachedEnd = false
+    /// Whether the pass was put off because an answer to a peer was being read (``Store/deltaCursor(since:)``):
+    /// dropping an entry it has yet to reach could make it claim a transaction without sending what overwrote it.
+    public var deferred = false
 
     /// A report of a pass that did nothing yet.
     public init() {}
@@ -33,6 +36,12 @@ extension Store {
     public func compactLog(maxEntries: Int = 5_000) throws(ShoalError) -> CompactionReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "compact the change log outside of any open transaction")
+        }
+        guard openCursors.count == 0 else {
+            var report = CompactionReport()
+            report.reachedEnd = true
+            report.deferred = true
+            return report
         }
         try refreshSchema()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })

@@ -89,6 +89,18 @@ extension Store {
         var digest = StateDigest()
         for table in capture.tables {
             try scanRows(of: table) { hash, _ throws(ShoalError) in digest.add(rowHash: hash) }
+            // Data rows Shoal holds no metadata for count too: a file with such a row never matches one without.
+            try scanRowsWithoutMetadata(of: table) { key, values throws(ShoalError) in
+                digest.add(
+                    rowHash: StateDigest.rowHash(
+                        table: table.name,
+                        primaryKey: key,
+                        state: nil,
+                        columns: table.columns,
+                        values: values
+                    )
+                )
+            }
         }
         return digest
     }
@@ -301,16 +313,15 @@ extension Store {
         old.reset()
         var newHash: [UInt8]?
         if let state = try loadState(table: table, key: key) {
-            var values = Array(repeating: SQLValue.null, count: table.columns.count)
-            if state.isAlive && !table.columns.isEmpty {
-                let select = try statement(
-                    "SELECT \(table.quotedColumns.joined(separator: ", ")) FROM \(quote(table.name)) "
-                        + "WHERE \(table.dataKeyPredicate)"
-                )
-                try select.bind(key)
-                if try select.step() { values = select.row() }
-                select.reset()
-            }
+            // The data row is read whatever the metadata says: a live row without one, or a deleted row with one,
+            // hashes apart from the row the metadata describes.
+            let select = try statement(
+                "SELECT \((["1"] + table.quotedColumns).joined(separator: ", ")) FROM \(quote(table.name)) "
+                    + "WHERE \(table.dataKeyPredicate)"
+            )
+            try select.bind(key)
+            let values: [SQLValue]? = try select.step() ? Array(select.row().dropFirst()) : nil
+            select.reset()
             newHash = StateDigest.rowHash(
                 table: table.name,
                 primaryKey: key,
@@ -433,11 +444,25 @@ extension Store {
         limit: Int? = nil,
         _ body: (_ hash: [UInt8], _ key: [SQLValue]) throws(ShoalError) -> Void
     ) throws(ShoalError) {
+        try scanRowStates(of: table, after: after, limit: limit) { hash, key, _, _ throws(ShoalError) in
+            try body(hash, key)
+        }
+    }
+
+    /// ``scanRows(of:after:limit:_:)``, also giving each row's metadata and whether its data row is there.
+    func scanRowStates(
+        of table: ReplicatedTable,
+        after: [SQLValue]? = nil,
+        limit: Int? = nil,
+        _ body: (_ hash: [UInt8], _ key: [SQLValue], _ state: RowState, _ hasData: Bool) throws(ShoalError) -> Void
+    ) throws(ShoalError) {
         let keys = table.keyColumns.indices.map { "c.k\($0)" }
         let values = table.columns.map { "d.\(quote($0))" }
         let join = table.keyColumns.enumerated().map { "d.\(quote($0.element)) = c.k\($0.offset)" }
+        // Whether the data row is there (a joined key column is never NULL).
+        let present = "d.\(quote(table.keyColumns[0])) IS NOT NULL"
         var sql =
-            "SELECT \((keys + ["c.meta"] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
+            "SELECT \((keys + ["c.meta", present] + values).joined(separator: ", ")) FROM \(table.clockTable) c "
             + "LEFT JOIN \(quote(table.name)) d ON \(join.joined(separator: " AND "))"
         if after != nil {
             let marks = Array(repeating: "?", count: keys.count).joined(separator: ", ")
@@ -454,14 +479,15 @@ extension Store {
             }
             let state = try RowState(encoded: meta, columnCount: table.columns.count, sites: sites)
             let key = Array(row[0..<keyCount])
+            let hasData = row[keyCount + 1] == .integer(1)
             let hash = StateDigest.rowHash(
                 table: table.name,
                 primaryKey: key,
                 state: state,
                 columns: table.columns,
-                values: Array(row[(keyCount + 1)...])
+                values: hasData ? Array(row[(keyCount + 2)...]) : nil
             )
-            try body(hash, key)
+            try body(hash, key, state, hasData)
         }
     }
 

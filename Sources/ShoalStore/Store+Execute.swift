@@ -322,10 +322,19 @@ extension Store {
             }
             for (pendingKey, write) in general {
                 let key = pendingKey.values
-                var state = try loadState(table: table, key: key) ?? RowState(columnCount: table.columns.count)
+                let stored = try loadState(table: table, key: key)
+                var state = stored ?? RowState(columnCount: table.columns.count)
+                var existsAfter = write.existsAfter
+                // A write that would start a new life must find its data row: a row another connection updated
+                // and an apply since deleted (or one gone behind Shoal's back) is not brought back as NULLs.
+                if existsAfter, write.fromOutbox || stored?.isAlive == false,
+                    try !dataRowExists(table: table, key: key)
+                {
+                    existsAfter = false
+                }
                 let changed = state.recordLocalWrite(
                     existedBefore: write.existedBefore,
-                    existsAfter: write.existsAfter,
+                    existsAfter: existsAfter,
                     changed: write.changed ?? table.allChanged,
                     counterDelta: write.counterDelta ?? table.noDelta,
                     isCounter: table.isCounter,
@@ -341,6 +350,14 @@ extension Store {
         for (number, keys) in logKeys {
             try appendLog(dot: stamp.dot, table: capture.tables[number].id, hlc: stamp.hlc, keys: keys)
         }
+    }
+
+    /// Whether table `table` holds a data row with primary key `key`.
+    func dataRowExists(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
+        let select = try statement("SELECT 1 FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)")
+        try select.bind(key)
+        defer { select.reset() }
+        return try select.step()
     }
 
     /// Counter columns hold the sum of every site's contribution; rewrite a value that is not that integer.

@@ -47,6 +47,7 @@ extension Store {
         try bindKey(key, meta: state.encoded(sites: &sites), to: upsert)
         try upsert.run()
         try persistNewSites()
+        openCursors.touch(table: table.id, key: key)
     }
 
     /// How many new rows' metadata one statement inserts.

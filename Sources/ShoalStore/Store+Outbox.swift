@@ -152,9 +152,23 @@ extension Store {
             "RAISE(ABORT, 'shoal: a value written to table \(sqlText(table.name)) is larger than the "
             + "maximum of \(Self.maximumValueBytes) bytes (256 MiB) a replicated table accepts; nothing was "
             + "written')"
-        let refuseLarge = everyColumn.isEmpty ? "" : "SELECT \(raiseLarge) WHERE \(tooLarge);"
-        // For inserts the check rides in the outbox row's op: one statement per row rather than two.
-        let insertOp = everyColumn.isEmpty ? "1" : "CASE WHEN \(tooLarge) THEN \(raiseLarge) ELSE 1 END"
+        var refuseLarge = everyColumn.isEmpty ? "" : "SELECT \(raiseLarge) WHERE \(tooLarge);"
+        // A key SQLite would compare equal to another node's different key, or one with a NULL part (which no
+        // node can name): refused, so that one bad row never reaches the metadata (see ReplicatedTable.keyRefusal).
+        let badKey = table.keyIsRowid ? "" : table.keyColumns.enumerated().map { index, column in
+            let value = "NEW.\(quote(column))"
+            let loose = table.keyAffinities[index] == .blob
+                ? " OR (typeof(\(value)) = 'real' AND \(value) = CAST(\(value) AS INTEGER))" : ""
+            return "\(value) IS NULL\(loose)"
+        }.joined(separator: " OR ")
+        let raiseKey =
+            "RAISE(ABORT, 'shoal: a row of replicated table \(sqlText(table.name)) needs a key with no NULL part, and "
+            + "no REAL equal to an integer in a column declared with no type (1.0 and 1 are one key to SQLite); "
+            + "nothing was written')"
+        if !badKey.isEmpty { refuseLarge = "SELECT \(raiseKey) WHERE \(badKey); " + refuseLarge }
+        // For inserts the checks ride in the outbox row's op: one statement per row rather than two.
+        var insertOp = everyColumn.isEmpty ? "1" : "CASE WHEN \(tooLarge) THEN \(raiseLarge) ELSE 1 END"
+        if !badKey.isEmpty { insertOp = "CASE WHEN \(badKey) THEN \(raiseKey) ELSE \(insertOp) END" }
         let prefix = "shoal_capture_\(table.id)"
         statements.append(
             "CREATE TRIGGER IF NOT EXISTS \(prefix)_insert AFTER INSERT ON \(name) \(when) BEGIN "

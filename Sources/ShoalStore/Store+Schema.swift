@@ -159,6 +159,8 @@ extension Store {
     }
 
     func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
+        try validateKeys(table)
+        try validateChecks(table)
         for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
             guard case .text(let column) = row[1], case .integer(let notNull) = row[3], notNull != 0,
                 case .null = row[4], table.columnIndex[column] != nil
@@ -178,6 +180,103 @@ extension Store {
                 message: "table \(table.name) has a unique constraint (\(index)) besides its primary key; two nodes "
                     + "could each write a value the other holds, so such tables cannot be replicated"
             )
+        }
+    }
+
+    /// Keys must name one row the same way on every node: SQLite compares keys under their collation and affinity,
+    /// so keys it considers equal (`BOB@x` and `bob@x` under NOCASE, `1` and `1.0` in a REAL or NUMERIC column)
+    /// would be one row on a node that holds one of them and two rows across nodes. AUTOINCREMENT keys are
+    /// assigned by each node from its own sequence: two nodes would give different rows the same key.
+    private func validateKeys(_ table: ReplicatedTable) throws(ShoalError) {
+        for (index, column) in table.keyColumns.enumerated() {
+            var type: UnsafePointer<CChar>?
+            var collation: UnsafePointer<CChar>?
+            var notNull: Int32 = 0
+            var primaryKey: Int32 = 0
+            var autoincrement: Int32 = 0
+            let code = sqlite3_table_column_metadata(
+                connection.handle, "main", table.name, column, &type, &collation, &notNull, &primaryKey, &autoincrement
+            )
+            guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
+            if autoincrement != 0 {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "the key of \(table.name) is AUTOINCREMENT: every node would number its new rows from its "
+                        + "own sequence, and two nodes would give different rows the same key. Give each row a key "
+                        + "unique across nodes (for example `id INTEGER PRIMARY KEY` filled with abs(random()), or a "
+                        + "TEXT key filled with lower(hex(randomblob(16)))), then replicate"
+                )
+            }
+            let collationName = collation.map { String(cString: $0) } ?? "BINARY"
+            if collationName.uppercased() != "BINARY" {
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "key column \(table.name).\(column) uses COLLATE \(collationName): keys SQLite considers "
+                        + "equal under it (such as BOB@x and bob@x) would be one row on one node and two rows across "
+                        + "nodes. Declare the key with the default (BINARY) collation and store it normalised (for "
+                        + "example lower(email)), or keep a \(collationName) index beside it for lookups"
+                )
+            }
+            switch table.keyAffinities[index] {
+            case .real, .numeric:
+                let declared = type.map { String(cString: $0) } ?? ""
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "key column \(table.name).\(column) is declared \(declared): SQLite compares 1 and 1.0 "
+                        + "as the same key there, and stores either, so nodes would keep one row under different "
+                        + "keys. Declare the key INTEGER, TEXT or BLOB"
+                )
+            default:
+                break
+            }
+        }
+        if table.keyIsRowid {
+            options.logger.warning(
+                "keys SQLite assigns are not unique across nodes",
+                metadata: [
+                    "table": "\(table.name)",
+                    "key": "\(table.keyColumns[0])",
+                    "advice": .string(
+                        "give every INSERT an explicit key unique across nodes (abs(random()), or a key built "
+                            + "from the node): two nodes inserting without one get the same key, and the rows merge"
+                    ),
+                ]
+            )
+        }
+    }
+
+    /// A field-level merge combines columns that different nodes wrote: a CHECK relating several columns (or a
+    /// counter, whose merged sum no node wrote) can be violated by a merge of two valid writes, and every node
+    /// would refuse that merge forever. Such tables are refused, with the constraint named; a CHECK of one plain
+    /// column holds for every value a node wrote, and so for the merge.
+    private func validateChecks(_ table: ReplicatedTable) throws(ShoalError) {
+        guard
+            case .text(let sql) = try connection.scalar(
+                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?",
+                [.text(table.name)]
+            )
+        else { return }
+        let names = Dictionary(
+            (table.keyColumns + table.columns).map { ($0.lowercased(), $0) },
+            uniquingKeysWith: { first, _ in first }
+        )
+        for check in SQLText.checkExpressions(in: sql) {
+            let referenced = Set(SQLText.identifiers(in: check).compactMap { names[$0.lowercased()] })
+            let counters = referenced.filter { table.columnIndex[$0].map { table.isCounter[$0] } ?? false }
+            if referenced.count > 1 || !counters.isEmpty {
+                let reason =
+                    counters.isEmpty
+                    ? "it relates columns \(referenced.sorted().joined(separator: ", ")), which nodes may write "
+                        + "concurrently; a merge of two valid edits could break it"
+                    : "it constrains counter \(counters.sorted().joined(separator: ", ")), whose merged sum no node "
+                        + "wrote; concurrent increments could break it"
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "table \(table.name) has CHECK(\(check)): \(reason), and every node would then refuse "
+                        + "the merge. Drop the CHECK (keep the rule in the app), or keep the related values in one "
+                        + "column, then replicate"
+                )
+            }
         }
     }
 
@@ -215,6 +314,11 @@ extension Store {
     /// integer, a value over the size maximum.
     private func refuseUnreplicable(_ row: [SQLValue], names: [String], table: ReplicatedTable) throws(ShoalError) {
         let keyCount = table.keyColumns.count
+        if !table.keyIsRowid,
+            let refusal = table.keyRefusal(Array(row[0..<keyCount]), ending: "a row holds one: fix it, then replicate")
+        {
+            throw refusal
+        }
         for (position, value) in row.enumerated() {
             let bytes: Int =
                 switch value {

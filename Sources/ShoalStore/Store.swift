@@ -59,6 +59,11 @@ public final class Store {
     let connection: SQLiteConnection
     let capture = ChangeCapture()
     var sites = SiteTable()
+    /// How many delta cursors are being read (compaction waits for none).
+    let openCursors = CursorCount()
+    /// Set when a transaction rolled back: sites it allocated (in memory and in `shoal_sites`) are gone from the
+    /// file, so the table is read again before its next use.
+    var sitesNeedReload = false
     var hybridClock: HybridClock
     /// The stamp of the open transaction's local changes, once it has any.
     var transactionStamp: Stamp?
@@ -102,6 +107,7 @@ public final class Store {
                 + "PRAGMA mmap_size = \(options.mmapSize)"
         )
         self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
+        try migrateDigestFormat()
         try installOwnConnectionMarker()
         installHooks()
         try refreshSchema()
@@ -246,6 +252,8 @@ public final class Store {
                 store.capture.discardPending()
                 store.transactionStamp = nil
                 store.outboxCheckedAt = nil
+                // Sites this transaction allocated were rolled back with it (SQL cannot run inside the hook).
+                if store.sites.hasNew || store.sites.allocatedSinceLoad { store.sitesNeedReload = true }
             },
             context
         )
@@ -346,13 +354,24 @@ public final class Store {
         try updateTriggerSwitch()
     }
 
-    /// Loads the site table again if another process added sites.
+    /// Loads the site table again if another process added sites, or if a rolled-back transaction allocated
+    /// some. Compared by content (the count and the newest entry), not by count alone: after a rollback, another
+    /// process may have given the index this connection had allocated to a different site.
     func refreshSites() throws(ShoalError) {
-        let count = try statement("SELECT count(*) FROM shoal_sites")
-        try count.step()
-        let stored = Int(count.columnInt64(0))
-        count.reset()
-        guard stored != sites.count else { return }
+        if !sitesNeedReload {
+            let newest = try statement("SELECT count(*), max(idx) FROM shoal_sites")
+            try newest.step()
+            let stored = Int(newest.columnInt64(0))
+            let highest = newest.columnInt64(1)
+            newest.reset()
+            if stored == sites.count {
+                let last = try statement("SELECT site FROM shoal_sites WHERE idx = ?")
+                try last.bind([.integer(highest)])
+                let same = try last.step() && (try? sites.site(at: UInt64(highest)))?.bytes == last.columnBytes(0)
+                last.reset()
+                if same { return }
+            }
+        }
         var table = SiteTable()
         for row in try connection.rows("SELECT idx, site FROM shoal_sites ORDER BY idx") {
             guard case .integer(let index) = row[0], case .blob(let bytes) = row[1], let site = SiteID(bytes: bytes)
@@ -360,6 +379,7 @@ public final class Store {
             table.load(site, index: UInt64(index))
         }
         sites = table
+        sitesNeedReload = false
     }
 
     /// Writes sites allocated in memory since the last call.
@@ -378,6 +398,8 @@ struct SiteTable: SiteIndexing {
     private var byIndex: [SiteID?] = [nil]
     private var indexes: [SiteID: UInt64] = [:]
     private var fresh: [(UInt64, SiteID)] = []
+    /// Whether a site was allocated since the table was loaded (persisted or not).
+    private(set) var allocatedSinceLoad = false
 
     var count: Int { indexes.count }
     var hasNew: Bool { !fresh.isEmpty }
@@ -395,6 +417,7 @@ struct SiteTable: SiteIndexing {
         let index = UInt64(byIndex.count)
         load(site, index: index)
         fresh.append((index, site))
+        allocatedSinceLoad = true
         return index
     }
 

@@ -1,0 +1,131 @@
+import ShoalCore
+
+/// A row whose data and replication metadata disagree (``Store/verify(limit:)``).
+public struct RowMismatch: Sendable, Hashable, CustomStringConvertible {
+    /// How the data row and its metadata disagree.
+    public enum Kind: String, Sendable, Hashable {
+        /// The metadata says the row is alive, but the table holds no data row for its key (it was deleted with
+        /// Shoal's capture bypassed).
+        case liveRowWithoutData = "live row without data"
+        /// The metadata says the row was deleted, but the table holds a data row for its key.
+        case deletedRowWithData = "deleted row with data"
+        /// The table holds a data row Shoal has no metadata for (written with Shoal's capture bypassed).
+        case dataWithoutMetadata = "data without metadata"
+    }
+
+    /// The replicated table.
+    public var table: String
+    /// The row's primary key.
+    public var primaryKey: [SQLValue]
+    /// How its data and metadata disagree.
+    public var kind: Kind
+
+    /// What to do about it, for a person.
+    public var remedy: String {
+        switch kind {
+        case .liveRowWithoutData:
+            "write the row again through Shoal (shoal sql, or any connection once Shoal is capturing) or delete it; "
+                + "either replicates, and peers still hold its values"
+        case .deletedRowWithData:
+            "delete the row again (DELETE through Shoal or any connection): peers deleted it"
+        case .dataWithoutMetadata:
+            "delete the row and insert it again in one transaction, through Shoal or any connection, so that it "
+                + "replicates; or delete it"
+        }
+    }
+
+    /// `items (7): live row without data`.
+    public var description: String {
+        "\(table) (\(primaryKey.map(\.description).joined(separator: ", "))): \(kind.rawValue)"
+    }
+}
+
+/// What ``Store/verify(limit:)`` found.
+public struct VerifyReport: Sendable, Hashable {
+    /// The digest as maintained incrementally (``Store/digest()``).
+    public var maintained: StateDigest
+    /// The digest recomputed from a scan of every data row and every row's metadata.
+    public var scanned: StateDigest
+    /// Rows whose data and metadata disagree, at most the limit asked for, in table and key order.
+    public var mismatches: [RowMismatch]
+    /// How many rows disagree in all (may exceed `mismatches.count`).
+    public var mismatchCount: Int
+
+    /// Whether the file is consistent: the maintained digest equals a full scan and no row disagrees.
+    public var isConsistent: Bool { maintained == scanned && mismatchCount == 0 }
+}
+
+extension Store {
+    /// Checks every replicated row: recomputes the digest from a scan (data rows, their presence and values, and
+    /// their metadata), compares it with the maintained one, and lists each row whose data and metadata disagree.
+    ///
+    /// Such rows appear only when Shoal's capture was bypassed (a connection that dropped the capture triggers,
+    /// a file edited by a tool that does not run triggers, an older Shoal applying with the app's triggers on);
+    /// their digest differs from any file without them, so peers see the difference.
+    public func verify(limit: Int = 1_000) throws(ShoalError) -> VerifyReport {
+        let maintained = try digest()
+        let scanned = try fullScanDigest()
+        var mismatches: [RowMismatch] = []
+        var count = 0
+        func note(_ table: ReplicatedTable, _ key: [SQLValue], _ kind: RowMismatch.Kind) {
+            count += 1
+            if mismatches.count < limit { mismatches.append(RowMismatch(table: table.name, primaryKey: key, kind: kind)) }
+        }
+        for table in capture.tables {
+            try scanRowStates(of: table) { _, key, state, hasData throws(ShoalError) in
+                if state.isAlive && !hasData { note(table, key, .liveRowWithoutData) }
+                if !state.isAlive && hasData { note(table, key, .deletedRowWithData) }
+            }
+            try scanRowsWithoutMetadata(of: table) { key, _ throws(ShoalError) in note(table, key, .dataWithoutMetadata) }
+        }
+        return VerifyReport(maintained: maintained, scanned: scanned, mismatches: mismatches, mismatchCount: count)
+    }
+
+    /// Every data row of `table` that has no metadata, with its key and values.
+    func scanRowsWithoutMetadata(
+        of table: ReplicatedTable,
+        _ body: (_ key: [SQLValue], _ values: [SQLValue]) throws(ShoalError) -> Void
+    ) throws(ShoalError) {
+        let keys = table.keyColumns.map { "d.\(quote($0))" }
+        let values = table.columns.map { "d.\(quote($0))" }
+        let match = table.keyColumns.enumerated().map { "c.k\($0.offset) = d.\(quote($0.element))" }
+        let select = try connection.prepare(
+            "SELECT \((keys + values).joined(separator: ", ")) FROM \(quote(table.name)) d "
+                + "WHERE NOT EXISTS (SELECT 1 FROM \(table.clockTable) c WHERE \(match.joined(separator: " AND ")))"
+        )
+        let keyCount = table.keyColumns.count
+        while try select.step() {
+            let row = select.row()
+            try body(Array(row[0..<keyCount]), Array(row[keyCount...]))
+        }
+    }
+}
+
+extension Store {
+    /// The row hash's format (``StateDigest/rowHash(table:primaryKey:state:columns:values:)``): 2 hashes the data
+    /// row's presence and every stored value.
+    static let digestFormat: Int64 = 2
+
+    /// Drops a maintained digest of an older format (its row hashes no longer match what a scan computes): the
+    /// next ``digest()`` or ``settleDigest(maxRows:)`` scans each table once.
+    func migrateDigestFormat() throws(ShoalError) {
+        let format = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_format'").integerValue
+        guard format != Self.digestFormat else { return }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try connection.exec(
+                """
+                DELETE FROM shoal_digest; DELETE FROM shoal_row_hashes; DELETE FROM shoal_digest_pending;
+                DELETE FROM shoal_meta WHERE key LIKE 'digest\\_%' ESCAPE '\\';
+                """
+            )
+            try connection.rows(
+                "INSERT INTO shoal_meta(key, value) VALUES ('digest_format', ?)", [.integer(Self.digestFormat)]
+            )
+            try connection.exec("COMMIT")
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+}

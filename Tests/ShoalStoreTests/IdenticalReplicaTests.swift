@@ -1,0 +1,413 @@
+import CSQLite
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+extension RawConnection {
+    /// Turns triggers off on this connection: its writes then bypass Shoal's capture, as a tool that edits the file
+    /// without running triggers would.
+    func bypassCapture() {
+        shoal_db_config_flag(handle, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0)
+    }
+
+    /// Every row of every application table (not Shoal's), each value with its storage class and its bytes in hex:
+    /// a comparison that does not trust Shoal's digest.
+    func contents() throws -> [String: [String]] {
+        var tables: [String] = []
+        try each("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'shoal\\_%' ESCAPE '\\' "
+            + "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name") { tables.append($0[0]) }
+        var result: [String: [String]] = [:]
+        for table in tables {
+            var columns: [String] = []
+            try each("SELECT name FROM pragma_table_info('\(table)') ORDER BY cid") { columns.append($0[0]) }
+            let select = columns.map { "typeof(\"\($0)\") || ':' || coalesce(hex(\"\($0)\"), '')" }
+                .joined(separator: " || '|' || ")
+            var lines: [String] = []
+            try each("SELECT \(select) FROM \"\(table)\"") { lines.append($0[0]) }
+            result[table] = lines.sorted()
+        }
+        return result
+    }
+
+    /// Runs a query and hands each row's columns, as text, to `body`.
+    func each(_ sql: String, _ body: ([String]) -> Void) throws {
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(handle, sql, -1, &statement, nil) == SQLITE_OK else {
+            throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle)))
+        }
+        defer { sqlite3_finalize(statement) }
+        while true {
+            let code = sqlite3_step(statement)
+            guard code == SQLITE_ROW else {
+                guard code == SQLITE_DONE else {
+                    throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle)))
+                }
+                return
+            }
+            body(
+                (0..<sqlite3_column_count(statement)).map { index in
+                    sqlite3_column_text(statement, index).map { String(cString: $0) } ?? ""
+                }
+            )
+        }
+    }
+}
+
+/// The application tables of two database files, compared outside Shoal.
+func sameContents(_ first: URL, _ second: URL) throws -> Bool {
+    try RawConnection(path: first.path).contents() == RawConnection(path: second.path).contents()
+}
+
+@Suite struct IdenticalReplicaTests {
+    // MARK: - The digest sees every difference
+
+    @Test func theDigestAndVerifySeeDataRowsThatDisagreeWithTheirMetadata() throws {
+        let directory = try temporaryDirectory("digest-presence")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1), (2, 'two', 2), (3, 'three', 3)")
+        try a.execute("INSERT INTO pairs VALUES ('k', 1, NULL)")
+        try a.execute("DELETE FROM items WHERE id = 3")
+        try sync(a, b)
+        #expect(try a.digest() == b.digest())
+        #expect(try a.fullScanDigest() == b.fullScanDigest())
+        #expect(try a.verify().isConsistent)
+
+        // A live row whose data row is gone differs from one whose values are NULL, and from the peer's.
+        let raw = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        raw.bypassCapture()
+        try raw.exec("DELETE FROM pairs WHERE a = 'k'")
+        #expect(try a.fullScanDigest() != b.fullScanDigest())
+        try raw.exec("DELETE FROM items WHERE id = 1")
+        try raw.exec("INSERT INTO items(id, name) VALUES (3, 'ghost')")
+        try raw.exec("INSERT INTO items(id, name) VALUES (4, 'stray')")
+        #expect(try a.fullScanDigest() != b.fullScanDigest())
+        let report = try a.verify()
+        #expect(!report.isConsistent)
+        #expect(report.mismatchCount == 4)
+        #expect(
+            Set(report.mismatches) == [
+                RowMismatch(table: "pairs", primaryKey: [.text("k"), .integer(1)], kind: .liveRowWithoutData),
+                RowMismatch(table: "items", primaryKey: [.integer(1)], kind: .liveRowWithoutData),
+                RowMismatch(table: "items", primaryKey: [.integer(3)], kind: .deletedRowWithData),
+                RowMismatch(table: "items", primaryKey: [.integer(4)], kind: .dataWithoutMetadata),
+            ]
+        )
+        #expect(report.mismatches.allSatisfy { !$0.remedy.isEmpty })
+        #expect(try b.verify().isConsistent)
+        // Once the maintained digest looks at the rows again (a write to them), it differs as well.
+        try a.execute("UPDATE items SET qty = 7 WHERE id IN (1, 2)")
+        try b.execute("UPDATE items SET qty = 7 WHERE id IN (1, 2)")
+        #expect(try a.digest() != b.digest())
+    }
+
+    // MARK: - Apply stamps the app's writes first
+
+    @Test func anOfflineApplyBesideTheAppsOwnWritesLosesNothing() throws {
+        let directory = try temporaryDirectory("offline-apply-stamps")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let aURL = directory.appendingPathComponent("a.db")
+        let bURL = directory.appendingPathComponent("b.db")
+        do {
+            let a = try makeFileStore(directory, "a")
+            let b = try makeFileStore(directory, "b")
+            try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1), (2, 'two', 2)")
+            try sync(a, b)
+            // The peer writes first, offline.
+            try b.execute("UPDATE items SET name = 'remote' WHERE id = 1")
+            try b.execute("DELETE FROM items WHERE id = 2")
+        }
+        // Later, the app writes through its own connection; no Shoal process has stamped it yet.
+        let app = try RawConnection(path: aURL.path)
+        try app.exec("UPDATE items SET name = 'app' WHERE id = 1")
+        try app.exec("UPDATE items SET qty = 99 WHERE id = 2")
+        // Then the peer's changes are applied with the real binaries, and back.
+        try pipeChanges(from: bURL, to: aURL)
+        try pipeChanges(from: aURL, to: bURL)
+        try pipeChanges(from: bURL, to: aURL)
+        #expect(try sameContents(aURL, bURL))
+        let a = try Store(path: aURL.path)
+        // The later write (the app's) wins on both nodes, and the conflict is on record.
+        #expect(try rows(a, "SELECT name FROM items WHERE id = 1") == [[.text("app")]])
+        #expect(try a.conflicts().contains { Set([$0.localValue, $0.remoteValue]) == [.text("app"), .text("remote")] })
+        // The delete wins over the concurrent update: no row of NULLs comes back anywhere.
+        #expect(try rows(a, "SELECT count(*) FROM items WHERE id = 2") == [[.integer(0)]])
+        #expect(try a.verify().isConsistent)
+        #expect(try Store(path: bURL.path).verify().isConsistent)
+    }
+
+    @Test func aStampNeverBringsBackARowWhoseDataIsGone() throws {
+        let directory = try temporaryDirectory("stamp-gone-row")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try sync(a, b)
+        let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        try app.exec("UPDATE items SET qty = 5 WHERE id = 1")
+        // The row then goes behind Shoal's back, before the update was stamped.
+        let tool = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        tool.bypassCapture()
+        try tool.exec("DELETE FROM items WHERE id = 1")
+        #expect(try a.captureForeignWrites())
+        try sync(a, b)
+        try sync(b, a)
+        // The update of a row that is gone is its delete: no row of NULLs on the other node.
+        #expect(try rows(b, "SELECT count(*) FROM items") == [[.integer(0)]])
+        #expect(
+            try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db"))
+        )
+        #expect(try a.digest() == b.digest())
+    }
+
+    // MARK: - What a sender claims is what it sent
+
+    @Test func anAnswerNeverClaimsATransactionPartOfWhichWasOverwrittenWhileItWasRead() throws {
+        let directory = try temporaryDirectory("claim-snapshot")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        let d = try makeFileStore(directory, "d")
+        for id in 1...20 { try a.execute("INSERT INTO items(id, name, qty) VALUES (\(id), 'row \(id)', \(id))") }
+        // d holds all of a's writes so far.
+        try sync(a, d)
+        // a answers b a batch at a time; between two batches the app overwrites a row of a later transaction.
+        let cursor = try a.deltaCursor(since: try b.versionVector())
+        var batches: [ChangeBatch] = []
+        if let first = try a.nextBatch(cursor, maxChanges: 9) { batches.append(first) }
+        let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        try app.exec("UPDATE items SET name = 'app' WHERE id = 15")
+        #expect(try a.captureForeignWrites())
+        while let batch = try a.nextBatch(cursor, maxChanges: 9) { batches.append(batch) }
+        for batch in batches {
+            // Every change sent lies within what its batch claims.
+            for change in batch.changes { #expect(change.stamp.seq <= batch.claim[change.stamp.site]) }
+            try b.apply(batch.changes, claim: batch.claim)
+        }
+        // a is lost before the next round: b and d, which both hold a's first 20 writes or a claim of them, meet.
+        try sync(b, d)
+        try sync(d, b)
+        #expect(try sameContents(directory.appendingPathComponent("b.db"), directory.appendingPathComponent("d.db")))
+        #expect(try b.digest() == d.digest())
+        #expect(try rows(b, "SELECT name FROM items WHERE id = 15") == [[.text("row 15")]])
+    }
+
+    // MARK: - What a merge can break is refused at replicate
+
+    @Test func checksAFieldLevelMergeCouldBreakAreRefusedAtReplicate() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE ranges(id INTEGER PRIMARY KEY, lo INTEGER, hi INTEGER, CHECK (lo <= hi))")
+        let across = try #require(shoalError { try store.replicate(table: "ranges") })
+        #expect(across.code == .unsupportedSchema)
+        #expect(across.message.contains("lo <= hi") && across.message.contains("hi, lo"))
+        try store.execute(
+            "CREATE TABLE stock(id INTEGER PRIMARY KEY, left INTEGER NOT NULL DEFAULT 0 CHECK (\"left\" >= 0))"
+        )
+        let counter = try #require(shoalError { try store.replicate(table: "stock", counters: ["left"]) })
+        #expect(counter.message.contains("counter"))
+        // A CHECK of one plain column holds for every value a node wrote, and so for any merge of them.
+        try store.execute("CREATE TABLE sizes(id INTEGER PRIMARY KEY, size INTEGER CHECK (size >= 0), label TEXT)")
+        try store.replicate(table: "sizes")
+        // Nothing was left half replicated by the refusals.
+        #expect(try store.replicatedTables() == ["sizes"])
+    }
+
+    // MARK: - The app's triggers
+
+    @Test func appTriggersRunWhereTheAppWritesAndNeverAgainOnApply() throws {
+        let directory = try temporaryDirectory("app-triggers")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var stores: [Store] = []
+        for name in ["a", "b"] {
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path)
+            try store.execute(
+                """
+                CREATE TABLE orders(id TEXT PRIMARY KEY, qty INTEGER NOT NULL DEFAULT 0, note TEXT,
+                    edits INTEGER NOT NULL DEFAULT 0);
+                CREATE TABLE audit(id TEXT PRIMARY KEY, order_id TEXT, what TEXT);
+                CREATE TABLE totals(k INTEGER PRIMARY KEY, total INTEGER NOT NULL DEFAULT 0);
+                INSERT INTO totals(k, total) VALUES (1, 0);
+                """
+            )
+            try store.replicate(table: "orders")
+            try store.replicate(table: "audit")
+            try store.replicate(table: "totals", counters: ["total"])
+            stores.append(store)
+        }
+        let (a, b) = (stores[0], stores[1])
+        try a.execute("INSERT OR IGNORE INTO totals(k) VALUES (1)")
+        try sync(a, b)
+        try sync(b, a)
+        for store in stores {
+            try store.execute(
+                """
+                CREATE TRIGGER orders_audit AFTER INSERT ON orders BEGIN
+                    INSERT INTO audit VALUES (lower(hex(randomblob(16))), NEW.id, 'insert'); END;
+                CREATE TRIGGER orders_total AFTER INSERT ON orders BEGIN
+                    UPDATE totals SET total = total + NEW.qty WHERE k = 1; END;
+                CREATE TRIGGER orders_edits AFTER UPDATE OF note ON orders BEGIN
+                    UPDATE orders SET edits = edits + 1 WHERE id = NEW.id; END;
+                """
+            )
+        }
+        // Writes through Shoal's connection on a and b, and through the app's own connection on a.
+        try a.execute("INSERT INTO orders(id, qty) VALUES ('a1', 3), ('a2', 4)")
+        try b.execute("INSERT INTO orders(id, qty) VALUES ('b1', 10)")
+        let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        try app.exec("INSERT INTO orders(id, qty) VALUES ('app1', 100)")
+        try app.exec("UPDATE orders SET note = 'checked' WHERE id = 'a1'")
+        try a.execute("UPDATE orders SET note = 'again' WHERE id = 'a1'")
+        for _ in 0..<2 {
+            try sync(a, b)
+            try sync(b, a)
+        }
+        #expect(
+            try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db"))
+        )
+        #expect(try a.digest() == b.digest())
+        // One audit row per insert, the running total counts each insert once, one edit counted per update.
+        #expect(try rows(b, "SELECT count(*) FROM audit") == [[.integer(4)]])
+        #expect(try rows(b, "SELECT total FROM totals") == [[.integer(117)]])
+        #expect(try rows(b, "SELECT edits FROM orders WHERE id = 'a1'") == [[.integer(2)]])
+        #expect(try a.verify().isConsistent && b.verify().isConsistent)
+    }
+
+    // MARK: - Counters past Int64
+
+    @Test func counterSumsBeyondInt64AreHeldAtItsBoundsOnEveryNode() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        let c = try makeStore()
+        for store in [a, b, c] { try makeItems(store) }
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'x')")
+        try sync(a, b)
+        try sync(a, c)
+        try a.execute("UPDATE items SET hits = hits + 9223372036854775800 WHERE id = 1")
+        try b.execute("UPDATE items SET hits = hits + 100 WHERE id = 1")
+        try c.execute("UPDATE items SET hits = hits - 50 WHERE id = 1")
+        // Every order of delivery gives the same value: the exact sum, held at Int64.max, never wrapped.
+        try sync(b, a)
+        try sync(c, a)
+        try sync(c, b)
+        try sync(a, b)
+        try sync(a, c)
+        try sync(b, c)
+        let expected: [[SQLValue]] = [[.integer(Int64.max)]]
+        for store in [a, b, c] { #expect(try rows(store, "SELECT hits FROM items") == expected) }
+        #expect(try a.digest() == b.digest() && b.digest() == c.digest())
+        // Moving back below the bound shows the exact sum again.
+        try c.execute("UPDATE items SET hits = hits - 100 WHERE id = 1")
+        try sync(c, a)
+        #expect(try rows(a, "SELECT hits FROM items") == [[.integer(9223372036854775750)]])
+    }
+
+    // MARK: - Keys
+
+    @Test func keysSQLiteComparesLooselyOrAssignsAreRefusedAtReplicate() throws {
+        let store = try makeStore()
+        let cases: [(String, String)] = [
+            ("CREATE TABLE a1(id INTEGER PRIMARY KEY AUTOINCREMENT, v)", "AUTOINCREMENT"),
+            ("CREATE TABLE a2(email TEXT COLLATE NOCASE PRIMARY KEY, v)", "NOCASE"),
+            ("CREATE TABLE a3(k TEXT COLLATE RTRIM, n INTEGER, v, PRIMARY KEY(k, n))", "RTRIM"),
+            ("CREATE TABLE a4(k REAL PRIMARY KEY, v)", "1.0"),
+            ("CREATE TABLE a5(k NUMERIC PRIMARY KEY, v)", "1.0"),
+        ]
+        for (sql, words) in cases {
+            try store.execute(sql)
+            let name = String(sql.dropFirst("CREATE TABLE ".count).prefix(2))
+            let error = try #require(shoalError { try store.replicate(table: name) }, "\(sql)")
+            #expect(error.code == .unsupportedSchema)
+            #expect(error.message.contains(words), "\(error.message)")
+        }
+        #expect(try store.replicatedTables().isEmpty)
+    }
+
+    @Test func aKeyWithANullPartIsRefusedAtWriteTimeAndOtherTablesKeepFlowing() throws {
+        let directory = try temporaryDirectory("null-key")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        for store in [a, b] {
+            try store.execute("CREATE TABLE loose(k PRIMARY KEY, v)")
+            try store.replicate(table: "loose")
+            // A rowid table: SQLite lets its composite key hold a NULL.
+            try store.execute("CREATE TABLE duo(a TEXT, b INTEGER, v, PRIMARY KEY(a, b))")
+            try store.replicate(table: "duo")
+        }
+        let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+        func refused(_ sql: String) -> Bool {
+            do {
+                try app.exec(sql)
+                return false
+            } catch {
+                return (error as? ShoalError)?.message.hasPrefix("shoal: ") ?? false
+            }
+        }
+        // No node could name a row whose key has a NULL part.
+        #expect(refused("INSERT INTO duo VALUES (NULL, 1, 'x')"))
+        try app.exec("INSERT INTO duo VALUES ('k', 1, 'x')")
+        #expect(refused("UPDATE duo SET b = NULL"))
+        let own = try #require(shoalError { try a.execute("INSERT INTO duo VALUES ('k', NULL, 'x')") })
+        #expect(own.code == .unsupportedSchema)
+        // A REAL equal to an integer in an untyped key would be one key to SQLite and two to Shoal.
+        #expect(refused("INSERT INTO loose VALUES (1.0, 'x')"))
+        #expect(try shoalError { try a.execute("INSERT INTO loose VALUES (2.0, 'x')") }?.code == .unsupportedSchema)
+        try app.exec("INSERT INTO loose VALUES (1.5, 'fraction'), (1, 'integer')")
+        // Every other write keeps being captured and replicated.
+        try app.exec("INSERT INTO items(id, name) VALUES (1, 'app')")
+        try app.exec("INSERT INTO duo VALUES ('k', 2, 'ok')")
+        try sync(a, b)
+        #expect(try rows(b, "SELECT name FROM items") == [[.text("app")]])
+        #expect(try rows(b, "SELECT count(*) FROM loose") == [[.integer(2)]])
+        #expect(try rows(b, "SELECT count(*) FROM duo") == [[.integer(2)]])
+        #expect(
+            try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db"))
+        )
+    }
+
+    // MARK: - The site table survives a rolled-back apply
+
+    @Test func aSiteAllocatedByARolledBackApplyIsNeverReadAsAnother() throws {
+        let directory = try temporaryDirectory("site-rollback")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db").path
+        let a = try Store(path: path)
+        try a.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER CHECK (v >= 0))")
+        try a.replicate(table: "t")
+        // A peer whose table lacks the CHECK sends a value this one refuses: the apply rolls back.
+        let x = try makeStore()
+        try x.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER)")
+        try x.replicate(table: "t")
+        try x.execute("INSERT INTO t VALUES (1, -1)")
+        #expect(throws: ShoalError.self) { try sync(x, a) }
+        // Meanwhile another process on the same file learns of a different site.
+        let y = try makeStore()
+        try y.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER)")
+        try y.replicate(table: "t")
+        try y.execute("INSERT INTO t VALUES (2, 2)")
+        do {
+            let other = try Store(path: path)
+            try sync(y, other)
+        }
+        // The first store names y's write as y's.
+        let sent = try a.changes(since: VersionVector()).flatMap(\.changes)
+        #expect(sent.contains { $0.stamp.site == y.siteID })
+        #expect(!sent.contains { $0.stamp.site == x.siteID })
+        #expect(try a.versionVector()[y.siteID] == 1)
+    }
+}
+
+private func shoalError(_ body: () throws -> Void) -> ShoalError? {
+    do {
+        try body()
+        return nil
+    } catch let error as ShoalError {
+        return error
+    } catch {
+        return ShoalError(code: .invalidArgument, message: "\(error)")
+    }
+}
