@@ -11,6 +11,8 @@ extension ChangeStream {
         private var header: Header?
         /// What the header says, once its line was read.
         public private(set) var start: (site: SiteID, since: VersionVector, claim: VersionVector)?
+        /// The sender's schema fingerprint, once the header is read (if it carries one).
+        public var schema: String? { header?.schema }
         private var changes: [Change] = []
         /// Changes read so far, including those already handed over by ``takeChanges()``.
         private var count = 0
@@ -95,7 +97,9 @@ extension ChangeStream {
                         + "(was it cut short?); nothing was applied"
                 )
             }
-            return Contents(site: start.site, since: start.since, claim: start.claim, changes: changes)
+            return Contents(
+                site: start.site, since: start.since, claim: start.claim, schema: header?.schema, changes: changes
+            )
         }
 
         private static func header(_ data: Data, lineNumber: Int) throws(ShoalError) -> Header {

@@ -39,9 +39,13 @@ public enum ChangeStream {
         /// The version the receiver holds once it has applied the whole stream. The receiver takes it only as
         /// far as the stream proves it (see `Store.apply`).
         public var claim: [String: UInt64]
+        /// The sender's schema fingerprint (`Store.schemaFingerprint()`), when it wrote one: a receiver whose
+        /// replicated tables would store other rows for the same changes refuses the stream.
+        public var schema: String?
 
         /// The header of a stream from `site`, cut for `since`, that lets the receiver claim `claim`.
-        public init(site: SiteID, since: VersionVector, claim: VersionVector) {
+        public init(site: SiteID, since: VersionVector, claim: VersionVector, schema: String? = nil) {
+            self.schema = schema
             self.format = "shoal-changes"
             self.version = ChangeStream.formatVersion
             self.site = site.hex
@@ -58,6 +62,8 @@ public enum ChangeStream {
         public var since: VersionVector
         /// What the receiver may claim once it has applied the whole stream.
         public var claim: VersionVector
+        /// The sender's schema fingerprint, if the stream carries one (``Header/schema``).
+        public var schema: String? = nil
         /// The stream's changes, in order.
         public var changes: [Change]
     }

@@ -94,11 +94,6 @@ final class ReplicatedTable {
         }
         return nil
     }
-
-    var fingerprintText: String {
-        let cells = zip(columns, isCounter).map { "\($0)\($1 ? ":counter" : "")" }
-        return "\(name)(\(keyColumns.joined(separator: ","))|\(cells.joined(separator: ",")))"
-    }
 }
 
 /// One row's net local change within a transaction, folded from the pre-update hook's events.

@@ -30,6 +30,15 @@ enum SQLText {
         return expressions
     }
 
+    /// An expression with its runs of white space (and comments) made one space: the same constraint however it
+    /// was laid out.
+    static func normalized(_ expression: String) -> String {
+        let characters = Array(expression)
+        var parts: [String] = []
+        for token in tokenize(expression) { parts.append(String(characters[token.range])) }
+        return parts.joined(separator: " ")
+    }
+
     /// The identifiers (bare or quoted) in an expression: what may name a column.
     static func identifiers(in expression: String) -> [String] {
         tokenize(expression).compactMap { token in

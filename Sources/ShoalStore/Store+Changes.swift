@@ -39,7 +39,7 @@ extension Store {
         let cursor = try deltaCursor(since: since)
         var buffer = Array(
             ChangeStream.headerLine(
-                .init(site: siteID, since: since, claim: since.merging(cursor.held))
+                .init(site: siteID, since: since, claim: since.merging(cursor.held), schema: try schemaFingerprint())
             ).utf8
         )
         buffer.append(0x0A)

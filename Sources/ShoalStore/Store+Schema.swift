@@ -118,7 +118,7 @@ extension Store {
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             let described = try describeTable(table, id: 0, counters: counters)
-            try validateReplicable(described)
+            try validateReplicable(described, replicating: true)
             try validateCounters(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
@@ -158,8 +158,8 @@ extension Store {
         }
     }
 
-    func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
-        try validateKeys(table)
+    func validateReplicable(_ table: ReplicatedTable, replicating: Bool = false) throws(ShoalError) {
+        try validateKeys(table, replicating: replicating)
         try validateChecks(table)
         for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
             guard case .text(let column) = row[1], case .integer(let notNull) = row[3], notNull != 0,
@@ -187,7 +187,7 @@ extension Store {
     /// so keys it considers equal (`BOB@x` and `bob@x` under NOCASE, `1` and `1.0` in a REAL or NUMERIC column)
     /// would be one row on a node that holds one of them and two rows across nodes. AUTOINCREMENT keys are
     /// assigned by each node from its own sequence: two nodes would give different rows the same key.
-    private func validateKeys(_ table: ReplicatedTable) throws(ShoalError) {
+    private func validateKeys(_ table: ReplicatedTable, replicating: Bool) throws(ShoalError) {
         for (index, column) in table.keyColumns.enumerated() {
             var type: UnsafePointer<CChar>?
             var collation: UnsafePointer<CChar>?
@@ -230,7 +230,7 @@ extension Store {
                 break
             }
         }
-        if table.keyIsRowid {
+        if table.keyIsRowid && replicating {
             options.logger.warning(
                 "keys SQLite assigns are not unique across nodes",
                 metadata: [
@@ -379,10 +379,58 @@ extension Store {
     }
 
     /// A fingerprint of the replicated schema: nodes that exchange changes should share it.
+    ///
+    /// It covers each replicated table's whole shape as far as it decides what the table stores (see
+    /// ``TableShape/fingerprintText(table:counters:checks:)``), so that peers whose tables would store different
+    /// rows for the same changes never exchange them, on the live path (the hello) and the offline one (the change
+    /// stream's header).
     public func schemaFingerprint() throws(ShoalError) -> String {
         try refreshSchema()
+        if let cached = fingerprintCache, cached.version == schemaVersion { return cached.text }
+        var parts: [String] = []
+        for table in capture.tables {
+            guard let shape = try currentShape(of: table.name) else { continue }
+            let sql = try connection.scalar(
+                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?",
+                [.text(table.name)]
+            )
+            let checks = if case .text(let text) = sql { SQLText.checkExpressions(in: text).map(SQLText.normalized) } else { [String]() }
+            let counters = table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }
+            parts.append(shape.fingerprintText(table: table.name, counters: counters, checks: checks))
+        }
         // A paused table counts as it was replicated: a local schema problem does not turn every peer away.
-        return (capture.tables.map(\.fingerprintText) + pausedTableList.compactMap(\.fingerprintText)).sorted()
-            .joined(separator: ";")
+        parts += pausedTableList.compactMap(\.fingerprintText)
+        let text = parts.sorted().joined(separator: ";")
+        fingerprintCache = (schemaVersion, text)
+        return text
+    }
+
+    /// Refuses a change stream written by a database whose replicated tables would store other rows for the same
+    /// changes (``schemaFingerprint()``): a column NOT NULL with a DEFAULT on one side and nullable on the other,
+    /// another type affinity, another CHECK. A stream without a fingerprint (from an older Shoal) is taken as is.
+    public func checkStreamSchema(_ schema: String?) throws(ShoalError) {
+        guard let schema else { return }
+        let local = try schemaFingerprint()
+        guard schema != local else { return }
+        func byTable(_ text: String) -> [String: String] {
+            var parts: [String: String] = [:]
+            for part in text.split(separator: ";") {
+                let name = String(part.prefix { $0 != "(" })
+                parts[name] = String(part)
+            }
+            return parts
+        }
+        let theirs = byTable(schema)
+        let ours = byTable(local)
+        let differing = Set(theirs.keys).union(ours.keys).filter { theirs[$0] != ours[$0] }.sorted()
+        let described = differing.map { name in
+            "\(name): here \(ours[name] ?? "not replicated"), in the stream \(theirs[name] ?? "not replicated")"
+        }
+        throw ShoalError(
+            code: .unsupportedSchema,
+            message: "the stream's replicated tables differ from this database's, so the same changes would leave "
+                + "different rows: \(described.joined(separator: "; ")). Give both the same tables (columns, types, "
+                + "NOT NULL, DEFAULT, CHECK), then apply again. Nothing was applied"
+        )
     }
 }

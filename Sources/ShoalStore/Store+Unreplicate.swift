@@ -70,12 +70,22 @@ struct TableShape: Equatable {
     }
 
     /// The fingerprint text the table had when replicated with this shape (see ``ReplicatedTable/fingerprintText``).
-    func fingerprintText(table: String, counters: [String]) -> String {
-        let keys = columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(\.name)
-        let cells = columns.filter { $0.keyOrder == 0 }.map {
-            "\($0.name)\(counters.contains($0.name) ? ":counter" : "")"
+    ///
+    /// It holds what decides the values a table stores: each column's name, type affinity, NOT NULL and DEFAULT
+    /// (a receiver whose column is NOT NULL DEFAULT 'x' stores 'x' where the sender holds NULL), which columns are
+    /// counters, and the table's CHECK constraints (a value one side accepts, the other refuses).
+    func fingerprintText(table: String, counters: [String], checks: [String] = []) -> String {
+        func described(_ column: Column) -> String {
+            var text = column.name + " " + "\(ColumnAffinity(declaredType: column.type))"
+            if column.notNull { text += " NOT NULL" }
+            if let defaultValue = column.defaultValue { text += " DEFAULT " + defaultValue }
+            if counters.contains(column.name) { text += ":counter" }
+            return text
         }
-        return "\(table)(\(keys.joined(separator: ","))|\(cells.joined(separator: ",")))"
+        let keys = columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(described)
+        let cells = columns.filter { $0.keyOrder == 0 }.map(described)
+        let constraints = checks.map { " CHECK(\($0))" }.joined()
+        return "\(table)(\(keys.joined(separator: ","))|\(cells.joined(separator: ",")))\(constraints)"
     }
 
     /// What turned `self` into `current`, in words ("column note was added; …").

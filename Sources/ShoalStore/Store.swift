@@ -68,6 +68,8 @@ public final class Store {
     /// The stamp of the open transaction's local changes, once it has any.
     var transactionStamp: Stamp?
     var schemaVersion: Int64 = -1
+    /// ``schemaFingerprint()`` as computed at a schema version.
+    var fingerprintCache: (version: Int64, text: String)?
     /// Replicated tables another tool changed or dropped (see ``pausedTables()``).
     var pausedTableList: [PausedTable] = []
     var statements: [String: SQLiteStatement] = [:]

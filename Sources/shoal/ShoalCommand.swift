@@ -276,7 +276,9 @@ extension ShoalCommand {
             defer { chunks.close() }
             let stream: (site: SiteID, since: VersionVector, claim: VersionVector)
             switch chunks.take() {
-            case .start(let site, let since, let claim): stream = (site, since, claim)
+            case .start(let site, let since, let claim, let schema):
+                try store.checkStreamSchema(schema)
+                stream = (site, since, claim)
             case .failure(let error): throw error
             case .chunk, .end: throw ShoalError(code: .malformedStream, message: "the stream has no header")
             }
@@ -310,27 +312,42 @@ extension ShoalCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print the state digest; two databases have converged exactly when their digests match.",
             discussion: """
-                The digest is kept up to date with every write and apply. --full also recomputes it from a scan of \
-                every replicated row and checks that the two agree (exit 1 if they do not).
+                The digest is kept up to date with every write and apply; it covers each row's metadata, whether \
+                the table holds its data row, and every stored value. --full also recomputes it from a scan of \
+                every data row and every row's metadata, checks that the two agree, and lists each row whose data \
+                and metadata disagree (written with Shoal's capture bypassed), with what to do (exit 1 if any).
                 """
         )
 
         @OptionGroup var database: DatabaseOptions
-        @Flag(help: "Also recompute the digest from a full scan and check it against the maintained one.")
+        @Flag(help: "Also recompute the digest from a full scan, check it, and list rows whose data and metadata disagree.")
         var full = false
 
         func run() throws {
             let store = try database.open()
-            let digest = try store.digest()
-            print("rows: \(digest.rowCount)")
-            print(digest.hex)
-            guard full else { return }
-            let scanned = try store.fullScanDigest()
-            guard scanned == digest else {
+            guard full else {
+                let digest = try store.digest()
+                print("rows: \(digest.rowCount)")
+                print(digest.hex)
+                return
+            }
+            let report = try store.verify(limit: 100)
+            print("rows: \(report.maintained.rowCount)")
+            print(report.maintained.hex)
+            for mismatch in report.mismatches {
+                print("mismatch: \(mismatch): \(mismatch.remedy)")
+            }
+            if report.mismatchCount > report.mismatches.count {
+                print("mismatch: \(report.mismatchCount - report.mismatches.count) more rows disagree")
+            }
+            guard report.isConsistent else {
                 throw ShoalError(
                     code: .corruptMetadata,
-                    message: "the maintained digest (\(digest.rowCount) rows, \(digest.hex)) differs from a full scan "
-                        + "(\(scanned.rowCount) rows, \(scanned.hex)); please report this"
+                    message: report.mismatchCount > 0
+                        ? "\(report.mismatchCount) rows disagree with their metadata (listed above); peers see this "
+                            + "file's rows as different from theirs until each is fixed as said"
+                        : "the maintained digest (\(report.maintained.rowCount) rows, \(report.maintained.hex)) differs "
+                            + "from a full scan (\(report.scanned.rowCount) rows, \(report.scanned.hex)); please report this"
                 )
             }
             print("full scan: matches")

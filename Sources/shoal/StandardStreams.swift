@@ -73,7 +73,7 @@ enum StandardStreams {
 /// `@unchecked Sendable`: every access to `items` and `closed` holds `condition`.
 final class StreamChunks: @unchecked Sendable {
     enum Item {
-        case start(site: SiteID, since: VersionVector, claim: VersionVector)
+        case start(site: SiteID, since: VersionVector, claim: VersionVector, schema: String?)
         case chunk([Change])
         case end
         case failure(ShoalError)
@@ -95,12 +95,18 @@ final class StreamChunks: @unchecked Sendable {
                     try parser.consume(line: line)
                     if !started, let start = parser.start {
                         started = true
-                        chunks.put(.start(site: start.site, since: start.since, claim: start.claim))
+                        chunks.put(
+                            .start(site: start.site, since: start.since, claim: start.claim, schema: parser.schema)
+                        )
                     }
                     if parser.pendingCount >= chunkSize { chunks.put(.chunk(parser.takeChanges())) }
                 }
                 let contents = try parser.finish()
-                if !started { chunks.put(.start(site: contents.site, since: contents.since, claim: contents.claim)) }
+                if !started {
+                    chunks.put(
+                        .start(site: contents.site, since: contents.since, claim: contents.claim, schema: contents.schema)
+                    )
+                }
                 chunks.put(.chunk(contents.changes))
                 chunks.put(.end)
             } catch {

@@ -369,6 +369,41 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         )
     }
 
+    // MARK: - Peers with different table shapes never exchange rows
+
+    @Test func tablesThatWouldStoreOtherRowsHaveOtherFingerprintsAndStreamsBetweenThemAreRefused() throws {
+        let directory = try temporaryDirectory("shape-fingerprint")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let shapes = [
+            "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT)",
+            "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT NOT NULL DEFAULT 'x')",
+            "CREATE TABLE t(k INTEGER PRIMARY KEY, c INTEGER)",
+            "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT CHECK (length(c) < 3))",
+        ]
+        var fingerprints: [String] = []
+        for (index, sql) in shapes.enumerated() {
+            let store = try Store(path: directory.appendingPathComponent("\(index).db").path)
+            try store.execute(sql)
+            try store.replicate(table: "t")
+            fingerprints.append(try store.schemaFingerprint())
+        }
+        #expect(Set(fingerprints).count == shapes.count)
+        // The same shape laid out differently is the same shape.
+        let same = try makeStore()
+        try same.execute("CREATE TABLE t(k INTEGER PRIMARY KEY,   c VARCHAR(20) CHECK(length(c)<3))")
+        try same.replicate(table: "t")
+        #expect(try same.schemaFingerprint() == fingerprints[3])
+        // Offline: the receiver that would store 'x' where the sender holds NULL refuses the stream.
+        do {
+            let sender = try Store(path: directory.appendingPathComponent("0.db").path)
+            try sender.execute("INSERT INTO t VALUES (1, NULL)")
+        }
+        #expect(throws: ShoalError.self) {
+            try pipeChanges(from: directory.appendingPathComponent("0.db"), to: directory.appendingPathComponent("1.db"))
+        }
+        #expect(try rows(try Store(path: directory.appendingPathComponent("1.db").path), "SELECT * FROM t").isEmpty)
+    }
+
     // MARK: - The site table survives a rolled-back apply
 
     @Test func aSiteAllocatedByARolledBackApplyIsNeverReadAsAnother() throws {
