@@ -10,6 +10,11 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     public var conflicts = 0
     /// The same conflicts counted by table (what the node's `shoal_node_conflicts_total` metric counts).
     public var conflictsByTable: [String: Int] = [:]
+    /// Sites whose changes were refused for a clock further ahead than the drift bound, with the newest clock
+    /// refused: their changes from that clock on were left out (and are not claimed), everything else applied.
+    public var clockRefusals: [SiteID: HLC] = [:]
+    /// The highest seq per site of the changes applied (those refused left out).
+    var acceptedHighest: [SiteID: UInt64] = [:]
 
     /// A report of nothing applied yet.
     public init() {}
@@ -123,7 +128,8 @@ extension Store {
                 total.alreadyKnown += report.alreadyKnown
                 total.conflicts += report.conflicts
                 total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
-                carried.merge(Self.highestSeqs(chunk)) { max($0, $1) }
+                total.clockRefusals.merge(report.clockRefusals) { max($0, $1) }
+                carried.merge(report.acceptedHighest) { max($0, $1) }
             }
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
             try connection.exec("COMMIT")
@@ -245,20 +251,7 @@ extension Store {
                         + "was applied"
                 )
             }
-            guard hybridClock.accepts(change.stamp.hlc, now: now) else {
-                options.logger.warning(
-                    "refused changes with a clock too far ahead",
-                    metadata: [
-                        "site": "\(change.stamp.site.hex)", "hlc": "\(change.stamp.hlc)",
-                        "bound_ms": "\(options.maximumClockDriftMilliseconds)",
-                    ]
-                )
-                throw ShoalError.clockTooFarAhead(
-                    remote: change.stamp.hlc,
-                    now: now,
-                    bound: options.maximumClockDriftMilliseconds
-                )
-            }
+            // (Clocks beyond the drift bound were set aside before: see `setAsideFutureClocks`.)
             if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
         }
         if claim[siteID] > localSeq {
@@ -298,6 +291,7 @@ extension Store {
         carried: [SiteID: UInt64] = [:]
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
+        let (changes, refusals) = setAsideFutureClocks(changes)
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {
@@ -452,12 +446,44 @@ extension Store {
         try raiseHigh.bind([.integer(maxHLC)])
         try raiseHigh.run()
         try? hybridClock.observe(HLC(rawValue: UInt64(bitPattern: maxHLC)), now: options.clock.nowMilliseconds())
+        report.clockRefusals = refusals
+        report.acceptedHighest = Self.highestSeqs(changes)
         if !conflicts.isEmpty {
             try record(conflicts)
             report.conflicts = conflicts.count
             for conflict in conflicts { report.conflictsByTable[conflict.table, default: 0] += 1 }
         }
         return report
+    }
+
+    /// Leaves out, per site, every change from the first whose clock is further ahead of local time than the drift
+    /// bound (a site's clocks only grow with its seq): one node whose clock ran ahead holds back only its own
+    /// changes, never the other sites' a peer forwards in the same batch. What is left out is not claimed
+    /// (``provenClaim(_:highest:held:)`` takes a site only as far as its applied changes), so it comes again once
+    /// local time has caught up. Logged once per site and apply.
+    private func setAsideFutureClocks(_ changes: [Change]) -> (accepted: [Change], refused: [SiteID: HLC]) {
+        let now = options.clock.nowMilliseconds()
+        var firstRefused: [SiteID: UInt64] = [:]
+        var refused: [SiteID: HLC] = [:]
+        for change in changes where !hybridClock.accepts(change.stamp.hlc, now: now) {
+            let site = change.stamp.site
+            firstRefused[site] = min(firstRefused[site] ?? .max, change.stamp.seq)
+            refused[site] = max(refused[site] ?? change.stamp.hlc, change.stamp.hlc)
+        }
+        guard !refused.isEmpty else { return (changes, [:]) }
+        for (site, hlc) in refused {
+            options.logger.warning(
+                "refused the changes of one site: its clock is too far ahead",
+                metadata: [
+                    "site": "\(site.hex)", "hlc": "\(hlc)", "ahead_ms": "\(Int64(hlc.milliseconds) - Int64(now))",
+                    "bound_ms": "\(options.maximumClockDriftMilliseconds)",
+                ]
+            )
+        }
+        let accepted = changes.filter { change in
+            firstRefused[change.stamp.site].map { change.stamp.seq < $0 } ?? true
+        }
+        return (accepted, refused)
     }
 
     /// The part of `claim` that the changes themselves prove, given what is `held`.

@@ -256,8 +256,29 @@ extension Store {
         }
         high.reset()
         if hybridClock.latest > latest { latest = hybridClock.latest }
+        let now = options.clock.nowMilliseconds()
+        if latest.milliseconds > now + options.maximumClockDriftMilliseconds {
+            // An earlier write was stamped while this machine's clock ran ahead: a site's clock never goes back (its
+            // own later writes must win over its earlier ones), so peers refuse this node's changes (only its own)
+            // until time catches up. Said once per process, loudly.
+            if !warnedClockAhead {
+                warnedClockAhead = true
+                options.logger.error(
+                    """
+                    this database's clock is ahead of this machine's: an earlier write was stamped while the clock \
+                    ran ahead; peers refuse this node's own changes until time catches up
+                    """,
+                    metadata: [
+                        "ahead_ms": "\(latest.milliseconds - now)",
+                        "bound_ms": "\(options.maximumClockDriftMilliseconds)",
+                    ]
+                )
+            }
+        } else {
+            warnedClockAhead = false
+        }
         hybridClock = HybridClock(latest: latest, maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
-        let stamp = Stamp(hlc: hybridClock.tick(now: options.clock.nowMilliseconds()), site: siteID, seq: seq)
+        let stamp = Stamp(hlc: hybridClock.tick(now: now), site: siteID, seq: seq)
         transactionStamp = stamp
         return stamp
     }

@@ -70,6 +70,8 @@ public final class Store {
     var schemaVersion: Int64 = -1
     /// ``schemaFingerprint()`` as computed at a schema version.
     var fingerprintCache: (version: Int64, text: String)?
+    /// Whether the error about this database's clock running ahead of the machine's was logged.
+    var warnedClockAhead = false
     /// Replicated tables another tool changed or dropped (see ``pausedTables()``).
     var pausedTableList: [PausedTable] = []
     var statements: [String: SQLiteStatement] = [:]

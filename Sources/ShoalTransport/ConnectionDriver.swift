@@ -59,6 +59,9 @@ struct ConnectionDriver {
     private var roundFailureCounted = false
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
+    /// A site's changes left out of this round for a clock too far ahead (the round fails with it at its end).
+    private var clockRefusal: ShoalError?
+    private var clockRefusalBatch: ChangeBatch?
     private var roundsFinished = 0
 
     init(id: Int, address: String, worker: StoreWorker, delegate: any ConnectionDelegate, settings: Settings) {
@@ -313,11 +316,19 @@ struct ConnectionDriver {
         _ message: ChangeBatchMessage,
         session: inout SyncSession
     ) async throws(ShoalError) -> [SyncSession.Action] {
-        let result: (applied: Int, versionVector: VersionVector)
-        do {
-            result = try await worker.apply(message.batch)
-        } catch where error.code == .clockTooFarAhead {
-            throw await delegate.describeClockRefusal(error, batch: message.batch, peer: peer)
+        let result = try await worker.apply(message.batch)
+        if let (site, hlc) = result.clockRefusals.max(by: { $0.value < $1.value }) {
+            // Only that site's changes were left out; the rest of this batch, and the round's later batches, apply.
+            // The round then fails with the reason, and the refused changes come again in a later round.
+            clockRefusal = ShoalError(
+                code: .clockTooFarAhead,
+                message: "changes of site \(site.hex.prefix(8)) carry a clock (\(hlc)) too far ahead of local time: "
+                    + "they were left out, everything else was applied"
+            )
+            clockRefusalBatch = ChangeBatch(
+                changes: message.batch.changes.filter { $0.stamp.site == site },
+                claim: VersionVector()
+            )
         }
         appliedThisRound += result.applied
         metrics?.applied(result.applied)
@@ -333,6 +344,11 @@ struct ConnectionDriver {
                 remaining: message.estimatedRemaining,
                 milliseconds: now - roundStarted
             )
+        }
+        if message.isLast, let refusal = clockRefusal, let batch = clockRefusalBatch {
+            clockRefusal = nil
+            clockRefusalBatch = nil
+            throw await delegate.describeClockRefusal(refusal, batch: batch, peer: peer)
         }
         return session.applied(
             message,

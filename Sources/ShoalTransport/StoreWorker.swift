@@ -94,13 +94,18 @@ actor StoreWorker {
 
     /// Applies a batch unless it holds nothing new (an idle round writes nothing); returns the version vector. The
     /// conflicts it met are counted by table (from a peer and from the relay alike: both apply here).
-    func apply(_ batch: ChangeBatch) throws(ShoalError) -> (applied: Int, versionVector: VersionVector) {
+    ///
+    /// `clockRefusals` names the sites whose changes were left out for a clock too far ahead (everything else was
+    /// applied; see ``Store/apply(_:claim:since:)``).
+    func apply(
+        _ batch: ChangeBatch
+    ) throws(ShoalError) -> (applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC]) {
         let held = try store.versionVector()
-        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held) }
+        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:]) }
         let report = try store.apply(batch.changes, claim: batch.claim)
         if report.applied > 0 { changed() }
         if report.conflicts > 0 { NodeMetrics.countConflicts(report.conflictsByTable) }
-        return (report.applied, try versionVector())
+        return (report.applied, try versionVector(), report.clockRefusals)
     }
 
     func digest() throws(ShoalError) -> StateDigest {

@@ -24,7 +24,17 @@ extension SyncNode {
     public func applyReceived(_ batch: ChangeBatch) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector) {
         let result = try await worker.apply(batch)
         if result.applied > 0 { broadcast(.localChange) }
-        return result
+        if let (site, hlc) = result.clockRefusals.first {
+            // What else the batch held is applied; the refused site's changes come again once time catches up.
+            let now = configuration.clock.nowMilliseconds()
+            throw ShoalError(
+                code: .clockTooFarAhead,
+                message: "changes of site \(site.hex.prefix(8)) carry a clock \(Int64(hlc.milliseconds) - Int64(now)) ms "
+                    + "ahead of this node's (more than the \(configuration.storeOptions.maximumClockDriftMilliseconds) "
+                    + "ms allowed): they were left out, everything else was applied"
+            )
+        }
+        return (result.applied, result.versionVector)
     }
 
     /// A signal each time the node's data may have changed: a local write (through the node or another process),

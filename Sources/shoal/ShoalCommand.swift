@@ -305,6 +305,18 @@ extension ShoalCommand {
                 )
             }
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
+            if !report.clockRefusals.isEmpty {
+                let now = UInt64(Date().timeIntervalSince1970 * 1000)
+                let sites = report.clockRefusals.sorted { $0.key < $1.key }.map { site, hlc in
+                    "\(site.hex) (\(Int64(hlc.milliseconds) - Int64(now)) ms ahead)"
+                }
+                throw ShoalError(
+                    code: .clockTooFarAhead,
+                    message: "the changes of \(sites.joined(separator: ", ")) carry clocks further ahead of this "
+                        + "machine's than allowed: they were left out (and are not claimed), everything else was "
+                        + "applied. Check that site's clock; apply the stream again once time has caught up"
+                )
+            }
         }
     }
 

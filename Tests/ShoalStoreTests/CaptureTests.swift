@@ -26,6 +26,7 @@ func sync(_ from: Store, _ to: Store) throws -> ApplyReport {
         total.alreadyKnown += report.alreadyKnown
         total.conflicts += report.conflicts
         total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
+        total.clockRefusals.merge(report.clockRefusals) { max($0, $1) }
     }
     return total
 }

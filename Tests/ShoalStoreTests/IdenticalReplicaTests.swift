@@ -404,6 +404,31 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try rows(try Store(path: directory.appendingPathComponent("1.db").path), "SELECT * FROM t").isEmpty)
     }
 
+    // MARK: - One bad clock
+
+    @Test func aSiteWhoseClockRanAheadHoldsBackOnlyItsOwnChanges() throws {
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        let ahead = try makeStore(ManualWallClock(milliseconds: 1_700_000_000_000 + 86_400_000))
+        let good = try makeStore(clock)
+        let forwarder = try makeStore(ManualWallClock(milliseconds: 1_700_000_000_000 + 86_400_000))
+        let receiver = try makeStore(clock)
+        for store in [ahead, good, forwarder, receiver] { try makeItems(store) }
+        try ahead.execute("INSERT INTO items(id, name) VALUES (1, 'written a day ahead')")
+        try good.execute("INSERT INTO items(id, name) VALUES (2, 'on time')")
+        // A node whose clock agrees with the one ahead takes both, and forwards both in the same batches.
+        try sync(ahead, forwarder)
+        try sync(good, forwarder)
+        let report = try sync(forwarder, receiver)
+        #expect(report.clockRefusals.keys.sorted() == [ahead.siteID])
+        #expect(try rows(receiver, "SELECT id FROM items") == [[.integer(2)]])
+        #expect(try receiver.versionVector() == VersionVector([good.siteID: 1]))
+        // Once time catches up, the held-back changes arrive.
+        clock.advance(by: 86_400_000)
+        #expect(try sync(forwarder, receiver).clockRefusals.isEmpty)
+        #expect(try rows(receiver, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)]])
+        #expect(try receiver.digest() == forwarder.digest())
+    }
+
     // MARK: - The site table survives a rolled-back apply
 
     @Test func aSiteAllocatedByARolledBackApplyIsNeverReadAsAnother() throws {
