@@ -138,6 +138,12 @@ struct ConnectionRegistry {
         return (.accepted, evicted)
     }
 
+    /// Records that connection `id` is an inspection (`shoal verify --peer`): out of the pending pool, and no sync
+    /// link (it has no peer, so it is nobody's duplicate).
+    mutating func inspecting(_ id: Int) {
+        entries[id]?.pending = false
+    }
+
     /// Records who the channel setup verified connection `id`'s peer to be.
     mutating func identify(_ id: Int, as identity: PeerIdentity) {
         entries[id]?.identity = identity

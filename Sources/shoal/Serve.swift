@@ -236,6 +236,15 @@ extension ShoalCommand {
                         log("mDNS discovery is off: \(reason).")
                     case .discoveryAvailable(let interface):
                         log("mDNS discovery is on (announced and browsing on \(interface ?? "every interface"))")
+                    case .peerDiverged(let site, let name, let peerAddress, _):
+                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
+                        log(
+                            "ERROR: diverged from \(peer): it holds the same changes as this node but different rows "
+                                + "(different digests at the same version), and syncing will not mend it; run `shoal "
+                                + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")` to list the rows that differ"
+                        )
+                    case .peerConverged(let site, let name):
+                        log("converged again with \(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8)): equal digests at the same version")
                     }
                 }
             }
