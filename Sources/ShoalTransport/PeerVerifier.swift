@@ -26,10 +26,11 @@ public enum PeerVerifier {
         timeoutMilliseconds: Int64 = 120_000
     ) async throws(ShoalError) -> VerifyReport {
         let store = try Store(path: configuration.databasePath, options: configuration.storeOptions)
+        let storedName = try store.nodeName()
         let hello = Hello(
             clusterID: configuration.clusterID,
             siteID: store.siteID,
-            nodeName: configuration.nodeName ?? (try store.nodeName()) ?? "shoal",
+            nodeName: configuration.nodeName ?? storedName ?? "shoal",
             schemaFingerprint: try store.schemaFingerprint(),
             listenPort: 0
         )

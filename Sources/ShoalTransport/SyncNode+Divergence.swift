@@ -13,8 +13,9 @@ extension SyncNode {
     /// and the comparison runs again when it ends: so acknowledgements carry digests, and divergence is found, without
     /// anyone asking for the status.
     func compareAcknowledgedDigests(refreshing: Bool) async {
-        guard let (vector, digest) = try? await worker.comparableState() else { return }
-        guard let digest else {
+        guard let state = try? await worker.comparableState() else { return }
+        let vector = state.versionVector
+        guard let digest = state.digest else {
             if refreshing { _ = try? await refreshDigest(waiting: false) }
             return
         }
