@@ -16,7 +16,7 @@ extension RelayProcessTests {
         try await world.write("a", "INSERT INTO kv VALUES ('k1', 'one'), ('k2', 'two'), ('k3', 'three')")
         let interval = ["--round-interval", "200"]
         let a = try await world.serve("a", relay: false, extra: interval + ["--metrics", "127.0.0.1:0"])
-        let b = try await world.serve("b", relay: false, peers: ["a"], extra: interval)
+        try await world.serve("b", relay: false, peers: ["a"], extra: interval)
         let metricsLine = await a.line(within: 30) { $0.hasPrefix("metrics listening on ") }
         let metrics = "http://" + (try #require(metricsLine)).dropFirst("metrics listening on ".count) + "/metrics"
         #expect(try await world.converge(["a", "b"]))

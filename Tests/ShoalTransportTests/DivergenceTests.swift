@@ -38,7 +38,9 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         let divergedAtB = await b.log.seen(within: 60) { event in
             if case .peerDiverged = event { true } else { false }
         }
-        #expect(divergedAtA && divergedAtB, "\(await a.log.events)\n\(await b.log.events)")
+        let eventsA = await a.log.events
+        let eventsB = await b.log.events
+        #expect(divergedAtA && divergedAtB, "\(eventsA)\n\(eventsB)")
         #expect(try await b.node.versionVector() == versionBefore)
         let peerOfA = try #require(await a.node.peerStatuses().first)
         #expect(peerOfA.siteID == b.node.siteID && peerOfA.isConnected)
