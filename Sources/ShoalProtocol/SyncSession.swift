@@ -257,7 +257,11 @@ public struct SyncSession: Sendable {
             if nonce == pingNonce { pingNonce = nil }
             return []
         default:
-            return refuse(.malformedMessage, "a message other than an inspection request on an inspection", code: .malformedMessage)
+            return refuse(
+                .malformedMessage,
+                "a message other than an inspection request on an inspection",
+                code: .malformedMessage
+            )
         }
     }
 

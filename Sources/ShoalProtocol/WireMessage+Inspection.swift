@@ -118,7 +118,9 @@ extension WireMessage {
             let digest = try hash()
             let count = try reader.readVarint()
             // Each table takes at least 4 bytes: a bound before reading on.
-            guard count <= UInt64(reader.remaining / 4) else { throw malformed("\(count) tables cannot fit in the frame") }
+            guard count <= UInt64(reader.remaining / 4) else {
+                throw malformed("\(count) tables cannot fit in the frame")
+            }
             var tables: [TableSummary] = []
             for _ in 0..<count {
                 let name = try reader.readString()
@@ -127,9 +129,14 @@ extension WireMessage {
                 var keyColumns: [String] = []
                 for _ in 0..<keyCount { keyColumns.append(try reader.readString()) }
                 let digest = try hash()
-                tables.append(TableSummary(name: name, keyColumns: keyColumns, digest: digest, rows: try reader.readVarint()))
+                tables.append(
+                    TableSummary(name: name, keyColumns: keyColumns, digest: digest, rows: try reader.readVarint())
+                )
             }
-            return InspectionAnswer(requestID: requestID, content: .tables(versionVector: vector, digest: digest, tables: tables))
+            return InspectionAnswer(
+                requestID: requestID,
+                content: .tables(versionVector: vector, digest: digest, tables: tables)
+            )
         case 1:
             let table = try reader.readString()
             let flag = try reader.readByte()

@@ -16,7 +16,9 @@ public struct TableDigest: Sendable, Hashable {
 extension Store {
     /// The version vector, the digest, and each replicated table's part of it (paused tables are left out, as the
     /// digest leaves them out), read together.
-    public func tableDigests() throws(ShoalError) -> (versionVector: VersionVector, digest: StateDigest, tables: [TableDigest]) {
+    public func tableDigests() throws(ShoalError) -> (
+        versionVector: VersionVector, digest: StateDigest, tables: [TableDigest]
+    ) {
         // Folds every pending row in (what any read of the digest does), so the row hashes are current.
         _ = try digest()
         return try inReadTransaction { () throws(ShoalError) in
@@ -56,7 +58,9 @@ extension Store {
         if after == nil { _ = try digest() }
         let select: SQLiteStatement
         if let after {
-            select = try statement("SELECT key, hash FROM shoal_row_hashes WHERE tbl = ? AND key > ? ORDER BY key LIMIT ?")
+            select = try statement(
+                "SELECT key, hash FROM shoal_row_hashes WHERE tbl = ? AND key > ? ORDER BY key LIMIT ?"
+            )
             try select.bind([.integer(replicated.id), .blob(after), .integer(Int64(limit) + 1)])
         } else {
             select = try statement("SELECT key, hash FROM shoal_row_hashes WHERE tbl = ? ORDER BY key LIMIT ?")

@@ -59,7 +59,11 @@ public enum PeerVerifier {
         let result: Result<VerifyReport, ShoalError>
         do {
             result = try await channel.executeThenClose { inbound, outbound in
-                var conversation = Conversation(messages: inbound.makeAsyncIterator(), outbound: outbound, address: address)
+                var conversation = Conversation(
+                    messages: inbound.makeAsyncIterator(),
+                    outbound: outbound,
+                    address: address
+                )
                 do throws(ShoalError) {
                     let report = try await conversation.run(hello: hello, store: store, limit: limit)
                     outbound.finish()
@@ -69,7 +73,10 @@ public enum PeerVerifier {
                 }
             }
         } catch {
-            throw ShoalError(code: .network, message: "the connection to \(address) failed during the comparison: \(error)")
+            throw ShoalError(
+                code: .network,
+                message: "the connection to \(address) failed during the comparison: \(error)"
+            )
         }
         return try result.get()
     }
@@ -129,7 +136,12 @@ public enum PeerVerifier {
                 )
                 for (key, difference) in found {
                     report.rows.append(
-                        VerifyReport.Row(table: table, keyColumns: keyColumns, key: decodeKey(key), difference: difference)
+                        VerifyReport.Row(
+                            table: table,
+                            keyColumns: keyColumns,
+                            key: decodeKey(key),
+                            difference: difference
+                        )
                     )
                 }
             }

@@ -30,7 +30,10 @@ extension StoreWorker {
                 let found = try store.rowHashes(of: table, after: after, limit: page)
                 return (found.rows.map { RowHash(key: $0.key, hash: $0.hash) }, found.isLast)
             }
-            return InspectionAnswer(requestID: request.requestID, content: .rows(table: table, rows: rows, isLast: isLast))
+            return InspectionAnswer(
+                requestID: request.requestID,
+                content: .rows(table: table, rows: rows, isLast: isLast)
+            )
         }
     }
 }

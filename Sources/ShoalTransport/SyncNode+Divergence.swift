@@ -46,7 +46,8 @@ extension SyncNode {
             return
         case .diverged(let divergence), .stillDiverged(let divergence):
             directory.setDivergence(peer, divergence)
-            let run = address.map { "shoal verify --peer \($0)" } ?? "shoal verify --peer HOST:PORT (the peer's address)"
+            let run =
+                address.map { "shoal verify --peer \($0)" } ?? "shoal verify --peer HOST:PORT (the peer's address)"
             let reason =
                 "replicas diverged: peer \(label) holds the same changes as this node but different rows (different "
                 + "digests at the same version); syncing will not mend it; run `\(run)` to list the rows that differ"

@@ -6,7 +6,8 @@ import ShoalCore
 /// durations, changes applied, catch-up progress, conflicts by table. Sampled here every
 /// ``NodeConfiguration/metricsIntervalMilliseconds`` from what the node holds in memory (no database access, nothing
 /// on a connection's path): the queue depth (``pendingLocalChanges()``, what `shoal status` reports as pending),
-/// connected peers, diverged peers, and for each peer that ever connected whether it diverged, its gap (transactions it lacks, by the last version vector
+/// connected peers, diverged peers, and for each peer that ever connected whether it diverged, its gap (transactions it
+/// lacks, by the last version vector
 /// it acknowledged) and its staleness (how long this node has held the oldest change it lacks).
 extension SyncNode {
     func sampleMetricsPeriodically() async throws {

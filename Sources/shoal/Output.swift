@@ -64,7 +64,12 @@ enum Output {
         return String(decoding: data, as: UTF8.self)
     }
 
-    static func json(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil, database: String = "PATH") -> String {
+    static func json(
+        _ status: StoreStatus,
+        live: LiveStatus?,
+        keyFile: KeyFile? = nil,
+        database: String = "PATH"
+    ) -> String {
         let peers: Any =
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
         let pending: Any =
@@ -110,7 +115,12 @@ enum Output {
         ])
     }
 
-    static func text(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil, database: String = "PATH") -> String {
+    static func text(
+        _ status: StoreStatus,
+        live: LiveStatus?,
+        keyFile: KeyFile? = nil,
+        database: String = "PATH"
+    ) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let name = status.nodeName { text += "name:       \(name)\n" }
         if let keyFile {

@@ -241,10 +241,12 @@ extension ShoalCommand {
                         log(
                             "ERROR: diverged from \(peer): it holds the same changes as this node but different rows "
                                 + "(different digests at the same version), and syncing will not mend it; run `shoal "
-                                + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")` to list the rows that differ"
+                                + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")` to list the rows "
+                                + "that differ"
                         )
                     case .peerConverged(let site, let name):
-                        log("converged again with \(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8)): equal digests at the same version")
+                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
+                        log("converged again with \(peer): equal digests at the same version")
                     }
                 }
             }

@@ -33,7 +33,8 @@ extension ShoalCommand {
             guard let peer else {
                 throw ShoalError(
                     code: .invalidArgument,
-                    message: "give the peer to compare with: --peer HOST:PORT (`shoal status` lists each peer's address)"
+                    message:
+                        "give the peer to compare with: --peer HOST:PORT (`shoal status` lists each peer's address)"
                 )
             }
             guard let address = PeerAddress(parsing: peer) else {
@@ -48,7 +49,8 @@ extension ShoalCommand {
                 guard cluster == nil else {
                     throw ShoalError(
                         code: .invalidArgument,
-                        message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in the node key"
+                        message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in "
+                            + "the node key"
                     )
                 }
                 let store = try database.open()
@@ -72,9 +74,11 @@ extension ShoalCommand {
             case (_, true):
                 text += "verdict:    equal: the same rows on both sides\n"
             case (true, false):
-                text += "verdict:    DIVERGED: the same changes but different rows; syncing will not mend the rows below\n"
+                text +=
+                    "verdict:    DIVERGED: the same changes but different rows; syncing will not mend the rows below\n"
             case (false, false):
-                text += "verdict:    different versions: one side lacks changes the other holds (a sync is under way, "
+                text +=
+                    "verdict:    different versions: one side lacks changes the other holds (a sync is under way, "
                     + "or the link fails); the rows below may differ only for that\n"
             }
             let differing = report.differingTables.isEmpty ? "" : " (\(report.differingTables.joined(separator: ", ")))"
@@ -83,7 +87,8 @@ extension ShoalCommand {
                 text += "rows:       none differ\n"
                 return text
             }
-            text += "rows:       \(report.rows.count)\(report.truncated ? "+ (only the first listed; --limit)" : "") differ\n"
+            let more = report.truncated ? "+ (only the first listed; --limit)" : ""
+            text += "rows:       \(report.rows.count)\(more) differ\n"
             for row in report.rows {
                 text += "  \(row.table) \(row.keyDescription): \(row.difference.rawValue)\n"
             }

@@ -24,11 +24,14 @@ extension RelayProcessTests {
 
         // The sqlite3 shell changes a row of b and drops what its triggers captured, in one transaction: Shoal never
         // sees the write. Dropping the digest's stored sums makes b's next digest a scan, which sees the change.
-        let table = try await offPool { try sqlite3Shell(world.paths["b"]!, "SELECT id FROM shoal_tables WHERE name = 'kv'") }
+        let table = try await offPool {
+            try sqlite3Shell(world.paths["b"]!, "SELECT id FROM shoal_tables WHERE name = 'kv'")
+        }
         let id = table.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         try await world.write(
             "b",
-            "BEGIN; UPDATE kv SET v = 'tampered' WHERE k = 'k2'; DELETE FROM shoal_outbox_\(id); DELETE FROM shoal_digest; COMMIT"
+            "BEGIN; UPDATE kv SET v = 'tampered' WHERE k = 'k2'; DELETE FROM shoal_outbox_\(id); "
+                + "DELETE FROM shoal_digest; COMMIT"
         )
 
         // a's status: an error naming b, since when, and what to run.
@@ -48,9 +51,11 @@ extension RelayProcessTests {
         let text = try await offPool { try shoal("status", "--db", world.paths["a"]!) }.stdout
         #expect(text.contains("ERROR:      diverged from b ") && text.contains(run) && text.contains("DIVERGED (error"))
         // b's status says the same of a.
-        #expect(try await waitUntil(within: 30, checkingEvery: 250) {
-            (try await world.status("b")["errors"] as? [[String: Any]] ?? []).count == 1
-        })
+        #expect(
+            try await waitUntil(within: 30, checkingEvery: 250) {
+                (try await world.status("b")["errors"] as? [[String: Any]] ?? []).count == 1
+            }
+        )
 
         // The metrics: one diverged peer, b.
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
@@ -88,16 +93,23 @@ extension RelayProcessTests {
 
         // A write through Shoal that overwrites the row mends it: the error, the metric and the rows go.
         try await world.write("a", "UPDATE kv SET v = 'mended' WHERE k = 'k2'")
-        #expect(try await waitUntil(within: 60, checkingEvery: 250) {
-            (try await world.status("a")["errors"] as? [[String: Any]] ?? []).isEmpty
-        })
-        #expect(try await waitUntil(within: 20, checkingEvery: 200) {
-            try await scrape(client, metrics)?.value("shoal_node_diverged_peers") == 0
-        })
+        #expect(
+            try await waitUntil(within: 60, checkingEvery: 250) {
+                (try await world.status("a")["errors"] as? [[String: Any]] ?? []).isEmpty
+            }
+        )
+        #expect(
+            try await waitUntil(within: 20, checkingEvery: 200) {
+                try await scrape(client, metrics)?.value("shoal_node_diverged_peers") == 0
+            }
+        )
         let mended = try await offPool {
             try shoal("verify", "--db", world.paths["a"]!, "--peer", "127.0.0.1:\(world.ports["b"]!)")
         }
-        #expect(mended.status == 0 && mended.stdout.contains("rows:       none differ"), "\(mended.stdout)\(mended.stderr)")
+        #expect(
+            mended.status == 0 && mended.stdout.contains("rows:       none differ"),
+            "\(mended.stdout)\(mended.stderr)"
+        )
         #expect(a.output.contains("converged again with b "), "\(a.output)")
     }
 }

@@ -142,7 +142,10 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         configuration.clusterID = "test"
         configuration.insecurePlaintext = true
         do {
-            _ = try await PeerVerifier.verify(configuration: configuration, address: PeerAddress(host: "127.0.0.1", port: port))
+            _ = try await PeerVerifier.verify(
+                configuration: configuration,
+                address: PeerAddress(host: "127.0.0.1", port: port)
+            )
             Issue.record("an older peer was not told apart")
         } catch {
             #expect(error.code == .versionMismatch && error.message.contains("older Shoal"), "\(error)")
@@ -155,7 +158,14 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
     @Test func anInspectionIsASessionOfItsOwn() throws {
         let fingerprint = "kv"
         func hello(_ versions: ClosedRange<UInt16> = 1...WireProtocol.maximumVersion) -> Hello {
-            Hello(versions: versions, clusterID: "c", siteID: .random(), nodeName: "n", schemaFingerprint: fingerprint, listenPort: 0)
+            Hello(
+                versions: versions,
+                clusterID: "c",
+                siteID: .random(),
+                nodeName: "n",
+                schemaFingerprint: fingerprint,
+                listenPort: 0
+            )
         }
         var session = SyncSession(local: hello(), now: 0)
         _ = session.start()
@@ -167,12 +177,16 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         let request = InspectionRequest(requestID: 7, query: .rows(table: "kv", after: [1, 2], limit: 10))
         #expect(session.receive(.inspectionRequest(request), now: 3) == [.answerInspection(request)])
         let refused = session.receive(.syncRequest(SyncRequest(requestID: 1, versionVector: VersionVector())), now: 4)
-        #expect(refused.contains { if case .send(.reject(let r)) = $0 { r.reason == .malformedMessage } else { false } })
+        #expect(
+            refused.contains { if case .send(.reject(let r)) = $0 { r.reason == .malformedMessage } else { false } }
+        )
 
         // A node speaking versions 1-2 only refuses an inspection.
         var old = SyncSession(local: hello(1...2), now: 0)
         let oldAnswer = old.receive(.inspect(hello()), now: 1)
-        #expect(oldAnswer.contains { if case .send(.reject(let r)) = $0 { r.reason == .versionMismatch } else { false } })
+        #expect(
+            oldAnswer.contains { if case .send(.reject(let r)) = $0 { r.reason == .versionMismatch } else { false } }
+        )
 
         // On a sync link, an inspection request is refused.
         var sync = SyncSession(local: hello(), now: 0)
@@ -189,7 +203,9 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
             .inspect(Hello(clusterID: "c", siteID: .random(), nodeName: "n", schemaFingerprint: "f", listenPort: 7)),
             .inspectionRequest(InspectionRequest(requestID: 1, query: .tables)),
             .inspectionRequest(InspectionRequest(requestID: 2, query: .rows(table: "kv", after: nil, limit: 1))),
-            .inspectionRequest(InspectionRequest(requestID: 3, query: .rows(table: "kv", after: [0, 1], limit: 4_096))),
+            .inspectionRequest(
+                InspectionRequest(requestID: 3, query: .rows(table: "kv", after: [0, 1], limit: 4_096))
+            ),
             .inspectionAnswer(
                 InspectionAnswer(
                     requestID: 1,
@@ -244,22 +260,77 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         vector.advance(.random(), to: 3)
         var other = vector
         other.advance(.random(), to: 1)
-        #expect(watch.compare(peer: peer, peerVector: vector, peerDigest: "x", localVector: vector, localDigest: "y", now: 1) == .none)
-        guard case .diverged(let found) = watch.compare(
-            peer: peer, peerVector: vector, peerDigest: "x", localVector: vector, localDigest: "y", now: 2
-        ) else {
+        #expect(
+            watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "x",
+                localVector: vector,
+                localDigest: "y",
+                now: 1
+            ) == .none
+        )
+        guard
+            case .diverged(let found) = watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "x",
+                localVector: vector,
+                localDigest: "y",
+                now: 2
+            )
+        else {
             Issue.record("a second mismatch in a row is a divergence")
             return
         }
         #expect(found.since == 2 && watch.diverged[peer] != nil)
         // Different versions say nothing either way.
-        #expect(watch.compare(peer: peer, peerVector: other, peerDigest: "x", localVector: vector, localDigest: "x", now: 3) == .none)
+        #expect(
+            watch.compare(peer: peer, peerVector: other, peerDigest: "x", localVector: vector, localDigest: "x", now: 3)
+                == .none
+        )
         #expect(watch.diverged[peer] != nil)
-        #expect(watch.compare(peer: peer, peerVector: vector, peerDigest: "z", localVector: vector, localDigest: "z", now: 4) == .converged)
+        #expect(
+            watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "z",
+                localVector: vector,
+                localDigest: "z",
+                now: 4
+            ) == .converged
+        )
         #expect(watch.diverged.isEmpty)
         // One mismatch followed by a match is nothing.
-        #expect(watch.compare(peer: peer, peerVector: vector, peerDigest: "x", localVector: vector, localDigest: "y", now: 5) == .none)
-        #expect(watch.compare(peer: peer, peerVector: vector, peerDigest: "y", localVector: vector, localDigest: "y", now: 6) == .none)
-        #expect(watch.compare(peer: peer, peerVector: vector, peerDigest: "x", localVector: vector, localDigest: "y", now: 7) == .none)
+        #expect(
+            watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "x",
+                localVector: vector,
+                localDigest: "y",
+                now: 5
+            ) == .none
+        )
+        #expect(
+            watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "y",
+                localVector: vector,
+                localDigest: "y",
+                now: 6
+            ) == .none
+        )
+        #expect(
+            watch.compare(
+                peer: peer,
+                peerVector: vector,
+                peerDigest: "x",
+                localVector: vector,
+                localDigest: "y",
+                now: 7
+            ) == .none
+        )
     }
 }
