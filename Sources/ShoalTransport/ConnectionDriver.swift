@@ -206,7 +206,7 @@ struct ConnectionDriver {
                         )
                     case .duplicate, .full:
                         actions = session.close(
-                            ShoalError(code: .rejected, message: "this node takes no inspection now"),
+                            ShoalError(code: .rejected, message: "this node answers as many inspections as it takes"),
                             reason: .tooManyConnections
                         )
                     }

@@ -227,7 +227,7 @@ extension SyncNode: ConnectionDelegate {
         {
             return .refused(rejection)
         }
-        registry.inspecting(id)
+        guard registry.inspecting(id) else { return .full }
         configuration.logger.info(
             "a peer inspects this node's digests (shoal verify)",
             metadata: ["peer": "\(hello.siteID.hex.prefix(8))", "address": "\(address)"]

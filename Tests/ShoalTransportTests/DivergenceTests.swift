@@ -233,6 +233,29 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         #expect(throws: ShoalError.self) { try WireMessage.decode([11, 0, 0, 0, 0, 0, 0, 0, 1, 9]) }
     }
 
+    /// Inspections are no sync links (never a duplicate, out of the handshake pool) and only a few run at once.
+    @Test func inspectionsAreBoundedAndApartFromSyncLinks() {
+        var registry = ConnectionRegistry(localSite: .random(), limits: ConnectionRegistry.Limits())
+        let (_, inbox) = AsyncStream.makeStream(of: ConnectionEvent.self)
+        var ids: [Int] = []
+        for _ in 0...ConnectionRegistry.maximumInspections {
+            guard case .admitted(let id, _) = registry.register(dialed: false, remoteIP: "10.0.0.1", inbox: inbox)
+            else {
+                Issue.record("not admitted")
+                return
+            }
+            ids.append(id)
+            // Each one leaves the handshake pool (4 per address) as it becomes an inspection.
+            _ = registry.inspecting(id)
+        }
+        #expect(registry.entries.values.filter(\.inspection).count == ConnectionRegistry.maximumInspections)
+        #expect(registry.entries[ids.last!]?.inspection == false)
+        _ = registry.remove(ids[0])
+        let admitted = registry.inspecting(ids.last!)
+        #expect(admitted)
+        #expect(!registry.isConnected(.random()) && registry.entries.values.allSatisfy { $0.peer == nil })
+    }
+
     /// The merge of two key-ordered streams of row hashes, a page at a time.
     @Test func rowHashesMergeAPageAtATime() {
         func row(_ key: UInt8, _ hash: UInt8) -> RowHash { RowHash(key: [key], hash: [hash]) }
