@@ -42,6 +42,7 @@ extension StoreWorker {
     /// The version vector and, if the cached digest is current, the digest, read together: what a peer's
     /// acknowledgement (its vector and digest) is compared with.
     func comparableState() throws(ShoalError) -> (versionVector: VersionVector, digest: StateDigest?) {
-        (try versionVector(), currentDigest())
+        guard let digest = currentDigest() else { return (latestVersionVector.withLock { $0 }, nil) }
+        return (try versionVector(), digest)
     }
 }

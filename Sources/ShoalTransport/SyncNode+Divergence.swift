@@ -13,12 +13,12 @@ extension SyncNode {
     /// and the comparison runs again when it ends: so acknowledgements carry digests, and divergence is found, without
     /// anyone asking for the status.
     func compareAcknowledgedDigests(refreshing: Bool) async {
-        guard let state = try? await worker.comparableState() else { return }
+        // Answers at once: from memory while the digest is current (an idle round costs no database work).
+        if refreshing { _ = try? await refreshDigest(waiting: false) }
+        guard !uncomparedDigests.isEmpty, let state = try? await worker.comparableState(),
+            let digest = state.digest
+        else { return }
         let vector = state.versionVector
-        guard let digest = state.digest else {
-            if refreshing { _ = try? await refreshDigest(waiting: false) }
-            return
-        }
         let peers = uncomparedDigests
         uncomparedDigests.removeAll()
         for peer in peers {
