@@ -49,6 +49,8 @@ struct LiveStatus: Codable {
     var nodeID: String? = nil
     /// Whether peer links are TLS ("tls") or plaintext ("insecure-plaintext").
     var security: String? = nil
+    /// The cluster id, for a plaintext node (with TLS, the key file holds it).
+    var cluster: String? = nil
     /// Devices waiting to be accepted.
     var pending: [PendingDevice]? = nil
     /// The relay, when the node uses one.

@@ -79,7 +79,7 @@ enum Output {
                 (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(relay))) as? [String: Any]
             } ?? NSNull()
         let errors = (live?.peers ?? []).compactMap { peer in
-            divergence(of: peer, database: database).map { error in
+            divergence(of: peer, database: database, plaintextCluster: live?.cluster).map { error in
                 [
                     "kind": "diverged", "peer": peer.site, "name": peer.name, "since_ms": error.since,
                     "message": error.message, "run": error.run,
@@ -143,7 +143,7 @@ enum Output {
         }
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
         for peer in live.peers {
-            guard let error = divergence(of: peer, database: database) else { continue }
+            guard let error = divergence(of: peer, database: database, plaintextCluster: live.cluster) else { continue }
             text += "ERROR:      \(error.message); run `\(error.run)` to list the rows that differ\n"
         }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
@@ -199,7 +199,8 @@ extension Output {
     /// the rows that differ.
     static func divergence(
         of peer: LiveStatus.Peer,
-        database: String
+        database: String,
+        plaintextCluster: String?
     ) -> (since: UInt64, message: String, run: String)? {
         guard let since = peer.divergedSinceMs else { return nil }
         let now = SystemWallClock().nowMilliseconds()
@@ -210,8 +211,10 @@ extension Output {
             + "changes as this node but different rows (different digests at the same version), and syncing will not "
             + "mend it"
         let address = peer.listeningAddress ?? "HOST:PORT"
-        let run = "shoal verify --db \(database) --peer \(address)"
-            + (peer.listeningAddress == nil ? " (the peer's address)" : "")
+        let run =
+            "shoal verify --db \(database) --peer \(address)"
+            + (plaintextCluster.map { " --insecure-plaintext --cluster \($0)" } ?? "")
+            + (peer.listeningAddress == nil ? " (HOST:PORT: the peer's address)" : "")
         return (since, message, run)
     }
 
