@@ -60,6 +60,11 @@ public struct SyncSession: Sendable {
         case peerRefused(Rejection)
         /// Close the connection (after sending whatever came before).
         case close(ShoalError)
+        /// The peer opened an inspection (``WireMessage/inspect(_:)``) and its hello was accepted: no round runs;
+        /// the shell decides whether to keep it, like ``established(_:version:)``.
+        case inspectionStarted(Hello, version: UInt16)
+        /// Answer the peer's inspection request with an ``InspectionAnswer`` (read-only).
+        case answerInspection(InspectionRequest)
     }
 
     /// Where the conversation is.
@@ -87,6 +92,9 @@ public struct SyncSession: Sendable {
     public private(set) var version: UInt16?
     /// The request id of our pull in progress.
     public private(set) var outstandingRequest: UInt64?
+    /// Whether the peer opened the connection to inspect only (``WireMessage/inspect(_:)``): it answers inspection
+    /// requests and nothing else, and runs no round.
+    public private(set) var isInspection = false
     /// The sequence number the next batch of our pull must carry.
     var expectedBatch: UInt32 = 0
     private var roundRequested = false
@@ -139,17 +147,23 @@ public struct SyncSession: Sendable {
         case .closed, .lingering:
             return []
         case .handshaking:
-            guard case .hello(let hello) = message else {
+            switch message {
+            case .hello(let hello):
+                return handshake(hello)
+            case .inspect(let hello):
+                return handshake(hello, inspection: true)
+            default:
                 return refuse(.malformedMessage, "expected hello before anything else", code: .malformedMessage)
             }
-            return handshake(hello)
         case .established:
             return converse(message)
         }
     }
 
-    private mutating func handshake(_ hello: Hello) -> [Action] {
-        guard let version = WireProtocol.negotiate(local.versions, hello.versions) else {
+    private mutating func handshake(_ hello: Hello, inspection: Bool = false) -> [Action] {
+        guard let version = WireProtocol.negotiate(local.versions, hello.versions),
+            !inspection || version >= WireProtocol.inspectionVersion
+        else {
             return refuse(
                 .versionMismatch,
                 "this node speaks protocol versions \(local.versions.lowerBound)-\(local.versions.upperBound), "
@@ -182,13 +196,24 @@ public struct SyncSession: Sendable {
         peer = hello
         self.version = version
         let reply: [Action] = configuration.speaksFirst ? [] : [.send(.hello(local))]
+        guard !inspection else {
+            isInspection = true
+            return reply + [.inspectionStarted(hello, version: version)]
+        }
         return reply + [.established(hello, version: version), .wantRound]
     }
 
     private mutating func converse(_ message: WireMessage) -> [Action] {
+        if isInspection { return inspect(message) }
         switch message {
-        case .hello:
+        case .hello, .inspect:
             return refuse(.malformedMessage, "a second hello", code: .malformedMessage)
+        case .inspectionRequest, .inspectionAnswer:
+            return refuse(
+                .malformedMessage,
+                "an inspection message on a sync connection (an inspection opens with its own hello)",
+                code: .malformedMessage
+            )
         case .syncRequest(let request):
             // The shell serves it; ``served(_:localVersionVector:)`` then decides whether to pull back.
             serving = (request.requestID, 0)
@@ -221,9 +246,28 @@ public struct SyncSession: Sendable {
         }
     }
 
+    /// What an inspection connection takes: inspection requests (answered read-only) and keepalives.
+    private mutating func inspect(_ message: WireMessage) -> [Action] {
+        switch message {
+        case .inspectionRequest(let request):
+            return [.answerInspection(request)]
+        case .ping(let nonce):
+            return [.send(.pong(nonce))]
+        case .pong(let nonce):
+            if nonce == pingNonce { pingNonce = nil }
+            return []
+        default:
+            return refuse(
+                .malformedMessage,
+                "a message other than an inspection request on an inspection",
+                code: .malformedMessage
+            )
+        }
+    }
+
     /// Starts a pull with the local version vector, unless one is running (then one more follows it).
     public mutating func startRound(versionVector: VersionVector, now: UInt64) -> [Action] {
-        guard phase == .established else { return [] }
+        guard phase == .established, !isInspection else { return [] }
         guard outstandingRequest == nil else {
             roundRequested = true
             return []
@@ -325,7 +369,7 @@ public struct SyncSession: Sendable {
 
     /// Something changed locally (or a periodic round is due): pull, so that the peer pulls back.
     public func localChange() -> [Action] {
-        phase == .established ? [.wantRound] : []
+        phase == .established && !isInspection ? [.wantRound] : []
     }
 
     /// The whole answer to `request` was sent. When the request's vector holds something the local one lacks,

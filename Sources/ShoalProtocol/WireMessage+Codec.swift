@@ -7,14 +7,16 @@ extension WireMessage {
         switch self {
         case .hello(let hello):
             bytes.append(Kind.hello.rawValue)
-            bytes.appendBigEndian32(WireProtocol.magic)
-            bytes.appendBigEndian16(hello.versions.lowerBound)
-            bytes.appendBigEndian16(hello.versions.upperBound)
-            bytes.appendString(hello.clusterID)
-            bytes.append(contentsOf: hello.siteID.bytes)
-            bytes.appendString(hello.nodeName)
-            bytes.appendString(hello.schemaFingerprint)
-            bytes.appendBigEndian16(hello.listenPort)
+            Self.encode(hello, into: &bytes)
+        case .inspect(let hello):
+            bytes.append(Kind.inspect.rawValue)
+            Self.encode(hello, into: &bytes)
+        case .inspectionRequest(let request):
+            bytes.append(Kind.inspectionRequest.rawValue)
+            Self.encode(request, into: &bytes)
+        case .inspectionAnswer(let answer):
+            bytes.append(Kind.inspectionAnswer.rawValue)
+            Self.encode(answer, into: &bytes)
         case .syncRequest(let request):
             bytes.append(Kind.syncRequest.rawValue)
             bytes.appendBigEndian(request.requestID)
@@ -87,24 +89,13 @@ extension WireMessage {
         }
         switch kind {
         case .hello:
-            guard try reader.readBigEndian32() == WireProtocol.magic else {
-                throw malformed("hello without the SHOL magic")
-            }
-            let minimum = try reader.readBigEndian16()
-            let maximum = try reader.readBigEndian16()
-            guard minimum <= maximum else { throw malformed("hello with an empty version range") }
-            let cluster = try reader.readString()
-            guard let site = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
-            return .hello(
-                Hello(
-                    versions: minimum...maximum,
-                    clusterID: cluster,
-                    siteID: site,
-                    nodeName: try reader.readString(),
-                    schemaFingerprint: try reader.readString(),
-                    listenPort: try reader.readBigEndian16()
-                )
-            )
+            return .hello(try decodeHello(&reader))
+        case .inspect:
+            return .inspect(try decodeHello(&reader))
+        case .inspectionRequest:
+            return .inspectionRequest(try decodeInspectionRequest(&reader))
+        case .inspectionAnswer:
+            return .inspectionAnswer(try decodeInspectionAnswer(&reader))
         case .syncRequest:
             return .syncRequest(
                 SyncRequest(requestID: try reader.readBigEndianUInt64(), versionVector: try reader.readVersionVector())
@@ -304,7 +295,7 @@ extension WireMessage {
         return (changes, pieced)
     }
 
-    private static func malformed(_ detail: String) -> ShoalError {
+    static func malformed(_ detail: String) -> ShoalError {
         ShoalError(code: .malformedMessage, message: "malformed message: \(detail)")
     }
 }

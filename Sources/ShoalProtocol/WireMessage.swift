@@ -5,8 +5,9 @@ public enum WireProtocol {
     /// The oldest version this build accepts.
     public static let minimumVersion: UInt16 = 1
     /// The newest version this build speaks. Version 2 adds ``ValuePiece`` (values larger than a frame travel
-    /// in pieces) and change kind 3 (a column whose value travels in pieces).
-    public static let maximumVersion: UInt16 = 2
+    /// in pieces) and change kind 3 (a column whose value travels in pieces); version 3 adds read-only inspections
+    /// (``WireMessage/inspect(_:)``, ``InspectionRequest``, ``InspectionAnswer``), which `shoal verify --peer` runs.
+    public static let maximumVersion: UInt16 = 3
     /// The first version in which values may travel in pieces.
     public static let piecesVersion: UInt16 = 2
     /// The first four bytes of every hello: "SHOL".
@@ -54,6 +55,13 @@ public enum WireMessage: Hashable, Sendable {
     case valuePiece(ValuePiece)
     /// A step of the join exchange (``JoinMessage``), on a connection that carries nothing else.
     case join(JoinMessage)
+    /// Instead of a hello (protocol version 3): the sender only inspects, read-only (``InspectionRequest``); the
+    /// connection is no sync link and runs no round.
+    case inspect(Hello)
+    /// A question of an inspection (protocol version 3).
+    case inspectionRequest(InspectionRequest)
+    /// Its answer (protocol version 3).
+    case inspectionAnswer(InspectionAnswer)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -66,6 +74,9 @@ public enum WireMessage: Hashable, Sendable {
         case reject = 7
         case valuePiece = 8
         case join = 9
+        case inspect = 10
+        case inspectionRequest = 11
+        case inspectionAnswer = 12
     }
 }
 

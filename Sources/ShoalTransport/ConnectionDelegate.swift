@@ -37,6 +37,9 @@ enum ConnectionEvent: Sendable {
 protocol ConnectionDelegate: Sendable {
     /// The handshake with `peer` succeeded on connection `id` (reached at `address`): keep the connection or not.
     func connectionEstablished(_ id: Int, peer: Hello, address: String) async -> Admission
+    /// `peer` opened connection `id` to inspect only (``WireMessage/inspect(_:)``; `shoal verify --peer`), and its
+    /// hello was accepted: answer it or not. An inspection is no sync link: it is never a duplicate of one.
+    func inspectionStarted(_ id: Int, peer: Hello, address: String) async -> Admission
     /// A pull from `peer` finished: `applied` changes took effect in `milliseconds`.
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) async
     /// A pull spanning several batches is under way.
@@ -54,6 +57,9 @@ protocol ConnectionDelegate: Sendable {
 }
 
 extension ConnectionDelegate {
+    /// Answers every inspection.
+    func inspectionStarted(_ id: Int, peer: Hello, address: String) async -> Admission { .accepted }
+
     /// Handles of their own, labelled with the peer's site id.
     func metrics(for peer: SiteID) async -> PeerMetrics { PeerMetrics(label: peer.hex) }
 }

@@ -198,6 +198,23 @@ struct ConnectionDriver {
                             reason: rejection.reason
                         )
                     }
+                case .inspectionStarted(let hello, _):
+                    switch await delegate.inspectionStarted(id, peer: hello, address: address) {
+                    case .accepted:
+                        outcome.established = true
+                    case .refused(let rejection):
+                        actions = session.close(
+                            ShoalError(code: .notAMember, message: rejection.message),
+                            reason: rejection.reason
+                        )
+                    case .duplicate, .full:
+                        actions = session.close(
+                            ShoalError(code: .rejected, message: "this node answers as many inspections as it takes"),
+                            reason: .tooManyConnections
+                        )
+                    }
+                case .answerInspection(let request):
+                    try await write(.inspectionAnswer(try await worker.inspect(request)), to: stream)
                 case .wantRound:
                     if session.outstandingRequest == nil {
                         roundStarted = now

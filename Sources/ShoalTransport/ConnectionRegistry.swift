@@ -25,6 +25,8 @@ struct ConnectionRegistry {
         var evicted = false
         /// Who the channel setup verified the peer to be (nil: not verified yet, or a setup that verifies no one).
         var identity: PeerIdentity?
+        /// An inspection (`shoal verify --peer`), not a sync link.
+        var inspection = false
 
         /// Counted in the pending pool.
         var holdsPendingSlot: Bool { pending && !evicted }
@@ -136,6 +138,19 @@ struct ConnectionRegistry {
         entry.peer = peer
         entries[id] = entry
         return (.accepted, evicted)
+    }
+
+    /// Inspections open at once at most: each is short, and a plaintext node must not let anyone hold any number.
+    static let maximumInspections = 4
+
+    /// Records that connection `id` is an inspection (`shoal verify --peer`): out of the pending pool, and no sync
+    /// link (it has no peer, so it is nobody's duplicate). Returns `false`, recording nothing, when
+    /// ``maximumInspections`` are open already.
+    mutating func inspecting(_ id: Int) -> Bool {
+        guard entries.values.filter(\.inspection).count < Self.maximumInspections else { return false }
+        entries[id]?.pending = false
+        entries[id]?.inspection = true
+        return true
     }
 
     /// Records who the channel setup verified connection `id`'s peer to be.

@@ -145,6 +145,12 @@ public enum NodeEvent: Sendable, Hashable {
     /// A connection from `address` (the remote IP) failed or was refused before its handshake ended; repeats
     /// from one address are reported once, then with a count at the 10th, 100th, 1000th.
     case inboundConnectionFailed(address: String, reason: String)
+    /// A peer holds the same changes as this node (the same version vector) but not the same rows (a different
+    /// digest), seen in two comparisons in a row: the replicas diverged, and no sync mends it. Said once (the node
+    /// logs it at error level, then again with a count); ``peerConverged(_:)`` says when it is over.
+    case peerDiverged(SiteID, name: String, address: String?, Divergence)
+    /// A diverged peer holds the same rows as this node again (equal digests at equal versions).
+    case peerConverged(SiteID, name: String)
 }
 
 /// One peer as the node sees it.
@@ -185,6 +191,12 @@ public struct PeerStatus: Sendable, Hashable {
     public var everConnected = false
     /// While the peer is failing: how long until the node dials it again (milliseconds, with jitter).
     public var retryDelayMilliseconds: UInt64?
+    /// Set while the peer holds the same changes as this node but a different digest (an error: see
+    /// ``Divergence``); cleared when a later comparison at equal versions finds equal digests.
+    public var divergence: Divergence?
+    /// An address the peer listens at, for `shoal verify --peer` (nil when none is known: a peer that dialled in and
+    /// listens nowhere).
+    public var listeningAddress: String?
 }
 
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.

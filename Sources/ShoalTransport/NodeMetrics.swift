@@ -16,6 +16,8 @@ struct PeerMetrics: Sendable {
     private let progress: Gauge
     let staleness: Gauge
     let gap: Gauge
+    /// 1 while the peer holds the same changes but different rows (diverged), else 0.
+    let diverged: Gauge
 
     /// The handles of the peer labelled `label`.
     init(label: String) {
@@ -29,6 +31,7 @@ struct PeerMetrics: Sendable {
         progress = Gauge(label: NodeMetrics.catchUpProgress, dimensions: peer)
         staleness = Gauge(label: NodeMetrics.peerStaleness, dimensions: peer)
         gap = Gauge(label: NodeMetrics.peerGap, dimensions: peer)
+        diverged = Gauge(label: NodeMetrics.peerDiverged, dimensions: peer)
     }
 
     /// A pull from the peer finished in `milliseconds`: no catch-up is under way any more.
@@ -74,6 +77,8 @@ struct NodeMetrics: Sendable {
     static let conflicts = "shoal_node_conflicts_total"
     static let queueDepth = "shoal_node_queue_depth"
     static let connectedPeers = "shoal_node_peers_connected"
+    static let divergedPeers = "shoal_node_diverged_peers"
+    static let peerDiverged = "shoal_node_peer_diverged"
 
     /// Peers with a `peer` label of their own; the ones beyond share `other`.
     static let peerLabelLimit = 256
@@ -82,6 +87,8 @@ struct NodeMetrics: Sendable {
     let queue = Gauge(label: NodeMetrics.queueDepth)
     /// Peers with an established connection.
     let connected = Gauge(label: NodeMetrics.connectedPeers)
+    /// Peers that hold the same changes but different rows (an error: see `Divergence`).
+    let diverged = Gauge(label: NodeMetrics.divergedPeers)
     private var peers: [SiteID: PeerMetrics] = [:]
     private var other: PeerMetrics?
 

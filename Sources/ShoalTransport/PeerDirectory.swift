@@ -155,6 +155,7 @@ struct PeerDirectory {
             dialed
             ? parsed
             : (hello.listenPort == 0 ? nil : parsed.map { PeerAddress(host: $0.host, port: Int(hello.listenPort)) })
+        if let reachable { peers[site]?.listeningAddress = reachable.description }
         if dialed, let parsed { addresses[site, default: []].insert(parsed) }
         if let reachable, let remoteIP {
             addresses[site, default: []].insert(PeerAddress(host: remoteIP, port: reachable.port))
@@ -203,6 +204,11 @@ struct PeerDirectory {
             digest.map { String($0, radix: 16) }.map { $0.count == 1 ? "0" + $0 : $0 }.joined()
         }
         return recovered
+    }
+
+    /// Records that `site` diverged (same version, different digest), or, with nil, that it no longer is.
+    mutating func setDivergence(_ site: SiteID, _ divergence: Divergence?) {
+        peers[site]?.divergence = divergence
     }
 
     /// Clears `site`'s failure; returns whether there was anything to clear (beyond the bookkeeping).

@@ -213,6 +213,26 @@ extension SyncNode: ConnectionDelegate {
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
         if directory.acknowledged(peer, ack) { failures.clear(peer.hex) }
+        // Compared apart from the connection's loop: it reads the store.
+        if ack.digest != nil { uncomparedDigests.insert(peer) }
+        Task { await self.compareAcknowledgedDigests(refreshing: true) }
+    }
+
+    /// Admits an inspection (`shoal verify --peer`) from a peer the authorizer lets in: apart from the sync links,
+    /// so it is never a duplicate of one.
+    func inspectionStarted(_ id: Int, peer hello: Hello, address: String) -> Admission {
+        guard let entry = registry.entries[id], !shuttingDown else { return .full }
+        if let authorizer = configuration.peerAuthorizer,
+            let rejection = authorizer.authorize(hello, identity: entry.identity)
+        {
+            return .refused(rejection)
+        }
+        guard registry.inspecting(id) else { return .full }
+        configuration.logger.info(
+            "a peer inspects this node's digests (shoal verify)",
+            metadata: ["peer": "\(hello.siteID.hex.prefix(8))", "address": "\(address)"]
+        )
+        return .accepted
     }
 
     func connectionRoundFailed(peer: SiteID, reason: String) {

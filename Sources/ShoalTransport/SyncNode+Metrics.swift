@@ -6,7 +6,8 @@ import ShoalCore
 /// durations, changes applied, catch-up progress, conflicts by table. Sampled here every
 /// ``NodeConfiguration/metricsIntervalMilliseconds`` from what the node holds in memory (no database access, nothing
 /// on a connection's path): the queue depth (``pendingLocalChanges()``, what `shoal status` reports as pending),
-/// connected peers, and for each peer that ever connected its gap (transactions it lacks, by the last version vector
+/// connected peers, diverged peers, and for each peer that ever connected whether it diverged, its gap (transactions it
+/// lacks, by the last version vector
 /// it acknowledged) and its staleness (how long this node has held the oldest change it lacks).
 extension SyncNode {
     func sampleMetricsPeriodically() async throws {
@@ -26,12 +27,14 @@ extension SyncNode {
         for peer in directory.acknowledgedVectors() {
             if peer.connected { connected += 1 }
             let handles = nodeMetrics.peer(peer.site)
+            handles.diverged.record(divergenceWatch.diverged[peer.site] == nil ? 0 : 1)
             var gap: UInt64 = 0
             for (site, seq) in held.entries where seq > peer.vector[site] { gap += seq - peer.vector[site] }
             handles.gap.record(Double(gap))
             handles.staleness.record(Double(vectorHistory.ageOfOldestLacking(peer.vector, now: now)) / 1000)
         }
         nodeMetrics.connected.record(connected)
+        nodeMetrics.diverged.record(divergenceWatch.diverged.count)
     }
 
     /// How long (in milliseconds) this node has held the oldest change that a holder of `vector` lacks: 0 when it

@@ -51,6 +51,10 @@ public actor SyncNode: Service {
     var nodeMetrics = NodeMetrics()
     /// When the node came to hold what it holds, for the age of what a peer lacks.
     var vectorHistory = VersionVectorHistory()
+    /// Which peers hold the same changes but not the same rows (see `SyncNode+Divergence.swift`).
+    var divergenceWatch = DivergenceWatch()
+    /// Peers whose last acknowledgement carried a digest not yet compared with this node's.
+    var uncomparedDigests: Set<SiteID> = []
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -175,6 +179,7 @@ public actor SyncNode: Service {
     private func refreshDigestInBackground(interval: UInt64, quiet: UInt64) async {
         lastRefreshedDigest = try? await refreshDigestOnWorker(interval: interval, quiet: quiet)
         digestRefreshing = false
+        if lastRefreshedDigest != nil { await compareAcknowledgedDigests(refreshing: false) }
     }
 
     /// The state digest of the node's database.

@@ -25,6 +25,11 @@ struct LiveStatus: Codable {
         var lastError: String? = nil
         /// Whether a connection with it was ever made (peers found by mDNS are listed before that).
         var everConnected = true
+        /// Since when (wall milliseconds) the peer holds the same changes as this node but different rows: an
+        /// error (the replicas diverged); nil while it does not.
+        var divergedSinceMs: UInt64? = nil
+        /// An address the peer listens at (for `shoal verify --peer`), when known.
+        var listeningAddress: String? = nil
     }
 
     /// A device that connected with a key the roster does not hold.
@@ -44,6 +49,8 @@ struct LiveStatus: Codable {
     var nodeID: String? = nil
     /// Whether peer links are TLS ("tls") or plaintext ("insecure-plaintext").
     var security: String? = nil
+    /// The cluster id, for a plaintext node (with TLS, the key file holds it).
+    var cluster: String? = nil
     /// Devices waiting to be accepted.
     var pending: [PendingDevice]? = nil
     /// The relay, when the node uses one.
@@ -95,7 +102,9 @@ struct LiveStatus: Codable {
                 foundBy: peer.foundBy.rawValue,
                 addresses: peer.addresses,
                 lastError: peer.lastError,
-                everConnected: peer.everConnected
+                everConnected: peer.everConnected,
+                divergedSinceMs: peer.divergence?.since,
+                listeningAddress: peer.listeningAddress
             )
         }
         // Configured peers never reached have no site id yet, but are listed all the same, with why.

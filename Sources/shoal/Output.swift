@@ -64,7 +64,12 @@ enum Output {
         return String(decoding: data, as: UTF8.self)
     }
 
-    static func json(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil) -> String {
+    static func json(
+        _ status: StoreStatus,
+        live: LiveStatus?,
+        keyFile: KeyFile? = nil,
+        database: String = "PATH"
+    ) -> String {
         let peers: Any =
             live.flatMap { try? JSONSerialization.jsonObject(with: JSONEncoder().encode($0.peers)) } ?? NSNull()
         let pending: Any =
@@ -73,7 +78,16 @@ enum Output {
             live?.relay.flatMap { relay in
                 (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(relay))) as? [String: Any]
             } ?? NSNull()
+        let errors = (live?.peers ?? []).compactMap { peer in
+            divergence(of: peer, database: database, plaintextCluster: live?.cluster).map { error in
+                [
+                    "kind": "diverged", "peer": peer.site, "name": peer.name, "since_ms": error.since,
+                    "message": error.message, "run": error.run,
+                ] as [String: Any]
+            }
+        }
         return serialize([
+            "errors": errors,
             "relay": relay,
             "node_id": keyFile.map { $0.identity.nodeID.description as Any } ?? NSNull(),
             "cluster_id": keyFile.map { $0.cluster.idHex as Any } ?? NSNull(),
@@ -101,7 +115,12 @@ enum Output {
         ])
     }
 
-    static func text(_ status: StoreStatus, live: LiveStatus?, keyFile: KeyFile? = nil) -> String {
+    static func text(
+        _ status: StoreStatus,
+        live: LiveStatus?,
+        keyFile: KeyFile? = nil,
+        database: String = "PATH"
+    ) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let name = status.nodeName { text += "name:       \(name)\n" }
         if let keyFile {
@@ -123,6 +142,10 @@ enum Output {
             for table in status.pausedTables { text += "  \(table.name): \(table.message)\n" }
         }
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
+        for peer in live.peers {
+            guard let error = divergence(of: peer, database: database, plaintextCluster: live.cluster) else { continue }
+            text += "ERROR:      \(error.message); run `\(error.run)` to list the rows that differ\n"
+        }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
         if let security = live.security { text += "links:      \(security)\n" }
         if let relay = live.relay { text += relayLine(relay) }
@@ -139,7 +162,9 @@ enum Output {
         for peer in live.peers {
             // A failing peer says so even while it reconnects: "live" only once its rounds succeed.
             let state =
-                peer.consecutiveFailures > 0
+                peer.divergedSinceMs != nil
+                ? "DIVERGED (error: same version, different rows; see above)\(peer.connected ? " (connected)" : "")"
+                : peer.consecutiveFailures > 0
                 ? "failing: \(peer.lastError ?? "?")\(peer.connected ? " (connected)" : "")"
                 : peer.connected ? "live" : (peer.everConnected ? "gone" : peer.lastError ?? "found, not connected yet")
             let last = peer.lastSuccessfulSyncMs.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
@@ -170,6 +195,29 @@ enum Output {
 }
 
 extension Output {
+    /// A peer's divergence, as an error a person can act on: what happened, since when, and the command that lists
+    /// the rows that differ.
+    static func divergence(
+        of peer: LiveStatus.Peer,
+        database: String,
+        plaintextCluster: String?
+    ) -> (since: UInt64, message: String, run: String)? {
+        guard let since = peer.divergedSinceMs else { return nil }
+        let now = SystemWallClock().nowMilliseconds()
+        let elapsed = now > since ? now - since : 0
+        let name = "\(peer.name.isEmpty ? "" : peer.name + " ")\(peer.site.prefix(8))"
+        let message =
+            "diverged from \(name) for \(elapsed < 1_000 ? "\(elapsed) ms" : "\(elapsed / 1000) s"): it holds the same "
+            + "changes as this node but different rows (different digests at the same version), and syncing will not "
+            + "mend it"
+        let address = peer.listeningAddress ?? "HOST:PORT"
+        let run =
+            "shoal verify --db \(database) --peer \(address)"
+            + (plaintextCluster.map { " --insecure-plaintext --cluster \($0)" } ?? "")
+            + (peer.listeningAddress == nil ? " (HOST:PORT: the peer's address)" : "")
+        return (since, message, run)
+    }
+
     /// The relay's state in a few lines: reachable or not and since when, last upload and pull, what it lacks.
     static func relayLine(_ relay: RelayStatus) -> String {
         let now = SystemWallClock().nowMilliseconds()

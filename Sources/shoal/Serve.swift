@@ -139,6 +139,7 @@ extension ShoalCommand {
             )
             let running = Task { try await services.run() }
             let statusFile = StatusFile(path: LiveStatus.path(forDatabase: database.db))
+            let plaintextCluster = insecurePlaintext ? configuration.clusterID : nil
             let statusWriter = Task {
                 while !Task.isCancelled {
                     var status = LiveStatus(
@@ -149,6 +150,7 @@ extension ShoalCommand {
                         unreached: await node.unreachedPeers()
                     )
                     status.security = security == nil ? "insecure-plaintext" : "tls"
+                    status.cluster = plaintextCluster
                     status.relay = relayLink?.status
                     status.nodeID = security?.keyFile.identity.nodeID.description
                     status.pending = security?.trust.pendingDevices.map { device in
@@ -194,6 +196,7 @@ extension ShoalCommand {
             }
             defer { relayReporter.cancel() }
             let listened = ListeningFlag()
+            let plaintextOption = insecurePlaintext ? " --insecure-plaintext --cluster \(configuration.clusterID)" : ""
             let reporter = Task {
                 let terminal = isatty(STDERR_FILENO) != 0
                 var lastProgressLine = Date.distantPast
@@ -236,6 +239,17 @@ extension ShoalCommand {
                         log("mDNS discovery is off: \(reason).")
                     case .discoveryAvailable(let interface):
                         log("mDNS discovery is on (announced and browsing on \(interface ?? "every interface"))")
+                    case .peerDiverged(let site, let name, let peerAddress, _):
+                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
+                        log(
+                            "ERROR: diverged from \(peer): it holds the same changes as this node but different rows "
+                                + "(different digests at the same version), and syncing will not mend it; run `shoal "
+                                + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")"
+                                + "\(plaintextOption)` to list the rows that differ"
+                        )
+                    case .peerConverged(let site, let name):
+                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
+                        log("converged again with \(peer): equal digests at the same version")
                     }
                 }
             }

@@ -42,7 +42,7 @@ struct ShoalCommand: AsyncParsableCommand {
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
             Compact.self, Unreplicate.self, Serve.self, Demo.self, ID.self, Invite.self, Join.self, Trust.self,
-            Relay.self,
+            Relay.self, Verify.self,
         ]
     )
 }
@@ -425,7 +425,9 @@ extension ShoalCommand {
             let live = LiveStatus.read(forDatabase: database.db)
             let keyFile = try? KeyFile.load(forDatabase: database.db)
             print(
-                json ? Output.json(status, live: live, keyFile: keyFile) : Output.text(status, live: live, keyFile: keyFile),
+                json
+                    ? Output.json(status, live: live, keyFile: keyFile, database: database.db)
+                    : Output.text(status, live: live, keyFile: keyFile, database: database.db),
                 terminator: json ? "\n" : ""
             )
         }

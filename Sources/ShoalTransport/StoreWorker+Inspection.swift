@@ -1,0 +1,48 @@
+import ShoalCore
+import ShoalProtocol
+import ShoalStore
+
+extension StoreWorker {
+    /// Answers an inspection request from the store, read-only (the digest is brought up to date first, as any read
+    /// of it does).
+    func inspect(_ request: InspectionRequest) throws(ShoalError) -> InspectionAnswer {
+        switch request.query {
+        case .tables:
+            let (vector, digest, tables) = try read { store throws(ShoalError) in try store.tableDigests() }
+            return InspectionAnswer(
+                requestID: request.requestID,
+                content: .tables(
+                    versionVector: vector,
+                    digest: digest.bytes,
+                    tables: tables.map { table in
+                        TableSummary(
+                            name: table.name,
+                            keyColumns: table.keyColumns,
+                            digest: table.digest.bytes,
+                            rows: table.digest.rowCount
+                        )
+                    }
+                )
+            )
+        case .rows(let table, let after, let limit):
+            let page = min(Int(limit), Int(WireProtocol.maximumInspectionPage))
+            let (rows, isLast) = try read { store throws(ShoalError) in
+                let found = try store.rowHashes(of: table, after: after, limit: page)
+                return (found.rows.map { RowHash(key: $0.key, hash: $0.hash) }, found.isLast)
+            }
+            return InspectionAnswer(
+                requestID: request.requestID,
+                content: .rows(table: table, rows: rows, isLast: isLast)
+            )
+        }
+    }
+}
+
+extension StoreWorker {
+    /// The version vector and, if the cached digest is current, the digest, read together: what a peer's
+    /// acknowledgement (its vector and digest) is compared with.
+    func comparableState() throws(ShoalError) -> (versionVector: VersionVector, digest: StateDigest?) {
+        guard let digest = currentDigest() else { return (latestVersionVector.withLock { $0 }, nil) }
+        return (try versionVector(), digest)
+    }
+}
