@@ -41,7 +41,7 @@ public struct RowMismatch: Sendable, Hashable, CustomStringConvertible {
 }
 
 /// What ``Store/verify(limit:)`` found.
-public struct VerifyReport: Sendable, Hashable {
+public struct ConsistencyReport: Sendable, Hashable {
     /// The digest as maintained incrementally (``Store/digest()``).
     public var maintained: StateDigest
     /// The digest recomputed from a scan of every data row and every row's metadata.
@@ -62,7 +62,7 @@ extension Store {
     /// Such rows appear only when Shoal's capture was bypassed (a connection that dropped the capture triggers,
     /// a file edited by a tool that does not run triggers, an older Shoal applying with the app's triggers on);
     /// their digest differs from any file without them, so peers see the difference.
-    public func verify(limit: Int = 1_000) throws(ShoalError) -> VerifyReport {
+    public func verify(limit: Int = 1_000) throws(ShoalError) -> ConsistencyReport {
         let maintained = try digest()
         let scanned = try fullScanDigest()
         var mismatches: [RowMismatch] = []
@@ -78,7 +78,7 @@ extension Store {
             }
             try scanRowsWithoutMetadata(of: table) { key, _ throws(ShoalError) in note(table, key, .dataWithoutMetadata) }
         }
-        return VerifyReport(maintained: maintained, scanned: scanned, mismatches: mismatches, mismatchCount: count)
+        return ConsistencyReport(maintained: maintained, scanned: scanned, mismatches: mismatches, mismatchCount: count)
     }
 
     /// Every data row of `table` that has no metadata, with its key and values.

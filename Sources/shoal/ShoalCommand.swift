@@ -343,7 +343,13 @@ extension ShoalCommand {
                 print(digest.hex)
                 return
             }
-            let report = try store.verify(limit: 100)
+            try Self.checkConsistency(of: store, limit: 100)
+        }
+
+        /// Prints the digest, then each row whose data and metadata disagree; throws if any does or if the maintained
+        /// digest differs from a full scan.
+        static func checkConsistency(of store: Store, limit: Int) throws {
+            let report = try store.verify(limit: limit)
             print("rows: \(report.maintained.rowCount)")
             print(report.maintained.hex)
             for mismatch in report.mismatches {

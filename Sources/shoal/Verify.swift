@@ -7,6 +7,9 @@ extension ShoalCommand {
         static let configuration = CommandConfiguration(
             abstract: "List the rows in which this database and a peer's differ (read-only on both sides).",
             discussion: """
+                Without --peer, checks this file alone: recomputes the digest from a scan of every data row and \
+                every row's metadata, and lists each row whose data and metadata disagree, with what to do (as \
+                `shoal digest --full`; exit 1 if any). With --peer:
                 Connects to the node at --peer as a sync link does (mutual TLS with the roster check, or \
                 --insecure-plaintext for a plaintext cluster), compares each table's digest, then the row hashes of \
                 the tables that differ, a page at a time: no row travels. Prints each differing row by table and \
@@ -31,11 +34,9 @@ extension ShoalCommand {
 
         func run() async throws {
             guard let peer else {
-                throw ShoalError(
-                    code: .invalidArgument,
-                    message:
-                        "give the peer to compare with: --peer HOST:PORT (`shoal status` lists each peer's address)"
-                )
+                // Without a peer: this file alone, its data rows against Shoal's metadata.
+                try ShoalCommand.Digest.checkConsistency(of: try database.open(), limit: limit)
+                return
             }
             guard let address = PeerAddress(parsing: peer) else {
                 throw ShoalError(code: .invalidArgument, message: "--peer wants HOST:PORT, got \"\(peer)\"")
