@@ -18,6 +18,16 @@ private struct Replica {
 private let schema = [
     "CREATE TABLE t(k INTEGER PRIMARY KEY, a, b, n INTEGER DEFAULT 0)",
     "CREATE TABLE u(name TEXT, part INTEGER, v, PRIMARY KEY(name, part))",
+    "CREATE TABLE w(id TEXT PRIMARY KEY, k INTEGER, what TEXT)",
+]
+
+/// The app's own triggers, on every replica: an audit row per insert into t (a key the trigger draws at random),
+/// and a running total in a counter of t per insert into u. They run where the app writes; their writes travel as
+/// that node's changes and never run again on apply.
+private let triggers = [
+    "CREATE TRIGGER t_audit AFTER INSERT ON t BEGIN "
+        + "INSERT INTO w VALUES (lower(hex(randomblob(8))), NEW.k, 'insert'); END",
+    "CREATE TRIGGER u_total AFTER INSERT ON u BEGIN UPDATE t SET n = n + 1 WHERE k = 0; END",
 ]
 
 /// Runs one random scenario and checks convergence against a pure model of the merge rules.
@@ -39,6 +49,8 @@ private func runScenario(seed: UInt64) throws {
         for sql in schema { try store.execute(sql) }
         try store.replicate(table: "t", counters: ["n"])
         try store.replicate(table: "u")
+        try store.replicate(table: "w")
+        for sql in triggers { try store.execute(sql) }
         replicas.append(Replica(store: store, clock: clock, foreign: try file.map { try SQLiteConnection(path: $0) }))
     }
 
@@ -200,12 +212,14 @@ private func runScenario(seed: UInt64) throws {
     // The model: every produced change merged, in one order, into pure row states.
     let tables = [
         "t": (columns: ["a", "b", "n"], counters: [false, false, true]), "u": (columns: ["v"], counters: [false]),
+        "w": (columns: ["k", "what"], counters: [false, false]),
     ]
+    let tableNames = ["t", "u", "w"]
     var model: [RowKey: RowState] = [:]
     var winningValue: [String: SQLValue] = [:]
     for change in produced.shuffled(using: &random) {
         let table = tables[change.table]!
-        let tableNumber = change.table == "t" ? 0 : 1
+        let tableNumber = tableNames.firstIndex(of: change.table)!
         let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
         var state = model[rowKey] ?? RowState(columnCount: table.columns.count)
         let column = change.columnName.flatMap { table.columns.firstIndex(of: $0) }
@@ -217,8 +231,14 @@ private func runScenario(seed: UInt64) throws {
 
     let reference = replicas[0].store
     let referenceDigest = try reference.digest()
+    let referenceContents = try contents(of: reference)
     for replica in replicas {
         let store = replica.store
+        // Every table's rows, each value with its type and bytes, compared without the digest; and each replica's
+        // data rows agree with its metadata.
+        #expect(try contents(of: store) == referenceContents, "seed \(seed): contents differ")
+        let consistency = try store.verify()
+        #expect(consistency.isConsistent, "seed \(seed): \(consistency.mismatches)")
         #expect(try store.digest() == referenceDigest, "seed \(seed): digests differ")
         #expect(
             try rows(store, "SELECT * FROM t ORDER BY k") == rows(reference, "SELECT * FROM t ORDER BY k"),
@@ -230,7 +250,7 @@ private func runScenario(seed: UInt64) throws {
             "seed \(seed)"
         )
         for (rowKey, expected) in model {
-            let tableName = rowKey.table == 0 ? "t" : "u"
+            let tableName = tableNames[rowKey.table]
             let table = store.capture.tables[store.capture.tableNumbers[tableName]!]
             let held = try store.loadState(table: table, key: rowKey.key)
             let values = try store.dataValues(table: table, key: rowKey.key)
@@ -261,6 +281,20 @@ private func runScenario(seed: UInt64) throws {
             }
         }
     }
+}
+
+/// Every application table's rows, each value as its storage class and its bytes in hex, sorted.
+private func contents(of store: Store) throws -> [String: [String]] {
+    var result: [String: [String]] = [:]
+    for table in ["t", "u", "w"] {
+        let columns = try store.execute("SELECT name FROM pragma_table_info('\(table)') ORDER BY cid").rows.compactMap {
+            if case .text(let name) = $0[0] { name } else { nil }
+        }
+        let select = columns.map { "typeof(\"\($0)\") || ':' || coalesce(hex(\"\($0)\"), '')" }
+            .joined(separator: " || '|' || ")
+        result[table] = try store.execute("SELECT \(select) FROM \(table)").rows.map { "\($0[0])" }.sorted()
+    }
+    return result
 }
 
 /// Runs a test write through a store, or through a plain connection to its file.
