@@ -70,6 +70,7 @@ extension Store {
         try refreshSchema()
         try captureForeignWritesIfIdle()
         let held = try versionVector()
+        if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
         cursor.lease = CursorLease(openCursors)
         // Integer keys take 10 bytes in the log; each row listed carries about one change per column.

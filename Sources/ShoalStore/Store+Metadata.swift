@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import CSQLite
 import ShoalCore
 
@@ -177,5 +180,29 @@ extension Store {
         try connection.exec("BEGIN")
         defer { try? connection.exec("COMMIT") }
         return try body()
+    }
+
+    /// Makes this node's own commits up to `seq` durable before an answer (to a peer, the relay, a change stream)
+    /// can carry them: the rule is that no other node ever holds a local commit that a power cut could take from
+    /// this one, which would then reuse its sequence number with other content.
+    ///
+    /// Commits run with `synchronous = NORMAL` (in WAL mode, a power cut may lose the last ones, never corrupt the
+    /// file); the write-ahead log is synced to disk here, once per answer that carries own commits not yet synced
+    /// (an idle round syncs nothing). An in-memory database has nothing to sync.
+    func makeLocalCommitsDurable(upTo seq: UInt64) throws(ShoalError) {
+        guard seq > durableLocalSeq, path != ":memory:", !path.isEmpty else { return }
+        // fsync flushes the file's data whichever descriptor wrote it: every connection's frames are in it.
+        let descriptor = open(path + "-wal", O_RDONLY)
+        if descriptor >= 0 {
+            defer { close(descriptor) }
+            guard fsync(descriptor) == 0 else {
+                throw ShoalError(
+                    code: .sqlite,
+                    message: "cannot sync \(path)-wal to disk (errno \(errno)): this node's latest commits are not "
+                        + "sent until they are durable"
+                )
+            }
+        }
+        durableLocalSeq = seq
     }
 }

@@ -72,6 +72,8 @@ public final class Store {
     var fingerprintCache: (version: Int64, text: String)?
     /// Whether the error about this database's clock running ahead of the machine's was logged.
     var warnedClockAhead = false
+    /// This node's own commits up to this seq are known to be on disk (``makeLocalCommitsDurable(upTo:)``).
+    var durableLocalSeq: UInt64 = 0
     /// Replicated tables another tool changed or dropped (see ``pausedTables()``).
     var pausedTableList: [PausedTable] = []
     var statements: [String: SQLiteStatement] = [:]

@@ -276,6 +276,38 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try a.verify().isConsistent && b.verify().isConsistent)
     }
 
+    @Test func aRaiseTriggerAMergeWouldTripNeverWedgesTheLink() throws {
+        let a = try makeStore()
+        let b = try makeStore()
+        for store in [a, b] {
+            try store.execute("CREATE TABLE ranges(id INTEGER PRIMARY KEY, lo INTEGER, hi INTEGER)")
+            try store.replicate(table: "ranges")
+            try store.execute(
+                "CREATE TRIGGER ranges_order BEFORE UPDATE ON ranges WHEN NEW.lo > NEW.hi "
+                    + "BEGIN SELECT RAISE(ABORT, 'lo must not exceed hi'); END"
+            )
+        }
+        try a.execute("INSERT INTO ranges VALUES (1, 0, 10)")
+        try sync(a, b)
+        // Two valid edits, each checked where it was made; their field-level merge is (lo 8, hi 4).
+        try a.execute("UPDATE ranges SET lo = 8 WHERE id = 1")
+        try b.execute("UPDATE ranges SET hi = 4 WHERE id = 1")
+        try sync(a, b)
+        try sync(b, a)
+        #expect(try rows(a, "SELECT lo, hi FROM ranges") == [[.integer(8), .integer(4)]])
+        #expect(try rows(b, "SELECT lo, hi FROM ranges") == [[.integer(8), .integer(4)]])
+        #expect(try a.digest() == b.digest())
+        // Later changes keep flowing both ways.
+        try a.execute("INSERT INTO ranges VALUES (2, 1, 2)")
+        try b.execute("INSERT INTO ranges VALUES (3, 1, 2)")
+        try sync(a, b)
+        try sync(b, a)
+        #expect(try rows(a, "SELECT count(*) FROM ranges") == [[.integer(3)]])
+        #expect(try a.digest() == b.digest())
+        // The app's own writes still meet its trigger.
+        #expect(throws: ShoalError.self) { try a.execute("UPDATE ranges SET lo = 9 WHERE id = 2") }
+    }
+
     // MARK: - Counters past Int64
 
     @Test func counterSumsBeyondInt64AreHeldAtItsBoundsOnEveryNode() throws {
