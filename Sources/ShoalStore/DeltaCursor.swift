@@ -70,6 +70,20 @@ extension Store {
         try refreshSchema()
         try captureForeignWritesIfIdle()
         let held = try versionVector()
+        if since[siteID] > held[siteID] {
+            // The asker holds more of this database's own history than this database does: this file was restored
+            // from an older copy, copied from another device, or lost commits it had already sent. Its next
+            // transactions would reuse sequence numbers the asker holds with other content, so it answers nothing.
+            throw ShoalError(
+                code: .siteConflict,
+                message: "the peer holds transactions up to \(since[siteID]) of this database's own site "
+                    + "\(siteID.hex.prefix(8)), but this database has only \(held[siteID]): it was restored from an "
+                    + "older copy, copied from another device, or lost commits it had sent. Its later writes would "
+                    + "reuse sequence numbers the peer holds with other content, so nothing is sent. Stop this node, "
+                    + "set the file aside, and make a fresh database from a peer (shoal init, then sync), or restore "
+                    + "the newer copy"
+            )
+        }
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
         cursor.lease = CursorLease(openCursors)

@@ -64,16 +64,7 @@ extension Store {
             _ = try validate(changes, claim: claim, since: since)
             return ApplyReport()
         }
-        try connection.exec("BEGIN IMMEDIATE")
-        do throws(ShoalError) {
-            try stampForeignWrites()
-        } catch {
-            capture.discardPending()
-            try? connection.exec("ROLLBACK")
-            throw error
-        }
-        capture.isSuspended = true
-        let triggersWereOn = suspendAppTriggers()
+        let triggersWereOn = try beginApply()
         defer {
             capture.isSuspended = false
             setTriggers(enabled: triggersWereOn)
@@ -102,18 +93,7 @@ extension Store {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
         }
         try refreshSchema()
-        try connection.exec("BEGIN IMMEDIATE")
-        // Writes other connections committed come before anything applied here (an app's write made after a
-        // remote one must win over it, and a remote delete must see the update it deletes).
-        do throws(ShoalError) {
-            try stampForeignWrites()
-        } catch {
-            capture.discardPending()
-            try? connection.exec("ROLLBACK")
-            throw error
-        }
-        capture.isSuspended = true
-        let triggersWereOn = suspendAppTriggers()
+        let triggersWereOn = try beginApply()
         defer {
             capture.isSuspended = false
             setTriggers(enabled: triggersWereOn)
@@ -140,6 +120,22 @@ extension Store {
         }
     }
 
+    /// Opens an apply's write transaction: stamps what other connections committed first (an app's write made
+    /// after a remote one must win over it, and a remote delete must see the update it deletes), then suspends
+    /// capture and the app's triggers. Returns whether the triggers were on (the caller puts them back).
+    private func beginApply() throws(ShoalError) -> Bool {
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try stampForeignWrites()
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+        capture.isSuspended = true
+        return suspendAppTriggers()
+    }
+
     /// Turns the app's triggers off for an apply; returns whether they were on.
     ///
     /// An app trigger's writes are part of the transaction that fired it: on the node where the app wrote, they
@@ -157,7 +153,6 @@ extension Store {
     private func validate(_ changes: [Change], claim: VersionVector, since: VersionVector?) throws(ShoalError) -> Int64
     {
         let localSeq = try versionVector()[siteID]
-        let now = options.clock.nowMilliseconds()
         var maxHLC = HLC.zero
         for (position, change) in changes.enumerated() {
             let number = position + 1

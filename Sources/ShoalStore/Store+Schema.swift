@@ -189,16 +189,8 @@ extension Store {
     /// assigned by each node from its own sequence: two nodes would give different rows the same key.
     private func validateKeys(_ table: ReplicatedTable, replicating: Bool) throws(ShoalError) {
         for (index, column) in table.keyColumns.enumerated() {
-            var type: UnsafePointer<CChar>?
-            var collation: UnsafePointer<CChar>?
-            var notNull: Int32 = 0
-            var primaryKey: Int32 = 0
-            var autoincrement: Int32 = 0
-            let code = sqlite3_table_column_metadata(
-                connection.handle, "main", table.name, column, &type, &collation, &notNull, &primaryKey, &autoincrement
-            )
-            guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
-            if autoincrement != 0 {
+            let (type, collation, autoincrement) = try keyColumnMetadata(table.name, column)
+            if autoincrement {
                 throw ShoalError(
                     code: .unsupportedSchema,
                     message: "the key of \(table.name) is AUTOINCREMENT: every node would number its new rows from its "
@@ -207,7 +199,7 @@ extension Store {
                         + "TEXT key filled with lower(hex(randomblob(16)))), then replicate"
                 )
             }
-            let collationName = collation.map { String(cString: $0) } ?? "BINARY"
+            let collationName = collation ?? "BINARY"
             if collationName.uppercased() != "BINARY" {
                 throw ShoalError(
                     code: .unsupportedSchema,
@@ -219,7 +211,7 @@ extension Store {
             }
             switch table.keyAffinities[index] {
             case .real, .numeric:
-                let declared = type.map { String(cString: $0) } ?? ""
+                let declared = type
                 throw ShoalError(
                     code: .unsupportedSchema,
                     message: "key column \(table.name).\(column) is declared \(declared): SQLite compares 1 and 1.0 "
@@ -228,6 +220,23 @@ extension Store {
                 )
             default:
                 break
+            }
+        }
+        // A key declared as a table constraint (`PRIMARY KEY(email COLLATE NOCASE)`) carries its collation in the
+        // key's index, not in the column.
+        for index in try connection.rows("PRAGMA index_list(\(quote(table.name)))") {
+            guard case .text(let origin) = index[3], origin == "pk", case .text(let name) = index[1] else { continue }
+            for part in try connection.rows("PRAGMA index_xinfo(\(quote(name)))") {
+                guard part[5] == .integer(1), case .text(let collation) = part[4], collation.uppercased() != "BINARY",
+                    case .text(let column) = part[2]
+                else { continue }
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "the key of \(table.name) compares \(column) with COLLATE \(collation): keys SQLite considers "
+                        + "equal under it (such as BOB@x and bob@x) would be one row on one node and two rows across "
+                        + "nodes. Declare the key with the default (BINARY) collation and store it normalised (for "
+                        + "example lower(email)), or keep a \(collation) index beside it for lookups"
+                )
             }
         }
         if table.keyIsRowid && replicating {
@@ -352,30 +361,64 @@ extension Store {
         }
         var definitions: [String] = []
         for (index, column) in table.keyColumns.enumerated() {
-            var type: UnsafePointer<CChar>?
-            var collation: UnsafePointer<CChar>?
-            var notNull: Int32 = 0
-            var primaryKey: Int32 = 0
-            var autoincrement: Int32 = 0
-            let code = sqlite3_table_column_metadata(
-                connection.handle,
-                "main",
-                table.name,
-                column,
-                &type,
-                &collation,
-                &notNull,
-                &primaryKey,
-                &autoincrement
-            )
-            guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table.name)") }
-            let declared = type.map { String(cString: $0) } ?? ""
-            let collate = collation.map { " COLLATE \(quote(String(cString: $0)))" } ?? ""
+            let (declared, collation, _) = try keyColumnMetadata(table.name, column)
+            let collate = collation.map { " COLLATE \(quote($0))" } ?? ""
             definitions.append("k\(index)\(declared.isEmpty ? "" : " " + declared)\(collate)")
         }
         let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
         return "CREATE TABLE \(name)(\(definitions.joined(separator: ", ")), meta BLOB NOT NULL, "
             + "PRIMARY KEY(\(keys))) WITHOUT ROWID"
+    }
+
+    /// One active table's part of ``schemaFingerprint()``.
+    func fingerprintPart(of table: ReplicatedTable) throws(ShoalError) -> String? {
+        guard let shape = try currentShape(of: table.name) else { return nil }
+        let sql = try connection.scalar(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?",
+            [.text(table.name)]
+        )
+        let text = if case .text(let text) = sql { text } else { "" }
+        let checks = SQLText.checkExpressions(in: text).map(SQLText.normalized)
+        let counters = table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }
+        var part = shape.fingerprintText(table: table.name, counters: counters, checks: checks)
+        // A STRICT table refuses values another would store; a rowid key takes integers only.
+        if Self.isStrict(text) { part += " STRICT" }
+        if table.keyIsRowid { part += " ROWID" }
+        return part
+    }
+
+    /// Keeps a table's fingerprint part, so that it counts the same while paused (its shape then is not what it was
+    /// replicated with). A read-only file only delays this.
+    func keepFingerprint(_ part: String, of id: Int64) throws(ShoalError) {
+        let key = "fingerprint_\(id)"
+        guard try connection.scalar("SELECT value FROM shoal_meta WHERE key = ?", [.text(key)]) != .text(part) else {
+            return
+        }
+        _ = try? connection.rows("INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)", [.text(key), .text(part)])
+    }
+
+    /// Whether a `CREATE TABLE` statement declares a STRICT table (its options follow the closing parenthesis).
+    static func isStrict(_ sql: String) -> Bool {
+        let tokens = SQLText.tokenize(sql)
+        guard let close = tokens.lastIndex(where: { $0.kind == .symbol(")") }) else { return false }
+        return tokens[close...].contains { if case .word(let word) = $0.kind { word.uppercased() == "STRICT" } else { false } }
+    }
+
+    /// A key column's declared type, collation (nil: none declared) and whether it is AUTOINCREMENT.
+    private func keyColumnMetadata(
+        _ table: String,
+        _ column: String
+    ) throws(ShoalError) -> (type: String, collation: String?, autoincrement: Bool) {
+        var type: UnsafePointer<CChar>?
+        var collation: UnsafePointer<CChar>?
+        var notNull: Int32 = 0
+        var primaryKey: Int32 = 0
+        var autoincrement: Int32 = 0
+        let code = sqlite3_table_column_metadata(
+            connection.handle, "main", table, column, &type, &collation, &notNull, &primaryKey, &autoincrement
+        )
+        guard code == SQLITE_OK else { throw connection.error(code, "reading the key of \(table)") }
+        return (type.map { String(cString: $0) } ?? "", collation.map { String(cString: $0) }, autoincrement != 0)
     }
 
     /// A fingerprint of the replicated schema: nodes that exchange changes should share it.
@@ -389,14 +432,9 @@ extension Store {
         if let cached = fingerprintCache, cached.version == schemaVersion { return cached.text }
         var parts: [String] = []
         for table in capture.tables {
-            guard let shape = try currentShape(of: table.name) else { continue }
-            let sql = try connection.scalar(
-                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?",
-                [.text(table.name)]
-            )
-            let checks = if case .text(let text) = sql { SQLText.checkExpressions(in: text).map(SQLText.normalized) } else { [String]() }
-            let counters = table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }
-            parts.append(shape.fingerprintText(table: table.name, counters: counters, checks: checks))
+            guard let part = try fingerprintPart(of: table) else { continue }
+            parts.append(part)
+            try keepFingerprint(part, of: table.id)
         }
         // A paused table counts as it was replicated: a local schema problem does not turn every peer away.
         parts += pausedTableList.compactMap(\.fingerprintText)

@@ -152,15 +152,25 @@ extension Store {
             guard case .integer(let id) = row[0], case .text(let shape) = row[1] else { continue }
             recorded[id] = shape
         }
+        var storedFingerprints: [Int64: String] = [:]
+        for row in try connection.rows("SELECT key, value FROM shoal_meta WHERE key LIKE 'fingerprint\\_%' ESCAPE '\\'") {
+            guard case .text(let key) = row[0], let id = Int64(key.dropFirst("fingerprint_".count)),
+                case .text(let text) = row[1]
+            else { continue }
+            storedFingerprints[id] = text
+        }
         var active: [ReplicatedTable] = []
         var paused: [PausedTable] = []
         for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
             guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
             else { throw ShoalError.corruptMetadata("bad shoal_tables row") }
             let counterNames = counters.split(separator: ",").map(String.init)
-            let fingerprint = recorded[id].flatMap(TableShape.init(encoded:)).map {
-                $0.fingerprintText(table: name, counters: counterNames)
-            }
+            // As the table was last fingerprinted while active (see ``schemaFingerprint()``), or from its shape.
+            let fingerprint =
+                storedFingerprints[id]
+                ?? recorded[id].flatMap(TableShape.init(encoded:)).map {
+                    $0.fingerprintText(table: name, counters: counterNames)
+                }
             guard let current = try currentShape(of: name) else {
                 paused.append(
                     Self.paused(
@@ -215,6 +225,9 @@ extension Store {
                 let described = try describeTable(name, id: id, counters: counterNames)
                 // A unique index or a NOT NULL column without a default added since it was replicated.
                 try validateReplicable(described)
+                if storedFingerprints[id] == nil, let part = try fingerprintPart(of: described) {
+                    try keepFingerprint(part, of: id)
+                }
                 active.append(described)
             } catch {
                 paused.append(
@@ -279,6 +292,7 @@ extension Store {
             )
             try connection.rows("UPDATE shoal_log SET keys = x'' WHERE tbl = ?", [.integer(id)])
             try connection.rows("DELETE FROM shoal_shapes WHERE tbl = ?", [.integer(id)])
+            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text("fingerprint_\(id)")])
             try forgetDigest(ofTable: id)
             try connection.rows("DELETE FROM shoal_tables WHERE id = ?", [.integer(id)])
             try connection.exec("COMMIT")

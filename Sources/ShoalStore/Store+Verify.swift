@@ -11,6 +11,9 @@ public struct RowMismatch: Sendable, Hashable, CustomStringConvertible {
         case deletedRowWithData = "deleted row with data"
         /// The table holds a data row Shoal has no metadata for (written with Shoal's capture bypassed).
         case dataWithoutMetadata = "data without metadata"
+        /// The row's stored values are not those its metadata was last hashed with: changed with Shoal's capture
+        /// bypassed, so peers hold other values under the same clocks.
+        case valuesChangedUncaptured = "values changed without being captured"
     }
 
     /// The replicated table.
@@ -24,8 +27,13 @@ public struct RowMismatch: Sendable, Hashable, CustomStringConvertible {
     public var remedy: String {
         switch kind {
         case .liveRowWithoutData:
-            "write the row again through Shoal (shoal sql, or any connection once Shoal is capturing) or delete it; "
-                + "either replicates, and peers still hold its values"
+            "insert the row again, through Shoal or any connection, with the values it should have (peers still hold "
+                + "them: shoal verify --peer): the insert replicates; delete it afterwards, in a later transaction, "
+                + "if it should be gone"
+        case .valuesChangedUncaptured:
+            "write the values it should have through Shoal or any connection; a write that leaves a value as it is "
+                + "changes nothing, so to keep the value it holds now, set the column to something else and back in "
+                + "one transaction"
         case .deletedRowWithData:
             "delete the row again (DELETE through Shoal or any connection): peers deleted it"
         case .dataWithoutMetadata:
@@ -71,10 +79,21 @@ extension Store {
             count += 1
             if mismatches.count < limit { mismatches.append(RowMismatch(table: table.name, primaryKey: key, kind: kind)) }
         }
+        let storedHash = try statement("SELECT hash FROM shoal_row_hashes WHERE tbl = ? AND key = ?")
         for table in capture.tables {
-            try scanRowStates(of: table) { _, key, state, hasData throws(ShoalError) in
-                if state.isAlive && !hasData { note(table, key, .liveRowWithoutData) }
-                if !state.isAlive && hasData { note(table, key, .deletedRowWithData) }
+            try scanRowStates(of: table) { hash, key, state, hasData throws(ShoalError) in
+                if state.isAlive && !hasData {
+                    note(table, key, .liveRowWithoutData)
+                } else if !state.isAlive && hasData {
+                    note(table, key, .deletedRowWithData)
+                } else {
+                    // The maintained digest holds each row's hash as last computed; the digest was just settled, so a
+                    // row hashing otherwise now changed without any write Shoal saw.
+                    try storedHash.bind([.integer(table.id), .blob(SQLValue.encodeKey(key))])
+                    let stored: [UInt8]? = try storedHash.step() ? storedHash.columnBytes(0) : nil
+                    storedHash.reset()
+                    if let stored, stored != hash { note(table, key, .valuesChangedUncaptured) }
+                }
             }
             try scanRowsWithoutMetadata(of: table) { key, _ throws(ShoalError) in note(table, key, .dataWithoutMetadata) }
         }

@@ -50,7 +50,7 @@ extension SyncNode {
                 address.map { "shoal verify --peer \($0)" } ?? "shoal verify --peer HOST:PORT (the peer's address)"
             let reason =
                 "replicas diverged: peer \(label) holds the same changes as this node but different rows (different "
-                + "digests at the same version); syncing will not mend it; run `\(run)` to list the rows that differ"
+                + "digests at the same version); syncing between these two will not mend it (a third node that holds the rows may); run `\(run)` to list the rows that differ"
             guard let line = failures.note(key, reason, retrying: false) else { return }
             configuration.logger.error(
                 "\(line)",

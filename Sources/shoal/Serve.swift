@@ -243,7 +243,7 @@ extension ShoalCommand {
                         let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
                         log(
                             "ERROR: diverged from \(peer): it holds the same changes as this node but different rows "
-                                + "(different digests at the same version), and syncing will not mend it; run `shoal "
+                                + "(different digests at the same version), and syncing between these two will not mend it; run `shoal "
                                 + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")"
                                 + "\(plaintextOption)` to list the rows that differ"
                         )

@@ -76,7 +76,7 @@ extension ShoalCommand {
                 text += "verdict:    equal: the same rows on both sides\n"
             case (true, false):
                 text +=
-                    "verdict:    DIVERGED: the same changes but different rows; syncing will not mend the rows below\n"
+                    "verdict:    DIVERGED: the same changes but different rows; syncing between these two will not mend the rows below\n"
             case (false, false):
                 text +=
                     "verdict:    different versions: one side lacks changes the other holds (a sync is under way, "

@@ -99,6 +99,11 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         )
         #expect(report.mismatches.allSatisfy { !$0.remedy.isEmpty })
         #expect(try b.verify().isConsistent)
+        // A value changed behind Shoal's back is named too, with the row.
+        try raw.exec("UPDATE items SET name = 'tampered' WHERE id = 2")
+        let changed = try a.verify()
+        #expect(changed.mismatches.contains(RowMismatch(table: "items", primaryKey: [.integer(2)], kind: .valuesChangedUncaptured)))
+        #expect(changed.mismatchCount == 5)
         // Once the maintained digest looks at the rows again (a write to them), it differs as well.
         try a.execute("UPDATE items SET qty = 7 WHERE id IN (1, 2)")
         try b.execute("UPDATE items SET qty = 7 WHERE id IN (1, 2)")
@@ -347,6 +352,8 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             ("CREATE TABLE a3(k TEXT COLLATE RTRIM, n INTEGER, v, PRIMARY KEY(k, n))", "RTRIM"),
             ("CREATE TABLE a4(k REAL PRIMARY KEY, v)", "1.0"),
             ("CREATE TABLE a5(k NUMERIC PRIMARY KEY, v)", "1.0"),
+            ("CREATE TABLE a6(email TEXT, name TEXT, PRIMARY KEY(email COLLATE NOCASE))", "NOCASE"),
+            ("CREATE TABLE a7(id TEXT, a INT, PRIMARY KEY(id COLLATE RTRIM)) WITHOUT ROWID", "RTRIM"),
         ]
         for (sql, words) in cases {
             try store.execute(sql)
@@ -411,6 +418,8 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT NOT NULL DEFAULT 'x')",
             "CREATE TABLE t(k INTEGER PRIMARY KEY, c INTEGER)",
             "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT CHECK (length(c) < 3))",
+            "CREATE TABLE t(k INTEGER PRIMARY KEY, c TEXT) STRICT",
+            "CREATE TABLE t(k INT PRIMARY KEY, c TEXT)",
         ]
         var fingerprints: [String] = []
         for (index, sql) in shapes.enumerated() {
@@ -434,6 +443,39 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             try pipeChanges(from: directory.appendingPathComponent("0.db"), to: directory.appendingPathComponent("1.db"))
         }
         #expect(try rows(try Store(path: directory.appendingPathComponent("1.db").path), "SELECT * FROM t").isEmpty)
+    }
+
+    // MARK: - One identity, one history
+
+    @Test func aFileRestoredFromAnOlderCopyIsRefusedLoudlyNotSilentlyReused() throws {
+        let directory = try temporaryDirectory("restored-copy")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db")
+        let backup = directory.appendingPathComponent("a-backup.db")
+        let b = try makeFileStore(directory, "b")
+        do {
+            let a = try makeFileStore(directory, "a")
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            // A backup taken with SQLite's own API (what `.backup` does), while the node runs.
+            let raw = try RawConnection(path: path.path)
+            try raw.exec("VACUUM INTO '\(backup.path)'")
+            try a.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
+            try a.execute("INSERT INTO items(id, name) VALUES (3, 'three')")
+            try sync(a, b)
+        }
+        // The backup is restored over the file, and the app writes on.
+        try FileManager.default.removeItem(at: path)
+        try? FileManager.default.removeItem(atPath: path.path + "-wal")
+        try? FileManager.default.removeItem(atPath: path.path + "-shm")
+        try FileManager.default.copyItem(at: backup, to: path)
+        let restored = try Store(path: path.path)
+        try restored.execute("INSERT INTO items(id, name) VALUES (4, 'after the restore')")
+        // Its seq 2 now names other content than the peer's: it refuses to answer, with what happened.
+        let refusal = try #require(shoalError { _ = try restored.changes(since: try b.versionVector()) })
+        #expect(refusal.code == .siteConflict)
+        #expect(refusal.message.contains("restored from an older copy"))
+        // And it refuses the peer's claim of its own site.
+        #expect(try shoalError { try sync(b, restored) }?.code == .siteConflict)
     }
 
     // MARK: - One bad clock
