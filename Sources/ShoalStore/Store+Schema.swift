@@ -80,7 +80,10 @@ extension Store {
     /// two nodes could each write a value the other already holds. `counters` names integer columns that
     /// merge as PN-counters: an UPDATE that moves such a column by d is this node's increment of d.
     /// Calling it again with the same counters does nothing.
-    public func replicate(table: String, counters: [String] = []) throws(ShoalError) {
+    ///
+    /// Returns what a person should know about the table (see ``replicationWarnings(_:)``); the CLI prints it.
+    @discardableResult
+    public func replicate(table: String, counters: [String] = []) throws(ShoalError) -> [String] {
         try refreshSchema()
         if let paused = pausedTableList.first(where: { $0.name == table }) {
             throw ShoalError(code: .tablePaused, message: paused.message)
@@ -95,7 +98,7 @@ extension Store {
                         + "counters cannot be changed after the fact"
                 )
             }
-            return
+            return []
         }
         guard table == Self.rosterTable || !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_")
         else {
@@ -118,7 +121,8 @@ extension Store {
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             let described = try describeTable(table, id: 0, counters: counters)
-            try validateReplicable(described, replicating: true)
+            try validateReplicable(described)
+            let warnings = replicationWarnings(described)
             try validateCounters(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
@@ -149,6 +153,7 @@ extension Store {
             try flushCaptured()
             try connection.exec("COMMIT")
             transactionStamp = nil
+            return warnings
         } catch {
             capture.discardPending()
             try? connection.exec("ROLLBACK")
@@ -158,8 +163,8 @@ extension Store {
         }
     }
 
-    func validateReplicable(_ table: ReplicatedTable, replicating: Bool = false) throws(ShoalError) {
-        try validateKeys(table, replicating: replicating)
+    func validateReplicable(_ table: ReplicatedTable) throws(ShoalError) {
+        try validateKeys(table)
         try validateChecks(table)
         for row in try connection.rows("PRAGMA table_info(\(quote(table.name)))") {
             guard case .text(let column) = row[1], case .integer(let notNull) = row[3], notNull != 0,
@@ -187,7 +192,7 @@ extension Store {
     /// so keys it considers equal (`BOB@x` and `bob@x` under NOCASE, `1` and `1.0` in a REAL or NUMERIC column)
     /// would be one row on a node that holds one of them and two rows across nodes. AUTOINCREMENT keys are
     /// assigned by each node from its own sequence: two nodes would give different rows the same key.
-    private func validateKeys(_ table: ReplicatedTable, replicating: Bool) throws(ShoalError) {
+    private func validateKeys(_ table: ReplicatedTable) throws(ShoalError) {
         for (index, column) in table.keyColumns.enumerated() {
             let (type, collation, autoincrement) = try keyColumnMetadata(table.name, column)
             if autoincrement {
@@ -239,19 +244,17 @@ extension Store {
                 )
             }
         }
-        if table.keyIsRowid && replicating {
-            options.logger.warning(
-                "keys SQLite assigns are not unique across nodes",
-                metadata: [
-                    "table": "\(table.name)",
-                    "key": "\(table.keyColumns[0])",
-                    "advice": .string(
-                        "give every INSERT an explicit key unique across nodes (abs(random()), or a key built "
-                            + "from the node): two nodes inserting without one get the same key, and the rows merge"
-                    ),
-                ]
-            )
-        }
+    }
+
+    /// What ``replicate(table:counters:)`` warns about a table it accepts: an `INTEGER PRIMARY KEY` that SQLite
+    /// fills when an INSERT leaves it out gives concurrent inserts on two nodes the same key, and they merge.
+    func replicationWarnings(_ table: ReplicatedTable) -> [String] {
+        guard table.keyIsRowid else { return [] }
+        return [
+            "\(table.name).\(table.keyColumns[0]) is a key SQLite assigns when an INSERT leaves it out; two nodes "
+                + "inserting that way give different rows the same key, and the rows merge. Give every INSERT a key "
+                + "unique across nodes, for example abs(random())"
+        ]
     }
 
     /// A field-level merge combines columns that different nodes wrote: a CHECK relating several columns (or a

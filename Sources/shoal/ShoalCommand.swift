@@ -201,8 +201,9 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open()
-            try store.replicate(table: table, counters: counters)
+            let warnings = try store.replicate(table: table, counters: counters)
             print("replicating \(table)" + (counters.isEmpty ? "" : " (counters: \(counters.joined(separator: ", ")))"))
+            for warning in warnings { FileHandle.standardError.write(Data("warning: \(warning)\n".utf8)) }
         }
     }
 
