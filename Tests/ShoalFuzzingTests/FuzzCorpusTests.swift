@@ -31,15 +31,14 @@ import Testing
 
     /// Every target has its corpus folder and `Tools/fuzz.sh` knows it; no folder is left without a target.
     @Test func everyTargetHasACorpusAndIsInTheFuzzScript() throws {
+        let targets = ShoalFuzzing.Target.allCases.map(\.rawValue).sorted()
         let folders = try FileManager.default.contentsOfDirectory(atPath: Self.corpus.path).sorted()
-        #expect(folders == ShoalFuzzing.Target.allCases.map(\.rawValue).sorted())
-        let script = try String(
-            contentsOf: Self.corpus.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("fuzz.sh"),
-            encoding: .utf8
-        )
+        #expect(folders == targets)
+        let tools = Self.corpus.deletingLastPathComponent().deletingLastPathComponent()
+        let script = try String(contentsOf: tools.appendingPathComponent("fuzz.sh"), encoding: .utf8)
         let line = script.split(separator: "\n").first { $0.hasPrefix("targets=(") }
         let listed = line.map { $0.dropFirst("targets=(".count).dropLast().split(separator: " ").map(String.init) }
-        #expect(listed?.sorted() == ShoalFuzzing.Target.allCases.map(\.rawValue).sorted(), "\(line ?? "no targets=( line")")
+        #expect(listed?.sorted() == targets, "\(line ?? "no targets=( line")")
     }
 
     @Test func seedsReplayAndStaySmall() throws {
