@@ -216,7 +216,8 @@ let package = Package(
             swiftSettings: strict
         ),
         // What the test targets share: locating the built `shoal`, temporary directories, running a process and
-        // capturing its output, waiting on a condition with a deadline.
+        // capturing its output, waiting on a condition with a deadline. Tests run `shoal` as a process; no test target
+        // depends on (and links in) the executable: `swift build --build-tests` and `swift test` build it beside them.
         .target(
             name: "ShoalTestSupport",
             path: "Tests/ShoalTestSupport",
@@ -253,7 +254,7 @@ let package = Package(
         .testTarget(
             name: "ShoalTransportTests",
             dependencies: [
-                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "shoal", "ShoalToolSupport",
+                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "ShoalToolSupport",
                 "ShoalTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -264,7 +265,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalHostsTests",
-            dependencies: ["shoal", "ShoalTestSupport"],
+            dependencies: ["ShoalTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -279,7 +280,7 @@ let package = Package(
         .testTarget(
             name: "ShoalSecurityTests",
             dependencies: [
-                "ShoalSecurity", "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "shoal", "ShoalTestSupport",
+                "ShoalSecurity", "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -292,7 +293,7 @@ let package = Package(
             name: "ShoalRelayTests",
             dependencies: [
                 "ShoalRelay", "ShoalRelayClient", "ShoalRelayProtocol", "ShoalCore", "ShoalProtocol", "ShoalStore",
-                "ShoalSecurity", "shoal", "ShoalTestSupport",
+                "ShoalSecurity", "ShoalTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -303,7 +304,7 @@ let package = Package(
         .testTarget(
             name: "ShoalStoreTests",
             dependencies: [
-                "ShoalStore", "ShoalCore", "ShoalProtocol", "shoal", "ShoalTestSupport",
+                "ShoalStore", "ShoalCore", "ShoalProtocol", "ShoalTestSupport",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict

@@ -5,9 +5,12 @@
 # The digests are printed side by side; exit status 0 only if they all match.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/Tools/setup.sh"
 cd "$root"
-swift build --product shoal 2>&1 | tail -n 1 >&2
+# SHOAL_DEMO_BUILT=1 (the test command, which has set up and built everything already): neither again.
+if [ -z "${SHOAL_DEMO_BUILT:-}" ]; then
+    "$root/Tools/setup.sh"
+    swift build --product shoal 2>&1 | tail -n 1 >&2
+fi
 shoal="$root/.build/debug/shoal"
 dir=${SHOAL_DEMO_DIR:-$(mktemp -d /tmp/shoal-relay-demo.XXXXXX)}
 mkdir -p "$dir"

@@ -1,37 +1,50 @@
 #!/usr/bin/env bash
 # Runs every Shoal test: installs what is missing, builds, runs both demos as smoke tests, then the suite.
+# Each step prints its wall time as it ends, and the run its total.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-"$root/Tools/setup.sh" --tests
+started=$SECONDS
+step() {
+    local name=$1 began=$SECONDS
+    shift
+    "$@"
+    echo "== $name: $((SECONDS - began)) s (run so far: $((SECONDS - started)) s)" >&2
+}
+step "setup" "$root/Tools/setup.sh" --tests
 # The mDNS tests need the daemons; they fail loudly (they do not skip) if these could not start.
-"$root/Tools/start-daemons.sh"
+step "daemons" "$root/Tools/start-daemons.sh"
 # The relay's PostgreSQL tests use a server of the run's own (loopback only, a throwaway data directory); they fail
 # loudly if it could not start.
 SHOAL_TEST_POSTGRES_URL=$("$root/Tools/start-postgres.sh" | tail -n 1)
 export SHOAL_TEST_POSTGRES_URL
-swift build --build-tests 2>&1 | tail -n 3
-SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
-"$root/.build/debug/shoal" demo --nodes 3 --writes 50
-"$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
+build() { swift build --build-tests 2>&1 | tail -n 3; }
+step "build (with the tests)" build
+# Everything is built: the demos neither set up nor build again.
+export SHOAL_DEMO_BUILT=1
+step "offline demo" env SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
+step "live demo" "$root/.build/debug/shoal" demo --nodes 3 --writes 50
+step "chaos" "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
 # The relay path: the nodes never meet, and the relay is killed (-9) at random.
-"$root/.build/debug/shoal-chaos" --relay --nodes 4 --seconds 6
+step "chaos through a relay" "$root/.build/debug/shoal-chaos" --relay --nodes 4 --seconds 6
 # The same on PostgreSQL: two relay instances on one database, one of them killed (-9) at random.
-"$root/.build/debug/shoal-chaos" --postgres "$SHOAL_TEST_POSTGRES_URL" --nodes 4 --seconds 6
+step "chaos through relays on PostgreSQL" \
+    "$root/.build/debug/shoal-chaos" --postgres "$SHOAL_TEST_POSTGRES_URL" --nodes 4 --seconds 6
 # Two hosts on one machine (network namespaces on a veth link): discovery and convergence across the link.
 if unshare --net --mount --uts true 2>/dev/null || sudo -n unshare --net --mount --uts true 2>/dev/null; then
-    SHOAL_NETNS=shoaldemo "$root/Tools/netns.sh" demo "$root/.build/debug/shoal"
+    step "two-host demo" env SHOAL_NETNS=shoaldemo "$root/Tools/netns.sh" demo "$root/.build/debug/shoal"
 else
     echo "NOTE: this machine does not allow network namespaces: the two-host demo and tests do not run" >&2
 fi
 # Two groups of nodes that never meet converge through a relay, also after one group was offline.
-SHOAL_DEMO_QUIET=1 "$root/Tools/relay-demo.sh" >/dev/null
+relay_demo() { SHOAL_DEMO_QUIET=1 "$root/Tools/relay-demo.sh" >/dev/null; }
+step "relay demo" relay_demo
 # The relay against its API description (/openapi.json): no server error, no answer the document does not allow.
-"$root/Tools/schemathesis.sh" "$root/.build/debug/shoal"
+step "schemathesis" "$root/Tools/schemathesis.sh" "$root/.build/debug/shoal"
+# The in-process tests include FuzzCorpusTests, which replays every committed fuzz input (Tools/Fuzz/Corpus) through
+# the harnesses; the coverage-guided campaigns need a release build of their own and run apart (Tools/fuzz.sh).
+step "tests" swift test --skip-build --skip ShoalRelayTests
 # The relay's process tests (each a relay and up to five nodes, one test at a time) run on their own, after the rest:
 # beside the in-process tests they would starve those of the machine's two cores.
-swift test --skip-build --skip ShoalRelayTests
-swift test --skip-build --filter ShoalRelayTests
-# Every fuzz target for a short bounded time (a release build with libFuzzer and AddressSanitizer, cached in
-# .build-fuzz); a crash fails the run and leaves the reproducing input in .fuzz/crashes/TARGET/.
-"$root/Tools/fuzz.sh" all "${SHOAL_FUZZ_SECONDS:-20}"
+step "relay tests" swift test --skip-build --filter ShoalRelayTests
+echo "== all passed in $((SECONDS - started)) s" >&2

@@ -2,8 +2,9 @@
 """An independent mDNS implementation (python-zeroconf) facing Shoal nodes, for the interoperability tests.
 
     zeroconf-probe.py browse --interface ADDR --site HEX [--timeout S]
-        Waits until a _shoal._tcp service whose TXT has site=HEX is resolved, prints it as one JSON line
-        (instance, addresses, port, txt) and exits 0; exits 1 after the timeout.
+        Waits until a _shoal._tcp service whose TXT has site=HEX is resolved, prints it as one line "found JSON"
+        (instance, addresses, port, txt) and exits 0 at once; exits 1 if none is resolved by the timeout (a deadline,
+        60 s unless given). Other output (warnings on standard error) may come before or after that line.
 
     zeroconf-probe.py publish --interface ADDR --service SITE:HINT [--service ...] [--timeout S]
         For each service, listens on a free TCP port of ADDR and publishes _shoal._tcp there with TXT
@@ -18,6 +19,7 @@ namespaces of Tools/netns.sh, bound to the address given there.
 
 import argparse
 import json
+import queue
 import selectors
 import signal
 import socket
@@ -35,42 +37,57 @@ def say(line: str) -> None:
 
 
 def browse(arguments: argparse.Namespace) -> int:
+    # The listener only queues names: resolving (a blocking query) happens here, retried until the deadline, so a
+    # query that times out on a busy machine is asked again instead of losing the service for good.
     zeroconf = Zeroconf(interfaces=[arguments.interface])
-    found: list[dict] = []
-    seen = threading.Event()
+    names: "queue.Queue[str]" = queue.Queue()
 
     class Listener(ServiceListener):
         def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:
-            info = zc.get_service_info(type_, name, timeout=3000)
-            if info is None:
-                return
-            txt = {key.decode(): (value or b"").decode() for key, value in info.properties.items()}
-            if txt.get("site") == arguments.site:
-                found.append(
-                    {
-                        "instance": name[: -len(type_) - 1],
-                        "addresses": info.parsed_addresses(),
-                        "port": info.port,
-                        "txt": txt,
-                    }
-                )
-                seen.set()
+            names.put(name)
 
         def update_service(self, zc: Zeroconf, type_: str, name: str) -> None:
-            self.add_service(zc, type_, name)
+            names.put(name)
 
         def remove_service(self, zc: Zeroconf, type_: str, name: str) -> None:
             pass
 
-    ServiceBrowser(zeroconf, SERVICE_TYPE, Listener())
+    deadline = time.monotonic() + arguments.timeout
+    found = None
+    browser = ServiceBrowser(zeroconf, SERVICE_TYPE, Listener())
     try:
-        seen.wait(arguments.timeout)
+        pending: list[str] = []
+        while found is None and time.monotonic() < deadline:
+            try:
+                name = names.get(timeout=0.2 if pending else max(0.0, deadline - time.monotonic()))
+                if name not in pending:
+                    pending.append(name)
+            except queue.Empty:
+                pass
+            for name in list(pending):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                info = zeroconf.get_service_info(SERVICE_TYPE, name, timeout=int(min(left, 3.0) * 1000))
+                if info is None:
+                    continue  # not answered yet: asked again on the next turn
+                pending.remove(name)
+                txt = {key.decode(): (value or b"").decode() for key, value in info.properties.items()}
+                if txt.get("site") == arguments.site:
+                    found = {
+                        "instance": name[: -len(SERVICE_TYPE) - 1],
+                        "addresses": info.parsed_addresses(),
+                        "port": info.port,
+                        "txt": txt,
+                    }
+                    break
     finally:
+        browser.cancel()
         zeroconf.close()
-    if not found:
+    if found is None:
         print(f"no _shoal._tcp service with site={arguments.site} within {arguments.timeout} s", file=sys.stderr)
         return 1
-    say(json.dumps(found[0], sort_keys=True))
+    say("found " + json.dumps(found, sort_keys=True))
     return 0
 
 
@@ -141,7 +158,7 @@ def main() -> int:
     browsing = commands.add_parser("browse")
     browsing.add_argument("--interface", required=True)
     browsing.add_argument("--site", required=True)
-    browsing.add_argument("--timeout", type=float, default=30)
+    browsing.add_argument("--timeout", type=float, default=60)
     publishing = commands.add_parser("publish")
     publishing.add_argument("--interface", required=True)
     publishing.add_argument("--service", action="append", required=True, help="SITE:CLUSTER")

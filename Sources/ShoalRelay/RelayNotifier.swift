@@ -20,6 +20,9 @@ actor RelayNotifier {
 
     func generation(_ cluster: String) -> UInt64 { generations[cluster, default: 0] }
 
+    /// How many pulls wait on `cluster` now (what tests wait on).
+    func waiting(_ cluster: String) -> Int { waiters[cluster]?.count ?? 0 }
+
     /// Moves `cluster`'s generation on and wakes its waiting pulls; `nil`: every cluster's.
     func bump(_ cluster: String?) {
         guard let cluster else {

@@ -32,6 +32,9 @@ final class RelayPageMemory: Sendable {
     /// The bytes held now.
     var bytes: Int { state.withLock { $0.held } }
 
+    /// How many pulls wait for their budget now (what tests wait on).
+    var waiting: Int { state.withLock { $0.waiters.count } }
+
     /// Holds `bytes` (at most the limit) for one page, waiting up to `patience` for them to fit after the pulls that
     /// wait already; nil when they did not.
     func hold(_ bytes: Int, waitingAtMost patience: Duration) async -> Hold? {

@@ -2,8 +2,10 @@ import Foundation
 import ShoalFuzzing
 import Testing
 
-/// Replays the committed fuzzing corpus (`Tools/Fuzz/Corpus/<target>/`) through the harnesses, so that an input
-/// that once crashed a target fails the ordinary test run too.
+/// Replays the committed fuzzing corpus (`Tools/Fuzz/Corpus/<target>/`: the seeds and every input a campaign kept,
+/// crashes included) through the harnesses, through the same entry point the libFuzzer binary calls, so that an input
+/// that once crashed a target fails the ordinary test run too. The test command runs only this replay; the
+/// coverage-guided campaigns (libFuzzer with AddressSanitizer, a release build of their own) are `Tools/fuzz.sh`.
 /// Serialized: the apply harness keeps one store per process, used by one thread at a time (as libFuzzer does).
 @Suite(.serialized) struct FuzzCorpusTests {
     static let corpus = URL(fileURLWithPath: #filePath)
@@ -27,6 +29,18 @@ import Testing
         }
     }
 
+    /// Every target has its corpus folder and `Tools/fuzz.sh` knows it; no folder is left without a target.
+    @Test func everyTargetHasACorpusAndIsInTheFuzzScript() throws {
+        let targets = ShoalFuzzing.Target.allCases.map(\.rawValue).sorted()
+        let folders = try FileManager.default.contentsOfDirectory(atPath: Self.corpus.path).sorted()
+        #expect(folders == targets)
+        let tools = Self.corpus.deletingLastPathComponent().deletingLastPathComponent()
+        let script = try String(contentsOf: tools.appendingPathComponent("fuzz.sh"), encoding: .utf8)
+        let line = script.split(separator: "\n").first { $0.hasPrefix("targets=(") }
+        let listed = line.map { $0.dropFirst("targets=(".count).dropLast().split(separator: " ").map(String.init) }
+        #expect(listed?.sorted() == targets, "\(line ?? "no targets=( line")")
+    }
+
     @Test func seedsReplayAndStaySmall() throws {
         for (target, seeds) in try ShoalFuzzing.seedCorpus() {
             for seed in seeds {
@@ -37,11 +51,17 @@ import Testing
     }
 
     /// Writes the seed corpus: `SHOAL_WRITE_FUZZ_CORPUS=1 swift test --filter FuzzCorpusTests/writeSeeds`
-    /// (what `Tools/fuzz.sh --seed` runs). Files of inputs found by fuzzing are kept.
-    @Test(.enabled(if: ProcessInfo.processInfo.environment["SHOAL_WRITE_FUZZ_CORPUS"] == "1"))
-    func writeSeeds() throws {
+    /// (what `Tools/fuzz.sh --seed` runs) writes it into `Tools/Fuzz/Corpus`, keeping the files of inputs found by
+    /// fuzzing; in the ordinary run it writes into a temporary folder, which it then removes.
+    @Test func writeSeeds() throws {
+        let intoTheRepository = ProcessInfo.processInfo.environment["SHOAL_WRITE_FUZZ_CORPUS"] == "1"
+        let root =
+            intoTheRepository
+            ? Self.corpus
+            : FileManager.default.temporaryDirectory.appendingPathComponent("shoal-fuzz-seeds-\(getpid())")
+        defer { if !intoTheRepository { try? FileManager.default.removeItem(at: root) } }
         for (target, seeds) in try ShoalFuzzing.seedCorpus() {
-            let folder = Self.corpus.appendingPathComponent(target.rawValue)
+            let folder = root.appendingPathComponent(target.rawValue)
             try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
             for seed in seeds {
                 try Data(seed.bytes).write(to: folder.appendingPathComponent("seed-\(seed.name)"))

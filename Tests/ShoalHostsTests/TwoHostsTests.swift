@@ -119,8 +119,7 @@ struct TwoHostsTests {
             [python, probe, "browse", "--interface", HostPair.Host.b.address, "--site", siteA]
         )
         #expect(status == 0, "\(output)")
-        let line = output.split(separator: "\n").last.map(String.init) ?? ""
-        let service = try JSONDecoder().decode(ZeroconfService.self, from: Data(line.utf8))
+        let service = try ZeroconfService(probeOutput: output)
         #expect(service.txt["site"] == siteA)
         // The node id, and a keyed hint of the cluster: never the cluster id in clear.
         #expect(service.txt["node"] == nodeID)
@@ -148,7 +147,7 @@ struct TwoHostsTests {
             [python, probe, "browse", "--interface", HostPair.Host.b.address, "--site", siteA]
         )
         #expect(browsed == 0, "\(seen)")
-        let hint = try JSONDecoder().decode(ZeroconfService.self, from: Data(lastLine(seen).utf8)).txt["hint"] ?? ""
+        let hint = try ZeroconfService(probeOutput: seen).txt["hint"] ?? ""
         #expect(hint.count == 16)
         let theirs = String(repeating: "e", count: 32)
         let spoof = String(repeating: "d", count: 32)
@@ -226,10 +225,19 @@ struct TwoHostsTests {
     }
 }
 
-/// One line of `zeroconf-probe.py browse`.
+/// What `zeroconf-probe.py browse` found: its line "found JSON".
 private struct ZeroconfService: Decodable {
     let instance: String
     let addresses: [String]
     let port: Int
     let txt: [String: String]
+
+    /// The service in the probe's output (standard output and error together: warnings may come before or after
+    /// the line).
+    init(probeOutput output: String) throws {
+        guard let line = output.split(separator: "\n").last(where: { $0.hasPrefix("found {") }) else {
+            throw HostError(message: "zeroconf-probe.py browse printed no \"found\" line:\n\(output)")
+        }
+        self = try JSONDecoder().decode(ZeroconfService.self, from: Data(line.dropFirst("found ".count).utf8))
+    }
 }

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOEmbedded
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalRelay
@@ -32,7 +33,7 @@ import Testing
         let memory = RelayPageMemory(limit: 10_000)
         var held: RelayPageMemory.Hold? = await memory.hold(8_000, waitingAtMost: .seconds(10))
         async let waiting = memory.hold(4_000, waitingAtMost: .seconds(30))
-        try? await Task.sleep(for: .milliseconds(50))
+        #expect(await waitUntil(within: 10) { memory.waiting == 1 })
         // A later, smaller one does not pass the one waiting.
         #expect(await memory.hold(1_000, waitingAtMost: .milliseconds(20)) == nil)
         held = nil
@@ -69,7 +70,7 @@ import Testing
         let clock = ContinuousClock()
         let started = clock.now
         async let waited = notifier.wait("c", after: 0, for: .seconds(60))
-        try? await Task.sleep(for: .milliseconds(50))
+        #expect(await waitUntil(within: 10) { await notifier.waiting("c") == 1 })
         await notifier.shutDown()
         #expect(await waited == false)
         // Later waits return at once too, saying so, rather than letting a long-poll ask again in a loop.

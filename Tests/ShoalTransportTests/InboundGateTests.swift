@@ -26,14 +26,15 @@ private func eventually(_ condition: () -> Bool) async throws -> Bool {
                 await gate.admitted()
             }
         }
-        #expect(try await eventually { reads.withLock { $0 } == 2 })
+        #expect(try await eventually { reads.withLock { $0 } == 2 && gate.waiting == 2 })
+        // A window in which a reader the gate failed to hold would run ahead (not a wait: nothing may change in it).
         try await Task.sleep(for: .milliseconds(100))
         #expect(reads.withLock { $0 } == 2 && gate.waiting == 2)
 
         // Each message the driver handles lets one more in.
         gate.handled()
         #expect(try await eventually { reads.withLock { $0 } == 3 })
-        try await Task.sleep(for: .milliseconds(50))
+        try await Task.sleep(for: .milliseconds(50))  // a window to run ahead in, as above
         #expect(reads.withLock { $0 } == 3)
 
         // While the driver answers a pull, the reader is not held: both sides keep reading.
@@ -43,7 +44,7 @@ private func eventually(_ condition: () -> Bool) async throws -> Bool {
         supply.yield(100)
         #expect(try await eventually { reads.withLock { $0 } == 101 })
         supply.yield(101)
-        try await Task.sleep(for: .milliseconds(100))
+        try await Task.sleep(for: .milliseconds(100))  // a window to run ahead in, as above
         #expect(reads.withLock { $0 } == 101)  // held again until the driver catches up
         for _ in 0..<99 { gate.handled() }
         #expect(try await eventually { reads.withLock { $0 } == 102 })
