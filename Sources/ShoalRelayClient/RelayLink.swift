@@ -437,13 +437,23 @@ public final class RelayLink: Service, Sendable {
             return
         }
         let completion = Array((try? JSONEncoder().encode(RelaySnapshotCompletion(vector: RelayAPI.json(covered)))) ?? Data())
-        _ = try await postAuthenticated(
-            client,
-            "\(RelayAPI.snapshotsPath)/\(id)/complete",
-            body: completion,
-            contentType: "application/json",
-            epoch: seal.epoch
-        )
+        do throws(RelayCallError) {
+            _ = try await postAuthenticated(
+                client,
+                "\(RelayAPI.snapshotsPath)/\(id)/complete",
+                body: completion,
+                contentType: "application/json",
+                epoch: seal.epoch
+            )
+        } catch {
+            if case .conflict = error {
+                // Another node's snapshot completed meanwhile and replaced this one: nothing failed, so the next
+                // attempt comes in about 10 s rather than a minute.
+                let soon = configuration.clock.nowMilliseconds() &- 50_000
+                snapshotState.withLock { $0.triedMs = soon }
+            }
+            throw error
+        }
         let now = configuration.clock.nowMilliseconds()
         state.withLock { $0.lastSnapshotMs = now }
         snapshotState.withLock { state in
