@@ -46,25 +46,39 @@ public struct SystemWallClock: WallClock {
 
 /// A clock that only moves when told to; for tests.
 public final class ManualWallClock: WallClock {
-    private let now: Mutex<UInt64>
+    /// The wall clock's reading, and the monotonic clock's.
+    private let now: Mutex<(wall: UInt64, steady: UInt64)>
 
     /// Starts at `milliseconds`.
     public init(milliseconds: UInt64) {
-        self.now = Mutex(milliseconds)
+        self.now = Mutex((milliseconds, milliseconds))
     }
 
     /// The time it was last set to.
     public func nowMilliseconds() -> UInt64 {
-        now.withLock { $0 }
+        now.withLock { $0.wall }
+    }
+
+    /// The monotonic reading: moved by ``advance(by:)`` and ``set(milliseconds:)``, not by ``jump(by:)``.
+    public func monotonicMilliseconds() -> UInt64 {
+        now.withLock { $0.steady }
     }
 
     /// Moves the clock by `milliseconds` (which may be negative, to model a clock stepped back).
     public func advance(by milliseconds: Int64) {
-        now.withLock { $0 = UInt64(Int64($0) + milliseconds) }
+        now.withLock {
+            $0.wall = UInt64(Int64($0.wall) + milliseconds)
+            $0.steady = UInt64(Int64($0.steady) + milliseconds)
+        }
+    }
+
+    /// Moves the wall clock alone (a clock set wrong, or stepped), while time itself runs on as before.
+    public func jump(by milliseconds: Int64) {
+        now.withLock { $0.wall = UInt64(Int64($0.wall) + milliseconds) }
     }
 
     /// Sets the clock.
     public func set(milliseconds: UInt64) {
-        now.withLock { $0 = milliseconds }
+        now.withLock { $0 = (milliseconds, milliseconds) }
     }
 }

@@ -249,14 +249,16 @@ extension Store {
             latest = HLC(rawValue: UInt64(bitPattern: last.columnInt64(1)))
         }
         last.reset()
+        // The newest clock received from any peer.
         let high = try statement("SELECT value FROM shoal_meta WHERE key = 'hlc_high'")
+        var remoteHigh = HLC.zero
         if try high.step() {
-            let observed = HLC(rawValue: UInt64(bitPattern: high.columnInt64(0)))
-            if observed > latest { latest = observed }
+            remoteHigh = HLC(rawValue: UInt64(bitPattern: high.columnInt64(0)))
+            if remoteHigh > latest { latest = remoteHigh }
         }
         high.reset()
         if hybridClock.latest > latest { latest = hybridClock.latest }
-        let now = options.clock.nowMilliseconds()
+        let now = physicalTime(corroboratedBy: remoteHigh)
         if latest.milliseconds > now + options.maximumClockDriftMilliseconds {
             // An earlier write was stamped while this machine's clock ran ahead: a site's clock never goes back (its
             // own later writes must win over its earlier ones), so peers refuse this node's changes (only its own)
@@ -281,6 +283,36 @@ extension Store {
         let stamp = Stamp(hlc: hybridClock.tick(now: now), site: siteID, seq: seq)
         transactionStamp = stamp
         return stamp
+    }
+
+    /// The wall clock's reading for a local write, unless it jumped forward since this store last stamped beyond
+    /// what the monotonic clock says elapsed (a clock set wrong, an NTP step) by more than the drift bound, with no
+    /// peer's clock to back it: then the time the monotonic clock says it is, and an error logged once. A write
+    /// stamped a day ahead would be refused by every peer, and every later write of this node stamped after it.
+    func physicalTime(corroboratedBy remote: HLC) -> UInt64 {
+        let now = options.clock.nowMilliseconds()
+        let steady = options.clock.monotonicMilliseconds()
+        let bound = Int64(options.maximumClockDriftMilliseconds)
+        guard let reference = clockReference else {
+            clockReference = (now, steady)
+            return now
+        }
+        let expected = Int64(reference.wall) + (Int64(steady) - Int64(reference.steady))
+        guard Int64(now) > expected + bound, Int64(remote.milliseconds) < Int64(now) - bound else {
+            clockReference = (now, steady)
+            warnedClockJump = false
+            return now
+        }
+        if !warnedClockJump {
+            warnedClockJump = true
+            options.logger.error(
+                "the wall clock jumped ahead: local writes are stamped with the time elapsed since, not with it",
+                metadata: [
+                    "jumped_ms": "\(Int64(now) - expected)", "bound_ms": "\(bound)",
+                ]
+            )
+        }
+        return UInt64(max(0, expected))
     }
 
     /// An insert of a row that did not exist: every column written, no counter.

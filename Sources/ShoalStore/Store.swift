@@ -72,6 +72,10 @@ public final class Store {
     var fingerprintCache: (version: Int64, text: String)?
     /// Whether the error about this database's clock running ahead of the machine's was logged.
     var warnedClockAhead = false
+    /// The wall and monotonic clocks when this store last stamped a write with the wall clock's reading.
+    var clockReference: (wall: UInt64, steady: UInt64)?
+    /// Whether the error about a wall clock that jumped ahead was logged (once per jump).
+    var warnedClockJump = false
     /// This node's own commits up to this seq are known to be on disk (``makeLocalCommitsDurable(upTo:)``).
     var durableLocalSeq: UInt64 = 0
     /// Replicated tables another tool changed or dropped (see ``pausedTables()``).

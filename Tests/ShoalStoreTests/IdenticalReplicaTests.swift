@@ -503,6 +503,27 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try receiver.digest() == forwarder.digest())
     }
 
+    @Test func aWallClockThatJumpsAheadDoesNotStampWritesInTheFuture() throws {
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        let store = try makeStore(clock)
+        let peer = try makeStore(ManualWallClock(milliseconds: 1_700_000_000_000))
+        for node in [store, peer] { try makeItems(node) }
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'before')")
+        // The wall clock is set a day ahead (and later back), while time itself runs on by a second.
+        clock.advance(by: 1_000)
+        clock.jump(by: 86_400_000)
+        try store.execute("INSERT INTO items(id, name) VALUES (2, 'during')")
+        let during = try #require(try store.changes(since: VersionVector()).flatMap(\.changes).last?.stamp)
+        #expect(during.hlc.milliseconds < 1_700_000_000_000 + 60_000)
+        // The peer takes every write: nothing was stamped in the future.
+        #expect(try sync(store, peer).clockRefusals.isEmpty)
+        #expect(try rows(peer, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)]])
+        clock.jump(by: -86_400_000)
+        try store.execute("INSERT INTO items(id, name) VALUES (3, 'after')")
+        #expect(try sync(store, peer).clockRefusals.isEmpty)
+        #expect(try peer.digest() == store.digest())
+    }
+
     // MARK: - The site table survives a rolled-back apply
 
     @Test func aSiteAllocatedByARolledBackApplyIsNeverReadAsAnother() throws {
