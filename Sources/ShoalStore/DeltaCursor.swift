@@ -153,9 +153,17 @@ extension Store {
                             continue
                         }
                         rowChanges.removeAll(keepingCapacity: true)
-                        try collect(dot: dot, table: table, key: key, into: &rowChanges)
-                        if let lease = cursor.lease,
-                            openCursors.wasTouched(table: table.id, key: key, since: lease.openedAt)
+                        let rewritten = try collect(
+                            dot: dot,
+                            table: table,
+                            key: key,
+                            ownSeq: cursor.held[siteID],
+                            into: &rowChanges
+                        )
+                        if rewritten
+                            || cursor.lease.map({
+                                openCursors.wasTouched(table: table.id, key: key, since: $0.openedAt)
+                            }) ?? false
                         {
                             // Written since the answer's version was fixed: this transaction and the site's later
                             // ones are neither sent nor claimed now (a later answer sends them with what overwrote

@@ -65,13 +65,31 @@ extension Store {
 
     /// The changes of transaction `dot` that row `key` still holds.
     /// The changes of row `key` that transaction `dot` wrote and that still hold.
+    ///
+    /// Returns whether the row holds a stamp of this database's own site above `ownSeq`: a write committed after
+    /// an answer that holds own transactions up to `ownSeq` opened (by this store, or by another process's store on
+    /// the same file, such as `shoal sql` beside `shoal serve`), which may have overwritten part of `dot`.
+    @discardableResult
     func collect(
         dot: Dot,
         table: ReplicatedTable,
         key: [SQLValue],
+        ownSeq: UInt64 = .max,
         into changes: inout [Change]
-    ) throws(ShoalError) {
-        guard let state = try loadState(table: table, key: key) else { return }
+    ) throws(ShoalError) -> Bool {
+        guard let state = try loadState(table: table, key: key) else { return false }
+        var newerOwn = false
+        if ownSeq != .max {
+            func newer(_ stamp: Stamp?) -> Bool { stamp.map { $0.site == siteID && $0.seq > ownSeq } ?? false }
+            newerOwn = newer(state.lengthStamp)
+            for cell in state.cells where !newerOwn {
+                switch cell {
+                case .empty: break
+                case .value(let stamp, _): newerOwn = newer(stamp)
+                case .counter(let entries): newerOwn = (entries[siteID]?.seq ?? 0) > ownSeq
+                }
+            }
+        }
         if let lengthStamp = state.lengthStamp, lengthStamp.dot == dot {
             changes.append(
                 Change(
@@ -118,6 +136,7 @@ extension Store {
                 )
             }
         }
+        return newerOwn
     }
 
     /// A row's non-key values as stored (NULLs when the row is missing).

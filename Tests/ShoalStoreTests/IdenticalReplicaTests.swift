@@ -171,7 +171,12 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
 
     // MARK: - What a sender claims is what it sent
 
-    @Test func anAnswerNeverClaimsATransactionPartOfWhichWasOverwrittenWhileItWasRead() throws {
+    /// Who rewrites a row while the answer is read: the app's own connection (this store stamps it), or another
+    /// process's store on the same file (`shoal sql` beside `shoal serve`: it stamps the write itself).
+    enum Rewriter: CaseIterable { case appConnection, otherStore }
+
+    @Test(arguments: Rewriter.allCases)
+    func anAnswerNeverClaimsATransactionPartOfWhichWasOverwrittenWhileItWasRead(_ rewriter: Rewriter) throws {
         let directory = try temporaryDirectory("claim-snapshot")
         defer { try? FileManager.default.removeItem(at: directory) }
         let a = try makeFileStore(directory, "a")
@@ -184,9 +189,15 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         let cursor = try a.deltaCursor(since: try b.versionVector())
         var batches: [ChangeBatch] = []
         if let first = try a.nextBatch(cursor, maxChanges: 9) { batches.append(first) }
-        let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
-        try app.exec("UPDATE items SET name = 'app' WHERE id = 15")
-        #expect(try a.captureForeignWrites())
+        switch rewriter {
+        case .appConnection:
+            let app = try RawConnection(path: directory.appendingPathComponent("a.db").path)
+            try app.exec("UPDATE items SET name = 'app' WHERE id = 15")
+            #expect(try a.captureForeignWrites())
+        case .otherStore:
+            let other = try Store(path: directory.appendingPathComponent("a.db").path)
+            try other.execute("UPDATE items SET name = 'app' WHERE id = 15")
+        }
         while let batch = try a.nextBatch(cursor, maxChanges: 9) { batches.append(batch) }
         for batch in batches {
             // Every change sent lies within what its batch claims.
