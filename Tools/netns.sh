@@ -118,6 +118,9 @@ demo() {
     up
     local work
     work="$(mktemp -d)"
+    # The folder goes after the nodes have stopped (they write into it until they do).
+    demo_work="$work"
+    trap 'down; rm -rf "$demo_work"' EXIT
     for host in a b; do
         "$shoal" init --db "$work/$host.db" --name "host-$host" >/dev/null
         "$shoal" sql --db "$work/$host.db" "CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT)" >/dev/null
@@ -166,7 +169,6 @@ demo() {
     sed 's/^/host b: /' "$work/b.log"
     echo "both hosts: $(echo "$digest_a" | tr '\n' ' ')"
     echo "converged over mDNS across two network namespaces"
-    rm -rf "$work"
 }
 
 command="${1:-}"
