@@ -363,8 +363,10 @@ extension ShoalCommand {
                 throw ShoalError(
                     code: .corruptMetadata,
                     message: report.mismatchCount > 0
-                        ? "\(report.mismatchCount) rows disagree with their metadata (listed above); peers see this "
-                            + "file's rows as different from theirs until each is fixed as said"
+                        ? (report.mismatchCount == 1
+                            ? "1 row disagrees with its metadata" : "\(report.mismatchCount) rows disagree with their metadata")
+                            + " (listed above); peers see this file's rows as different from theirs until each is fixed "
+                            + "as said"
                         : "the maintained digest (\(report.maintained.rowCount) rows, \(report.maintained.hex)) differs "
                             + "from a full scan (\(report.scanned.rowCount) rows, \(report.scanned.hex)); please report this"
                 )

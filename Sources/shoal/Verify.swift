@@ -26,7 +26,7 @@ extension ShoalCommand {
         @Option(help: "List at most this many rows.") var limit = 1_000
         @Flag(help: "Print one JSON object.") var json = false
 
-        var activity: String { "could not compare with the peer" }
+        var activity: String { peer == nil ? "this file's check failed" : "could not compare with the peer" }
 
         func validate() throws {
             guard limit > 0 else { throw ValidationError("--limit takes a positive number") }
