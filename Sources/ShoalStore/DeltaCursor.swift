@@ -113,15 +113,40 @@ extension Store {
         maxBytes: Int = Store.defaultBatchBytes
     ) throws(ShoalError) -> ChangeBatch? {
         guard !cursor.isFinished else { return nil }
-        let batch = try nextBatchBody(cursor, maxChanges: max(1, maxChanges), maxBytes: max(1, maxBytes))
+        // Writes other connections committed are stamped first, and the batch is read in one snapshot: a row's
+        // values and its clocks are read as of one moment. A write committed after the stamp and before the
+        // snapshot is in the outbox: its rows count as rewritten (their data is newer than their clocks).
+        try captureForeignWritesIfIdle()
+        let batch = try inReadSnapshot { () throws(ShoalError) -> ChangeBatch in
+            let unstamped = try unstampedKeys()
+            return try nextBatchBody(cursor, maxChanges: max(1, maxChanges), maxBytes: max(1, maxBytes), unstamped)
+        }
         cursor.sentChanges += UInt64(batch.changes.count)
         return batch
+    }
+
+    /// The rows other connections wrote that are not stamped yet (in the outboxes), by table id.
+    private func unstampedKeys() throws(ShoalError) -> [Int64: Set<[SQLValue]>] {
+        guard try outboxMayHoldRows() else { return [:] }
+        var keys: [Int64: Set<[SQLValue]>] = [:]
+        for table in capture.tables {
+            let columns = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+            let select = try statement("SELECT \(columns) FROM \(Self.outboxTable(table.id))")
+            defer { select.reset() }
+            while try select.step() { keys[table.id, default: []].insert(select.row()) }
+        }
+        return keys
     }
 
     /// The default byte bound of a batch (2 MiB: well under the 16 MiB frame maximum).
     public static let defaultBatchBytes = 2 * 1024 * 1024
 
-    private func nextBatchBody(_ cursor: DeltaCursor, maxChanges: Int, maxBytes: Int) throws(ShoalError) -> ChangeBatch {
+    private func nextBatchBody(
+        _ cursor: DeltaCursor,
+        maxChanges: Int,
+        maxBytes: Int,
+        _ unstamped: [Int64: Set<[SQLValue]>]
+    ) throws(ShoalError) -> ChangeBatch {
         try refreshSchema()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
         var changes: [Change] = []
@@ -160,7 +185,7 @@ extension Store {
                             ownSeq: cursor.held[siteID],
                             into: &rowChanges
                         )
-                        if rewritten
+                        if rewritten || unstamped[table.id]?.contains(key) == true
                             || cursor.lease.map({
                                 openCursors.wasTouched(table: table.id, key: key, since: $0.openedAt)
                             }) ?? false
