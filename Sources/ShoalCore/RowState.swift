@@ -63,6 +63,26 @@ public struct RowState: Hashable, Sendable {
         return Int64(clamping: sum)
     }
 
+    /// The transactions in this row that may have overwritten what the transaction of `stamp` wrote here: the one
+    /// that set the causal length (a new life resets every cell), writes of a column with a later stamp, and a
+    /// later counter entry of the same site. A transaction never overwrites itself.
+    public func possibleOverwriters(of stamp: Stamp) -> [Dot] {
+        var result: [Dot] = []
+        if let lengthStamp, lengthStamp.dot != stamp.dot { result.append(lengthStamp.dot) }
+        for cell in cells {
+            switch cell {
+            case .empty: break
+            case .value(let written, _):
+                if written > stamp && written.dot != stamp.dot { result.append(written.dot) }
+            case .counter(let entries):
+                if let entry = entries[stamp.site], entry.seq > stamp.seq {
+                    result.append(Dot(site: stamp.site, seq: entry.seq))
+                }
+            }
+        }
+        return result
+    }
+
     /// Every stamp this row holds, for the delta query: a change must be sent while its dot is not covered.
     public var dots: Set<Dot> {
         var result = Set<Dot>()

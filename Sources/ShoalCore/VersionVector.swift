@@ -68,6 +68,11 @@ public struct VersionVector: Hashable, Sendable, CustomStringConvertible {
         if seq > self[site] { entries[site] = seq }
     }
 
+    /// Whether this vector holds a seq of some site beyond what `other` holds.
+    public func advances(_ other: VersionVector) -> Bool {
+        entries.contains { $0.value > other[$0.key] }
+    }
+
     /// The pointwise maximum with `other`.
     public mutating func merge(_ other: VersionVector) {
         for (site, seq) in other.entries { advance(site, to: seq) }

@@ -502,6 +502,8 @@ public final class RelayLink: Service, Sendable {
         /// Ranges a page ended inside: where to resume, valid while the cursor of the site stays where it was.
         var resume: [SiteID: (from: UInt64, index: UInt32, upload: UInt64, cursor: UInt64)] = [:]
         var buffers: [SiteID: [UInt8]] = [:]
+        /// Per range under way, the highest seq applied from its earlier batches: its end may claim them.
+        var received: [SiteID: [SiteID: UInt64]] = [:]
         /// Sites whose next range cannot be used (it fails its seal, or holds what it should not), until when: their
         /// ranges are not asked for meanwhile, so one bad range never holds up the other sites.
         var blocked: [SiteID: UInt64] = [:]
@@ -509,6 +511,7 @@ public final class RelayLink: Service, Sendable {
         mutating func forget(_ site: SiteID) {
             resume[site] = nil
             buffers[site] = nil
+            received[site] = nil
         }
     }
 
@@ -586,6 +589,7 @@ public final class RelayLink: Service, Sendable {
                 // Ranges in progress start again from their first chunk.
                 pull.resume = [:]
                 pull.buffers = [:]
+                pull.received = [:]
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }
@@ -663,12 +667,15 @@ public final class RelayLink: Service, Sendable {
             }
         }
         let claim = envelope.endsRange ? VersionVector([site: envelope.to]) : VersionVector()
+        let received = pull.received[site] ?? [:]
         let result = try await local { () throws(ShoalError) in
-            try await node.applyReceived(ChangeBatch(changes: batch.batch.changes, claim: claim))
+            try await node.applyReceived(ChangeBatch(changes: batch.batch.changes, claim: claim), received: received)
         }
+        pull.received[site] = result.received
         if envelope.endsRange {
             pull.cursor.advance(site, to: envelope.to)
             pull.resume[site] = nil
+            pull.received[site] = nil
         }
         return result.applied
     }

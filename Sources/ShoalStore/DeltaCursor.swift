@@ -38,6 +38,46 @@ public final class DeltaCursor {
     /// holds the newer write, sends it.
     var ceilings: [SiteID: UInt64] = [:]
 
+    /// Transactions sent (or skipped) whose claim waits, per site in order: part of what they wrote may have been
+    /// overwritten by a transaction this answer has not sent yet (`needs`; `nil` when unknown, for transactions
+    /// compaction dropped from the log), which the receiver must hold before it claims them. Otherwise a batch
+    /// would let the receiver claim a write it holds neither itself nor what beat it, and if the sender were then
+    /// lost, the survivors would never exchange it.
+    var waits: [SiteID: [(seq: UInt64, needs: [Dot]?)]] = [:]
+    /// The claim of the transaction being sent waits for these.
+    var dotNeeds: Set<Dot> = []
+    /// The clock of the transaction being sent.
+    var dotHLC = HLC(rawValue: 0)
+
+    /// Notes that `site`'s transaction `seq` may be claimed only once `needs` were sent (`nil`: at the end).
+    func wait(_ site: SiteID, _ seq: UInt64, needs: [Dot]?) {
+        if let needs, needs.allSatisfy({ claim.covers($0) }) { return }
+        waits[site, default: []].append((seq, needs))
+    }
+
+    /// What a batch handed out now may claim: what was sent (``claim``), short of the transactions still waiting.
+    func batchClaim() -> VersionVector {
+        var entries = claim.entries
+        for (site, list) in waits {
+            // Sent writes only add up, so a wait once met stays met: drop met ones from the front.
+            let firstUnmet = list.firstIndex { wait in
+                guard let needs = wait.needs else {
+                    // Unknown overwriters lie within what the answer holds: met once all of it was sent, unless part
+                    // was held back (a ceiling), which might be one of them.
+                    return !(isFinished && ceilings.isEmpty)
+                }
+                return !needs.allSatisfy { claim.covers($0) }
+            }
+            guard let firstUnmet else {
+                waits[site] = nil
+                continue
+            }
+            waits[site] = Array(list[firstUnmet...])
+            entries[site] = min(entries[site] ?? 0, list[firstUnmet].seq - 1)
+        }
+        return VersionVector(entries)
+    }
+
     /// Lowers the claim's ceiling for `dot`'s site to just below `dot`.
     func cap(_ dot: Dot) {
         ceilings[dot.site] = min(ceilings[dot.site] ?? .max, dot.seq - 1)
@@ -178,7 +218,7 @@ extension Store {
                             continue
                         }
                         rowChanges.removeAll(keepingCapacity: true)
-                        let rewritten = try collect(
+                        let (rewritten, state) = try collect(
                             dot: dot,
                             table: table,
                             key: key,
@@ -199,6 +239,16 @@ extension Store {
                             cursor.moveToNextSite()
                             continue nextTransaction
                         }
+                        if let state {
+                            // What may have overwritten part of this transaction here, and that this answer sends
+                            // (it holds it, and the receiver does not). A write held without being claimed (part of
+                            // a transaction that was cut off) is not sent, and waiting for it would never end.
+                            let stamp = Stamp(hlc: cursor.dotHLC, site: dot.site, seq: dot.seq)
+                            for overwriter in state.possibleOverwriters(of: stamp)
+                            where cursor.held.covers(overwriter) && !cursor.since.covers(overwriter) {
+                                cursor.dotNeeds.insert(overwriter)
+                            }
+                        }
                         let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
                         if !changes.isEmpty
                             && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
@@ -208,14 +258,14 @@ extension Store {
                                 // this transaction from its start next time.
                                 changes.removeSubrange(dotStart...)
                                 restart(cursor)
-                                return ChangeBatch(changes: changes, claim: cursor.claim)
+                                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
                             }
                             // This transaction alone exceeds a batch: send a part, claiming nothing for it, and
                             // go on from this row next time.
                             cursor.seenKeys.remove(key)
                             cursor.keyOffset = keyStart
                             cursor.dotStartedInBatch = false
-                            return ChangeBatch(changes: changes, claim: cursor.claim)
+                            return ChangeBatch(changes: changes, claim: cursor.batchClaim())
                         }
                         cursor.keyOffset = reader.offset
                         changes.append(contentsOf: rowChanges)
@@ -226,11 +276,13 @@ extension Store {
                     cursor.seenKeys.removeAll()  // keys repeat only within one table's list
                 }
                 // The transaction is complete.
+                if !cursor.dotNeeds.isEmpty { cursor.wait(dot.site, dot.seq, needs: Array(cursor.dotNeeds)) }
+                cursor.dotNeeds.removeAll()
                 cursor.advanceClaim(dot.site, to: dot.seq)
                 cursor.floor = dot.seq
                 cursor.dot = nil
                 if changes.count >= maxChanges || bytes >= maxBytes {
-                    return ChangeBatch(changes: changes, claim: cursor.claim)
+                    return ChangeBatch(changes: changes, claim: cursor.batchClaim())
                 }
             }
             // The next transaction of the current site, or the next site.
@@ -238,19 +290,31 @@ extension Store {
                 cursor.isFinished = true
                 cursor.lease = nil
                 for (site, seq) in cursor.held.entries { cursor.advanceClaim(site, to: seq) }
-                return ChangeBatch(changes: changes, claim: cursor.claim)
+                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
             }
             let (index, site) = cursor.sites[cursor.siteIndex]
-            guard let seq = try nextLoggedSeq(site: index, after: cursor.floor), seq <= cursor.held[site] else {
+            let next = try nextLoggedSeq(site: index, after: cursor.floor)
+            if cursor.floor < cursor.held[site], (next ?? .max) > cursor.floor + 1 {
+                // Transactions compaction dropped (everything they wrote was overwritten since): what overwrote them
+                // is not known here, so their claim waits for the whole answer.
+                cursor.wait(site, cursor.floor + 1, needs: nil)
+            }
+            guard let seq = next, seq <= cursor.held[site] else {
                 cursor.moveToNextSite()
                 continue
             }
-            let select = try statement("SELECT tbl, keys FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl")
+            let select = try statement(
+                "SELECT tbl, keys, hlc FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl"
+            )
             try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: seq))])
             var rows: [(table: Int64, keys: [UInt8])] = []
-            while try select.step() { rows.append((select.columnInt64(0), select.columnBytes(1))) }
+            while try select.step() {
+                rows.append((select.columnInt64(0), select.columnBytes(1)))
+                cursor.dotHLC = HLC(rawValue: UInt64(bitPattern: select.columnInt64(2)))
+            }
             select.reset()
             cursor.dot = Dot(site: site, seq: seq)
+            cursor.dotNeeds.removeAll()
             cursor.dotRows = rows
             cursor.rowPosition = 0
             cursor.keyOffset = 0

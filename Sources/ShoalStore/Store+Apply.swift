@@ -13,8 +13,9 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// Sites whose changes were refused for a clock further ahead than the drift bound, with the newest clock
     /// refused: their changes from that clock on were left out (and are not claimed), everything else applied.
     public var clockRefusals: [SiteID: HLC] = [:]
-    /// The highest seq per site of the changes applied (those refused left out).
-    var acceptedHighest: [SiteID: UInt64] = [:]
+    /// The highest seq per site of the changes applied (those refused left out): pass it, merged over the batches
+    /// of one answer, as the next batch's `received` (see ``Store/apply(_:claim:since:received:)``).
+    public internal(set) var acceptedHighest: [SiteID: UInt64] = [:]
 
     /// A report of nothing applied yet.
     public init() {}
@@ -47,19 +48,26 @@ extension Store {
     /// validated before anything is written: an unknown table or column, a clock beyond the drift bound, or
     /// changes claiming this database's own site id for sequence numbers it never issued are refused with
     /// nothing applied.
+    ///
+    /// `received` is the highest seq per site of the changes applied from earlier batches of the same answer
+    /// (their reports' ``ApplyReport/acceptedHighest``): a sender holds back the claim of a transaction until it
+    /// has sent what overwrote part of it, so a batch may claim what earlier batches delivered.
     @discardableResult
     public func apply(
         _ changes: [Change],
         claim: VersionVector = VersionVector(),
-        since: VersionVector? = nil
+        since: VersionVector? = nil,
+        received: [SiteID: UInt64] = [:]
     ) throws(ShoalError) -> ApplyReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
         }
         try refreshSchema()
-        if changes.isEmpty, since == nil {
-            // Nothing to merge, and a claim alone proves nothing beyond what is held (see `provenClaim`):
-            // check it, and write nothing, so an idle round stays read-only.
+        if changes.isEmpty, since == nil,
+            try !Self.provenClaim(claim, highest: received, held: versionVector()).advances(try versionVector())
+        {
+            // Nothing to merge, and a claim alone proves nothing beyond what is held and was received earlier (see
+            // `provenClaim`): check it, and write nothing, so an idle round stays read-only.
             try refreshSites()
             _ = try validate(changes, claim: claim, since: since)
             return ApplyReport()
@@ -70,7 +78,7 @@ extension Store {
             setTriggers(enabled: triggersWereOn)
         }
         do throws(ShoalError) {
-            let report = try applyInTransaction(changes, claim: claim, since: since)
+            let report = try applyInTransaction(changes, claim: claim, since: since, carried: received)
             try connection.exec("COMMIT")
             return report
         } catch {

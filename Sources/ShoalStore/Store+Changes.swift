@@ -66,9 +66,10 @@ extension Store {
     /// The changes of transaction `dot` that row `key` still holds.
     /// The changes of row `key` that transaction `dot` wrote and that still hold.
     ///
-    /// Returns whether the row holds a stamp of this database's own site above `ownSeq`: a write committed after
-    /// an answer that holds own transactions up to `ownSeq` opened (by this store, or by another process's store on
-    /// the same file, such as `shoal sql` beside `shoal serve`), which may have overwritten part of `dot`.
+    /// Returns the row's clocks, and whether the row holds a stamp of this database's own site above `ownSeq`: a
+    /// write committed after an answer that holds own transactions up to `ownSeq` opened (by this store, or by
+    /// another process's store on the same file, such as `shoal sql` beside `shoal serve`), which may have
+    /// overwritten part of `dot`.
     @discardableResult
     func collect(
         dot: Dot,
@@ -76,8 +77,8 @@ extension Store {
         key: [SQLValue],
         ownSeq: UInt64 = .max,
         into changes: inout [Change]
-    ) throws(ShoalError) -> Bool {
-        guard let state = try loadState(table: table, key: key) else { return false }
+    ) throws(ShoalError) -> (rewritten: Bool, state: RowState?) {
+        guard let state = try loadState(table: table, key: key) else { return (false, nil) }
         var newerOwn = false
         if ownSeq != .max {
             func newer(_ stamp: Stamp?) -> Bool { stamp.map { $0.site == siteID && $0.seq > ownSeq } ?? false }
@@ -136,7 +137,7 @@ extension Store {
                 )
             }
         }
-        return newerOwn
+        return (newerOwn, state)
     }
 
     /// A row's non-key values as stored (NULLs when the row is missing).

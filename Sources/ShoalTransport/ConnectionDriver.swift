@@ -59,6 +59,9 @@ struct ConnectionDriver {
     private var roundFailureCounted = false
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
+    /// The highest seq per site applied from this round's answer so far: a later batch may claim what an earlier
+    /// one delivered.
+    private var receivedThisRound: [SiteID: UInt64] = [:]
     /// A site's changes left out of this round for a clock too far ahead (the round fails with it at its end).
     private var clockRefusal: ShoalError?
     private var clockRefusalBatch: ChangeBatch?
@@ -219,6 +222,7 @@ struct ConnectionDriver {
                     if session.outstandingRequest == nil {
                         roundStarted = now
                         appliedThisRound = 0
+                        receivedThisRound = [:]
                         roundFailureCounted = false
                     }
                     actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
@@ -333,7 +337,8 @@ struct ConnectionDriver {
         _ message: ChangeBatchMessage,
         session: inout SyncSession
     ) async throws(ShoalError) -> [SyncSession.Action] {
-        let result = try await worker.apply(message.batch)
+        let result = try await worker.apply(message.batch, received: receivedThisRound)
+        receivedThisRound = result.received
         if let (site, hlc) = result.clockRefusals.max(by: { $0.value < $1.value }) {
             // Only that site's changes were left out; the rest of this batch, and the round's later batches, apply.
             // The round then fails with the reason, and the refused changes come again in a later round.

@@ -97,15 +97,24 @@ actor StoreWorker {
     ///
     /// `clockRefusals` names the sites whose changes were left out for a clock too far ahead (everything else was
     /// applied; see ``Store/apply(_:claim:since:)``).
+    ///
+    /// `received` holds the highest seq per site applied from earlier batches of the same answer; the result's
+    /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``).
     func apply(
-        _ batch: ChangeBatch
-    ) throws(ShoalError) -> (applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC]) {
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64] = [:]
+    ) throws(ShoalError) -> (
+        applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64]
+    ) {
         let held = try store.versionVector()
-        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:]) }
-        let report = try store.apply(batch.changes, claim: batch.claim)
+        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received) }
+        let report = try store.apply(batch.changes, claim: batch.claim, received: received)
         if report.applied > 0 { changed() }
         if report.conflicts > 0 { NodeMetrics.countConflicts(report.conflictsByTable) }
-        return (report.applied, try versionVector(), report.clockRefusals)
+        return (
+            report.applied, try versionVector(), report.clockRefusals,
+            received.merging(report.acceptedHighest) { max($0, $1) }
+        )
     }
 
     func digest() throws(ShoalError) -> StateDigest {

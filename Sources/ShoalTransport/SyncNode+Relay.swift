@@ -20,9 +20,13 @@ extension SyncNode {
     }
 
     /// Applies changes received by another way than a peer link (one transaction; the claim is taken as far as
-    /// the changes prove it), then starts rounds so that connected peers get them at once.
-    public func applyReceived(_ batch: ChangeBatch) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector) {
-        let result = try await worker.apply(batch)
+    /// the changes, and those `received` earlier in the same range, prove it), then starts rounds so that connected
+    /// peers get them at once. The result's `received` adds this batch's highest seqs to `received`.
+    public func applyReceived(
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64] = [:]
+    ) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector, received: [SiteID: UInt64]) {
+        let result = try await worker.apply(batch, received: received)
         if result.applied > 0 { broadcast(.localChange) }
         if let (site, hlc) = result.clockRefusals.first {
             // What else the batch held is applied; the refused site's changes come again once time catches up.
@@ -34,7 +38,7 @@ extension SyncNode {
                     + "ms allowed): they were left out, everything else was applied"
             )
         }
-        return (result.applied, result.versionVector)
+        return (result.applied, result.versionVector, result.received)
     }
 
     /// A signal each time the node's data may have changed: a local write (through the node or another process),

@@ -20,8 +20,10 @@ func makeItems(_ store: Store) throws {
 @discardableResult
 func sync(_ from: Store, _ to: Store) throws -> ApplyReport {
     var total = ApplyReport()
+    var received: [SiteID: UInt64] = [:]
     for batch in try from.changes(since: to.versionVector(), maxChangesPerBatch: 7) {
-        let report = try to.apply(batch.changes, claim: batch.claim)
+        let report = try to.apply(batch.changes, claim: batch.claim, received: received)
+        received.merge(report.acceptedHighest) { max($0, $1) }
         total.applied += report.applied
         total.alreadyKnown += report.alreadyKnown
         total.conflicts += report.conflicts

@@ -330,3 +330,4 @@ private struct Writer {
         }
     }
 }
+

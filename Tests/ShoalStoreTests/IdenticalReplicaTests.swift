@@ -212,6 +212,73 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try rows(b, "SELECT name FROM items WHERE id = 15") == [[.text("row 15")]])
     }
 
+    /// How a later transaction of another site overwrites part of an earlier one.
+    enum Overwrite: CaseIterable {
+        /// A later write of one of its columns (the earlier transaction still holds the rest of the row).
+        case column
+        /// A delete and a new insert (a new life resets every cell), then compaction drops the earlier transaction
+        /// from the log altogether.
+        case newLifeAndCompaction
+    }
+
+    @Test(arguments: Overwrite.allCases)
+    func aBatchNeverClaimsATransactionWhoseOverwriterItHasNotSentYet(_ overwrite: Overwrite) throws {
+        let directory = try temporaryDirectory("claim-overwriter")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // The writer whose site an answer reaches first writes first, so that what overwrites it comes later.
+        let pair = [try makeFileStore(directory, "w1"), try makeFileStore(directory, "w2")].sorted {
+            $0.siteID < $1.siteID
+        }
+        let (first, second) = (pair[0], pair[1])
+        let sender = try makeFileStore(directory, "sender")
+        let receiver = try makeFileStore(directory, "receiver")
+        let bystander = try makeFileStore(directory, "bystander")
+        try first.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try first.execute("INSERT INTO items(id, name, qty) VALUES (2, 'two', 2)")
+        try sync(first, bystander)
+        try sync(first, second)
+        switch overwrite {
+        case .column:
+            try second.execute("UPDATE items SET name = 'ONE' WHERE id = 1")
+        case .newLifeAndCompaction:
+            try second.execute("DELETE FROM items WHERE id = 1")
+            try second.execute("INSERT INTO items(id, name, qty) VALUES (1, 'uno', 10)")
+        }
+        try sync(first, sender)
+        try sync(second, sender)
+        if overwrite == .newLifeAndCompaction {
+            #expect(try sender.compactLog().removed == 1)
+        }
+        // The sender answers the receiver one transaction per batch, and is lost after the first batch.
+        let cursor = try sender.deltaCursor(since: try receiver.versionVector())
+        let batch = try #require(try sender.nextBatch(cursor, maxChanges: 1))
+        let firstReport = try receiver.apply(batch.changes, claim: batch.claim)
+        #expect(!batch.claim.covers(Dot(site: first.siteID, seq: 1)))
+        // The receiver meets the bystander, which holds the first writer's transactions and not what overwrote them.
+        try sync(bystander, receiver)
+        try sync(receiver, bystander)
+        #expect(
+            try sameContents(
+                directory.appendingPathComponent("receiver.db"),
+                directory.appendingPathComponent("bystander.db")
+            )
+        )
+        #expect(try receiver.digest() == bystander.digest())
+        #expect(try receiver.verify(limit: 10).isConsistent)
+        // The rest of the answer, once the sender is back, brings everyone to the overwrite.
+        var received = firstReport.acceptedHighest
+        while let batch = try sender.nextBatch(cursor, maxChanges: 1) {
+            received.merge(try receiver.apply(batch.changes, claim: batch.claim, received: received).acceptedHighest) {
+                max($0, $1)
+            }
+        }
+        #expect(try receiver.versionVector() == sender.versionVector())
+        #expect(try receiver.digest() == sender.digest())
+        #expect(
+            try sameContents(directory.appendingPathComponent("receiver.db"), directory.appendingPathComponent("sender.db"))
+        )
+    }
+
     // MARK: - What a merge can break is refused at replicate
 
     @Test func checksAFieldLevelMergeCouldBreakAreRefusedAtReplicate() throws {
