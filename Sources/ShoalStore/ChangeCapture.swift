@@ -77,12 +77,20 @@ final class ChangeCapture {
         return pending
     }
 
-    /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated).
-    func addExistingRow(table: Int, key: [SQLValue], counterValues: [Int64]) {
+    /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated): by
+    /// default a new row whose counters hold `counterDelta`; for a row whose metadata was kept when the table was
+    /// unreplicated, whether it `existed` then, whether it `exists` now, and what its counters moved meanwhile.
+    func addExistingRow(
+        table: Int,
+        key: [SQLValue],
+        existed: Bool = false,
+        exists: Bool = true,
+        counterDelta: [Int64]? = nil
+    ) {
         let pendingKey: PendingKey = tables[table].keyIsRowid ? .rowid(key[0].integerValue ?? 0) : .values(key)
         pending[table].append(
             pendingKey,
-            PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: counterValues)
+            PendingWrite(existedBefore: existed, existsAfter: exists, changed: nil, counterDelta: counterDelta)
         )
         hasPending = true
     }

@@ -122,7 +122,7 @@ extension Store {
         do throws(ShoalError) {
             let described = try describeTable(table, id: 0, counters: counters)
             try validateReplicable(described)
-            let warnings = replicationWarnings(described)
+            var warnings = replicationWarnings(described)
             try validateCounters(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
@@ -142,15 +142,34 @@ extension Store {
                 "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))"
             )
             let names = replicated.keyColumns + replicated.columns
+            // A table replicated before continues its history: counters add only what moved meanwhile.
+            let archive = try clockArchive(of: table)
+            let restored = try archive.map { archive throws(ShoalError) in
+                try restoreArchivedRows(archive, table: number)
+            } ?? [:]
+            var seededCounters = 0
             while try select.step() {
                 let row = select.row()
                 let key = Array(row[0..<replicated.keyColumns.count])
                 let values = row[replicated.keyColumns.count...]
                 try refuseUnreplicable(row, names: names, table: replicated)
-                let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
-                capture.addExistingRow(table: number, key: key, counterValues: counterValues)
+                if let (existed, delta) = restored[key] {
+                    capture.addExistingRow(table: number, key: key, existed: existed, counterDelta: delta)
+                } else {
+                    let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
+                    if counterValues.contains(where: { $0 != 0 }) { seededCounters += 1 }
+                    capture.addExistingRow(table: number, key: key, counterDelta: counterValues)
+                }
+            }
+            if seededCounters > 0 {
+                warnings.append(
+                    "\(seededCounters) row\(seededCounters == 1 ? "" : "s") of \(table) hold counter values, which now "
+                        + "count as this node's increments: if other nodes replicate the same rows with their values, "
+                        + "the values add up. Seed counter values on one node only, and let the others receive them"
+                )
             }
             try flushCaptured()
+            try dropClockArchive(of: table)
             try connection.exec("COMMIT")
             transactionStamp = nil
             return warnings

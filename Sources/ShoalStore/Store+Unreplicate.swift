@@ -280,6 +280,8 @@ extension Store {
             else {
                 throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")
             }
+            // The metadata is kept aside: replicating the table again continues its history (see `ClockArchive`).
+            try archiveClock(ofTable: id, name: table)
             try connection.exec("DROP TABLE IF EXISTS shoal_clock_\(id)")
             try dropCapture(ofTable: id)
             // The log keeps this node's newest entry (its next sequence number comes from it), emptied of keys:

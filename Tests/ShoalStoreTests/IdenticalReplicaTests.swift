@@ -279,6 +279,77 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         )
     }
 
+    /// Which nodes take a table out of replication and back.
+    enum ReReplicated: CaseIterable {
+        case everyNode
+        case oneNode
+    }
+
+    @Test(arguments: ReReplicated.allCases)
+    func replicatingATableAgainNeverMultipliesItsCounters(_ who: ReReplicated) throws {
+        let directory = try temporaryDirectory("re-replicate")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let names = ["a", "b", "c"]
+        let stores = try names.map { name in
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path)
+            try store.execute("CREATE TABLE tally(k INTEGER PRIMARY KEY, label TEXT, n INTEGER NOT NULL DEFAULT 0)")
+            try store.replicate(table: "tally", counters: ["n"])
+            return store
+        }
+        func syncAll() throws {
+            for _ in 0..<2 {
+                for from in stores { for to in stores where to !== from { try sync(from, to) } }
+            }
+        }
+        try stores[0].execute("INSERT INTO tally(k, label) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        try syncAll()
+        // Contributions from every node: row 1 reads 4, row 2 reads 2.
+        try stores[0].execute("UPDATE tally SET n = n + 1 WHERE k = 1")
+        try stores[1].execute("UPDATE tally SET n = n + 2 WHERE k = 1")
+        try stores[2].execute("UPDATE tally SET n = n + 1 WHERE k IN (1, 2)")
+        try stores[1].execute("UPDATE tally SET n = n + 1 WHERE k = 2")
+        try syncAll()
+        let again = who == .everyNode ? stores : [stores[1]]
+        for store in again { try store.unreplicate(table: "tally") }
+        // While it is not replicated, the app on the node taken out adds 10 to row 1, deletes row 3 and adds row 4.
+        let app = try RawConnection(path: directory.appendingPathComponent("b.db").path)
+        try app.exec("UPDATE tally SET n = n + 10 WHERE k = 1")
+        try app.exec("DELETE FROM tally WHERE k = 3")
+        try app.exec("INSERT INTO tally(k, label, n) VALUES (4, 'four', 7)")
+        for store in again { try store.replicate(table: "tally", counters: ["n"]) }
+        try syncAll()
+        for (name, store) in zip(names, stores) {
+            #expect(
+                try rows(store, "SELECT k, n FROM tally ORDER BY k")
+                    == [[.integer(1), .integer(14)], [.integer(2), .integer(2)], [.integer(4), .integer(7)]],
+                "node \(name)"
+            )
+            #expect(try store.verify(limit: 10).isConsistent, "node \(name)")
+            #expect(try store.digest() == stores[0].digest(), "node \(name)")
+        }
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("c.db")))
+        // Later increments still add up once.
+        try stores[2].execute("UPDATE tally SET n = n + 1 WHERE k = 1")
+        try stores[0].execute("UPDATE tally SET n = n + 1 WHERE k = 4")
+        try syncAll()
+        for store in stores {
+            #expect(
+                try rows(store, "SELECT k, n FROM tally ORDER BY k")
+                    == [[.integer(1), .integer(15)], [.integer(2), .integer(2)], [.integer(4), .integer(8)]]
+            )
+        }
+    }
+
+    @Test func replicatingRowsThatHoldCounterValuesSaysTheyCountAsThisNodesIncrements() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE tally(k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
+        try store.execute("INSERT INTO tally(k, n) VALUES (1, 4), (2, 0), (3, -2)")
+        let warnings = try store.replicate(table: "tally", counters: ["n"])
+        #expect(warnings.contains { $0.hasPrefix("2 rows of tally hold counter values") }, "\(warnings)")
+        #expect(try rows(store, "SELECT sum(n) FROM tally") == [[.integer(2)]])
+    }
+
     // MARK: - What a merge can break is refused at replicate
 
     @Test func checksAFieldLevelMergeCouldBreakAreRefusedAtReplicate() throws {

@@ -1,0 +1,134 @@
+import ShoalCore
+
+/// The row metadata a table had when it was unreplicated, kept so that replicating it again continues its history
+/// instead of starting a new one: a counter's value is every site's contributions, and turning the value a node
+/// holds into a new contribution of its own would add it again on every node that does the same (a counter of 4
+/// read 12 on three nodes after each ran `unreplicate` then `replicate`).
+struct ClockArchive {
+    /// The renamed clock table.
+    let table: String
+    /// The key columns and the non-key columns (in the order of the stored cells) the metadata was written for.
+    let keyColumns: [String]
+    let columns: [String]
+
+    /// Where the archive of table `name` is recorded in `shoal_meta`.
+    static func metaKey(_ name: String) -> String { "archive:" + name }
+
+    var encoded: String {
+        [table, keyColumns.joined(separator: "\t"), columns.joined(separator: "\t")].joined(separator: "\n")
+    }
+
+    init(table: String, keyColumns: [String], columns: [String]) {
+        self.table = table
+        self.keyColumns = keyColumns
+        self.columns = columns
+    }
+
+    init?(encoded: String) {
+        let lines = encoded.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        guard lines.count == 3 else { return nil }
+        func names(_ line: String) -> [String] {
+            line.isEmpty ? [] : line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
+        }
+        self.init(table: lines[0], keyColumns: names(lines[1]), columns: names(lines[2]))
+    }
+}
+
+extension Store {
+    /// Keeps the clock table of table `name` (id `id`) aside instead of dropping it (inside the caller's
+    /// transaction); an older archive of the same name is dropped.
+    func archiveClock(ofTable id: Int64, name: String) throws(ShoalError) {
+        try dropClockArchive(of: name)
+        guard case .text(let encodedShape) = try connection.scalar("SELECT shape FROM shoal_shapes WHERE tbl = ?", [.integer(id)]),
+            let shape = TableShape(encoded: encodedShape),
+            case .integer(1) = try connection.scalar(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?",
+                [.text("shoal_clock_\(id)")]
+            )
+        else { return }
+        let keys = shape.columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(\.name)
+        let columns = shape.columns.filter { $0.keyOrder == 0 && $0.hidden == 0 }.map(\.name)
+        let archive = ClockArchive(
+            table: "shoal_archive_\(id)_\(UInt32.random(in: 1...UInt32.max))",
+            keyColumns: keys,
+            columns: columns
+        )
+        try connection.exec("ALTER TABLE shoal_clock_\(id) RENAME TO \(archive.table)")
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(ClockArchive.metaKey(name)), .text(archive.encoded)]
+        )
+    }
+
+    /// The archive of table `name`'s metadata, if it was unreplicated with one.
+    func clockArchive(of name: String) throws(ShoalError) -> ClockArchive? {
+        guard case .text(let text) = try connection.scalar(
+            "SELECT value FROM shoal_meta WHERE key = ?",
+            [.text(ClockArchive.metaKey(name))]
+        ) else { return nil }
+        return ClockArchive(encoded: text)
+    }
+
+    /// Drops the archive of table `name`, if any.
+    func dropClockArchive(of name: String) throws(ShoalError) {
+        if let archive = try clockArchive(of: name) { try connection.exec("DROP TABLE IF EXISTS \(archive.table)") }
+        try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(ClockArchive.metaKey(name))])
+    }
+
+    /// Continues the history `archive` kept for table number `number`, just replicated again (inside the
+    /// caller's transaction, before its existing rows are captured): each archived row's causal length and
+    /// counter contributions are restored, so its counters add only what changed while the table was not
+    /// replicated. Returns, per key with an archived row, how the row's capture is to be recorded; a row archived
+    /// alive whose data row is gone now is recorded as deleted.
+    func restoreArchivedRows(
+        _ archive: ClockArchive,
+        table number: Int
+    ) throws(ShoalError) -> [[SQLValue]: (existed: Bool, counterDelta: [Int64])] {
+        let table = capture.tables[number]
+        guard archive.keyColumns == table.keyColumns else { return [:] }
+        try refreshSites()
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        let select = try connection.prepare("SELECT \(keys), meta FROM \(archive.table)")
+        var restored: [[SQLValue]: (existed: Bool, counterDelta: [Int64])] = [:]
+        var deleted: [[SQLValue]] = []
+        // Tombstones kept as they were: no write records them, so the digest is told of them here.
+        var tombstones: [UInt8] = []
+        while try select.step() {
+            let row = select.row()
+            let key = Array(row.dropLast())
+            guard case .blob(let bytes) = row.last! else { continue }
+            let archived = try RowState(encoded: bytes, columnCount: archive.columns.count, sites: sites)
+            var state = RowState(columnCount: table.columns.count)
+            state.causalLength = archived.causalLength
+            state.lengthStamp = archived.lengthStamp
+            var archivedCounters = Array(repeating: Int64(0), count: table.columns.count)
+            for (index, name) in table.columns.enumerated() {
+                guard archived.isAlive, let old = archive.columns.firstIndex(of: name) else { continue }
+                switch (archived.cells[old], table.isCounter[index]) {
+                case (.counter, true):
+                    state.cells[index] = archived.cells[old]
+                    archivedCounters[index] = archived.counterValue(old)
+                case (.value, false):
+                    state.cells[index] = archived.cells[old]
+                default:
+                    break
+                }
+            }
+            try saveState(state, table: table, key: key)
+            guard try dataRowExists(table: table, key: key) else {
+                if archived.isAlive { deleted.append(key) } else { appendLogKey(key, to: &tombstones) }
+                continue
+            }
+            let current = try dataValues(table: table, key: key)
+            let delta = table.columns.indices.map { index -> Int64 in
+                guard table.isCounter[index] else { return 0 }
+                let now = Int128(current[index].integerValue ?? 0)
+                return Int64(clamping: archived.isAlive ? now - Int128(archivedCounters[index]) : now)
+            }
+            restored[key] = (archived.isAlive, delta)
+        }
+        for key in deleted { capture.addExistingRow(table: number, key: key, existed: true, exists: false) }
+        try noteDigestPending(site: -1, seq: 0, table: table.id, keys: tombstones)
+        return restored
+    }
+}
