@@ -188,7 +188,7 @@ let package = Package(
         .executableTarget(
             name: "ShoalBench",
             dependencies: [
-                "Shoal", "ShoalToolSupport", "CSQLite",
+                "Shoal", "ShoalStore", "ShoalToolSupport", "CSQLite",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -263,7 +263,7 @@ public final class Store {
                 store.transactionStamp = nil
                 store.outboxCheckedAt = nil
                 // Sites this transaction allocated were rolled back with it (SQL cannot run inside the hook).
-                if store.sites.hasNew || store.sites.allocatedSinceLoad { store.sitesNeedReload = true }
+                if store.sites.allocatedSinceLoad { store.sitesNeedReload = true }
             },
             context
         )
@@ -369,18 +369,17 @@ public final class Store {
     /// process may have given the index this connection had allocated to a different site.
     func refreshSites() throws(ShoalError) {
         if !sitesNeedReload {
-            let newest = try statement("SELECT count(*), max(idx) FROM shoal_sites")
+            // One read on the hot path: how many sites are stored, and the newest of them (another process adds
+            // sites at the end; a rolled-back allocation is caught by `sitesNeedReload`).
+            let newest = try statement(
+                "SELECT count(*), max(idx), (SELECT site FROM shoal_sites ORDER BY idx DESC LIMIT 1) FROM shoal_sites"
+            )
             try newest.step()
             let stored = Int(newest.columnInt64(0))
             let highest = newest.columnInt64(1)
+            let same = stored == sites.count && (try? sites.site(at: UInt64(highest)))?.bytes == newest.columnBytes(2)
             newest.reset()
-            if stored == sites.count {
-                let last = try statement("SELECT site FROM shoal_sites WHERE idx = ?")
-                try last.bind([.integer(highest)])
-                let same = try last.step() && (try? sites.site(at: UInt64(highest)))?.bytes == last.columnBytes(0)
-                last.reset()
-                if same { return }
-            }
+            if same { return }
         }
         var table = SiteTable()
         for row in try connection.rows("SELECT idx, site FROM shoal_sites ORDER BY idx") {

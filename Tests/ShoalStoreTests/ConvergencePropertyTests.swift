@@ -239,12 +239,12 @@ private func runScenario(seed: UInt64) throws {
 
     let reference = replicas[0].store
     let referenceDigest = try reference.digest()
-    let referenceContents = try contents(of: reference)
+    let referenceContents = try reference.connection.applicationTableContents()
     for replica in replicas {
         let store = replica.store
         // Every table's rows, each value with its type and bytes, compared without the digest; and each replica's
         // data rows agree with its metadata.
-        #expect(try contents(of: store) == referenceContents, "seed \(seed): contents differ")
+        #expect(try store.connection.applicationTableContents() == referenceContents, "seed \(seed): contents differ")
         let consistency = try store.verify()
         #expect(consistency.isConsistent, "seed \(seed): \(consistency.mismatches)")
         #expect(try store.digest() == referenceDigest, "seed \(seed): digests differ")
@@ -289,20 +289,6 @@ private func runScenario(seed: UInt64) throws {
             }
         }
     }
-}
-
-/// Every application table's rows, each value as its storage class and its bytes in hex, sorted.
-private func contents(of store: Store) throws -> [String: [String]] {
-    var result: [String: [String]] = [:]
-    for table in ["t", "u", "w"] {
-        let columns = try store.execute("SELECT name FROM pragma_table_info('\(table)') ORDER BY cid").rows.compactMap {
-            if case .text(let name) = $0[0] { name } else { nil }
-        }
-        let select = columns.map { "typeof(\"\($0)\") || ':' || coalesce(hex(\"\($0)\"), '')" }
-            .joined(separator: " || '|' || ")
-        result[table] = try store.execute("SELECT \(select) FROM \(table)").rows.map { "\($0[0])" }.sorted()
-    }
-    return result
 }
 
 /// Runs a test write through a store, or through a plain connection to its file.

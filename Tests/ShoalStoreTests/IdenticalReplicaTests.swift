@@ -12,53 +12,12 @@ extension RawConnection {
     func bypassCapture() {
         shoal_db_config_flag(handle, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0)
     }
-
-    /// Every row of every application table (not Shoal's), each value with its storage class and its bytes in hex:
-    /// a comparison that does not trust Shoal's digest.
-    func contents() throws -> [String: [String]] {
-        var tables: [String] = []
-        try each("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'shoal\\_%' ESCAPE '\\' "
-            + "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name") { tables.append($0[0]) }
-        var result: [String: [String]] = [:]
-        for table in tables {
-            var columns: [String] = []
-            try each("SELECT name FROM pragma_table_info('\(table)') ORDER BY cid") { columns.append($0[0]) }
-            let select = columns.map { "typeof(\"\($0)\") || ':' || coalesce(hex(\"\($0)\"), '')" }
-                .joined(separator: " || '|' || ")
-            var lines: [String] = []
-            try each("SELECT \(select) FROM \"\(table)\"") { lines.append($0[0]) }
-            result[table] = lines.sorted()
-        }
-        return result
-    }
-
-    /// Runs a query and hands each row's columns, as text, to `body`.
-    func each(_ sql: String, _ body: ([String]) -> Void) throws {
-        var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, sql, -1, &statement, nil) == SQLITE_OK else {
-            throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle)))
-        }
-        defer { sqlite3_finalize(statement) }
-        while true {
-            let code = sqlite3_step(statement)
-            guard code == SQLITE_ROW else {
-                guard code == SQLITE_DONE else {
-                    throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle)))
-                }
-                return
-            }
-            body(
-                (0..<sqlite3_column_count(statement)).map { index in
-                    sqlite3_column_text(statement, index).map { String(cString: $0) } ?? ""
-                }
-            )
-        }
-    }
 }
 
 /// The application tables of two database files, compared outside Shoal.
 func sameContents(_ first: URL, _ second: URL) throws -> Bool {
-    try RawConnection(path: first.path).contents() == RawConnection(path: second.path).contents()
+    try SQLiteConnection(path: first.path).applicationTableContents()
+        == SQLiteConnection(path: second.path).applicationTableContents()
 }
 
 @Suite struct IdenticalReplicaTests {

@@ -19,41 +19,6 @@ final class ForeignWriter {
         sqlite3_close_v2(handle)
     }
 
-    /// Every application table's rows (not Shoal's), each value as its storage class and its bytes in hex, sorted:
-    /// what two converged nodes must hold alike, read without Shoal's code or its digest.
-    func contents() throws -> [String: [String]] {
-        var result: [String: [String]] = [:]
-        let tables = try rows(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'shoal\\_%' ESCAPE '\\' "
-                + "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
-        )
-        for table in tables {
-            let columns = try rows("SELECT name FROM pragma_table_info('\(table)') ORDER BY cid")
-            let select = columns.map { "typeof(\"\($0)\") || ':' || coalesce(hex(\"\($0)\"), '')" }
-                .joined(separator: " || '|' || ")
-            result[table] = try rows("SELECT \(select) FROM \"\(table)\"").sorted()
-        }
-        return result
-    }
-
-    /// The first column of each row `sql` returns, as text.
-    private func rows(_ sql: String) throws -> [String] {
-        var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, sql, -1, &statement, nil) == SQLITE_OK, let statement else {
-            throw ChaosError("reading the file: \(String(cString: sqlite3_errmsg(handle)))")
-        }
-        defer { sqlite3_finalize(statement) }
-        var result: [String] = []
-        while true {
-            let code = sqlite3_step(statement)
-            if code == SQLITE_DONE { return result }
-            guard code == SQLITE_ROW else {
-                throw ChaosError("reading the file: \(String(cString: sqlite3_errmsg(handle)))")
-            }
-            result.append(sqlite3_column_text(statement, 0).map { String(cString: $0) } ?? "")
-        }
-    }
-
     /// Runs `sql` with `arguments` bound to its `?` parameters, in a transaction of its own.
     func run(_ sql: String, _ arguments: [ChaosValue.Binding]) throws {
         var statement: OpaquePointer?

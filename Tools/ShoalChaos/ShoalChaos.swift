@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Shoal
+import ShoalStore
 import ShoalToolSupport
 
 /// A write the harness committed on a node, with the stamp it got there.
@@ -191,7 +192,7 @@ struct ShoalChaos: AsyncParsableCommand {
         print(String(format: "converged %.2f s after healing", Date().timeIntervalSince(healed)))
         // The digest is not trusted alone: every table's rows, value by value, read with plain connections; and each
         // file's data rows agree with its metadata.
-        let contents = try foreignWriters.map { try $0.contents() }
+        let contents = try paths.map { try SQLiteConnection(path: $0).applicationTableContents() }
         for (node, content) in contents.enumerated() where content != contents[0] {
             let tables = Set(content.keys).union(contents[0].keys).filter { content[$0] != contents[0][$0] }.sorted()
             print("FAILED: node\(node)'s rows differ from node0's in \(tables.joined(separator: ", ")) though the "
