@@ -68,7 +68,7 @@ public enum Membership {
                 memberDatabase: founder,
                 memberStore: founderStore,
                 joiner: keyFile.identity,
-                siteID: store.siteID,
+                siteID: store.identitySiteID,
                 name: try store.nodeName() ?? "shoal",
                 now: now
             )
@@ -96,7 +96,7 @@ public enum Membership {
             siteID: siteID,
             name: name,
             signer: keyFile.identity,
-            signerSite: store.siteID,
+            signerSite: store.identitySiteID,
             at: now
         )
         try store.addRosterRecord(record.encoded, id: record.id)

@@ -45,7 +45,7 @@ public final class NodeSecurity: PeerAuthorizer {
     ) throws(ShoalError) {
         let keyFile = try KeyFile.load(forDatabase: databasePath)
         self.keyFile = keyFile
-        self.siteID = store.siteID
+        self.siteID = store.identitySiteID
         let stored = try store.nodeName()
         self.name = name ?? stored ?? "shoal"
         self.clock = clock

@@ -112,16 +112,17 @@ extension Store {
         let held = try versionVector()
         if since[siteID] > held[siteID] {
             // The asker holds more of this database's own history than this database does: this file was restored
-            // from an older copy, copied from another device, or lost commits it had already sent. Its next
-            // transactions would reuse sequence numbers the asker holds with other content, so it answers nothing.
+            // from an older copy (in a way its opening did not see: under a running node, or without the file that
+            // records what was sent) or lost commits it had already sent. Its next transactions would reuse sequence
+            // numbers the asker holds with other content, so it answers nothing, and moves to a fresh site when it
+            // next opens.
+            noteOwnSiteEvidence(since[siteID])
             throw ShoalError(
                 code: .siteConflict,
                 message: "the peer holds transactions up to \(since[siteID]) of this database's own site "
                     + "\(siteID.hex.prefix(8)), but this database has only \(held[siteID]): it was restored from an "
-                    + "older copy, copied from another device, or lost commits it had sent. Its later writes would "
-                    + "reuse sequence numbers the peer holds with other content, so nothing is sent. Stop this node, "
-                    + "set the file aside, and make a fresh database from a peer (shoal init, then sync), or restore "
-                    + "the newer copy"
+                    + "older copy or lost commits it had sent, and its later writes would reuse numbers the peer holds "
+                    + "with other content, so nothing is sent. \(Self.restartToMove)"
             )
         }
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }

@@ -247,21 +247,24 @@ extension Store {
                 )
             }
             if change.stamp.site == siteID && change.stamp.seq > localSeq {
+                noteOwnSiteEvidence(change.stamp.seq)
                 throw ShoalError(
                     code: .siteConflict,
-                    message: "change \(number) claims this database's own site id with seq \(change.stamp.seq), but "
-                        + "this database has only written up to \(localSeq); was the database file copied? Nothing "
-                        + "was applied"
+                    message: "change \(number) names this database's own site with seq \(change.stamp.seq), but "
+                        + "this database has only written up to \(localSeq): it was restored from an older copy or "
+                        + "lost commits it had sent. \(Self.restartToMove)"
                 )
             }
             // (Clocks beyond the drift bound were set aside before: see `setAsideFutureClocks`.)
             if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
         }
         if claim[siteID] > localSeq {
+            noteOwnSiteEvidence(claim[siteID])
             throw ShoalError(
                 code: .siteConflict,
-                message: "the sender claims this database's own site id up to seq \(claim[siteID]), but this "
-                    + "database has only written up to \(localSeq); was the database file copied? Nothing was applied"
+                message: "the sender claims this database's own site up to seq \(claim[siteID]), but this "
+                    + "database has only written up to \(localSeq): it was restored from an older copy or lost "
+                    + "commits it had sent. \(Self.restartToMove)"
             )
         }
         return Int64(bitPattern: maxHLC.rawValue)

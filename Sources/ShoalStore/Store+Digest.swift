@@ -28,6 +28,9 @@ public struct StoreStatus: Sendable, Hashable {
     public var conflicts: Int
     /// The digest of every replicated row with its clocks (``Store/digest()``): equal on stores in the same state.
     public var digest: StateDigest
+    /// Set when the database moved to a fresh site (its file was restored from an older copy, or copied): what
+    /// happened, in plain words.
+    public var identityChange: IdentityChange?
 }
 
 // The digest is kept incrementally, per table: `shoal_digest` holds each table's sum and row count,
@@ -112,7 +115,7 @@ extension Store {
     /// the last one folded in are the new ones, and the local write path writes nothing extra. Applied changes
     /// (a batch at a time, often adding to an entry already there) list the keys each batch added.
     func noteDigestPending(site: Int64, seq: Int64, table: Int64, keys: [UInt8]) throws(ShoalError) {
-        if site == Self.localSiteIndex, let stamp = transactionStamp, Int64(bitPattern: stamp.seq) == seq { return }
+        if site == ownSiteIndex, let stamp = transactionStamp, Int64(bitPattern: stamp.seq) == seq { return }
         guard !keys.isEmpty else { return }
         let insert = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
         try insert.bind([.integer(table), .blob(keys)])
@@ -146,7 +149,7 @@ extension Store {
             .integerValue ?? 0
         let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
         let local = try statement("SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq < ? LIMIT 1")
-        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        try local.bind([.integer(ownSiteIndex), .integer(watermark), .integer(ceiling)])
         let hasLocal = try local.step()
         local.reset()
         if hasLocal { return true }
@@ -233,7 +236,7 @@ extension Store {
             .integerValue ?? 0
         let ceiling = transactionStamp.map { Int64(bitPattern: $0.seq) } ?? Int64.max
         let local = try statement("SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq < ?")
-        try local.bind([.integer(Self.localSiteIndex), .integer(watermark), .integer(ceiling)])
+        try local.bind([.integer(ownSiteIndex), .integer(watermark), .integer(ceiling)])
         var highest = watermark
         var parked: [(seq: Int64, table: Int64, keys: [UInt8])] = []
         while try local.step() {
@@ -253,7 +256,7 @@ extension Store {
         local.reset()
         // An entry of a paused table waits in the pending list for the table to resume.
         for entry in parked {
-            try noteDigestPending(site: Self.localSiteIndex, seq: entry.seq, table: entry.table, keys: entry.keys)
+            try noteDigestPending(site: ownSiteIndex, seq: entry.seq, table: entry.table, keys: entry.keys)
         }
         if highest != watermark {
             try connection.rows(
@@ -375,7 +378,7 @@ extension Store {
         } else {
             // This node's transactions so far are all in what the scan reads; later ones may change rows it passed.
             coveredSeq =
-                try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(Self.localSiteIndex)])
+                try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(ownSiteIndex)])
                 .integerValue ?? 0
             try connection.rows("DELETE FROM shoal_row_hashes WHERE tbl = ?", [.integer(table.id)])
             try connection.rows("DELETE FROM shoal_digest_pending WHERE tbl = ?", [.integer(table.id)])
@@ -515,7 +518,8 @@ extension Store {
             tables: tables,
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
-            digest: try digest()
+            digest: try digest(),
+            identityChange: try identityChange()
         )
     }
 }

@@ -241,7 +241,8 @@ extension Store {
     /// everything this node has written or observed.
     private func localStamp() throws(ShoalError) -> Stamp {
         if let transactionStamp { return transactionStamp }
-        let last = try statement("SELECT seq, hlc FROM shoal_log WHERE site = 1 ORDER BY seq DESC LIMIT 1")
+        let last = try statement("SELECT seq, hlc FROM shoal_log WHERE site = ? ORDER BY seq DESC LIMIT 1")
+        try last.bind([.integer(ownSiteIndex)])
         var seq: UInt64 = 1
         var latest = HLC.zero
         if try last.step() {

@@ -167,7 +167,8 @@ extension Store {
         }
         // Remote sites count only what a sender claimed (holding one change of a site says nothing about its
         // earlier ones); the local site's changes are all in the log.
-        let latest = try statement("SELECT max(seq) FROM shoal_log WHERE site = 1")
+        let latest = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
+        try latest.bind([.integer(ownSiteIndex)])
         if try latest.step(), case .integer(let seq) = latest.column(0) { vector.advance(siteID, to: UInt64(seq)) }
         latest.reset()
         return vector
@@ -204,5 +205,6 @@ extension Store {
             }
         }
         durableLocalSeq = seq
+        recordSent(upTo: seq)
     }
 }

@@ -290,7 +290,7 @@ extension Store {
             try connection.rows(
                 "DELETE FROM shoal_log WHERE tbl = ? AND NOT (site = ? AND seq = "
                     + "(SELECT max(seq) FROM shoal_log WHERE site = ?))",
-                [.integer(id), .integer(Self.localSiteIndex), .integer(Self.localSiteIndex)]
+                [.integer(id), .integer(ownSiteIndex), .integer(ownSiteIndex)]
             )
             try connection.rows("UPDATE shoal_log SET keys = x'' WHERE tbl = ?", [.integer(id)])
             try connection.rows("DELETE FROM shoal_shapes WHERE tbl = ?", [.integer(id)])

@@ -51,8 +51,14 @@ public struct QueryResult: Sendable, Hashable {
 /// Not `Sendable`: a store owns one SQLite connection and is used from one thread at a time. Several
 /// processes may open the same file; SQLite's locking orders their transactions.
 public final class Store {
-    /// This database's site id.
-    public let siteID: SiteID
+    /// The site this database writes as (a fresh one after its file turned out to be a restored or copied one:
+    /// see ``identityChange()``).
+    public private(set) var siteID: SiteID
+    /// The site peers know this node by (its membership names it): the first site it wrote as, unless its file was
+    /// copied from another machine.
+    public private(set) var identitySiteID: SiteID
+    /// The index of ``siteID`` in `shoal_sites`.
+    let ownSiteIndex: Int64
     /// The path it was opened with.
     public let path: String
     let options: StoreOptions
@@ -100,7 +106,7 @@ public final class Store {
     /// Set when a user statement creates a trigger: triggers go back on once it has run.
     var userTriggerCreated = false
 
-    /// The local site's index in `shoal_sites`.
+    /// The local site's index in `shoal_sites` in a new database.
     static let localSiteIndex: Int64 = 1
 
     /// Opens (creating if needed) the database at `path`. `":memory:"` gives a private in-memory database.
@@ -116,7 +122,14 @@ public final class Store {
             "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -\(options.cacheSizeKiB); "
                 + "PRAGMA mmap_size = \(options.mmapSize)"
         )
-        self.siteID = try Self.createMetadata(connection, nodeName: options.nodeName)
+        let created = try Self.createMetadata(connection, nodeName: options.nodeName)
+        let identity = try Self.checkIdentity(
+            connection, path: path, site: created, now: options.clock.nowMilliseconds()
+        )
+        (self.siteID, self.ownSiteIndex, self.identitySiteID) = (identity.site, identity.index, identity.identity)
+        if let change = identity.change {
+            options.logger.error("\(change.description)", metadata: ["reason": "\(change.reason.rawValue)"])
+        }
         try migrateDigestFormat()
         try installOwnConnectionMarker()
         installHooks()

@@ -29,7 +29,7 @@ public enum PeerVerifier {
         let storedName = try store.nodeName()
         let hello = Hello(
             clusterID: configuration.clusterID,
-            siteID: store.siteID,
+            siteID: store.identitySiteID,
             nodeName: configuration.nodeName ?? storedName ?? "shoal",
             schemaFingerprint: try store.schemaFingerprint(),
             listenPort: 0

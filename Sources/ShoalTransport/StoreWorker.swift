@@ -44,12 +44,14 @@ actor StoreWorker {
     }
 
     var siteID: SiteID { store.siteID }
+    /// The site peers know this node by (its hello and membership name it).
+    var identitySiteID: SiteID { store.identitySiteID }
 
     func hello(clusterID: String, nodeName: String?, listenPort: UInt16) throws(ShoalError) -> Hello {
         let stored = try store.nodeName()
         return Hello(
             clusterID: clusterID,
-            siteID: store.siteID,
+            siteID: store.identitySiteID,
             nodeName: nodeName ?? stored ?? "shoal",
             schemaFingerprint: try store.schemaFingerprint(),
             listenPort: listenPort

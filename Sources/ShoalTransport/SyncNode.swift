@@ -75,7 +75,7 @@ public actor SyncNode: Service {
         self.worker = worker
         self.siteID = await worker.siteID
         self.registry = ConnectionRegistry(
-            localSite: siteID,
+            localSite: await worker.identitySiteID,
             limits: ConnectionRegistry.Limits(
                 maximumConnections: configuration.maximumConnections,
                 maximumPending: configuration.maximumPendingConnections,

@@ -79,7 +79,7 @@ extension ShoalCommand {
                     code: code,
                     identity: keyFile.identity,
                     name: "node\(index)",
-                    siteID: store.siteID,
+                    siteID: store.identitySiteID,
                     address: PeerAddress(host: "127.0.0.1", port: children[0].port)
                 )
                 try JoinClient.adopt(admission, databasePath: paths[index], store: store)

@@ -112,6 +112,9 @@ enum Output {
             },
             "conflicts": status.conflicts,
             "digest": status.digest.hex,
+            "identity_change": status.identityChange.map {
+                ["reason": $0.reason.rawValue, "previous_site": $0.previousSite.hex, "message": $0.description] as Any
+            } ?? NSNull(),
         ])
     }
 
@@ -122,6 +125,7 @@ enum Output {
         database: String = "PATH"
     ) -> String {
         var text = "site:       \(status.siteID.hex)\n"
+        if let change = status.identityChange { text += "identity:   \(change)\n" }
         if let name = status.nodeName { text += "name:       \(name)\n" }
         if let keyFile {
             text += "node id:    \(keyFile.identity.nodeID)\n"

@@ -117,7 +117,7 @@ extension ShoalCommand {
                     memberDatabase: memberDb,
                     memberStore: try DatabaseOptions.open(memberDb),
                     joiner: keyFile.identity,
-                    siteID: store.siteID,
+                    siteID: store.identitySiteID,
                     name: name,
                     now: SystemWallClock().nowMilliseconds()
                 )
@@ -129,7 +129,7 @@ extension ShoalCommand {
             if addresses.isEmpty {
                 addresses = await MDNSDiscovery.browseShoalNodes(
                     seconds: browseSeconds,
-                    excluding: store.siteID,
+                    excluding: store.identitySiteID,
                     interface: mdnsInterface
                 )
                 guard !addresses.isEmpty else {
@@ -147,7 +147,7 @@ extension ShoalCommand {
                         invite,
                         identity: keyFile.identity,
                         name: name,
-                        siteID: store.siteID,
+                        siteID: store.identitySiteID,
                         address: address
                     )
                 } catch {
@@ -220,7 +220,7 @@ extension ShoalCommand {
                     members[me] = Roster.Member(
                         nodeID: me,
                         publicKeyDER: keyFile.identity.publicKeyDER,
-                        siteID: store.siteID,
+                        siteID: store.identitySiteID,
                         name: try store.nodeName() ?? "",
                         addedBy: me,
                         addedAtMilliseconds: 0

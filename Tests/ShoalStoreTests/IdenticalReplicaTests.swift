@@ -555,35 +555,118 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
 
     // MARK: - One identity, one history
 
-    @Test func aFileRestoredFromAnOlderCopyIsRefusedLoudlyNotSilentlyReused() throws {
+    /// How an older copy of a database comes back.
+    enum Restore: CaseIterable {
+        /// A backup file copied over the database (another file, another inode).
+        case backupCopiedOver
+        /// The backup's bytes written into the database file itself (as SQLite's `.restore` does).
+        case backupWrittenInPlace
+        /// The same, with the file recording what was sent lost too: the first peer to ask tells.
+        case backupWrittenInPlaceAndSentRecordLost
+    }
+
+    @Test(arguments: Restore.allCases)
+    func aFileRestoredFromAnOlderCopyMovesToAFreshSiteAndLosesNothing(_ restore: Restore) throws {
         let directory = try temporaryDirectory("restored-copy")
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("a.db")
         let backup = directory.appendingPathComponent("a-backup.db")
         let b = try makeFileStore(directory, "b")
+        let original: SiteID
         do {
             let a = try makeFileStore(directory, "a")
+            original = a.siteID
             try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
-            // A backup taken with SQLite's own API (what `.backup` does), while the node runs.
+            // A backup taken with SQLite's own API while the node runs.
             let raw = try RawConnection(path: path.path)
             try raw.exec("VACUUM INTO '\(backup.path)'")
             try a.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
             try a.execute("INSERT INTO items(id, name) VALUES (3, 'three')")
             try sync(a, b)
         }
-        // The backup is restored over the file, and the app writes on.
-        try FileManager.default.removeItem(at: path)
+        // The backup comes back over the file.
         try? FileManager.default.removeItem(atPath: path.path + "-wal")
         try? FileManager.default.removeItem(atPath: path.path + "-shm")
-        try FileManager.default.copyItem(at: backup, to: path)
-        let restored = try Store(path: path.path)
+        switch restore {
+        case .backupCopiedOver:
+            try FileManager.default.removeItem(at: path)
+            try FileManager.default.copyItem(at: backup, to: path)
+        case .backupWrittenInPlace, .backupWrittenInPlaceAndSentRecordLost:
+            if restore == .backupWrittenInPlaceAndSentRecordLost {
+                try FileManager.default.removeItem(atPath: path.path + ".shoal-sent")
+            }
+            let handle = try FileHandle(forWritingTo: path)
+            try handle.truncate(atOffset: 0)
+            try handle.write(contentsOf: try Data(contentsOf: backup))
+            try handle.close()
+        }
+        var restored = try Store(path: path.path)
+        if restore == .backupWrittenInPlaceAndSentRecordLost {
+            // Nothing at hand shows it: it answers the first peer that asks with a refusal saying what to do.
+            #expect(try restored.identityChange() == nil)
+            let refusal = try #require(shoalError { _ = try restored.changes(since: try b.versionVector()) })
+            #expect(refusal.code == .siteConflict)
+            #expect(refusal.message.contains("restored from an older copy") && refusal.message.contains("Restart"))
+            restored = try Store(path: path.path)
+        }
+        // Before it writes anything, it moves to a fresh site; peers still know the node by its first one.
+        let change = try #require(try restored.identityChange())
+        // A file copied over is another file, unless the file system gave it the freed inode number again: then the
+        // record of what was sent tells.
+        #expect(restore == .backupCopiedOver ? change.reason != .copiedFromAnotherMachine : change.reason == .restored)
+        #expect(change.previousSite == original && change.site == restored.siteID)
+        #expect(restored.siteID != original)
+        #expect(restored.identitySiteID == original)
+        #expect(try restored.status().identityChange == change)
+        // The app writes on: a new row and an edit of one the backup holds.
         try restored.execute("INSERT INTO items(id, name) VALUES (4, 'after the restore')")
-        // Its seq 2 now names other content than the peer's: it refuses to answer, with what happened.
-        let refusal = try #require(shoalError { _ = try restored.changes(since: try b.versionVector()) })
-        #expect(refusal.code == .siteConflict)
-        #expect(refusal.message.contains("restored from an older copy"))
-        // And it refuses the peer's claim of its own site.
-        #expect(try shoalError { try sync(b, restored) }?.code == .siteConflict)
+        try restored.execute("UPDATE items SET name = 'one, edited after the restore' WHERE id = 1")
+        // Nothing is refused and nothing is lost: the peer sends back what the old site wrote after the backup.
+        try sync(restored, b)
+        try sync(b, restored)
+        for store in [restored, b] {
+            #expect(
+                try rows(store, "SELECT id, name FROM items ORDER BY id") == [
+                    [.integer(1), .text("one, edited after the restore")], [.integer(2), .text("two")],
+                    [.integer(3), .text("three")], [.integer(4), .text("after the restore")],
+                ]
+            )
+            #expect(try store.verify(limit: 10).isConsistent)
+        }
+        #expect(try restored.digest() == b.digest())
+        #expect(try restored.versionVector() == b.versionVector())
+        #expect(try sameContents(path, directory.appendingPathComponent("b.db")))
+        // Opened again, it stays who it became.
+        let again = try Store(path: path.path)
+        #expect(again.siteID == restored.siteID)
+    }
+
+    @Test func aCopiedFileAndItsOriginalNeverWriteUnderTheSameNumbers() throws {
+        let directory = try temporaryDirectory("copied-file")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let peer = try makeFileStore(directory, "peer")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        // The file is copied while its node runs (SQLite's VACUUM INTO makes a consistent copy).
+        let copyPath = directory.appendingPathComponent("copy.db")
+        try RawConnection(path: directory.appendingPathComponent("a.db").path).exec("VACUUM INTO '\(copyPath.path)'")
+        let copy = try Store(path: copyPath.path)
+        #expect(try copy.identityChange()?.reason == .copied)
+        #expect(copy.siteID != a.siteID)
+        // Both write their next transaction: under the same site it would be the same dot with other content.
+        try a.execute("UPDATE items SET name = 'original' WHERE id = 1")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (2, 'from the original', 2)")
+        try copy.execute("INSERT INTO items(id, name, qty) VALUES (3, 'from the copy', 3)")
+        try sync(a, peer)
+        try sync(copy, peer)
+        try sync(peer, a)
+        try sync(peer, copy)
+        for store in [a, copy, peer] {
+            #expect(try rows(store, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)], [.integer(3)]])
+            #expect(try store.digest() == peer.digest())
+        }
+        #expect(try sameContents(copyPath, directory.appendingPathComponent("peer.db")))
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("peer.db")))
     }
 
     // MARK: - One bad clock

@@ -1,0 +1,242 @@
+import ShoalCore
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Why this database writes as a fresh site: its file is an older copy of itself, or a copy of another file.
+///
+/// One identity has one history. A database restored from an older backup, or a file copied (to this device or
+/// another), would go on issuing the sequence numbers its peers already hold, or that the original issues, with
+/// other content; so before it writes anything, it moves to a fresh site. What it holds of the old site stays that
+/// site's history (it is a prefix of it), claimed as far as it goes: peers send back what the old site wrote later,
+/// and nothing is lost.
+public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
+    /// What was found.
+    public enum Reason: String, Sendable {
+        /// The file holds fewer of its own transactions than it had already sent: restored from an older copy, or it
+        /// lost commits.
+        case restored
+        /// The file is a copy (another file than the one last opened here, on this machine).
+        case copied
+        /// The file was copied from another machine: it is another node, which needs a membership of its own.
+        case copiedFromAnotherMachine = "copied-from-another-machine"
+    }
+
+    /// What was found.
+    public var reason: Reason
+    /// The site it wrote as before.
+    public var previousSite: SiteID
+    /// The site it writes as now.
+    public var site: SiteID
+    /// When (milliseconds since the Unix epoch).
+    public var atMilliseconds: UInt64
+
+    /// What happened, in plain words, with what (if anything) to do.
+    public var description: String {
+        let sites = "it now writes as site \(site.hex.prefix(8)) (was \(previousSite.hex.prefix(8)))"
+        switch reason {
+        case .restored:
+            return "this database holds fewer of its own writes than it had already sent (restored from an older "
+                + "copy, or commits lost): \(sites), so that none of its new writes reuses a number its peers hold; "
+                + "peers send back what it had sent since, and nothing is lost"
+        case .copied:
+            return "this database file is a copy of another (copied, or restored from a backup file): \(sites), so "
+                + "that it and the original never write under the same numbers; nothing is lost"
+        case .copiedFromAnotherMachine:
+            return "this database was copied from another machine: \(sites). It is another node than the original: "
+                + "give it a key and a membership of its own (remove its .shoal-key file, then run shoal invite on a "
+                + "member and shoal join here) before it syncs"
+        }
+    }
+
+    var encoded: String { "\(reason.rawValue) \(previousSite.hex) \(site.hex) \(atMilliseconds)" }
+
+    init(reason: Reason, previousSite: SiteID, site: SiteID, atMilliseconds: UInt64) {
+        self.reason = reason
+        self.previousSite = previousSite
+        self.site = site
+        self.atMilliseconds = atMilliseconds
+    }
+
+    init?(encoded: String) {
+        let fields = encoded.split(separator: " ").map(String.init)
+        guard fields.count == 4, let reason = Reason(rawValue: fields[0]), let previous = SiteID(hex: fields[1]),
+            let site = SiteID(hex: fields[2]), let at = UInt64(fields[3])
+        else { return nil }
+        self.init(reason: reason, previousSite: previous, site: site, atMilliseconds: at)
+    }
+}
+
+extension Store {
+    /// The file beside the database recording how far this site's transactions were sent: a database that holds
+    /// fewer than that was restored from an older copy.
+    static func sentFilePath(_ path: String) -> String { path + ".shoal-sent" }
+
+    /// The last identity change, if this database ever moved to a fresh site.
+    public func identityChange() throws(ShoalError) -> IdentityChange? {
+        guard case .text(let text) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'identity_change'")
+        else { return nil }
+        return IdentityChange(encoded: text)
+    }
+
+    /// Checks, when the database opens, that its file is the one that last wrote as its site and that it holds all
+    /// its site sent; otherwise moves it to a fresh site before anything is written (see ``IdentityChange``).
+    /// Returns the site, the index of the site in `shoal_sites`, and the site peers know this node by.
+    static func checkIdentity(
+        _ connection: SQLiteConnection,
+        path: String,
+        site: SiteID,
+        now: UInt64
+    ) throws(ShoalError) -> (site: SiteID, index: Int64, identity: SiteID, change: IdentityChange?) {
+        func meta(_ key: String) throws(ShoalError) -> SQLValue {
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = ?", [.text(key)])
+        }
+        func setMeta(_ key: String, _ value: SQLValue) throws(ShoalError) {
+            try connection.rows("INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)", [.text(key), value])
+        }
+        func current() throws(ShoalError) -> (site: SiteID, index: Int64, identity: SiteID) {
+            let index = try meta("own_site_index").integerValue ?? 1
+            guard case .blob(let bytes) = try meta("site_id"), let site = SiteID(bytes: bytes) else {
+                throw ShoalError.corruptMetadata("no site id")
+            }
+            if case .blob(let identity) = try meta("identity_site"), let identity = SiteID(bytes: identity) {
+                return (site, index, identity)
+            }
+            return (site, index, site)
+        }
+        guard path != ":memory:", !path.isEmpty, !path.hasPrefix("file:"), let inode = fileInode(path) else {
+            let (site, index, identity) = try current()
+            return (site, index, identity, nil)
+        }
+        let machine = machineID()
+        // Read first: a file opened where it was last opened, holding what it sent, is not written to at all.
+        let (site, index, identity) = try current()
+        let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
+            .integerValue ?? 0
+        let storedMachine = try meta("file_machine")
+        let storedInode = try meta("file_inode").integerValue
+        let sent = readSent(path)
+        let restored = sent.map { $0.site == site && $0.seq > UInt64(ownSeq) } ?? false
+        if storedInode == inode, machine == nil || storedMachine == .text(machine!), !restored {
+            return (site, index, identity, nil)
+        }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            var (site, index, identity) = try current()
+            let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
+                .integerValue ?? 0
+            var reason: IdentityChange.Reason?
+            var change: IdentityChange?
+            if case .text(let stored) = try meta("file_machine"), let machine, stored != machine {
+                reason = .copiedFromAnotherMachine
+            } else if let stored = try meta("file_inode").integerValue, stored != inode {
+                reason = .copied
+            } else if let sent = readSent(path), sent.site == site, sent.seq > UInt64(ownSeq) {
+                reason = .restored
+            }
+            if let reason, ownSeq > 0 {
+                let fresh = SiteID.random()
+                let freshIndex =
+                    (try connection.scalar("SELECT max(idx) FROM shoal_sites").integerValue ?? index) + 1
+                try connection.rows(
+                    "INSERT INTO shoal_sites(idx, site) VALUES (?, ?)", [.integer(freshIndex), .blob(fresh.bytes)]
+                )
+                // What the old site wrote here is its history up to here: held as another site's, claimed that far.
+                try connection.rows(
+                    "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
+                        + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)",
+                    [.integer(index), .integer(ownSeq)]
+                )
+                // The fresh site's clocks start after the old site's.
+                if let last = try connection.scalar(
+                    "SELECT max(hlc) FROM shoal_log WHERE site = ?", [.integer(index)]
+                ).integerValue {
+                    try connection.rows(
+                        "UPDATE shoal_meta SET value = max(value, ?) WHERE key = 'hlc_high'", [.integer(last)]
+                    )
+                }
+                let made = IdentityChange(reason: reason, previousSite: site, site: fresh, atMilliseconds: now)
+                change = made
+                try setMeta("site_id", .blob(fresh.bytes))
+                try setMeta("own_site_index", .integer(freshIndex))
+                // Peers know this node by the site its membership names; a copy on another machine is another node.
+                if reason == .copiedFromAnotherMachine { identity = fresh }
+                try setMeta("identity_site", .blob(identity.bytes))
+                try setMeta("identity_change", .text(made.encoded))
+                // The digest's bookkeeping follows the local site's sequence numbers: it is rebuilt.
+                try connection.exec(
+                    """
+                    DELETE FROM shoal_digest; DELETE FROM shoal_row_hashes; DELETE FROM shoal_digest_pending;
+                    DELETE FROM shoal_meta WHERE key LIKE 'digest\\_%' ESCAPE '\\' AND key != 'digest_format';
+                    """
+                )
+                (site, index) = (fresh, freshIndex)
+            }
+            try setMeta("file_inode", .integer(inode))
+            if let machine { try setMeta("file_machine", .text(machine)) }
+            try connection.exec("COMMIT")
+            return (site, index, identity, change)
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// What a node that finds a peer holding more of its own site than it does is told to do.
+    static let restartToMove =
+        "Restart this node (or reopen the database): it then moves to a fresh site and gets back what it had sent "
+        + "from its peers; shoal status says so"
+
+    /// Records that a peer (or a stream) shows this site issued transactions up to `seq`, beyond what the database
+    /// holds: the database moves to a fresh site when it next opens.
+    func noteOwnSiteEvidence(_ seq: UInt64) {
+        if let sent = Self.readSent(path), sent.site == siteID, sent.seq >= seq { return }
+        recordSent(upTo: seq)
+    }
+
+    /// Records that this site's transactions up to `seq` are about to be sent (best effort: a file that cannot be
+    /// written only weakens the check at open).
+    func recordSent(upTo seq: UInt64) {
+        guard path != ":memory:", !path.isEmpty, !path.hasPrefix("file:") else { return }
+        let target = Self.sentFilePath(path)
+        let temporary = target + ".tmp"
+        let text = "\(siteID.hex) \(seq)\n"
+        guard let file = fopen(temporary, "w") else { return }
+        fputs(text, file)
+        fflush(file)
+        fsync(fileno(file))
+        fclose(file)
+        rename(temporary, target)
+    }
+
+    /// The site and seq the sent file records, if it can be read.
+    static func readSent(_ path: String) -> (site: SiteID, seq: UInt64)? {
+        guard let file = fopen(sentFilePath(path), "r") else { return nil }
+        defer { fclose(file) }
+        var buffer = [CChar](repeating: 0, count: 128)
+        guard fgets(&buffer, Int32(buffer.count), file) != nil else { return nil }
+        let fields = String(cString: buffer).split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
+        guard fields.count == 2, let site = SiteID(hex: fields[0]), let seq = UInt64(fields[1]) else { return nil }
+        return (site, seq)
+    }
+
+    /// The file's inode number: another file (a copy, or a backup copied over it) has another.
+    static func fileInode(_ path: String) -> Int64? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return Int64(bitPattern: UInt64(info.st_ino))
+    }
+
+    /// This machine's id (`/etc/machine-id`), when it has one.
+    static func machineID() -> String? {
+        guard let file = fopen("/etc/machine-id", "r") else { return nil }
+        defer { fclose(file) }
+        var buffer = [CChar](repeating: 0, count: 64)
+        guard fgets(&buffer, Int32(buffer.count), file) != nil else { return nil }
+        let id = String(String(cString: buffer).filter { !$0.isWhitespace })
+        return id.isEmpty ? nil : id
+    }
+}
