@@ -89,6 +89,7 @@ extension Store {
         _ connection: SQLiteConnection,
         path: String,
         site: SiteID,
+        machine: String?,
         now: UInt64
     ) throws(ShoalError) -> (site: SiteID, index: Int64, identity: SiteID, change: IdentityChange?) {
         func meta(_ key: String) throws(ShoalError) -> SQLValue {
@@ -111,7 +112,6 @@ extension Store {
             let (site, index, identity) = try current()
             return (site, index, identity, nil)
         }
-        let machine = machineID()
         // Read first: a file opened where it was last opened, holding what it sent, is not written to at all.
         let (site, index, identity) = try current()
         let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
@@ -231,7 +231,7 @@ extension Store {
     }
 
     /// This machine's id (`/etc/machine-id`), when it has one.
-    static func machineID() -> String? {
+    public static func systemMachineID() -> String? {
         guard let file = fopen("/etc/machine-id", "r") else { return nil }
         defer { fclose(file) }
         var buffer = [CChar](repeating: 0, count: 64)

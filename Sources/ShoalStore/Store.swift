@@ -22,6 +22,9 @@ public struct StoreOptions: Sendable {
     /// resident, where reading through the page cache above keeps `cacheSizeKiB` (the kernel caches the file
     /// either way), and the catch-up was no slower.
     public var mmapSize = 0
+    /// This machine's id, which tells a database copied from another machine (see ``IdentityChange``): by default
+    /// `/etc/machine-id` (none when it is missing or empty: then only copies on this machine are told apart).
+    public var machineID: String? = Store.systemMachineID()
 
     /// The defaults.
     public init() {}
@@ -124,7 +127,7 @@ public final class Store {
         )
         let created = try Self.createMetadata(connection, nodeName: options.nodeName)
         let identity = try Self.checkIdentity(
-            connection, path: path, site: created, now: options.clock.nowMilliseconds()
+            connection, path: path, site: created, machine: options.machineID, now: options.clock.nowMilliseconds()
         )
         (self.siteID, self.ownSiteIndex, self.identitySiteID) = (identity.site, identity.index, identity.identity)
         if let change = identity.change {

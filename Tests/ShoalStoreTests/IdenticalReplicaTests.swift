@@ -641,6 +641,31 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(again.siteID == restored.siteID)
     }
 
+    @Test func aFileCopiedFromAnotherMachineIsAnotherNodeWithAFreshSite() throws {
+        let directory = try temporaryDirectory("other-machine")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var here = StoreOptions()
+        here.machineID = "machine-one"
+        let path = directory.appendingPathComponent("a.db").path
+        let original: SiteID
+        do {
+            let a = try Store(path: path, options: here)
+            try makeItems(a)
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            original = a.siteID
+        }
+        // The same file opened on another machine (moved there whole, with the same inode on its disk image).
+        var there = StoreOptions()
+        there.machineID = "machine-two"
+        let moved = try Store(path: path, options: there)
+        let change = try #require(try moved.identityChange())
+        #expect(change.reason == .copiedFromAnotherMachine)
+        #expect(moved.siteID != original && moved.identitySiteID == moved.siteID)
+        #expect(change.description.contains("shoal join"))
+        // Opened there again, it stays who it became.
+        #expect(try Store(path: path, options: there).siteID == moved.siteID)
+    }
+
     @Test func aCopiedFileAndItsOriginalNeverWriteUnderTheSameNumbers() throws {
         let directory = try temporaryDirectory("copied-file")
         defer { try? FileManager.default.removeItem(at: directory) }
