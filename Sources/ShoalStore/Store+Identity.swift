@@ -137,7 +137,7 @@ extension Store {
             } else if let sent = readSent(path), sent.site == site, sent.seq > UInt64(ownSeq) {
                 reason = .restored
             }
-            if let reason, ownSeq > 0 {
+            if let reason {
                 let fresh = SiteID.random()
                 let freshIndex =
                     (try connection.scalar("SELECT max(idx) FROM shoal_sites").integerValue ?? index) + 1

@@ -180,7 +180,24 @@ private func runScenario(seed: UInt64) throws {
     }
 
     let steps = Int.random(in: 10...30, using: &random)
+    var copies = 0
     for _ in 0..<steps {
+        if let foreignDirectory, let foreign = replicas[0].foreign, copies < 2, Int.random(in: 0..<12, using: &random) == 0 {
+            // The file replica is copied (a consistent copy, as a backup tool makes) and the copy joins as a replica of
+            // its own: it must write as a fresh site, or its writes and the original's would share dots.
+            copies += 1
+            let path = foreignDirectory.appendingPathComponent("copy\(copies).db").path
+            try foreign.rows("VACUUM INTO '\(path)'")
+            let clock = ManualWallClock(milliseconds: base + UInt64.random(in: 0...240_000, using: &random))
+            var options = StoreOptions()
+            options.clock = clock
+            let copy = try Store(path: path, options: options)
+            #expect(
+                try copy.versionVector()[replicas[0].store.siteID] == 0 || copy.siteID != replicas[0].store.siteID,
+                "seed \(seed): a copy writes as its original's site"
+            )
+            replicas.append(Replica(store: copy, clock: clock, foreign: nil))
+        }
         let replica = replicas.randomElement(using: &random)!
         replica.clock.advance(by: Int64.random(in: -50...200, using: &random))
         let roll = Int.random(in: 0..<12, using: &random)
