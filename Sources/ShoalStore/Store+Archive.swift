@@ -10,27 +10,31 @@ struct ClockArchive {
     /// The key columns and the non-key columns (in the order of the stored cells) the metadata was written for.
     let keyColumns: [String]
     let columns: [String]
+    /// The counter columns the table was replicated with.
+    let counters: [String]
 
     /// Where the archive of table `name` is recorded in `shoal_meta`.
     static func metaKey(_ name: String) -> String { "archive:" + name }
 
     var encoded: String {
-        [table, keyColumns.joined(separator: "\t"), columns.joined(separator: "\t")].joined(separator: "\n")
+        [table, keyColumns.joined(separator: "\t"), columns.joined(separator: "\t"), counters.joined(separator: "\t")]
+            .joined(separator: "\n")
     }
 
-    init(table: String, keyColumns: [String], columns: [String]) {
+    init(table: String, keyColumns: [String], columns: [String], counters: [String]) {
         self.table = table
         self.keyColumns = keyColumns
         self.columns = columns
+        self.counters = counters
     }
 
     init?(encoded: String) {
         let lines = encoded.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-        guard lines.count == 3 else { return nil }
+        guard lines.count == 4 else { return nil }
         func names(_ line: String) -> [String] {
             line.isEmpty ? [] : line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
         }
-        self.init(table: lines[0], keyColumns: names(lines[1]), columns: names(lines[2]))
+        self.init(table: lines[0], keyColumns: names(lines[1]), columns: names(lines[2]), counters: names(lines[3]))
     }
 }
 
@@ -48,10 +52,15 @@ extension Store {
         else { return }
         let keys = shape.columns.filter { $0.keyOrder > 0 }.sorted { $0.keyOrder < $1.keyOrder }.map(\.name)
         let columns = shape.columns.filter { $0.keyOrder == 0 && $0.hidden == 0 }.map(\.name)
+        var counters: [String] = []
+        if case .text(let list) = try connection.scalar("SELECT counters FROM shoal_tables WHERE id = ?", [.integer(id)]) {
+            counters = list.split(separator: ",").map(String.init)
+        }
         let archive = ClockArchive(
             table: "shoal_archive_\(id)_\(UInt32.random(in: 1...UInt32.max))",
             keyColumns: keys,
-            columns: columns
+            columns: columns,
+            counters: counters
         )
         try connection.exec("ALTER TABLE shoal_clock_\(id) RENAME TO \(archive.table)")
         try connection.rows(
@@ -67,6 +76,26 @@ extension Store {
             [.text(ClockArchive.metaKey(name))]
         ) else { return nil }
         return ClockArchive(encoded: text)
+    }
+
+    /// Forgets the history kept for table `name` when it was unreplicated (see ``ClockArchive``): replicating it
+    /// again then starts a new one, in which the rows count as this node's writes (and counter values as its
+    /// increments). Returns whether there was one.
+    @discardableResult
+    public func forgetReplicationHistory(of name: String) throws(ShoalError) -> Bool {
+        guard connection.isAutocommit else {
+            throw ShoalError(code: .invalidArgument, message: "forget a table's history outside of any open transaction")
+        }
+        guard try clockArchive(of: name) != nil else { return false }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try dropClockArchive(of: name)
+            try connection.exec("COMMIT")
+            return true
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
     }
 
     /// Drops the archive of table `name`, if any.

@@ -73,7 +73,12 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
 extension Store {
     /// The file beside the database recording how far this site's transactions were sent: a database that holds
     /// fewer than that was restored from an older copy.
-    static func sentFilePath(_ path: String) -> String { path + ".shoal-sent" }
+    /// (Beside the file itself: a database opened through a symbolic link is recorded where it is.)
+    static func sentFilePath(_ path: String) -> String {
+        guard let resolved = realpath(path, nil) else { return path + ".shoal-sent" }
+        defer { free(resolved) }
+        return String(cString: resolved) + ".shoal-sent"
+    }
 
     /// The last identity change, if this database ever moved to a fresh site.
     public func identityChange() throws(ShoalError) -> IdentityChange? {
@@ -118,13 +123,12 @@ extension Store {
             .integerValue ?? 0
         let storedMachine = try meta("file_machine")
         let storedInode = try meta("file_inode").integerValue
-        let sent = readSent(path)
-        let restored = sent.map { $0.site == site && $0.seq > UInt64(ownSeq) } ?? false
+        let restored = (readSent(path)[site] ?? 0) > UInt64(ownSeq)
         if storedInode == inode, machine == nil || storedMachine == .text(machine!), !restored {
             return (site, index, identity, nil)
         }
-        try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            try connection.exec("BEGIN IMMEDIATE")
             var (site, index, identity) = try current()
             let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
                 .integerValue ?? 0
@@ -134,7 +138,7 @@ extension Store {
                 reason = .copiedFromAnotherMachine
             } else if let stored = try meta("file_inode").integerValue, stored != inode {
                 reason = .copied
-            } else if let sent = readSent(path), sent.site == site, sent.seq > UInt64(ownSeq) {
+            } else if (readSent(path)[site] ?? 0) > UInt64(ownSeq) {
                 reason = .restored
             }
             if let reason {
@@ -181,6 +185,9 @@ extension Store {
             return (site, index, identity, change)
         } catch {
             try? connection.exec("ROLLBACK")
+            // A read-only file (a backup on a read-only mount) is read as it is: it writes nothing, so it reuses
+            // nothing either.
+            if error.sqlite?.isReadOnly == true { return (site, index, identity, nil) }
             throw error
         }
     }
@@ -193,34 +200,47 @@ extension Store {
     /// Records that a peer (or a stream) shows this site issued transactions up to `seq`, beyond what the database
     /// holds: the database moves to a fresh site when it next opens.
     func noteOwnSiteEvidence(_ seq: UInt64) {
-        if let sent = Self.readSent(path), sent.site == siteID, sent.seq >= seq { return }
+        if (Self.readSent(path)[siteID] ?? 0) >= seq { return }
         recordSent(upTo: seq)
     }
 
-    /// Records that this site's transactions up to `seq` are about to be sent (best effort: a file that cannot be
-    /// written only weakens the check at open).
+    /// Records that this site's transactions up to `seq` are about to be sent, beside what every site this file
+    /// wrote as before had sent (a backup of any age restored later is then told). Best effort: a file that cannot
+    /// be written only weakens the check at open, and says so once.
     func recordSent(upTo seq: UInt64) {
         guard path != ":memory:", !path.isEmpty, !path.hasPrefix("file:") else { return }
+        var sent = Self.readSent(path)
+        sent[siteID] = max(sent[siteID] ?? 0, seq)
         let target = Self.sentFilePath(path)
         let temporary = target + ".tmp"
-        let text = "\(siteID.hex) \(seq)\n"
-        guard let file = fopen(temporary, "w") else { return }
-        fputs(text, file)
-        fflush(file)
-        fsync(fileno(file))
-        fclose(file)
-        rename(temporary, target)
+        let text = sent.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value)\n" }.joined()
+        var written = false
+        if let file = fopen(temporary, "w") {
+            written = fputs(text, file) >= 0 && fflush(file) == 0 && fsync(fileno(file)) == 0
+            fclose(file)
+            written = written && rename(temporary, target) == 0
+        }
+        if !written && !warnedSentRecord {
+            warnedSentRecord = true
+            options.logger.warning(
+                "cannot record what this database sent beside it: a restore of an older copy will not be told at open",
+                metadata: ["file": "\(target)", "errno": "\(errno)"]
+            )
+        }
     }
 
-    /// The site and seq the sent file records, if it can be read.
-    static func readSent(_ path: String) -> (site: SiteID, seq: UInt64)? {
-        guard let file = fopen(sentFilePath(path), "r") else { return nil }
+    /// What the sent file records: per site this file wrote as, the highest transaction an answer carried.
+    static func readSent(_ path: String) -> [SiteID: UInt64] {
+        guard let file = fopen(sentFilePath(path), "r") else { return [:] }
         defer { fclose(file) }
+        var sent: [SiteID: UInt64] = [:]
         var buffer = [CChar](repeating: 0, count: 128)
-        guard fgets(&buffer, Int32(buffer.count), file) != nil else { return nil }
-        let fields = String(cString: buffer).split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
-        guard fields.count == 2, let site = SiteID(hex: fields[0]), let seq = UInt64(fields[1]) else { return nil }
-        return (site, seq)
+        while fgets(&buffer, Int32(buffer.count), file) != nil {
+            let fields = String(cString: buffer).split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
+            guard fields.count == 2, let site = SiteID(hex: fields[0]), let seq = UInt64(fields[1]) else { continue }
+            sent[site] = max(sent[site] ?? 0, seq)
+        }
+        return sent
     }
 
     /// The file's inode number: another file (a copy, or a backup copied over it) has another.

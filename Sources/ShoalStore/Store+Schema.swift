@@ -144,6 +144,16 @@ extension Store {
             let names = replicated.keyColumns + replicated.columns
             // A table replicated before continues its history: counters add only what moved meanwhile.
             let archive = try clockArchive(of: table)
+            if let archive, Set(archive.counters) != Set(counters) {
+                let before = archive.counters.isEmpty ? "no counter" : "counters [\(archive.counters.joined(separator: ", "))]"
+                throw ShoalError(
+                    code: .unsupportedSchema,
+                    message: "table \(table) was replicated before with \(before), and its history was kept: replicate it "
+                        + "with the same counters to continue it (\(archive.counters.map { "--counter \($0)" }.joined(separator: " ")))"
+                        + ", or forget that history first (shoal unreplicate \(table) --forget), after which its rows "
+                        + "count as this node's writes and its counter values as this node's increments"
+                )
+            }
             let restored = try archive.map { archive throws(ShoalError) in
                 try restoreArchivedRows(archive, table: number)
             } ?? [:]

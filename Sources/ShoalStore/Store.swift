@@ -108,6 +108,8 @@ public final class Store {
     var triggersEnabled = true
     /// Set when a user statement creates a trigger: triggers go back on once it has run.
     var userTriggerCreated = false
+    /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
+    var warnedSentRecord = false
 
     /// The local site's index in `shoal_sites` in a new database.
     static let localSiteIndex: Int64 = 1

@@ -377,21 +377,31 @@ extension ShoalCommand {
 
     struct Unreplicate: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Stop replicating a table: drop Shoal's metadata for it, keep the table and its rows.",
+            abstract: "Stop replicating a table: keep the table and its rows, and Shoal's metadata for it aside.",
             discussion: """
                 The way out for a table whose shape was changed by another tool (it is then paused). Afterwards \
-                `shoal replicate TABLE` replicates it again in its new shape, its rows becoming changes of this \
-                node; do the same on every node, since nodes only exchange tables of the same shape.
+                `shoal replicate TABLE` (with the same --counter columns) replicates it again in its new shape and \
+                continues its history: a counter adds only what moved meanwhile, a row deleted meanwhile is deleted \
+                everywhere. Do the same on every node, since nodes only exchange tables of the same shape. With \
+                --forget, the kept history is dropped too (also for a table no longer replicated): replicating it \
+                again then makes its rows this node's writes and its counter values this node's increments.
                 """
         )
 
         @OptionGroup var database: DatabaseOptions
         @Argument(help: "The replicated (or paused) table.") var table: String
+        @Flag(help: "Also drop the history kept for the table (a later replicate starts a new one).") var forget = false
 
         func run() throws {
             let store = try database.open()
+            if forget, try !store.replicatedTables().contains(table), try !store.pausedTables().contains(where: { $0.name == table }) {
+                let forgot = try store.forgetReplicationHistory(of: table)
+                print(forgot ? "forgot the history kept for \(table)" : "no history was kept for \(table)")
+                return
+            }
             try store.unreplicate(table: table)
-            print("no longer replicating \(table); its rows are kept")
+            if forget { try store.forgetReplicationHistory(of: table) }
+            print("no longer replicating \(table); its rows are kept" + (forget ? ", its history is forgotten" : ""))
         }
     }
 

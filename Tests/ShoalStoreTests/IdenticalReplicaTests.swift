@@ -300,6 +300,23 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         }
     }
 
+    @Test func replicatingAgainWithOtherCountersIsRefusedUntilTheHistoryIsForgotten() throws {
+        let store = try makeStore()
+        try store.execute("CREATE TABLE tally(k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
+        try store.replicate(table: "tally", counters: ["n"])
+        try store.execute("INSERT INTO tally(k, n) VALUES (1, 11)")
+        try store.unreplicate(table: "tally")
+        // Without the counter, n's per-site contributions would be lost, and a later replicate with it would count
+        // the whole value as this node's.
+        let refusal = try #require(shoalError { try store.replicate(table: "tally") })
+        #expect(refusal.code == .unsupportedSchema && refusal.message.contains("--counter n"), "\(refusal.message)")
+        _ = try store.replicate(table: "tally", counters: ["n"])
+        try store.unreplicate(table: "tally")
+        #expect(try store.forgetReplicationHistory(of: "tally"))
+        _ = try store.replicate(table: "tally")
+        #expect(try rows(store, "SELECT n FROM tally") == [[.integer(11)]])
+    }
+
     @Test func replicatingRowsThatHoldCounterValuesSaysTheyCountAsThisNodesIncrements() throws {
         let store = try makeStore()
         try store.execute("CREATE TABLE tally(k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
@@ -600,45 +617,81 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             try handle.write(contentsOf: try Data(contentsOf: backup))
             try handle.close()
         }
-        var restored = try Store(path: path.path)
-        if restore == .backupWrittenInPlaceAndSentRecordLost {
-            // Nothing at hand shows it: it answers the first peer that asks with a refusal saying what to do.
-            #expect(try restored.identityChange() == nil)
-            let refusal = try #require(shoalError { _ = try restored.changes(since: try b.versionVector()) })
-            #expect(refusal.code == .siteConflict)
-            #expect(refusal.message.contains("restored from an older copy") && refusal.message.contains("Restart"))
-            restored = try Store(path: path.path)
+        let firstFresh: SiteID
+        do {
+            var restored = try Store(path: path.path)
+            if restore == .backupWrittenInPlaceAndSentRecordLost {
+                // Nothing at hand shows it: it answers the first peer that asks with a refusal saying what to do.
+                #expect(try restored.identityChange() == nil)
+                let refusal = try #require(shoalError { _ = try restored.changes(since: try b.versionVector()) })
+                #expect(refusal.code == .siteConflict)
+                #expect(refusal.message.contains("restored from an older copy") && refusal.message.contains("Restart"))
+                restored = try Store(path: path.path)
+            }
+            // Before it writes anything, it moves to a fresh site; peers still know the node by its first one.
+            let change = try #require(try restored.identityChange())
+            // A file copied over is another file, unless the file system gave it the freed inode number again: then the
+            // record of what was sent tells.
+            #expect(restore == .backupCopiedOver ? change.reason != .copiedFromAnotherMachine : change.reason == .restored)
+            #expect(change.previousSite == original && change.site == restored.siteID)
+            #expect(restored.siteID != original)
+            #expect(restored.identitySiteID == original)
+            #expect(try restored.status().identityChange == change)
+            // The app writes on: a new row and an edit of one the backup holds.
+            try restored.execute("INSERT INTO items(id, name) VALUES (4, 'after the restore')")
+            try restored.execute("UPDATE items SET name = 'one, edited after the restore' WHERE id = 1")
+            // Nothing is refused and nothing is lost: the peer sends back what the old site wrote after the backup.
+            try sync(restored, b)
+            try sync(b, restored)
+            for store in [restored, b] {
+                #expect(
+                    try rows(store, "SELECT id, name FROM items ORDER BY id") == [
+                        [.integer(1), .text("one, edited after the restore")], [.integer(2), .text("two")],
+                        [.integer(3), .text("three")], [.integer(4), .text("after the restore")],
+                    ]
+                )
+                #expect(try store.verify(limit: 10).isConsistent)
+            }
+            #expect(try restored.digest() == b.digest())
+            #expect(try restored.versionVector() == b.versionVector())
+            #expect(try sameContents(path, directory.appendingPathComponent("b.db")))
+            // Opened again, it stays who it became.
+            let again = try Store(path: path.path)
+            #expect(again.siteID == restored.siteID)
+            firstFresh = restored.siteID
+            guard restore == .backupWrittenInPlace else { return }
+            // The same backup restored a second time (the record of what was sent keeps every site the file wrote as).
+            try again.execute("INSERT INTO items(id, name) VALUES (5, 'five')")
+            try sync(again, b)
         }
-        // Before it writes anything, it moves to a fresh site; peers still know the node by its first one.
-        let change = try #require(try restored.identityChange())
-        // A file copied over is another file, unless the file system gave it the freed inode number again: then the
-        // record of what was sent tells.
-        #expect(restore == .backupCopiedOver ? change.reason != .copiedFromAnotherMachine : change.reason == .restored)
-        #expect(change.previousSite == original && change.site == restored.siteID)
-        #expect(restored.siteID != original)
-        #expect(restored.identitySiteID == original)
-        #expect(try restored.status().identityChange == change)
-        // The app writes on: a new row and an edit of one the backup holds.
-        try restored.execute("INSERT INTO items(id, name) VALUES (4, 'after the restore')")
-        try restored.execute("UPDATE items SET name = 'one, edited after the restore' WHERE id = 1")
-        // Nothing is refused and nothing is lost: the peer sends back what the old site wrote after the backup.
-        try sync(restored, b)
-        try sync(b, restored)
-        for store in [restored, b] {
-            #expect(
-                try rows(store, "SELECT id, name FROM items ORDER BY id") == [
-                    [.integer(1), .text("one, edited after the restore")], [.integer(2), .text("two")],
-                    [.integer(3), .text("three")], [.integer(4), .text("after the restore")],
-                ]
-            )
-            #expect(try store.verify(limit: 10).isConsistent)
-        }
-        #expect(try restored.digest() == b.digest())
-        #expect(try restored.versionVector() == b.versionVector())
+        guard restore == .backupWrittenInPlace else { return }
+        try? FileManager.default.removeItem(atPath: path.path + "-wal")
+        try? FileManager.default.removeItem(atPath: path.path + "-shm")
+        let handle = try FileHandle(forWritingTo: path)
+        try handle.truncate(atOffset: 0)
+        try handle.write(contentsOf: try Data(contentsOf: backup))
+        try handle.close()
+        let twice = try Store(path: path.path)
+        #expect(try twice.identityChange()?.reason == .restored)
+        #expect(twice.siteID != original && twice.siteID != firstFresh)
+        try twice.execute("INSERT INTO items(id, name) VALUES (6, 'six')")
+        try sync(twice, b)
+        try sync(b, twice)
+        #expect(try rows(twice, "SELECT id FROM items ORDER BY id") == (1...6).map { [.integer(Int64($0))] })
         #expect(try sameContents(path, directory.appendingPathComponent("b.db")))
-        // Opened again, it stays who it became.
-        let again = try Store(path: path.path)
-        #expect(again.siteID == restored.siteID)
+    }
+
+    @Test func aDatabaseOpenedThroughASymbolicLinkRecordsWhatItSentBesideTheFileItself() throws {
+        let directory = try temporaryDirectory("symlinked")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        let link = directory.appendingPathComponent("link.db").path
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: directory.appendingPathComponent("a.db").path)
+        let throughLink = try Store(path: link)
+        _ = try throughLink.changes(since: VersionVector())
+        #expect(FileManager.default.fileExists(atPath: directory.appendingPathComponent("a.db").path + ".shoal-sent"))
+        #expect(!FileManager.default.fileExists(atPath: link + ".shoal-sent"))
     }
 
     @Test func aFileCopiedFromAnotherMachineIsAnotherNodeWithAFreshSite() throws {
