@@ -10,8 +10,9 @@ public struct RelayChunker {
     private let pieceBytes: Int
     /// What the batches so far claim.
     private var claim: VersionVector
-    /// Ranges under way (a transaction larger than a batch): their start, upload id and next chunk.
-    private var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32)] = [:]
+    /// Ranges under way (a transaction larger than a batch, or transactions whose claim waits for a later batch):
+    /// their start, upload id, next chunk, and the highest seq of the changes they hold so far.
+    private var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32, highest: UInt64)] = [:]
 
     /// A chunker for a cursor opened at `heads`.
     public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int) {
@@ -32,8 +33,12 @@ public struct RelayChunker {
         for (site, seq) in batch.claim.entries where seq > claim[site] { sites.insert(site) }
         var envelopes: [RelayEnvelope] = []
         for site in sites.sorted() {
-            let advanced = batch.claim[site] > claim[site]
-            var range = ranges[site] ?? (claim[site], UInt64.random(in: 1...UInt64.max), 0)
+            var range = ranges[site] ?? (claim[site], UInt64.random(in: 1...UInt64.max), 0, 0)
+            range.highest = max(range.highest, bySite[site]?.map(\.stamp.seq).max() ?? 0)
+            // A range ends where the claim has caught up with every change it holds: a claim held back (until what
+            // overwrote part of a transaction is sent) leaves the range open, so that no range holds a change beyond
+            // its end.
+            let advanced = batch.claim[site] > claim[site] && batch.claim[site] >= range.highest
             let plaintext = WireMessage.changeBatch(
                 ChangeBatchMessage(
                     requestID: 0,
