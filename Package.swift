@@ -305,6 +305,7 @@ let package = Package(
             name: "ShoalStoreTests",
             dependencies: [
                 "ShoalStore", "ShoalCore", "ShoalProtocol", "ShoalTestSupport",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict

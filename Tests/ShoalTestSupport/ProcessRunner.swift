@@ -30,19 +30,22 @@ public func runProcess(
     let stderr = Pipe()
     process.standardOutput = stdout
     process.standardError = stderr
-    let stdin = Pipe()
-    process.standardInput = input == nil ? FileHandle.nullDevice : stdin
+    let stdin = input.map { _ in Pipe() }
+    process.standardInput = stdin ?? FileHandle.nullDevice
     try process.run()
-    if let input {
+    if let input, let stdin {
         stdin.fileHandleForWriting.write(input)
         try stdin.fileHandleForWriting.close()
     }
-    // SIGTERM, then SIGKILL for a child that does not stop on it (avahi-browse waiting on a resolution, say).
-    let watchdog = DispatchWorkItem {
-        guard process.isRunning else { return }
+    // SIGTERM, then SIGKILL for a child that does not stop on it (avahi-browse waiting on a resolution, say). The
+    // watchdog holds the process weakly: a cancelled one still waits for its deadline, and must not keep the
+    // process's pipes open until then (polling tests ran the test runner out of descriptors below 1024, where
+    // Foundation's Process needs them).
+    let watchdog = DispatchWorkItem { [weak process] in
+        guard let process, process.isRunning else { return }
         process.terminate()
-        DispatchQueue.global().asyncAfter(deadline: .now() + 2) {
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 2) { [weak process] in
+            if let process, process.isRunning { kill(process.processIdentifier, SIGKILL) }
         }
     }
     DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog)
@@ -54,6 +57,8 @@ public func runProcess(
     errorReader.wait()
     process.waitUntilExit()
     watchdog.cancel()
+    try? stdout.fileHandleForReading.close()
+    try? stderr.fileHandleForReading.close()
     return ProcessOutput(
         status: process.terminationStatus,
         stdout: String(decoding: outputData, as: UTF8.self),
