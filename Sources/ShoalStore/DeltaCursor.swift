@@ -49,12 +49,6 @@ public final class DeltaCursor {
     /// The clock of the transaction being sent.
     var dotHLC = HLC(rawValue: 0)
 
-    /// Of `dots`, those this answer sends (it holds them, and the receiver does not). A write held without being
-    /// claimed (part of a transaction that was cut off) is not sent, and waiting for it would never end.
-    func sendable(_ dots: some Sequence<Dot>) -> [Dot] {
-        dots.filter { held.covers($0) && !since.covers($0) }
-    }
-
     /// Notes that `site`'s transaction `seq` may be claimed only once `needs` were sent (`nil`: at the end).
     func wait(_ site: SiteID, _ seq: UInt64, needs: [Dot]?) {
         if let needs, needs.allSatisfy({ claim.covers($0) }) { return }
@@ -251,7 +245,10 @@ extension Store {
                             // (it holds it, and the receiver does not). A write held without being claimed (part of
                             // a transaction that was cut off) is not sent, and waiting for it would never end.
                             let stamp = Stamp(hlc: cursor.dotHLC, site: dot.site, seq: dot.seq)
-                            cursor.dotNeeds.formUnion(cursor.sendable(state.possibleOverwriters(of: stamp)))
+                            for overwriter in state.possibleOverwriters(of: stamp)
+                            where cursor.held.covers(overwriter) && !cursor.since.covers(overwriter) {
+                                cursor.dotNeeds.insert(overwriter)
+                            }
                         }
                         let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
                         if !changes.isEmpty
@@ -299,16 +296,9 @@ extension Store {
             let (index, site) = cursor.sites[cursor.siteIndex]
             let next = try nextLoggedSeq(site: index, after: cursor.floor)
             if cursor.floor < cursor.held[site], (next ?? .max) > cursor.floor + 1 {
-                // Transactions compaction dropped (everything they wrote was overwritten since): their claim waits for
-                // what overwrote them, as compaction recorded it; where it did not (an older database, a table
-                // unreplicated since), for the whole answer.
-                for gap in (cursor.floor + 1)..<min(next ?? .max, cursor.held[site] + 1) {
-                    guard let overwriters = try overwrittenBy(site: Int64(index), seq: Int64(gap)) else {
-                        cursor.wait(site, gap, needs: nil)
-                        break
-                    }
-                    cursor.wait(site, gap, needs: cursor.sendable(overwriters))
-                }
+                // Transactions compaction dropped (everything they wrote was overwritten since): what overwrote them
+                // is not known here, so their claim waits for the whole answer.
+                cursor.wait(site, cursor.floor + 1, needs: nil)
             }
             guard let seq = next, seq <= cursor.held[site] else {
                 cursor.moveToNextSite()
@@ -326,10 +316,6 @@ extension Store {
             select.reset()
             cursor.dot = Dot(site: site, seq: seq)
             cursor.dotNeeds.removeAll()
-            // What overwrote the rows compaction dropped from it.
-            if let overwriters = try overwrittenBy(site: Int64(index), seq: Int64(seq)) {
-                cursor.dotNeeds.formUnion(cursor.sendable(overwriters))
-            }
             cursor.dotRows = rows
             cursor.rowPosition = 0
             cursor.keyOffset = 0

@@ -53,19 +53,16 @@ extension Store {
             var report = CompactionReport()
             let start = compactionPosition ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
             let select = try statement(
-                "SELECT site, seq, tbl, keys, hlc FROM shoal_log WHERE (site, seq, tbl) > (?, ?, ?) "
+                "SELECT site, seq, tbl, keys FROM shoal_log WHERE (site, seq, tbl) > (?, ?, ?) "
                     + "ORDER BY site, seq, tbl LIMIT ?"
             )
             try select.bind([
                 .integer(start.site), .integer(start.seq), .integer(start.table), .integer(Int64(maxEntries)),
             ])
-            var entries: [(site: Int64, seq: Int64, table: Int64, keys: [UInt8], hlc: Int64)] = []
+            var entries: [(site: Int64, seq: Int64, table: Int64, keys: [UInt8])] = []
             while try select.step() {
                 entries.append(
-                    (
-                        select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnBytes(3),
-                        select.columnInt64(4)
-                    )
+                    (select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnBytes(3))
                 )
             }
             select.reset()
@@ -85,9 +82,6 @@ extension Store {
                 let dot = Dot(site: try sites.site(at: UInt64(entry.site)), seq: UInt64(bitPattern: entry.seq))
                 var kept: [UInt8] = []
                 var dropped = 0
-                // What overwrote the rows dropped: an answer claims this transaction only once it has sent them.
-                var overwriters = Set<Dot>()
-                let stamp = Stamp(hlc: HLC(rawValue: UInt64(bitPattern: entry.hlc)), site: dot.site, seq: dot.seq)
                 var reader = ByteReader(entry.keys)
                 while !reader.isAtEnd {
                     let start = reader.offset
@@ -95,15 +89,12 @@ extension Store {
                     var keyReader = ByteReader(Array(try reader.readBytes(length)))
                     var key: [SQLValue] = []
                     for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
-                    let state = try loadState(table: table, key: key)
-                    if state?.holds(dot) == true {
+                    if try loadState(table: table, key: key)?.holds(dot) == true {
                         kept.append(contentsOf: entry.keys[start..<reader.offset])
                     } else {
                         dropped += 1
-                        overwriters.formUnion(state?.possibleOverwriters(of: stamp) ?? [])
                     }
                 }
-                if dropped > 0 { try noteOverwriters(overwriters, of: entry.site, seq: entry.seq) }
                 let identity: [SQLValue] = [.integer(entry.site), .integer(entry.seq), .integer(entry.table)]
                 if kept.isEmpty {
                     try remove.bind(identity)
@@ -123,38 +114,5 @@ extension Store {
             try? connection.exec("ROLLBACK")
             throw error
         }
-    }
-}
-
-extension Store {
-    /// Adds `overwriters` to what overwrote the rows compaction dropped from transaction `seq` of site index `site`.
-    func noteOverwriters(_ overwriters: Set<Dot>, of site: Int64, seq: Int64) throws(ShoalError) {
-        var all = try overwrittenBy(site: site, seq: seq) ?? []
-        all.formUnion(overwriters)
-        var bytes: [UInt8] = []
-        bytes.appendVarint(UInt64(all.count))
-        for dot in all.sorted() {
-            bytes.appendVarint(sites.index(of: dot.site))
-            bytes.appendVarint(dot.seq)
-        }
-        try persistNewSites()
-        let upsert = try statement("INSERT OR REPLACE INTO shoal_overwritten(site, seq, needs) VALUES (?, ?, ?)")
-        try upsert.bind([.integer(site), .integer(seq), .blob(bytes)])
-        try upsert.run()
-    }
-
-    /// What overwrote the rows compaction dropped from transaction `seq` of site index `site`, if it recorded it.
-    func overwrittenBy(site: Int64, seq: Int64) throws(ShoalError) -> Set<Dot>? {
-        let select = try statement("SELECT needs FROM shoal_overwritten WHERE site = ? AND seq = ?")
-        try select.bind([.integer(site), .integer(seq)])
-        defer { select.reset() }
-        guard try select.step() else { return nil }
-        var reader = ByteReader(select.columnBytes(0))
-        var dots = Set<Dot>()
-        for _ in 0..<(try reader.readVarint()) {
-            let index = try reader.readVarint()
-            dots.insert(Dot(site: try sites.site(at: index), seq: try reader.readVarint()))
-        }
-        return dots
     }
 }

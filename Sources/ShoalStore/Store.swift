@@ -170,9 +170,6 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
                     keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
-                CREATE TABLE IF NOT EXISTS shoal_overwritten(
-                    site INTEGER NOT NULL, seq INTEGER NOT NULL, needs BLOB NOT NULL, PRIMARY KEY(site, seq)
-                ) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_peers(
                     site BLOB PRIMARY KEY, host TEXT NOT NULL, port INTEGER NOT NULL, seen_ms INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_conflicts(
