@@ -63,8 +63,8 @@ extension Store {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
         }
         try refreshSchema()
-        if changes.isEmpty, since == nil,
-            try !Self.provenClaim(claim, highest: received, held: versionVector()).advances(try versionVector())
+        if changes.isEmpty, since == nil, case let held = try versionVector(),
+            !Self.provenClaim(claim, highest: received, held: held).advances(held)
         {
             // Nothing to merge, and a claim alone proves nothing beyond what is held and was received earlier (see
             // `provenClaim`): check it, and write nothing, so an idle round stays read-only.

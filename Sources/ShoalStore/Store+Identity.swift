@@ -113,34 +113,33 @@ extension Store {
             }
             return (site, index, site)
         }
-        guard path != ":memory:", !path.isEmpty, !path.hasPrefix("file:"), let inode = fileInode(path) else {
+        guard isOnDisk(path), let inode = fileInode(path) else {
             let (site, index, identity) = try current()
             return (site, index, identity, nil)
         }
-        // Read first: a file opened where it was last opened, holding what it sent, is not written to at all.
-        let (site, index, identity) = try current()
-        let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
-            .integerValue ?? 0
-        let storedMachine = try meta("file_machine")
-        let storedInode = try meta("file_inode").integerValue
-        let restored = (readSent(path)[site] ?? 0) > UInt64(ownSeq)
-        if storedInode == inode, machine == nil || storedMachine == .text(machine!), !restored {
-            return (site, index, identity, nil)
-        }
-        do throws(ShoalError) {
-            try connection.exec("BEGIN IMMEDIATE")
-            var (site, index, identity) = try current()
+        /// Why the file must move to a fresh site, if it must, and whether its file and machine are recorded as now.
+        func inspect() throws(ShoalError) -> (ownSeq: Int64, reason: IdentityChange.Reason?, recorded: Bool) {
+            let (site, index, _) = try current()
             let ownSeq = try connection.scalar("SELECT max(seq) FROM shoal_log WHERE site = ?", [.integer(index)])
                 .integerValue ?? 0
-            var reason: IdentityChange.Reason?
-            var change: IdentityChange?
-            if case .text(let stored) = try meta("file_machine"), let machine, stored != machine {
-                reason = .copiedFromAnotherMachine
-            } else if let stored = try meta("file_inode").integerValue, stored != inode {
-                reason = .copied
-            } else if (readSent(path)[site] ?? 0) > UInt64(ownSeq) {
-                reason = .restored
+            let storedMachine = try meta("file_machine")
+            let storedInode = try meta("file_inode").integerValue
+            let recorded = storedInode == inode && (machine == nil || storedMachine == .text(machine!))
+            if case .text(let stored) = storedMachine, let machine, stored != machine {
+                return (ownSeq, .copiedFromAnotherMachine, recorded)
             }
+            if let storedInode, storedInode != inode { return (ownSeq, .copied, recorded) }
+            return (ownSeq, (readSent(path)[site] ?? 0) > UInt64(ownSeq) ? .restored : nil, recorded)
+        }
+        // Read first: a file opened where it was last opened, holding what it sent, is not written to at all.
+        let (site, index, identity) = try current()
+        if case (_, nil, true) = try inspect() { return (site, index, identity, nil) }
+        do throws(ShoalError) {
+            try connection.exec("BEGIN IMMEDIATE")
+            // Again under the write lock: another process may have just done it.
+            var (site, index, identity) = try current()
+            let (ownSeq, reason, _) = try inspect()
+            var change: IdentityChange?
             if let reason {
                 let fresh = SiteID.random()
                 let freshIndex =
@@ -208,7 +207,7 @@ extension Store {
     /// wrote as before had sent (a backup of any age restored later is then told). Best effort: a file that cannot
     /// be written only weakens the check at open, and says so once.
     func recordSent(upTo seq: UInt64) {
-        guard path != ":memory:", !path.isEmpty, !path.hasPrefix("file:") else { return }
+        guard Self.isOnDisk(path) else { return }
         var sent = Self.readSent(path)
         sent[siteID] = max(sent[siteID] ?? 0, seq)
         let target = Self.sentFilePath(path)
@@ -242,6 +241,9 @@ extension Store {
         }
         return sent
     }
+
+    /// Whether `path` names a file of its own (not an in-memory database, nor a URI).
+    static func isOnDisk(_ path: String) -> Bool { path != ":memory:" && !path.isEmpty && !path.hasPrefix("file:") }
 
     /// The file's inode number: another file (a copy, or a backup copied over it) has another.
     static func fileInode(_ path: String) -> Int64? {
