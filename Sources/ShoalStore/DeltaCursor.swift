@@ -8,8 +8,17 @@ import ShoalCore
 /// earlier parts claim nothing for it, so an interrupted catch-up sends it again from its start.
 public final class DeltaCursor {
     let since: VersionVector
-    let held: VersionVector
-    let sites: [(index: UInt64, site: SiteID)]
+    /// What the answer sends: the store's version when the cursor opened, extended by writes committed since to rows
+    /// it had yet to send (see ``Store/carryRewrites(_:of:)``).
+    var held: VersionVector
+    /// How many times the answer was extended.
+    var extensions = 0
+    /// An answer extends itself at most this often; later rewrites cap it instead, so that an app writing without
+    /// pause cannot keep one answer going forever.
+    static let maximumExtensions = 256
+    /// The sites in the order the answer sends them, each from `from` on: every known site from what the asker
+    /// holds, then any site the answer was extended with after passing it, from where it had stopped.
+    var sites: [(index: UInt64, site: SiteID, from: UInt64)]
     var siteIndex = 0
     /// The highest seq of the current site already sent whole.
     var floor: UInt64 = 0
@@ -87,7 +96,7 @@ public final class DeltaCursor {
     func moveToNextSite() {
         advanceClaim(sites[siteIndex].site, to: held[sites[siteIndex].site])
         siteIndex += 1
-        if siteIndex < sites.count { floor = since[sites[siteIndex].site] }
+        if siteIndex < sites.count { floor = sites[siteIndex].from }
     }
 
     /// Advances the claim for `site` to `seq`, or to its ceiling.
@@ -98,9 +107,9 @@ public final class DeltaCursor {
     init(since: VersionVector, held: VersionVector, sites: [(index: UInt64, site: SiteID)]) {
         self.since = since
         self.held = held
-        self.sites = sites.sorted { $0.site < $1.site }
+        self.sites = sites.sorted { $0.site < $1.site }.map { ($0.index, $0.site, since[$0.site]) }
         self.claim = since
-        if let first = self.sites.first { floor = since[first.site] }
+        if let first = self.sites.first { floor = first.from }
     }
 }
 
@@ -131,7 +140,7 @@ extension Store {
         // Integer keys take 10 bytes in the log; each row listed carries about one change per column.
         let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
         let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ?")
-        for (index, site) in cursor.sites where held[site] > since[site] {
+        for (index, site, _) in cursor.sites where held[site] > since[site] {
             try size.bind([.integer(Int64(index)), .integer(Int64(bitPattern: since[site]))])
             if try size.step(), case .integer(let bytes) = size.column(0) {
                 cursor.estimatedChanges += UInt64(bytes) / 10 * UInt64(columns)
@@ -226,14 +235,17 @@ extension Store {
                             ownSeq: cursor.held[siteID],
                             into: &rowChanges
                         )
-                        if rewritten || unstamped[table.id]?.contains(key) == true
+                        let touched =
+                            rewritten
                             || cursor.lease.map({
                                 openCursors.wasTouched(table: table.id, key: key, since: $0.openedAt)
                             }) ?? false
-                        {
-                            // Written since the answer's version was fixed: this transaction and the site's later
-                            // ones are neither sent nor claimed now (a later answer sends them with what overwrote
-                            // them), so that every change sent lies within what the answer claims.
+                        let carried = touched ? try carryRewrites(cursor, of: state) : true
+                        if unstamped[table.id]?.contains(key) == true || !carried {
+                            // Written since the answer's version was fixed, by a write this answer cannot carry:
+                            // this transaction and the site's later ones are neither sent nor claimed now (a later
+                            // answer sends them with what overwrote them), so that every change sent lies within
+                            // what the answer claims.
                             cursor.cap(dot)
                             changes.removeSubrange(dotStart...)
                             cursor.dot = nil
@@ -293,7 +305,7 @@ extension Store {
                 for (site, seq) in cursor.held.entries { cursor.advanceClaim(site, to: seq) }
                 return ChangeBatch(changes: changes, claim: cursor.batchClaim())
             }
-            let (index, site) = cursor.sites[cursor.siteIndex]
+            let (index, site, _) = cursor.sites[cursor.siteIndex]
             let next = try nextLoggedSeq(site: index, after: cursor.floor)
             if cursor.floor < cursor.held[site], (next ?? .max) > cursor.floor + 1 {
                 // Transactions compaction dropped (everything they wrote was overwritten since): what overwrote them
@@ -323,6 +335,34 @@ extension Store {
             cursor.dotStartedInBatch = true
             dotStart = changes.count
         }
+    }
+
+    /// Extends the answer to carry the writes committed to a row since its version was fixed (the app rewrote it,
+    /// a third peer's batch landed): the transaction being sent then waits for them (they overwrote part of it) and
+    /// is claimed once they were sent, instead of being held back, which would leave the receiver without a claim
+    /// of the site for as long as the app keeps writing. A site the answer already passed (or did not know when it
+    /// opened) is sent again at the end, from where it stopped.
+    ///
+    /// Returns `false` when the answer cannot carry them: writes held but not claimed (part of a transaction cut
+    /// off, or one whose claim still waits), or an answer extended too often already.
+    private func carryRewrites(_ cursor: DeltaCursor, of state: RowState?) throws(ShoalError) -> Bool {
+        guard let state else { return false }
+        let newer = state.dots.filter { !cursor.held.covers($0) }
+        guard !newer.isEmpty else { return true }
+        guard cursor.extensions < DeltaCursor.maximumExtensions else { return false }
+        let current = try versionVector()
+        guard newer.allSatisfy({ current.covers($0) }) else { return false }
+        for site in Set(newer.map(\.site)) {
+            let stopped = cursor.held[site]
+            cursor.held.advance(site, to: current[site])
+            let ahead = cursor.sites[cursor.siteIndex...].contains { $0.site == site }
+            if !ahead, let index = sites.existingIndex(of: site) {
+                cursor.sites.append((index, site, max(stopped, cursor.since[site])))
+            }
+        }
+        try makeLocalCommitsDurable(upTo: cursor.held[siteID])
+        cursor.extensions += 1
+        return true
     }
 
     private func restart(_ cursor: DeltaCursor) {

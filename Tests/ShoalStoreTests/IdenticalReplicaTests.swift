@@ -158,17 +158,72 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             try other.execute("UPDATE items SET name = 'app' WHERE id = 15")
         }
         while let batch = try a.nextBatch(cursor, maxChanges: 9) { batches.append(batch) }
+        var received: [SiteID: UInt64] = [:]
         for batch in batches {
-            // Every change sent lies within what its batch claims.
-            for change in batch.changes { #expect(change.stamp.seq <= batch.claim[change.stamp.site]) }
-            try b.apply(batch.changes, claim: batch.claim)
+            // Every change sent lies within what the answer claims in the end.
+            for change in batch.changes { #expect(change.stamp.seq <= batches.last!.claim[change.stamp.site]) }
+            received.merge(try b.apply(batch.changes, claim: batch.claim, received: received).acceptedHighest) {
+                max($0, $1)
+            }
         }
         // a is lost before the next round: b and d, which both hold a's first 20 writes or a claim of them, meet.
         try sync(b, d)
         try sync(d, b)
         #expect(try sameContents(directory.appendingPathComponent("b.db"), directory.appendingPathComponent("d.db")))
         #expect(try b.digest() == d.digest())
-        #expect(try rows(b, "SELECT name FROM items WHERE id = 15") == [[.text("row 15")]])
+        // The answer carried the rewrite (its site came after the batch that was cut): b holds it, and claims it.
+        #expect(try rows(b, "SELECT name FROM items WHERE id = 15") == [[.text("app")]])
+        #expect(try b.versionVector()[a.siteID] == 21)
+    }
+
+    /// Who keeps rewriting a hot row during a catch-up: the app's connection, or a third peer's batches.
+    enum HotWriter: CaseIterable { case appConnection, thirdPeer }
+
+    @Test(arguments: HotWriter.allCases)
+    func aCatchUpFromANodeWhoseRowKeepsBeingRewrittenClaimsWhatItSent(_ writer: HotWriter) throws {
+        let directory = try temporaryDirectory("claim-hot-row")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let sender = try makeFileStore(directory, "sender")
+        let receiver = try makeFileStore(directory, "receiver")
+        let peer = try makeFileStore(directory, "peer")
+        // 300 transactions write the hot row, every tenth a row of its own too; compaction drops the overwritten.
+        for id in 1...300 {
+            let own = id % 10 == 0 ? "INSERT INTO items(id, name, qty) VALUES (\(id), 'row \(id)', \(id)); " : ""
+            try sender.execute(
+                "BEGIN; INSERT OR REPLACE INTO items(id, name, qty) VALUES (0, 'hot \(id)', \(id)); \(own)COMMIT"
+            )
+        }
+        #expect(try sender.compactLog().removed > 0)
+        try sync(sender, peer)
+        let app = try RawConnection(path: directory.appendingPathComponent("sender.db").path)
+        let start = try sender.versionVector()
+        // Several rounds, each a catch-up of 40 changes a batch; the hot row is rewritten between any two batches.
+        var write = 0
+        for _ in 0..<3 {
+            let cursor = try sender.deltaCursor(since: try receiver.versionVector())
+            var received: [SiteID: UInt64] = [:]
+            while let batch = try sender.nextBatch(cursor, maxChanges: 40) {
+                let report = try receiver.apply(batch.changes, claim: batch.claim, received: received)
+                received.merge(report.acceptedHighest) { max($0, $1) }
+                write += 1
+                switch writer {
+                case .appConnection:
+                    try app.exec("UPDATE items SET name = 'app \(write)' WHERE id = 0")
+                case .thirdPeer:
+                    try peer.execute("UPDATE items SET name = 'peer \(write)' WHERE id = 0")
+                    try sync(peer, sender)
+                }
+            }
+            // Each answer claims at least what the sender held when it opened, however often the row was rewritten.
+            #expect(try receiver.versionVector().dominatesOrEquals(start))
+        }
+        // With the writes paused, one more round leaves both files the same, outside Shoal too.
+        try sync(sender, receiver)
+        #expect(try receiver.versionVector() == sender.versionVector())
+        #expect(try receiver.digest() == sender.digest())
+        #expect(
+            try sameContents(directory.appendingPathComponent("receiver.db"), directory.appendingPathComponent("sender.db"))
+        )
     }
 
     /// How a later transaction of another site overwrites part of an earlier one.
