@@ -60,7 +60,11 @@ struct ShoalChaos: AsyncParsableCommand {
         }
         // One cluster: node keys, node 0 founds it, the others join with invites (through its database file).
         try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
-        let foreignWriters = try paths.map { try ForeignWriter(path: $0) }
+        var foreignWriters = try paths.map { try ForeignWriter(path: $0) }
+        // A backup taken of a node's file (a consistent copy, as `VACUUM INTO` or the SQLite shell's `.backup` makes),
+        // waiting to be restored over it.
+        var backups: [Int: String] = [:]
+        var lostWithRestores = 0
 
         // The relay path: one relay, a token for the cluster, and no links between nodes at all.
         var relayServer: RelayServer?
@@ -166,12 +170,47 @@ struct ShoalChaos: AsyncParsableCommand {
                 for index in 0..<nodes { try await cluster.start(index) }
                 restarts = []
                 counts["crash-all checks", default: 0] += 1
+            case 91..<92 where backups[node] == nil:
+                let backup = "\(directory)/node\(node)-backup-\(counts["backups", default: 0]).db"
+                try foreignWriters[node].run("VACUUM INTO ?", [.text(Array(backup.utf8))])
+                backups[node] = backup
+                counts["backups", default: 0] += 1
+            case 91..<92:
+                // The node's file is replaced by its older backup (the node stopped first, as an operator would): it
+                // must move to a fresh site and take back from peers what it had sent. Writes it made after the
+                // backup and never sent are gone with the restore; every other acknowledged write must survive.
+                cluster.kill(node)
+                restarts.removeAll { $0.node == node }
+                // The harness's own connections to the file close with the objects that hold them.
+                stores[node] = try Store(path: ":memory:")
+                foreignWriters[node] = try ForeignWriter(path: ":memory:")
+                for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: paths[node] + suffix) }
+                try FileManager.default.copyItem(atPath: backups[node]!, toPath: paths[node])
+                backups[node] = nil
+                var options = StoreOptions()
+                options.nodeName = "node\(node)"
+                stores[node] = try Store(path: paths[node], options: options)
+                foreignWriters[node] = try ForeignWriter(path: paths[node])
+                let before = log.count
+                log = try log.filter { write in
+                    try write.node != node
+                        || stores.contains { store in
+                            try store.rowState(table: "t", primaryKey: [.integer(write.key)]).map { holds($0, write) }
+                                ?? false
+                        }
+                }
+                lostWithRestores += before - log.count
+                try await cluster.start(node)
+                counts["restores", default: 0] += 1
             default:
                 break
             }
             try await Task.sleep(for: .milliseconds(Int.random(in: 5...30, using: &random)))  // pacing the load
         }
 
+        if lostWithRestores > 0 {
+            print("\(lostWithRestores) acknowledged writes were made after a backup later restored, and never sent")
+        }
         print("chaos: " + counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "))
         await faults.healAll()
         if relayRestart != nil { try relayServer?.start() }
