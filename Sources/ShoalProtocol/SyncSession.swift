@@ -265,8 +265,9 @@ public struct SyncSession: Sendable {
         }
     }
 
-    /// Starts a pull with the local version vector, unless one is running (then one more follows it).
-    public mutating func startRound(versionVector: VersionVector, now: UInt64) -> [Action] {
+    /// Starts a pull with the local version vector, unless one is running (then one more follows it). `wallClock` is
+    /// the local wall clock's reading, which the request carries to a peer that reads it.
+    public mutating func startRound(versionVector: VersionVector, now: UInt64, wallClock: UInt64? = nil) -> [Action] {
         guard phase == .established, !isInspection else { return [] }
         guard outstandingRequest == nil else {
             roundRequested = true
@@ -276,7 +277,13 @@ public struct SyncSession: Sendable {
         nextRequestID += 1
         outstandingRequest = requestID
         expectedBatch = 0
-        return [.send(.syncRequest(SyncRequest(requestID: requestID, versionVector: versionVector)))]
+        // The wall clock travels only to peers that read it (a peer of an older version refuses trailing bytes).
+        let clock = version.map { $0 >= WireProtocol.clockVersion } == true ? wallClock : nil
+        return [
+            .send(
+                .syncRequest(SyncRequest(requestID: requestID, versionVector: versionVector, wallClockMilliseconds: clock))
+            )
+        ]
     }
 
     /// The shell applied a batch of our pull. After the last one the pull is acknowledged and finished.

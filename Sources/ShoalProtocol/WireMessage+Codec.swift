@@ -21,6 +21,7 @@ extension WireMessage {
             bytes.append(Kind.syncRequest.rawValue)
             bytes.appendBigEndian(request.requestID)
             bytes.appendVersionVector(request.versionVector)
+            if let wall = request.wallClockMilliseconds { bytes.appendBigEndian(wall) }
         case .changeBatch(let message):
             bytes.append(Kind.changeBatch.rawValue)
             bytes.appendBigEndian(message.requestID)
@@ -97,8 +98,14 @@ extension WireMessage {
         case .inspectionAnswer:
             return .inspectionAnswer(try decodeInspectionAnswer(&reader))
         case .syncRequest:
+            let requestID = try reader.readBigEndianUInt64()
+            let vector = try reader.readVersionVector()
             return .syncRequest(
-                SyncRequest(requestID: try reader.readBigEndianUInt64(), versionVector: try reader.readVersionVector())
+                SyncRequest(
+                    requestID: requestID,
+                    versionVector: vector,
+                    wallClockMilliseconds: reader.isAtEnd ? nil : try reader.readBigEndianUInt64()
+                )
             )
         case .changeBatch:
             let requestID = try reader.readBigEndianUInt64()

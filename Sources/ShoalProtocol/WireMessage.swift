@@ -6,8 +6,11 @@ public enum WireProtocol {
     public static let minimumVersion: UInt16 = 1
     /// The newest version this build speaks. Version 2 adds ``ValuePiece`` (values larger than a frame travel
     /// in pieces) and change kind 3 (a column whose value travels in pieces); version 3 adds read-only inspections
-    /// (``WireMessage/inspect(_:)``, ``InspectionRequest``, ``InspectionAnswer``), which `shoal verify --peer` runs.
-    public static let maximumVersion: UInt16 = 3
+    /// (``WireMessage/inspect(_:)``, ``InspectionRequest``, ``InspectionAnswer``), which `shoal verify --peer` runs;
+    /// version 4 adds the requester's wall clock to a ``SyncRequest``, so a node can tell that its clock runs ahead.
+    public static let maximumVersion: UInt16 = 4
+    /// The first version in which a ``SyncRequest`` carries the requester's wall clock.
+    public static let clockVersion: UInt16 = 4
     /// The first version in which values may travel in pieces.
     public static let piecesVersion: UInt16 = 2
     /// The first four bytes of every hello: "SHOL".
@@ -120,11 +123,16 @@ public struct SyncRequest: Hashable, Sendable {
     public var requestID: UInt64
     /// Exactly what the requester holds: the answer is every change it lacks.
     public var versionVector: VersionVector
+    /// The requester's wall clock when it asked, in milliseconds since the Unix epoch (protocol version 4; `nil`
+    /// from older peers): the answering node compares it with its own, to notice that its clock runs ahead of its
+    /// peers' and stamp its writes with their time instead.
+    public var wallClockMilliseconds: UInt64?
 
     /// A request for what `versionVector` lacks.
-    public init(requestID: UInt64, versionVector: VersionVector) {
+    public init(requestID: UInt64, versionVector: VersionVector, wallClockMilliseconds: UInt64? = nil) {
         self.requestID = requestID
         self.versionVector = versionVector
+        self.wallClockMilliseconds = wallClockMilliseconds
     }
 }
 

@@ -290,10 +290,26 @@ extension Store {
     /// what the monotonic clock says elapsed (a clock set wrong, an NTP step) by more than the drift bound, with no
     /// peer's clock to back it: then the time the monotonic clock says it is, and an error logged once. A write
     /// stamped a day ahead would be refused by every peer, and every later write of this node stamped after it.
+    /// And while the clock runs ahead of every peer's by more than the drift bound (``notePeerClock(_:)``: it may have
+    /// started that way, with no earlier reading to compare with), the most advanced peer's time, with an error
+    /// logged once.
     func physicalTime(corroboratedBy remote: HLC) -> UInt64 {
         let now = options.clock.nowMilliseconds()
         let steady = options.clock.monotonicMilliseconds()
         let bound = Int64(options.maximumClockDriftMilliseconds)
+        if let peerNow = peerClockNow(), now > peerNow + UInt64(bound) {
+            if !warnedAheadOfPeers {
+                warnedAheadOfPeers = true
+                options.logger.error(
+                    "this machine's clock is ahead of its peers': local writes are stamped with their time; set it right",
+                    metadata: ["ahead_ms": "\(now - peerNow)", "bound_ms": "\(bound)"]
+                )
+            }
+            // Carried on by the monotonic clock once the peers' readings stop coming.
+            clockReference = (peerNow, steady)
+            return peerNow
+        }
+        warnedAheadOfPeers = false
         guard let reference = clockReference else {
             clockReference = (now, steady)
             return now

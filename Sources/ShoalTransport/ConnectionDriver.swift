@@ -225,8 +225,16 @@ struct ConnectionDriver {
                         receivedThisRound = [:]
                         roundFailureCounted = false
                     }
-                    actions += session.startRound(versionVector: try await worker.versionVector(), now: now)
+                    actions += session.startRound(
+                        versionVector: try await worker.versionVector(),
+                        now: now,
+                        wallClock: await worker.wallClockMilliseconds()
+                    )
                 case .serve(let request):
+                    if let wall = request.wallClockMilliseconds, let peer {
+                        let ahead = await worker.notePeerClock(wall)
+                        await delegate.connectionClockView(peer: peer, aheadMilliseconds: -ahead)
+                    }
                     gate.serving(true)
                     defer { gate.serving(false) }
                     guard try await serve(request, session: &session, stream: stream) else {

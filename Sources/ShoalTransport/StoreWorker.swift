@@ -27,6 +27,9 @@ actor StoreWorker {
     /// The version vector as last read or written, readable without waiting for the worker (for status reports
     /// while a long apply runs).
     nonisolated let latestVersionVector = Mutex(VersionVector())
+    /// How far this machine's clock ran ahead of its peers' at their latest reading, beyond the drift bound (see
+    /// ``Store/clockAheadOfPeersMilliseconds``); readable at once, like ``latestVersionVector``.
+    nonisolated let latestClockAhead = Mutex<UInt64?>(nil)
 
     private func changed() {
         stateVersion += 1
@@ -56,6 +59,17 @@ actor StoreWorker {
             schemaFingerprint: try store.schemaFingerprint(),
             listenPort: listenPort
         )
+    }
+
+    /// The wall clock the store stamps writes with, read now.
+    func wallClockMilliseconds() -> UInt64 { store.wallClockMilliseconds() }
+
+    /// Notes a peer's wall clock reading (see ``Store/notePeerClock(_:)``); returns how far this node's clock is
+    /// ahead of it, in milliseconds (negative: behind).
+    func notePeerClock(_ wallMilliseconds: UInt64) -> Int64 {
+        let ahead = store.notePeerClock(wallMilliseconds)
+        latestClockAhead.withLock { $0 = store.clockAheadOfPeersMilliseconds }
+        return ahead
     }
 
     func versionVector() throws(ShoalError) -> VersionVector {

@@ -143,6 +143,12 @@ public actor SyncNode: Service {
         return local > seen ? local - seen : 0
     }
 
+    /// How far this machine's clock runs ahead of its most advanced peer's, when beyond the drift bound: local writes
+    /// are then stamped with the peers' time, and the clock needs setting right. `nil` while it does not.
+    public func clockAheadOfPeers() -> UInt64? {
+        worker.latestClockAhead.withLock { $0 }
+    }
+
     /// The node's digest, recomputed when stale but at most every `interval` ms (for status reports). Without
     /// `waiting`, it answers at once with the digest of the last refresh and starts the next one in the
     /// background, so a status report never waits behind a long apply.

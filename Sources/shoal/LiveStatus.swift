@@ -63,6 +63,9 @@ struct LiveStatus: Codable {
     var pendingLocalChanges: UInt64
     /// This node's digest as last computed (nil while stale).
     var digest: String?
+    /// How far this machine's clock runs ahead of its peers' (beyond the drift bound, so writes are stamped with
+    /// their time); nil while it does not.
+    var clockAheadOfPeersMs: UInt64? = nil
     var peers: [Peer]
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }

@@ -95,6 +95,7 @@ enum Output {
             "pending_devices": pending,
             "running": live != nil,
             "pending_local_changes": live.map { $0.pendingLocalChanges as Any } ?? NSNull(),
+            "clock_ahead_of_peers_ms": live?.clockAheadOfPeersMs.map { $0 as Any } ?? NSNull(),
             "peers": peers,
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
@@ -149,6 +150,10 @@ enum Output {
         for peer in live.peers {
             guard let error = divergence(of: peer, database: database, plaintextCluster: live.cluster) else { continue }
             text += "ERROR:      \(error.message); run `\(error.run)` to list the rows that differ\n"
+        }
+        if let ahead = live.clockAheadOfPeersMs {
+            text += "ERROR:      this machine's clock is \(ahead / 1000) s ahead of its peers': local writes are stamped "
+                + "with their time; set the clock right\n"
         }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
         if let security = live.security { text += "links:      \(security)\n" }

@@ -149,6 +149,7 @@ extension ShoalCommand {
                         peers: await node.peerStatuses(),
                         unreached: await node.unreachedPeers()
                     )
+                    status.clockAheadOfPeersMs = await node.clockAheadOfPeers()
                     status.security = security == nil ? "insecure-plaintext" : "tls"
                     status.cluster = plaintextCluster
                     status.relay = relayLink?.status

@@ -848,6 +848,36 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try peer.digest() == store.digest())
     }
 
+    @Test func aNodeStartedWithItsClockAheadStampsWithItsPeersTimeOnceItHearsThem() throws {
+        let real: UInt64 = 1_700_000_000_000
+        let day: UInt64 = 86_400_000
+        // This machine's clock is a day ahead from the start: no earlier reading shows a jump.
+        let clock = ManualWallClock(milliseconds: real + day)
+        let store = try makeStore(clock)
+        let peer = try makeStore(ManualWallClock(milliseconds: real))
+        let late = try makeStore(ManualWallClock(milliseconds: real - day))
+        for node in [store, peer, late] { try makeItems(node) }
+        #expect(store.clockAheadOfPeersMilliseconds == nil)
+        // A request from a peer carries its clock; a peer further behind (a day late) holds no one back.
+        #expect(store.notePeerClock(real) == Int64(day))
+        #expect(store.notePeerClock(real - day) == Int64(2 * day))
+        #expect(store.clockAheadOfPeersMilliseconds == day)
+        try store.execute("INSERT INTO items(id, name) VALUES (1, 'written after hearing the peer')")
+        let stamp = try #require(try store.changes(since: VersionVector()).flatMap(\.changes).last?.stamp)
+        #expect(stamp.hlc.milliseconds >= real && stamp.hlc.milliseconds < real + 1_000)
+        // The peers take the write: it was not stamped in the future.
+        #expect(try sync(store, peer).clockRefusals.isEmpty)
+        #expect(try sync(store, late).clockRefusals.isEmpty == false)  // a day late, it refuses even real time
+        #expect(try rows(peer, "SELECT id, name FROM items") == rows(store, "SELECT id, name FROM items"))
+        #expect(try peer.digest() == store.digest())
+        // Once the clock is set right, it stamps with its own clock again.
+        clock.jump(by: -Int64(day) + 10_000)
+        #expect(store.clockAheadOfPeersMilliseconds == nil)
+        try store.execute("INSERT INTO items(id, name) VALUES (2, 'after the clock was set right')")
+        let later = try #require(try store.changes(since: VersionVector()).flatMap(\.changes).last?.stamp)
+        #expect(later.hlc.milliseconds == real + 10_000)
+    }
+
     // MARK: - The site table survives a rolled-back apply
 
     @Test func aSiteAllocatedByARolledBackApplyIsNeverReadAsAnother() throws {

@@ -34,6 +34,34 @@ private func failureLines(_ log: NodeEventLog) async -> Int {
 }
 
 @Suite struct BackoffTests {
+    @Test func aNodeStartedWithItsClockADayAheadStampsWithItsPeersTimeAndSyncs() async throws {
+        let directory = try temporaryDirectory("ahead-at-start")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let ahead = try await startNode(in: directory, name: "ahead", peers: [a.port]) { configuration in
+            configuration.storeOptions.clock = ShiftedClock(shift: 86_400_000)
+        }
+        // Its first round brings the peer's clock (in the peer's request).
+        let deadline = Date().addingTimeInterval(30)
+        while await ahead.node.clockAheadOfPeers() == nil, Date() < deadline {
+            _ = await ahead.log.next(within: 0.5) { _ in true }
+        }
+        let gap = try #require(await ahead.node.clockAheadOfPeers())
+        #expect(gap > 86_000_000 && gap < 87_000_000)
+        #expect(await a.node.clockAheadOfPeers() == nil)
+        // Its writes are stamped with the peer's time: the peer takes them, and both files hold the same rows.
+        try await ahead.node.execute("INSERT INTO kv(k, v) VALUES ('from the machine ahead', 1)")
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('from a', 2)")
+        #expect(try await converge(a, ahead, within: 30))
+        #expect(
+            try SQLiteConnection(path: a.path).applicationTableContents()
+                == SQLiteConnection(path: ahead.path).applicationTableContents()
+        )
+        #expect(await a.node.peerStatuses().allSatisfy { $0.consecutiveFailures == 0 })
+        await ahead.stop()
+        await a.stop()
+    }
+
     @Test func aNodeWhoseClockIsADayBehindIsRedialledWithBackoffAndToldWhy() async throws {
         let directory = try temporaryDirectory("skew")
         defer { try? FileManager.default.removeItem(at: directory) }
