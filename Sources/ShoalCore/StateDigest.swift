@@ -1,5 +1,13 @@
 import Crypto
 
+extension SiteID {
+    /// The site that stands for `content` rather than for a database: the first 16 bytes of its SHA-256, so the
+    /// same content names the same site on every node (the counter values a table was seeded with).
+    public static func derived(from content: [UInt8]) -> SiteID {
+        SiteID(bytes: Array(SHA256.hash(data: content)).prefix(16))!
+    }
+}
+
 /// An order-independent hash of a whole replicated state: the sum, modulo 2^256, of one SHA-256 per row.
 ///
 /// Adding rows in any order gives the same digest; two nodes have converged exactly when their digests match.

@@ -157,7 +157,7 @@ extension Store {
             let restored = try archive.map { archive throws(ShoalError) in
                 try restoreArchivedRows(archive, table: number)
             } ?? [:]
-            var seededCounters = 0
+            var seeds: [CounterSeed] = []
             while try select.step() {
                 let row = select.row()
                 let key = Array(row[0..<replicated.keyColumns.count])
@@ -166,19 +166,15 @@ extension Store {
                 if let (existed, delta) = restored[key] {
                     capture.addExistingRow(table: number, key: key, existed: existed, counterDelta: delta)
                 } else {
+                    // Counter values found here are the table's seed (see ``recordCounterSeeds(_:table:)``), not
+                    // this node's increments: stamped as ours first, then moved to the seed's site.
                     let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
-                    if counterValues.contains(where: { $0 != 0 }) { seededCounters += 1 }
+                    if counterValues.contains(where: { $0 != 0 }) { seeds.append(CounterSeed(key: key, values: counterValues)) }
                     capture.addExistingRow(table: number, key: key, counterDelta: counterValues)
                 }
             }
-            if seededCounters > 0 {
-                warnings.append(
-                    "\(seededCounters) row\(seededCounters == 1 ? "" : "s") of \(table) hold counter values, which now "
-                        + "count as this node's increments: if other nodes replicate the same rows with their values, "
-                        + "the values add up. Seed counter values on one node only, and let the others receive them"
-                )
-            }
             try flushCaptured()
+            try recordCounterSeeds(seeds, table: replicated)
             try dropClockArchive(of: table)
             try connection.exec("COMMIT")
             transactionStamp = nil

@@ -372,13 +372,43 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try rows(store, "SELECT n FROM tally") == [[.integer(11)]])
     }
 
-    @Test func replicatingRowsThatHoldCounterValuesSaysTheyCountAsThisNodesIncrements() throws {
-        let store = try makeStore()
-        try store.execute("CREATE TABLE tally(k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
-        try store.execute("INSERT INTO tally(k, n) VALUES (1, 4), (2, 0), (3, -2)")
-        let warnings = try store.replicate(table: "tally", counters: ["n"])
-        #expect(warnings.contains { $0.hasPrefix("2 rows of tally hold counter values") }, "\(warnings)")
-        #expect(try rows(store, "SELECT sum(n) FROM tally") == [[.integer(2)]])
+    @Test func nodesSeededWithTheSameCounterValuesCountThemOnce() throws {
+        let directory = try temporaryDirectory("counter-seeds")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // Three devices start from the same file (stock counts shipped with the app), one from other counts, one
+        // empty; each replicates the table on its own, offline.
+        func device(_ name: String, seed: String?) throws -> Store {
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path)
+            try store.execute("CREATE TABLE stock(item TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0, label TEXT)")
+            if let seed { try store.execute("INSERT INTO stock(item, n, label) VALUES \(seed)") }
+            #expect(try store.replicate(table: "stock", counters: ["n"]).isEmpty)
+            return store
+        }
+        let shipped = "('apple', 4, 'Apple'), ('pear', 0, 'Pear'), ('fig', -2, 'Fig')"
+        let alike = try ["a", "b", "c"].map { try device($0, seed: shipped) }
+        let other = try device("other", seed: "('apple', 10, 'Apple')")
+        let empty = try device("empty", seed: nil)
+        #expect(try rows(alike[0], "SELECT item, n FROM stock ORDER BY item") == rows(alike[1], "SELECT item, n FROM stock ORDER BY item"))
+        try alike[1].execute("UPDATE stock SET n = n + 1 WHERE item = 'apple'")
+        try alike[2].execute("UPDATE stock SET n = n - 1 WHERE item = 'fig'")
+        // The devices seeded alike meet (and the empty one): the seed counts once, the increments add.
+        let group = alike + [empty]
+        for _ in 0..<2 { for from in group { for to in group where to !== from { try sync(from, to) } } }
+        for store in group {
+            #expect(
+                try rows(store, "SELECT item, n FROM stock ORDER BY item")
+                    == [[.text("apple"), .integer(5)], [.text("fig"), .integer(-3)], [.text("pear"), .integer(0)]]
+            )
+            #expect(try store.digest() == alike[0].digest())
+            #expect(try store.verify().isConsistent)
+        }
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("empty.db")))
+        // A device seeded with other counts contributes them, as any device's own counts add up.
+        try sync(other, alike[0])
+        try sync(alike[0], other)
+        #expect(try rows(other, "SELECT n FROM stock WHERE item = 'apple'") == [[.integer(15)]])
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("other.db")))
+        #expect(try other.digest() == alike[0].digest())
     }
 
     // MARK: - What a merge can break is refused at replicate
