@@ -182,7 +182,43 @@ private func runScenario(seed: UInt64) throws {
 
     let steps = Int.random(in: 10...30, using: &random)
     var copies = 0
+    /// The backup waiting to be restored, and how many transactions of its site the file held when it was taken.
+    var backup: (path: String, site: SiteID, seq: UInt64)?
+    var backups = 0
     for _ in 0..<steps {
+        if let foreignDirectory, replicas[0].foreign != nil, Int.random(in: 0..<10, using: &random) == 0 {
+            if let taken = backup {
+                // The file replica is restored from its older backup, once what it wrote since was sent on (what it
+                // never sent is gone with any restore): it must move to a fresh site, so that its next writes reuse
+                // no number a peer holds, and get back from its peers what it had sent.
+                try sync(replicas[0].store, replicas[1].store)
+                let (clock, oldSite) = (replicas[0].clock, replicas[0].store.siteID)
+                let wroteSince = try oldSite != taken.site || replicas[0].store.versionVector()[oldSite] > taken.seq
+                let path = foreignDirectory.appendingPathComponent("replica.db").path
+                // Its connections close with the objects that hold them.
+                replicas[0] = Replica(store: try Store(path: ":memory:"), clock: clock, foreign: nil)
+                for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+                try FileManager.default.copyItem(atPath: taken.path, toPath: path)
+                var options = StoreOptions()
+                options.clock = clock
+                options.logger = Logger(label: "restore") { _ in SwiftLogNoOpLogHandler() }
+                let restored = try Store(path: path, options: options)
+                // A backup that holds every transaction its site wrote is that file as it was: it may keep its site.
+                #expect(
+                    !wroteSince || restored.siteID != oldSite,
+                    "seed \(seed): a restored file that lacks writes it had sent writes as its old site"
+                )
+                replicas[0] = Replica(store: restored, clock: clock, foreign: try SQLiteConnection(path: path))
+                backup = nil
+            } else {
+                backups += 1
+                let path = foreignDirectory.appendingPathComponent("backup\(backups).db").path
+                let site = replicas[0].store.siteID
+                let seq = try replicas[0].store.versionVector()[site]
+                try replicas[0].foreign!.rows("VACUUM INTO '\(path)'")
+                backup = (path, site, seq)
+            }
+        }
         if let foreignDirectory, let foreign = replicas[0].foreign, copies < 2, Int.random(in: 0..<12, using: &random) == 0 {
             // The file replica is copied (a consistent copy, as a backup tool makes) and the copy joins as a replica of
             // its own: it must write as a fresh site, or its writes and the original's would share dots.
