@@ -265,9 +265,16 @@ public struct SyncSession: Sendable {
         }
     }
 
-    /// Starts a pull with the local version vector, unless one is running (then one more follows it). `wallClock` is
-    /// the local wall clock's reading, which the request carries to a peer that reads it.
-    public mutating func startRound(versionVector: VersionVector, now: UInt64, wallClock: UInt64? = nil) -> [Action] {
+    /// Starts a pull with the local version vector, unless one is running (then one more follows it). To a peer that
+    /// reads them (version 4), the request also carries `wallClock` (the local wall clock's reading), `writingSite`
+    /// (the site this node writes as) and `answererHead` (the latest transaction held of the peer's writing site).
+    public mutating func startRound(
+        versionVector: VersionVector,
+        now: UInt64,
+        wallClock: UInt64? = nil,
+        writingSite: SiteID? = nil,
+        answererHead: Stamp? = nil
+    ) -> [Action] {
         guard phase == .established, !isInspection else { return [] }
         guard outstandingRequest == nil else {
             roundRequested = true
@@ -277,13 +284,14 @@ public struct SyncSession: Sendable {
         nextRequestID += 1
         outstandingRequest = requestID
         expectedBatch = 0
-        // The wall clock travels only to peers that read it (a peer of an older version refuses trailing bytes).
-        let clock = version.map { $0 >= WireProtocol.clockVersion } == true ? wallClock : nil
-        return [
-            .send(
-                .syncRequest(SyncRequest(requestID: requestID, versionVector: versionVector, wallClockMilliseconds: clock))
-            )
-        ]
+        var request = SyncRequest(requestID: requestID, versionVector: versionVector)
+        // Version 4's fields travel only to peers that read them (a peer of an older version refuses trailing bytes).
+        if version.map({ $0 >= WireProtocol.clockVersion }) == true, let wallClock, let writingSite {
+            request.wallClockMilliseconds = wallClock
+            request.writingSite = writingSite
+            request.answererHead = answererHead
+        }
+        return [.send(.syncRequest(request))]
     }
 
     /// The shell applied a batch of our pull. After the last one the pull is acknowledged and finished.

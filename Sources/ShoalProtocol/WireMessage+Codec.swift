@@ -21,7 +21,19 @@ extension WireMessage {
             bytes.append(Kind.syncRequest.rawValue)
             bytes.appendBigEndian(request.requestID)
             bytes.appendVersionVector(request.versionVector)
-            if let wall = request.wallClockMilliseconds { bytes.appendBigEndian(wall) }
+            // Version 4's fields, all present or none (an older peer refuses trailing bytes).
+            if let wall = request.wallClockMilliseconds, let site = request.writingSite {
+                bytes.appendBigEndian(wall)
+                bytes.append(contentsOf: site.bytes)
+                if let head = request.answererHead {
+                    bytes.append(1)
+                    bytes.append(contentsOf: head.site.bytes)
+                    bytes.appendBigEndian(head.seq)
+                    bytes.appendBigEndian(head.hlc.rawValue)
+                } else {
+                    bytes.append(0)
+                }
+            }
         case .changeBatch(let message):
             bytes.append(Kind.changeBatch.rawValue)
             bytes.appendBigEndian(message.requestID)
@@ -98,15 +110,21 @@ extension WireMessage {
         case .inspectionAnswer:
             return .inspectionAnswer(try decodeInspectionAnswer(&reader))
         case .syncRequest:
-            let requestID = try reader.readBigEndianUInt64()
-            let vector = try reader.readVersionVector()
-            return .syncRequest(
-                SyncRequest(
-                    requestID: requestID,
-                    versionVector: vector,
-                    wallClockMilliseconds: reader.isAtEnd ? nil : try reader.readBigEndianUInt64()
-                )
-            )
+            var request = SyncRequest(requestID: try reader.readBigEndianUInt64(), versionVector: try reader.readVersionVector())
+            if !reader.isAtEnd {
+                request.wallClockMilliseconds = try reader.readBigEndianUInt64()
+                guard let site = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
+                request.writingSite = site
+                switch try reader.readByte() {
+                case 0: break
+                case 1:
+                    guard let headSite = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
+                    let seq = try reader.readBigEndianUInt64()
+                    request.answererHead = Stamp(hlc: HLC(rawValue: try reader.readBigEndianUInt64()), site: headSite, seq: seq)
+                case let flag: throw malformed("unknown head flag \(flag)")
+                }
+            }
+            return .syncRequest(request)
         case .changeBatch:
             let requestID = try reader.readBigEndianUInt64()
             let sequence = try reader.readBigEndian32()

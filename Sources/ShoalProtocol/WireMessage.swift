@@ -7,7 +7,9 @@ public enum WireProtocol {
     /// The newest version this build speaks. Version 2 adds ``ValuePiece`` (values larger than a frame travel
     /// in pieces) and change kind 3 (a column whose value travels in pieces); version 3 adds read-only inspections
     /// (``WireMessage/inspect(_:)``, ``InspectionRequest``, ``InspectionAnswer``), which `shoal verify --peer` runs;
-    /// version 4 adds the requester's wall clock to a ``SyncRequest``, so a node can tell that its clock runs ahead.
+    /// version 4 adds to a ``SyncRequest`` the requester's wall clock, so a node can tell that its clock runs ahead, and
+    /// the site it writes as with what it holds of the answerer's, so a node restored from an older copy can tell that
+    /// it wrote transactions its peers hold with other content.
     public static let maximumVersion: UInt16 = 4
     /// The first version in which a ``SyncRequest`` carries the requester's wall clock.
     public static let clockVersion: UInt16 = 4
@@ -128,11 +130,28 @@ public struct SyncRequest: Hashable, Sendable {
     /// peers' and stamp its writes with their time instead.
     public var wallClockMilliseconds: UInt64?
 
+    /// The site the requester writes as (protocol version 4; `nil` from older peers). The answering node learns it
+    /// from here, to send back, in its own requests, what it holds of it (``answererHead``).
+    public var writingSite: SiteID?
+    /// The latest transaction the requester holds of the answerer's writing site (as learned from the answerer's
+    /// requests), with its clock (protocol version 4): a transaction's clock is the same wherever it is held, so an
+    /// answerer that holds this number with another clock wrote other content under a number its peers hold (it was
+    /// restored from an older copy that lost its record of what it had sent).
+    public var answererHead: Stamp?
+
     /// A request for what `versionVector` lacks.
-    public init(requestID: UInt64, versionVector: VersionVector, wallClockMilliseconds: UInt64? = nil) {
+    public init(
+        requestID: UInt64,
+        versionVector: VersionVector,
+        wallClockMilliseconds: UInt64? = nil,
+        writingSite: SiteID? = nil,
+        answererHead: Stamp? = nil
+    ) {
         self.requestID = requestID
         self.versionVector = versionVector
         self.wallClockMilliseconds = wallClockMilliseconds
+        self.writingSite = writingSite
+        self.answererHead = answererHead
     }
 }
 

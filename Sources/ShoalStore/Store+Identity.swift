@@ -23,6 +23,9 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
         case copied
         /// The file was copied from another machine: it is another node, which needs a membership of its own.
         case copiedFromAnotherMachine = "copied-from-another-machine"
+        /// The file wrote transactions under numbers a peer holds with other content: restored from an older copy
+        /// whose record of what it had sent was lost, and written to since (seen by a peer's request).
+        case forked
     }
 
     /// What was found.
@@ -45,6 +48,11 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
         case .copied:
             return "this database file is a copy of another (copied, or restored from a backup file): \(sites), so "
                 + "that it and the original never write under the same numbers; nothing is lost"
+        case .forked:
+            return "this database wrote transactions under numbers a peer holds with other content (it was restored "
+                + "from an older copy whose record of what it had sent was lost, and written to since): \(sites), so "
+                + "that it writes no more such; rows those transactions wrote may differ between nodes until they are "
+                + "written again: shoal verify --peer lists them"
         case .copiedFromAnotherMachine:
             return "this database was copied from another machine: \(sites). It is another node than the original: "
                 + "give it a key and a membership of its own (remove its .shoal-key file, then run shoal invite on a "
@@ -129,7 +137,9 @@ extension Store {
                 return (ownSeq, .copiedFromAnotherMachine, recorded)
             }
             if let storedInode, storedInode != inode { return (ownSeq, .copied, recorded) }
-            return (ownSeq, (readSent(path)[site] ?? 0) > UInt64(ownSeq) ? .restored : nil, recorded)
+            let sent = readSent(path)[site] ?? 0
+            if sent == forkedMarker { return (ownSeq, .forked, recorded) }
+            return (ownSeq, sent > UInt64(ownSeq) ? .restored : nil, recorded)
         }
         // Read first: a file opened where it was last opened, holding what it sent, is not written to at all.
         let (site, index, identity) = try current()
@@ -201,6 +211,47 @@ extension Store {
     func noteOwnSiteEvidence(_ seq: UInt64) {
         if (Self.readSent(path)[siteID] ?? 0) >= seq { return }
         recordSent(upTo: seq)
+    }
+
+    /// What the sent file records for a site that wrote under numbers a peer holds with other content.
+    static let forkedMarker = UInt64(Int64.max)
+
+    /// The latest transaction of `site` this database's log holds, with its clock (``SyncRequest``'s answerer head).
+    public func loggedHead(of site: SiteID) throws(ShoalError) -> Stamp? {
+        try refreshSites()
+        guard let index = sites.existingIndex(of: site) else { return nil }
+        let select = try statement("SELECT seq, hlc FROM shoal_log WHERE site = ? ORDER BY seq DESC LIMIT 1")
+        try select.bind([.integer(Int64(index))])
+        defer { select.reset() }
+        guard try select.step() else { return nil }
+        return Stamp(
+            hlc: HLC(rawValue: UInt64(bitPattern: select.columnInt64(1))),
+            site: site,
+            seq: UInt64(select.columnInt64(0))
+        )
+    }
+
+    /// Checks what a peer holds of this database's site (`head`: its latest transaction of it, with its clock)
+    /// against what this database wrote under that number. A transaction's clock is the same wherever it is held:
+    /// another clock means this database wrote other content under a number the peer holds (it was restored from an
+    /// older copy whose record of what it sent was lost, and written to since). Then it sends nothing more, and moves
+    /// to a fresh site when it next opens.
+    public func checkHead(_ head: Stamp) throws(ShoalError) {
+        guard head.site == siteID else { return }
+        let select = try statement("SELECT hlc FROM shoal_log WHERE site = ? AND seq = ? LIMIT 1")
+        try select.bind([.integer(ownSiteIndex), .integer(Int64(bitPattern: head.seq))])
+        defer { select.reset() }
+        guard try select.step() else { return }
+        let held = HLC(rawValue: UInt64(bitPattern: select.columnInt64(0)))
+        guard held != head.hlc else { return }
+        recordSent(upTo: Self.forkedMarker)
+        throw ShoalError(
+            code: .siteConflict,
+            message: "the peer holds transaction \(head.seq) of this database's own site \(siteID.hex.prefix(8)) with "
+                + "clock \(head.hlc), but this database wrote it with clock \(held): it was restored from an older copy "
+                + "whose record of what it had sent was lost, and wrote other content under numbers the peer holds, so "
+                + "nothing is sent. \(Self.restartToMove)"
+        )
     }
 
     /// Records that this site's transactions up to `seq` are about to be sent, beside what every site this file

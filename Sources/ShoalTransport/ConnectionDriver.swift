@@ -62,6 +62,8 @@ struct ConnectionDriver {
     /// The highest seq per site applied from this round's answer so far: a later batch may claim what an earlier
     /// one delivered.
     private var receivedThisRound: [SiteID: UInt64] = [:]
+    /// The site the peer writes as, from its requests (protocol version 4).
+    private var peerWritingSite: SiteID?
     /// A site's changes left out of this round for a clock too far ahead (the round fails with it at its end).
     private var clockRefusal: ShoalError?
     private var clockRefusalBatch: ChangeBatch?
@@ -225,16 +227,24 @@ struct ConnectionDriver {
                         receivedThisRound = [:]
                         roundFailureCounted = false
                     }
+                    // What this node holds of the peer's writing site, for the peer to check: until the peer's first
+                    // request names it, the site its hello names (the same, unless the peer once moved).
+                    var head: Stamp?
+                    if let site = peerWritingSite ?? peer { head = try await worker.loggedHead(of: site) }
                     actions += session.startRound(
                         versionVector: try await worker.versionVector(),
                         now: now,
-                        wallClock: await worker.wallClockMilliseconds()
+                        wallClock: await worker.wallClockMilliseconds(),
+                        writingSite: await worker.writingSite(),
+                        answererHead: head
                     )
                 case .serve(let request):
                     if let wall = request.wallClockMilliseconds, let peer {
                         let ahead = await worker.notePeerClock(wall)
                         await delegate.connectionClockView(peer: peer, aheadMilliseconds: -ahead)
                     }
+                    if let site = request.writingSite { peerWritingSite = site }
+                    if let head = request.answererHead { try await worker.checkHead(head) }
                     gate.serving(true)
                     defer { gate.serving(false) }
                     guard try await serve(request, session: &session, stream: stream) else {

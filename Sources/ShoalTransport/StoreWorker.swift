@@ -72,6 +72,15 @@ actor StoreWorker {
         return ahead
     }
 
+    /// The site the store writes as now.
+    func writingSite() -> SiteID { store.siteID }
+
+    /// See ``Store/loggedHead(of:)``.
+    func loggedHead(of site: SiteID) throws(ShoalError) -> Stamp? { try store.loggedHead(of: site) }
+
+    /// See ``Store/checkHead(_:)``.
+    func checkHead(_ head: Stamp) throws(ShoalError) { try store.checkHead(head) }
+
     func versionVector() throws(ShoalError) -> VersionVector {
         let vector = try store.versionVector()
         latestVersionVector.withLock { $0 = vector }

@@ -32,6 +32,43 @@ private func change(_ seq: UInt64, value: SQLValue = .integer(1)) -> Change {
 
 /// The rules of the exchange that the session owns (the driver only carries out its actions).
 @Suite struct SessionRulesTests {
+    @Test func version4FieldsTravelOnlyToPeersThatReadThem() throws {
+        let head = Stamp(hlc: HLC(milliseconds: 1_700_000_000_000, logical: 3), site: siteB, seq: 42)
+        func request(peerVersions: ClosedRange<UInt16>) -> SyncRequest? {
+            var session = SyncSession(local: Hello(clusterID: "lab", siteID: siteA, nodeName: "n", schemaFingerprint: "t", listenPort: 0), now: 0)
+            _ = session.start()
+            var peer = hello(siteB)
+            peer.versions = peerVersions
+            _ = session.receive(.hello(peer), now: 0)
+            let actions = session.startRound(
+                versionVector: VersionVector([siteB: 42]),
+                now: 1,
+                wallClock: 1_700_000_000_123,
+                writingSite: siteA,
+                answererHead: head
+            )
+            guard case .send(.syncRequest(let request)) = actions.first else { return nil }
+            return request
+        }
+        let current = try #require(request(peerVersions: 1...WireProtocol.maximumVersion))
+        #expect(current.wallClockMilliseconds == 1_700_000_000_123)
+        #expect(current.writingSite == siteA && current.answererHead == head)
+        #expect(try WireMessage.decode(WireMessage.syncRequest(current).encoded()) == .syncRequest(current))
+        // Without a head (the peer's site is not held here yet), and to a version 3 peer: none of them at all.
+        var headless = current
+        headless.answererHead = nil
+        #expect(try WireMessage.decode(WireMessage.syncRequest(headless).encoded()) == .syncRequest(headless))
+        let older = try #require(request(peerVersions: 1...3))
+        #expect(older.wallClockMilliseconds == nil && older.writingSite == nil && older.answererHead == nil)
+        #expect(WireMessage.syncRequest(older).encoded().count < WireMessage.syncRequest(headless).encoded().count)
+        // A truncated version 4 request, or an unknown head flag, is malformed.
+        let bytes = WireMessage.syncRequest(current).encoded()
+        #expect(throws: ShoalError.self) { try WireMessage.decode(Array(bytes.dropLast(4))) }
+        var flagged = WireMessage.syncRequest(headless).encoded()
+        flagged[flagged.count - 1] = 7
+        #expect(throws: ShoalError.self) { try WireMessage.decode(flagged) }
+    }
+
     @Test func aPullBackFollowsServingOnlyWhenThePeerHoldsSomethingWeLack() {
         var session = established()
         let request = SyncRequest(requestID: 1, versionVector: VersionVector([siteB: 3]))

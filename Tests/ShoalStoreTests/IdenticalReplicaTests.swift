@@ -667,6 +667,57 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         case backupWrittenInPlaceAndSentRecordLost
     }
 
+    @Test func aFileRestoredWithItsOldRecordAndWrittenPastThePeerIsToldByThePeersHead() throws {
+        let directory = try temporaryDirectory("forked")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db").path
+        let b = try makeFileStore(directory, "b")
+        let original: SiteID
+        let backup = directory.appendingPathComponent("backup")
+        try FileManager.default.createDirectory(at: backup, withIntermediateDirectories: true)
+        do {
+            let a = try makeFileStore(directory, "a")
+            original = a.siteID
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            try sync(a, b)
+            // The whole folder is backed up: the database and its record of what was sent.
+            try RawConnection(path: path).exec("VACUUM INTO '\(backup.path)/a.db'")
+            try FileManager.default.copyItem(atPath: path + ".shoal-sent", toPath: backup.path + "/a.db.shoal-sent")
+            try a.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
+            try a.execute("INSERT INTO items(id, name) VALUES (3, 'three')")
+            try sync(a, b)
+        }
+        // The folder is restored in place (the same file, so the same inode), its old record with it.
+        for suffix in ["-wal", "-shm", ".shoal-sent"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        try handle.truncate(atOffset: 0)
+        try handle.write(contentsOf: try Data(contentsOf: backup.appendingPathComponent("a.db")))
+        try handle.close()
+        try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+        do {
+            // Nothing at hand shows it: it writes on under the numbers the peer holds, and past them.
+            let restored = try Store(path: path)
+            #expect(try restored.identityChange() == nil)
+            for id in [20, 30, 40] { try restored.execute("INSERT INTO items(id, name) VALUES (\(id), 'forked')") }
+            // The peer's request carries its latest transaction of this site, with its clock: not the one written here.
+            let head = try #require(try b.loggedHead(of: original))
+            #expect(head.seq == 3)
+            let refusal = try #require(shoalError { try restored.checkHead(head) })
+            #expect(refusal.code == .siteConflict)
+            #expect(refusal.message.contains("restored from an older copy") && refusal.message.contains("Restart"))
+            // The peer's own head of its own site, or a head this file agrees with, is no evidence.
+            try restored.checkHead(try #require(try restored.loggedHead(of: original)))
+        }
+        // Reopened, it writes as a fresh site and says why.
+        let moved = try Store(path: path)
+        let change = try #require(try moved.identityChange())
+        #expect(change.reason == .forked && change.previousSite == original && moved.siteID != original)
+        #expect(change.description.contains("shoal verify --peer"))
+        try moved.execute("INSERT INTO items(id, name) VALUES (50, 'after the move')")
+        try sync(moved, b)
+        #expect(try rows(b, "SELECT name FROM items WHERE id = 50") == [[.text("after the move")]])
+    }
+
     @Test(arguments: Restore.allCases)
     func aFileRestoredFromAnOlderCopyMovesToAFreshSiteAndLosesNothing(_ restore: Restore) throws {
         let directory = try temporaryDirectory("restored-copy")
