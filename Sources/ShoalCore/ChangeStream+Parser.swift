@@ -13,6 +13,12 @@ extension ChangeStream {
         public private(set) var start: (site: SiteID, since: VersionVector, claim: VersionVector)?
         /// The sender's schema fingerprint, once the header is read (if it carries one).
         public var schema: String? { header?.schema }
+        /// The header's heads (``Header/heads``), once it is read.
+        public var heads: [Stamp] {
+            (header?.heads ?? [:]).compactMap { site, head in
+                SiteID(hex: site).map { Stamp(hlc: HLC(rawValue: head.hlc), site: $0, seq: head.seq) }
+            }
+        }
         private var changes: [Change] = []
         /// Changes read so far, including those already handed over by ``takeChanges()``.
         private var count = 0

@@ -42,10 +42,25 @@ public enum ChangeStream {
         /// The sender's schema fingerprint (`Store.schemaFingerprint()`), when it wrote one: a receiver whose
         /// replicated tables would store other rows for the same changes refuses the stream.
         public var schema: String?
+        /// Per site `since` names, the latest transaction the sender holds of it within `since`, with its clock (when
+        /// it wrote them): a receiver that holds that transaction of its own site with another clock wrote other
+        /// content under a number the sender holds (it was restored from an older copy), and refuses the stream.
+        public var heads: [String: Head]?
+
+        /// A transaction's number and clock (``heads``).
+        public struct Head: Codable, Hashable, Sendable {
+            /// Its sequence number.
+            public var seq: UInt64
+            /// Its clock (``HLC/rawValue``).
+            public var hlc: UInt64
+        }
 
         /// The header of a stream from `site`, cut for `since`, that lets the receiver claim `claim`.
-        public init(site: SiteID, since: VersionVector, claim: VersionVector, schema: String? = nil) {
+        public init(site: SiteID, since: VersionVector, claim: VersionVector, schema: String? = nil, heads: [Stamp] = []) {
             self.schema = schema
+            self.heads =
+                heads.isEmpty
+                ? nil : Dictionary(heads.map { ($0.site.hex, Head(seq: $0.seq, hlc: $0.hlc.rawValue)) }) { $1 }
             self.format = "shoal-changes"
             self.version = ChangeStream.formatVersion
             self.site = site.hex

@@ -37,9 +37,19 @@ extension Store {
         if snapshot { try connection.exec("BEGIN") }
         defer { if snapshot { try? connection.exec("COMMIT") } }
         let cursor = try deltaCursor(since: since)
+        var heads: [Stamp] = []
+        for (site, seq) in since.entries where site != siteID {
+            if let head = try loggedHead(of: site, upTo: seq) { heads.append(head) }
+        }
         var buffer = Array(
             ChangeStream.headerLine(
-                .init(site: siteID, since: since, claim: since.merging(cursor.held), schema: try schemaFingerprint())
+                .init(
+                    site: siteID,
+                    since: since,
+                    claim: since.merging(cursor.held),
+                    schema: try schemaFingerprint(),
+                    heads: heads
+                )
             ).utf8
         )
         buffer.append(0x0A)

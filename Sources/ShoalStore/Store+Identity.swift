@@ -216,12 +216,15 @@ extension Store {
     /// What the sent file records for a site that wrote under numbers a peer holds with other content.
     static let forkedMarker = UInt64(Int64.max)
 
-    /// The latest transaction of `site` this database's log holds, with its clock (``SyncRequest``'s answerer head).
-    public func loggedHead(of site: SiteID) throws(ShoalError) -> Stamp? {
+    /// The latest transaction of `site` (up to `seq`) this database's log holds, with its clock: what a sync request
+    /// or a change stream tells the other side it holds of its site, for ``checkHead(_:)`` there.
+    public func loggedHead(of site: SiteID, upTo seq: UInt64 = UInt64(Int64.max)) throws(ShoalError) -> Stamp? {
         try refreshSites()
         guard let index = sites.existingIndex(of: site) else { return nil }
-        let select = try statement("SELECT seq, hlc FROM shoal_log WHERE site = ? ORDER BY seq DESC LIMIT 1")
-        try select.bind([.integer(Int64(index))])
+        let select = try statement(
+            "SELECT seq, hlc FROM shoal_log WHERE site = ? AND seq <= ? ORDER BY seq DESC LIMIT 1"
+        )
+        try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: min(seq, UInt64(Int64.max))))])
         defer { select.reset() }
         guard try select.step() else { return nil }
         return Stamp(

@@ -277,8 +277,11 @@ extension ShoalCommand {
             defer { chunks.close() }
             let stream: (site: SiteID, since: VersionVector, claim: VersionVector)
             switch chunks.take() {
-            case .start(let site, let since, let claim, let schema):
+            case .start(let site, let since, let claim, let schema, let heads):
                 try store.checkStreamSchema(schema)
+                // The sender's latest transaction of this database's site, with its clock: another clock here means
+                // this file was restored and wrote other content under numbers the sender holds.
+                for head in heads { try store.checkHead(head) }
                 stream = (site, since, claim)
             case .failure(let error): throw error
             case .chunk, .end: throw ShoalError(code: .malformedStream, message: "the stream has no header")

@@ -73,7 +73,7 @@ enum StandardStreams {
 /// `@unchecked Sendable`: every access to `items` and `closed` holds `condition`.
 final class StreamChunks: @unchecked Sendable {
     enum Item {
-        case start(site: SiteID, since: VersionVector, claim: VersionVector, schema: String?)
+        case start(site: SiteID, since: VersionVector, claim: VersionVector, schema: String?, heads: [Stamp])
         case chunk([Change])
         case end
         case failure(ShoalError)
@@ -96,7 +96,13 @@ final class StreamChunks: @unchecked Sendable {
                     if !started, let start = parser.start {
                         started = true
                         chunks.put(
-                            .start(site: start.site, since: start.since, claim: start.claim, schema: parser.schema)
+                            .start(
+                                site: start.site,
+                                since: start.since,
+                                claim: start.claim,
+                                schema: parser.schema,
+                                heads: parser.heads
+                            )
                         )
                     }
                     if parser.pendingCount >= chunkSize { chunks.put(.chunk(parser.takeChanges())) }
@@ -104,7 +110,13 @@ final class StreamChunks: @unchecked Sendable {
                 let contents = try parser.finish()
                 if !started {
                     chunks.put(
-                        .start(site: contents.site, since: contents.since, claim: contents.claim, schema: contents.schema)
+                        .start(
+                            site: contents.site,
+                            since: contents.since,
+                            claim: contents.claim,
+                            schema: contents.schema,
+                            heads: parser.heads
+                        )
                     )
                 }
                 chunks.put(.chunk(contents.changes))

@@ -667,9 +667,9 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         case backupWrittenInPlaceAndSentRecordLost
     }
 
-    @Test func aFileRestoredWithItsOldRecordAndWrittenPastThePeerIsToldByThePeersHead() throws {
-        let directory = try temporaryDirectory("forked")
-        defer { try? FileManager.default.removeItem(at: directory) }
+    /// A file whose folder was restored in place from an older backup (its record of what was sent with it), then
+    /// written to past what its peer `b` holds of its site: nothing at hand shows it.
+    private func forkedFile(in directory: URL) throws -> (b: Store, original: SiteID, path: String) {
         let path = directory.appendingPathComponent("a.db").path
         let b = try makeFileStore(directory, "b")
         let original: SiteID
@@ -694,11 +694,18 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         try handle.write(contentsOf: try Data(contentsOf: backup.appendingPathComponent("a.db")))
         try handle.close()
         try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+        let restored = try Store(path: path)
+        #expect(try restored.identityChange() == nil)
+        for id in [20, 30, 40] { try restored.execute("INSERT INTO items(id, name) VALUES (\(id), 'forked')") }
+        return (b, original, path)
+    }
+
+    @Test func aFileRestoredWithItsOldRecordAndWrittenPastThePeerIsToldByThePeersHead() throws {
+        let directory = try temporaryDirectory("forked")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (b, original, path) = try forkedFile(in: directory)
         do {
-            // Nothing at hand shows it: it writes on under the numbers the peer holds, and past them.
             let restored = try Store(path: path)
-            #expect(try restored.identityChange() == nil)
-            for id in [20, 30, 40] { try restored.execute("INSERT INTO items(id, name) VALUES (\(id), 'forked')") }
             // The peer's request carries its latest transaction of this site, with its clock: not the one written here.
             let head = try #require(try b.loggedHead(of: original))
             #expect(head.seq == 3)
@@ -716,6 +723,26 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         try moved.execute("INSERT INTO items(id, name) VALUES (50, 'after the move')")
         try sync(moved, b)
         #expect(try rows(b, "SELECT name FROM items WHERE id = 50") == [[.text("after the move")]])
+    }
+
+    @Test func aFileRestoredWithItsOldRecordAndWrittenPastThePeerRefusesThePeersStream() throws {
+        let directory = try temporaryDirectory("forked-stream")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (_, original, path) = try forkedFile(in: directory)
+        // Offline: the peer writes a stream for the restored file's version; its header names what the peer holds of
+        // each site, with clocks.
+        let vector = "{" + (try Store(path: path).versionVector()).entries.map { "\"\($0.key.hex)\":\($0.value)" }
+            .joined(separator: ",") + "}"
+        let stream = try shoal("changes", "--db", directory.appendingPathComponent("b.db").path, "--since", vector)
+        #expect(stream.status == 0, "\(stream.stderr)")
+        #expect(stream.stdout.split(separator: "\n").first?.contains("\"heads\"") == true)
+        let applied = try shoal("apply", "--db", path, input: Data(stream.stdout.utf8))
+        #expect(applied.status != 0)
+        #expect(applied.stderr.contains("restored from an older copy") && applied.stderr.contains("Restart"), "\(applied.stderr)")
+        // Nothing of the stream was applied, and the next opening moves the file.
+        let moved = try Store(path: path)
+        #expect(try moved.identityChange()?.reason == .forked && moved.siteID != original)
+        #expect(try rows(moved, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(20)], [.integer(30)], [.integer(40)]])
     }
 
     @Test(arguments: Restore.allCases)
