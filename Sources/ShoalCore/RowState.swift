@@ -83,6 +83,23 @@ public struct RowState: Hashable, Sendable {
         return result
     }
 
+    /// Gives every stamp of transaction `dot` in this row the clock `hlc` (a transaction stamped again before it was
+    /// ever sent).
+    public mutating func restamp(_ dot: Dot, hlc: HLC) {
+        if let stamp = lengthStamp, stamp.dot == dot { lengthStamp = Stamp(hlc: hlc, site: dot.site, seq: dot.seq) }
+        for index in cells.indices {
+            switch cells[index] {
+            case .empty: break
+            case .value(let stamp, let previous):
+                if stamp.dot == dot { cells[index] = .value(Stamp(hlc: hlc, site: dot.site, seq: dot.seq), previous: previous) }
+            case .counter(var entries):
+                guard let entry = entries[dot.site], entry.seq == dot.seq else { continue }
+                entries[dot.site]?.hlc = hlc
+                cells[index] = .counter(entries)
+            }
+        }
+    }
+
     /// Every stamp this row holds, for the delta query: a change must be sent while its dot is not covered.
     public var dots: Set<Dot> {
         var result = Set<Dot>()

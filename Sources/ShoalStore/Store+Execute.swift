@@ -290,7 +290,7 @@ extension Store {
     /// what the monotonic clock says elapsed (a clock set wrong, an NTP step) by more than the drift bound, with no
     /// peer's clock to back it: then the time the monotonic clock says it is, and an error logged once. A write
     /// stamped a day ahead would be refused by every peer, and every later write of this node stamped after it.
-    /// And while the clock runs ahead of every peer's by more than the drift bound (``notePeerClock(_:)``: it may have
+    /// And while the clock runs ahead of every peer's by more than the drift bound (``notePeerClock(_:from:)``: it may have
     /// started that way, with no earlier reading to compare with), the most advanced peer's time, with an error
     /// logged once.
     func physicalTime(corroboratedBy remote: HLC) -> UInt64 {

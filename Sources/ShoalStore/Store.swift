@@ -85,8 +85,8 @@ public final class Store {
     var clockReference: (wall: UInt64, steady: UInt64)?
     /// Whether the error about a wall clock that jumped ahead was logged (once per jump).
     var warnedClockJump = false
-    /// The most advanced peer clock reading (see ``notePeerClock(_:)``).
-    var peerClock: PeerClockEvidence?
+    /// Each peer's latest clock reading (see ``notePeerClock(_:from:)``).
+    var peerClocks: [SiteID: PeerClockEvidence] = [:]
     /// Whether the error about this machine's clock running ahead of its peers' was logged (once per episode).
     var warnedAheadOfPeers = false
     /// This node's own commits up to this seq are known to be on disk (``makeLocalCommitsDurable(upTo:)``).

@@ -240,7 +240,7 @@ struct ConnectionDriver {
                     )
                 case .serve(let request):
                     if let wall = request.wallClockMilliseconds, let peer {
-                        let ahead = await worker.notePeerClock(wall)
+                        let ahead = await worker.notePeerClock(wall, from: peer)
                         await delegate.connectionClockView(peer: peer, aheadMilliseconds: -ahead)
                     }
                     if let site = request.writingSite { peerWritingSite = site }
@@ -310,7 +310,10 @@ struct ConnectionDriver {
         session: inout SyncSession,
         stream: some MessageStream
     ) async throws(ShoalError) -> Bool {
-        let cursor = try await worker.openCursor(since: request.versionVector)
+        let cursor = try await worker.openCursor(
+            since: request.versionVector,
+            askerClock: request.wallClockMilliseconds
+        )
         do throws(ShoalError) {
             while let (batch, isLast, remaining) = try await worker.nextBatch(
                 cursor,

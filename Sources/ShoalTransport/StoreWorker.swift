@@ -64,10 +64,10 @@ actor StoreWorker {
     /// The wall clock the store stamps writes with, read now.
     func wallClockMilliseconds() -> UInt64 { store.wallClockMilliseconds() }
 
-    /// Notes a peer's wall clock reading (see ``Store/notePeerClock(_:)``); returns how far this node's clock is
+    /// Notes a peer's wall clock reading (see ``Store/notePeerClock(_:from:)``); returns how far this node's clock is
     /// ahead of it, in milliseconds (negative: behind).
-    func notePeerClock(_ wallMilliseconds: UInt64) -> Int64 {
-        let ahead = store.notePeerClock(wallMilliseconds)
+    func notePeerClock(_ wallMilliseconds: UInt64, from peer: SiteID) -> Int64 {
+        let ahead = store.notePeerClock(wallMilliseconds, from: peer)
         latestClockAhead.withLock { $0 = store.clockAheadOfPeersMilliseconds }
         return ahead
     }
@@ -91,9 +91,10 @@ actor StoreWorker {
     private var nextCursor = 0
 
     /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:maxBytes:)``.
-    func openCursor(since: VersionVector) throws(ShoalError) -> Int {
+    /// `askerClock`: the asker's wall clock, when its request carried one (see ``Store/deltaCursor(since:askerClock:)``).
+    func openCursor(since: VersionVector, askerClock: UInt64? = nil) throws(ShoalError) -> Int {
         nextCursor += 1
-        cursors[nextCursor] = try store.deltaCursor(since: since)
+        cursors[nextCursor] = try store.deltaCursor(since: since, askerClock: askerClock)
         return nextCursor
     }
 

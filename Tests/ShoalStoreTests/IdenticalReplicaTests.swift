@@ -235,6 +235,35 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         case newLifeAndCompaction
     }
 
+    @Test func anAnswerNeverClaimsATransactionOverwrittenByAWriteItHoldsWithoutItsClaim() throws {
+        let directory = try temporaryDirectory("claim-unclaimed-overwriter")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let first = try makeFileStore(directory, "first")
+        let second = try makeFileStore(directory, "second")
+        let sender = try makeFileStore(directory, "sender")
+        let receiver = try makeFileStore(directory, "receiver")
+        let bystander = try makeFileStore(directory, "bystander")
+        try first.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        for store in [second, sender, bystander] { try sync(first, store) }
+        // The second writer deletes the row; the sender holds the delete without its claim (a catch-up still under
+        // way, whose claim comes with a later batch).
+        try second.execute("DELETE FROM items WHERE id = 1")
+        try sender.apply(try second.changes(since: try sender.versionVector()).flatMap(\.changes))
+        #expect(!(try sender.versionVector()).covers(Dot(site: second.siteID, seq: 1)))
+        // The sender answers the receiver: it may neither send the delete (unclaimed) nor claim the first writer's
+        // insert, which the delete overwrote and which it no longer holds.
+        try sync(sender, receiver)
+        #expect(!(try receiver.versionVector()).covers(Dot(site: first.siteID, seq: 1)))
+        // The sender is lost: the receiver and the bystander (which holds the insert) meet and end the same.
+        try sync(bystander, receiver)
+        try sync(receiver, bystander)
+        #expect(
+            try sameContents(directory.appendingPathComponent("receiver.db"), directory.appendingPathComponent("bystander.db"))
+        )
+        #expect(try receiver.digest() == bystander.digest())
+        #expect(try rows(receiver, "SELECT name FROM items WHERE id = 1") == [[.text("one")]])
+    }
+
     @Test(arguments: Overwrite.allCases)
     func aBatchNeverClaimsATransactionWhoseOverwriterItHasNotSentYet(_ overwrite: Overwrite) throws {
         let directory = try temporaryDirectory("claim-overwriter")
@@ -966,9 +995,14 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         let late = try makeStore(ManualWallClock(milliseconds: real - day))
         for node in [store, peer, late] { try makeItems(node) }
         #expect(store.clockAheadOfPeersMilliseconds == nil)
-        // A request from a peer carries its clock; a peer further behind (a day late) holds no one back.
-        #expect(store.notePeerClock(real) == Int64(day))
-        #expect(store.notePeerClock(real - day) == Int64(2 * day))
+        // A request from a peer carries its clock. One peer a day behind is no evidence (either clock may be wrong).
+        let (p1, p2, p3) = (SiteID(high: 1, low: 1), SiteID(high: 2, low: 2), SiteID(high: 3, low: 3))
+        #expect(store.notePeerClock(real, from: p1) == Int64(day))
+        #expect(store.clockAheadOfPeersMilliseconds == nil)
+        // Two peers that agree are; a third further behind (a day late) holds no one back: the most advanced counts.
+        #expect(store.notePeerClock(real - day, from: p3) == Int64(2 * day))
+        #expect(store.clockAheadOfPeersMilliseconds == day)
+        store.notePeerClock(real, from: p2)
         #expect(store.clockAheadOfPeersMilliseconds == day)
         try store.execute("INSERT INTO items(id, name) VALUES (1, 'written after hearing the peer')")
         let stamp = try #require(try store.changes(since: VersionVector()).flatMap(\.changes).last?.stamp)
@@ -984,6 +1018,70 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         try store.execute("INSERT INTO items(id, name) VALUES (2, 'after the clock was set right')")
         let later = try #require(try store.changes(since: VersionVector()).flatMap(\.changes).last?.stamp)
         #expect(later.hlc.milliseconds == real + 10_000)
+    }
+
+    @Test func writesMadeAheadBeforeHearingAnyPeerAndNeverSentAreStampedAgainWithThePeersTime() throws {
+        let directory = try temporaryDirectory("restamp")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let real: UInt64 = 1_700_000_000_000
+        let day: UInt64 = 86_400_000
+        func fileStore(_ name: String, _ clock: ManualWallClock) throws -> Store {
+            var options = StoreOptions()
+            options.clock = clock
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path, options: options)
+            try makeItems(store)
+            return store
+        }
+        // The machine starts a day ahead and the app writes at once, before any peer is heard.
+        let clock = ManualWallClock(milliseconds: real + day)
+        let a = try fileStore("a", clock)
+        let b = try fileStore("b", ManualWallClock(milliseconds: real))
+        try a.execute("INSERT INTO items(id, name, hits) VALUES (1, 'one', 1)")
+        try a.execute("BEGIN; UPDATE items SET name = 'uno', hits = hits + 2 WHERE id = 1; INSERT INTO items(id, name) VALUES (2, 'two'); COMMIT")
+        try a.execute("DELETE FROM items WHERE id = 2")
+        #expect(try sync(a, b).clockRefusals[a.siteID] != nil)  // as things stand, the peer refuses them
+        // Hearing two peers, it would stamp again what it never sent, but the refused answer above carried them.
+        let (p1, p2) = (SiteID(high: 1, low: 1), SiteID(high: 2, low: 2))
+        a.notePeerClock(real, from: p1)
+        a.notePeerClock(real, from: p2)
+        #expect(try sync(a, b).clockRefusals[a.siteID] != nil)
+        // A file that never sent them: the same writes on a second machine started ahead.
+        let c = try fileStore("c", ManualWallClock(milliseconds: real + day))
+        try c.execute("INSERT INTO items(id, name, hits) VALUES (11, 'eleven', 1)")
+        try c.execute("BEGIN; UPDATE items SET name = 'once', hits = hits + 2 WHERE id = 11; INSERT INTO items(id, name) VALUES (12, 'twelve'); COMMIT")
+        try c.execute("DELETE FROM items WHERE id = 12")
+        // (Read with a plain connection: asking the store for its changes would count as sending them.)
+        func logged() throws -> [(seq: Int64, hlc: HLC)] {
+            try SQLiteConnection(path: directory.appendingPathComponent("c.db").path)
+                .rows("SELECT DISTINCT seq, hlc FROM shoal_log ORDER BY seq")
+                .map { ($0[0].integerValue!, HLC(rawValue: UInt64(bitPattern: $0[1].integerValue!))) }
+        }
+        let before = try logged()
+        #expect(before.count == 3 && before.allSatisfy { $0.hlc.milliseconds >= real + day })
+        c.notePeerClock(real, from: p1)
+        #expect(try logged().map(\.hlc) == before.map(\.hlc))  // one peer: no evidence yet
+        c.notePeerClock(real, from: p2)
+        let after = try logged()
+        #expect(after.allSatisfy { $0.hlc.milliseconds >= real && $0.hlc.milliseconds < real + 1_000 }, "\(after)")
+        // Same numbers, same order, and the incremental digest follows the new clocks.
+        #expect(after.map(\.seq) == before.map(\.seq))
+        #expect(after.map(\.hlc) == after.map(\.hlc).sorted())
+        let changes = try c.changes(since: VersionVector()).flatMap(\.changes)
+        #expect(changes.allSatisfy { change in after.contains { $0.seq == Int64(change.stamp.seq) && $0.hlc == change.stamp.hlc } })
+        #expect(try c.digest() == c.fullScanDigest())
+        #expect(try c.verify().isConsistent)
+        // The peer takes them all now, and the two files hold the same rows.
+        let d = try fileStore("d", ManualWallClock(milliseconds: real))
+        #expect(try sync(c, d).clockRefusals.isEmpty)
+        #expect(try rows(d, "SELECT id, name, hits FROM items ORDER BY id") == [[.integer(11), .text("once"), .integer(3)]])
+        #expect(try sameContents(directory.appendingPathComponent("c.db"), directory.appendingPathComponent("d.db")))
+        #expect(try c.digest() == d.digest())
+        // Its next write follows them, at the peers' time.
+        try c.execute("UPDATE items SET name = 'later' WHERE id = 11")
+        let latest = try #require(try c.changes(since: VersionVector()).flatMap(\.changes).map(\.stamp).max())
+        #expect(latest.hlc > after.last!.hlc && latest.hlc.milliseconds < real + 1_000)
+        #expect(try sync(c, d).clockRefusals.isEmpty)
+        #expect(try c.digest() == d.digest())
     }
 
     // MARK: - The site table survives a rolled-back apply
