@@ -13,9 +13,6 @@ public final class DeltaCursor {
     var held: VersionVector
     /// How many times the answer was extended.
     var extensions = 0
-    /// The first transaction of this database's own site held back from the asker (stamped too far ahead of its
-    /// clock): the answer is never extended to it.
-    var heldBackFrom: UInt64?
     /// An answer extends itself at most this often; later rewrites cap it instead, so that an app writing without
     /// pause cannot keep one answer going forever.
     static let maximumExtensions = 256
@@ -118,28 +115,10 @@ public final class DeltaCursor {
 
 extension Store {
     /// Starts answering "what does `since` lack".
-    ///
-    /// `askerClock` is the asker's wall clock, when its request carried one: this database's own transactions stamped
-    /// further ahead of it than the drift bound are held back (with the ones after them), since the asker would refuse
-    /// them. Never sent, they can still be stamped again once this machine's clock proves to be the one ahead
-    /// (``notePeerClock(_:from:)``).
-    public func deltaCursor(since: VersionVector, askerClock: UInt64? = nil) throws(ShoalError) -> DeltaCursor {
+    public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
         try captureForeignWritesIfIdle()
-        var held = try versionVector()
-        var heldBackFrom: UInt64?
-        if let askerClock, held[siteID] > since[siteID] {
-            let limit = HLC(milliseconds: askerClock &+ options.maximumClockDriftMilliseconds, logical: .max)
-            let ahead = try connection.scalar(
-                "SELECT min(seq) FROM shoal_log WHERE site = ? AND seq > ? AND hlc > ?",
-                [
-                    .integer(ownSiteIndex), .integer(Int64(bitPattern: since[siteID])),
-                    .integer(Int64(bitPattern: min(limit.rawValue, UInt64(Int64.max)))),
-                ]
-            ).integerValue
-            if let ahead { held = VersionVector(held.entries.merging([siteID: UInt64(ahead - 1)]) { $1 }) }
-            heldBackFrom = ahead.map { UInt64($0) }
-        }
+        let held = try versionVector()
         if since[siteID] > held[siteID] {
             // The asker holds more of this database's own history than this database does: this file was restored
             // from an older copy (in a way its opening did not see: under a running node, or without the file that
@@ -157,7 +136,6 @@ extension Store {
         }
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
-        cursor.heldBackFrom = heldBackFrom
         cursor.lease = CursorLease(openCursors)
         // Integer keys take 10 bytes in the log; each row listed carries about one change per column.
         let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
@@ -278,23 +256,15 @@ extension Store {
                             // What may have overwritten part of this transaction here, and that this answer sends
                             // (it holds it, and the receiver does not): the claim waits for it. A write held without
                             // being claimed (part of a transaction still arriving, or cut off) is not sent: then this
-                            // transaction is neither sent nor claimed now, as for a rewrite the answer cannot carry;
-                            // a later answer, once the write is claimed here, sends both.
+                            // transaction and the site's later ones are sent but not claimed now (a later answer, once
+                            // the write is claimed here, claims them).
                             let stamp = Stamp(hlc: cursor.dotHLC, site: dot.site, seq: dot.seq)
-                            var unsendable = false
                             for overwriter in state.possibleOverwriters(of: stamp) where !cursor.since.covers(overwriter) {
                                 if cursor.held.covers(overwriter) {
                                     cursor.dotNeeds.insert(overwriter)
                                 } else {
-                                    unsendable = true
+                                    cursor.cap(dot)
                                 }
-                            }
-                            if unsendable {
-                                cursor.cap(dot)
-                                changes.removeSubrange(dotStart...)
-                                cursor.dot = nil
-                                cursor.moveToNextSite()
-                                continue nextTransaction
                             }
                         }
                         let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
@@ -387,9 +357,6 @@ extension Store {
         guard cursor.extensions < DeltaCursor.maximumExtensions else { return false }
         let current = try versionVector()
         guard newer.allSatisfy({ current.covers($0) }) else { return false }
-        if let heldBack = cursor.heldBackFrom, current[siteID] >= heldBack, newer.contains(where: { $0.site == siteID }) {
-            return false
-        }
         for site in Set(newer.map(\.site)) {
             let stopped = cursor.held[site]
             cursor.held.advance(site, to: current[site])

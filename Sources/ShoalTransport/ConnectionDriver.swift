@@ -310,10 +310,7 @@ struct ConnectionDriver {
         session: inout SyncSession,
         stream: some MessageStream
     ) async throws(ShoalError) -> Bool {
-        let cursor = try await worker.openCursor(
-            since: request.versionVector,
-            askerClock: request.wallClockMilliseconds
-        )
+        let cursor = try await worker.openCursor(since: request.versionVector)
         do throws(ShoalError) {
             while let (batch, isLast, remaining) = try await worker.nextBatch(
                 cursor,

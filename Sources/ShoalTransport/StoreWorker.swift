@@ -91,10 +91,9 @@ actor StoreWorker {
     private var nextCursor = 0
 
     /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:maxBytes:)``.
-    /// `askerClock`: the asker's wall clock, when its request carried one (see ``Store/deltaCursor(since:askerClock:)``).
-    func openCursor(since: VersionVector, askerClock: UInt64? = nil) throws(ShoalError) -> Int {
+    func openCursor(since: VersionVector) throws(ShoalError) -> Int {
         nextCursor += 1
-        cursors[nextCursor] = try store.deltaCursor(since: since, askerClock: askerClock)
+        cursors[nextCursor] = try store.deltaCursor(since: since)
         return nextCursor
     }
 
