@@ -255,15 +255,15 @@ extension Store {
                         if let state {
                             // What may have overwritten part of this transaction here, and that this answer sends
                             // (it holds it, and the receiver does not): the claim waits for it. A write held without
-                            // being claimed (part of a transaction still arriving, or cut off) is not sent: then this
-                            // transaction and the site's later ones are sent but not claimed now (a later answer, once
-                            // the write is claimed here, claims them).
+                            // being claimed (part of a transaction still arriving, or cut off) is not sent as a
+                            // transaction: what it wrote in this row travels here, beside, so that the receiver holds
+                            // what beat this transaction when it claims it.
                             let stamp = Stamp(hlc: cursor.dotHLC, site: dot.site, seq: dot.seq)
                             for overwriter in state.possibleOverwriters(of: stamp) where !cursor.since.covers(overwriter) {
                                 if cursor.held.covers(overwriter) {
                                     cursor.dotNeeds.insert(overwriter)
                                 } else {
-                                    cursor.cap(dot)
+                                    _ = try collect(dot: overwriter, table: table, key: key, into: &rowChanges)
                                 }
                             }
                         }
