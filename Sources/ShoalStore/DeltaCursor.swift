@@ -219,10 +219,7 @@ extension Store {
                     _ = try reader.readBytes(cursor.keyOffset)
                     while !reader.isAtEnd {
                         let keyStart = reader.offset
-                        let length = Int(try reader.readVarint())
-                        var keyReader = ByteReader(Array(try reader.readBytes(length)))
-                        var key: [SQLValue] = []
-                        for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                        let key = try Self.readLogKey(&reader, table: table)
                         guard cursor.seenKeys.insert(key).inserted else {
                             cursor.keyOffset = reader.offset
                             continue

@@ -101,9 +101,7 @@ extension Store {
                 let dot = Dot(site: siteID, seq: UInt64(seq))
                 var reader = ByteReader(keys)
                 while !reader.isAtEnd {
-                    var keyReader = ByteReader(Array(try reader.readBytes(Int(try reader.readVarint()))))
-                    var key: [SQLValue] = []
-                    for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                    let key = try Self.readLogKey(&reader, table: table)
                     guard var state = try loadState(table: table, key: key) else { continue }
                     state.restamp(dot, hlc: hlc)
                     try saveState(state, table: table, key: key)
@@ -137,8 +135,8 @@ extension Store {
     /// `nil` otherwise.
     func peerClockNow() -> UInt64? {
         let steady = options.clock.monotonicMilliseconds()
-        peerClocks = peerClocks.filter { steady &- $0.value.steady < Self.peerClockLifetime }
-        guard peerClocks.count >= 2 else { return nil }
-        return peerClocks.values.map { $0.estimate(steadyNow: steady) }.max()
+        let fresh = peerClocks.values.filter { steady &- $0.steady < Self.peerClockLifetime }
+        guard fresh.count >= 2 else { return nil }
+        return fresh.map { $0.estimate(steadyNow: steady) }.max()
     }
 }

@@ -85,10 +85,7 @@ extension Store {
                 var reader = ByteReader(entry.keys)
                 while !reader.isAtEnd {
                     let start = reader.offset
-                    let length = Int(try reader.readVarint())
-                    var keyReader = ByteReader(Array(try reader.readBytes(length)))
-                    var key: [SQLValue] = []
-                    for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                    let key = try Self.readLogKey(&reader, table: table)
                     if try loadState(table: table, key: key)?.holds(dot) == true {
                         kept.append(contentsOf: entry.keys[start..<reader.offset])
                     } else {

@@ -214,10 +214,7 @@ extension Store {
             var digest = stored[table.id] ?? StateDigest()
             var reader = ByteReader(keys)
             while !reader.isAtEnd {
-                let length = Int(try reader.readVarint())
-                var keyReader = ByteReader(Array(try reader.readBytes(length)))
-                var key: [SQLValue] = []
-                for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+                let key = try Self.readLogKey(&reader, table: table)
                 if seenCount >= 100_000 {
                     seen.removeAll()
                     seenCount = 0

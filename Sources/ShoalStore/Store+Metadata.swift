@@ -126,6 +126,14 @@ extension Store {
     }
 
     /// Adds a length-prefixed encoded key to a change-log key list.
+    /// Reads the next key of a change-log entry's list (as ``appendLogKey(_:to:)`` wrote it) for table `table`.
+    static func readLogKey(_ reader: inout ByteReader, table: ReplicatedTable) throws(ShoalError) -> [SQLValue] {
+        var keyReader = ByteReader(Array(try reader.readBytes(Int(try reader.readVarint()))))
+        var key: [SQLValue] = []
+        for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
+        return key
+    }
+
     func appendLogKey(_ key: [SQLValue], to buffer: inout [UInt8]) {
         if key.count == 1, case .integer = key[0] {
             buffer.append(9)  // the encoded length of one integer

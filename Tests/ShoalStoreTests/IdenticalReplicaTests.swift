@@ -721,11 +721,8 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             try sync(a, b)
         }
         // The folder is restored in place (the same file, so the same inode), its old record with it.
-        for suffix in ["-wal", "-shm", ".shoal-sent"] { try? FileManager.default.removeItem(atPath: path + suffix) }
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-        try handle.truncate(atOffset: 0)
-        try handle.write(contentsOf: try Data(contentsOf: backup.appendingPathComponent("a.db")))
-        try handle.close()
+        try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
+        try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
         try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
         let restored = try Store(path: path)
         #expect(try restored.identityChange() == nil)
@@ -808,10 +805,7 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             if restore == .backupWrittenInPlaceAndSentRecordLost {
                 try FileManager.default.removeItem(atPath: path.path + ".shoal-sent")
             }
-            let handle = try FileHandle(forWritingTo: path)
-            try handle.truncate(atOffset: 0)
-            try handle.write(contentsOf: try Data(contentsOf: backup))
-            try handle.close()
+            try restoreInPlace(path.path, from: backup.path)
         }
         let firstFresh: SiteID
         do {
@@ -861,12 +855,7 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             try sync(again, b)
         }
         guard restore == .backupWrittenInPlace else { return }
-        try? FileManager.default.removeItem(atPath: path.path + "-wal")
-        try? FileManager.default.removeItem(atPath: path.path + "-shm")
-        let handle = try FileHandle(forWritingTo: path)
-        try handle.truncate(atOffset: 0)
-        try handle.write(contentsOf: try Data(contentsOf: backup))
-        try handle.close()
+        try restoreInPlace(path.path, from: backup.path)
         let twice = try Store(path: path.path)
         #expect(try twice.identityChange()?.reason == .restored)
         #expect(twice.siteID != original && twice.siteID != firstFresh)

@@ -84,3 +84,13 @@ public func shoal(arguments: [String], input: Data? = nil) throws -> ProcessOutp
 public func sqlite3Shell(_ database: String, _ sql: String) throws -> ProcessOutput {
     try runProcess(URL(fileURLWithPath: "/usr/bin/sqlite3"), ["-cmd", ".timeout 10000", database, sql])
 }
+
+/// Writes `backup`'s bytes over the database file at `path` (the same file, so the same inode), as a restore tool
+/// that writes in place does; its write-ahead log and shared memory files go first.
+public func restoreInPlace(_ path: String, from backup: String) throws {
+    for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+    let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+    try handle.truncate(atOffset: 0)
+    try handle.write(contentsOf: try Data(contentsOf: URL(fileURLWithPath: backup)))
+    try handle.close()
+}

@@ -37,11 +37,8 @@ import ShoalTestSupport
             #expect(try await converge(a, b))
         }
         // Restored in place, with its old record; the app writes three rows while the node is down.
-        for suffix in ["-wal", "-shm", ".shoal-sent"] { try? FileManager.default.removeItem(atPath: path + suffix) }
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-        try handle.truncate(atOffset: 0)
-        try handle.write(contentsOf: try Data(contentsOf: backup.appendingPathComponent("a.db")))
-        try handle.close()
+        try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
+        try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
         try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
         do {
             let app = try Store(path: path)
