@@ -791,16 +791,19 @@ public final class PostgresRelayStorage: RelayStorage {
     }
 
     /// See ``RelayStorage``.
-    public func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> [UInt8]? {
-        try await attempt("read an upload key") {
-            var key: [UInt8]?
-            for try await value in try await client.query(
-                "SELECT key FROM shoal_relay.upload_keys WHERE cluster = \(cluster) AND epoch = \(Int64(epoch))",
-                logger: logger
-            ).decode(ByteBuffer.self) {
-                key = Self.bytes(value)
+    public func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> (key: [UInt8]?, newest: UInt32) {
+        let logger = logger
+        return try await attempt("read an upload key") {
+            try await client.withConnection { connection in
+                var key: [UInt8]?
+                for try await value in try await connection.query(
+                    "SELECT key FROM shoal_relay.upload_keys WHERE cluster = \(cluster) AND epoch = \(Int64(epoch))",
+                    logger: logger
+                ).decode(ByteBuffer.self) {
+                    key = Self.bytes(value)
+                }
+                return (key, try await Self.currentEpoch(connection, cluster: cluster, logger: logger))
             }
-            return key
         }
     }
 
@@ -881,6 +884,11 @@ public final class PostgresRelayStorage: RelayStorage {
     }
 
     // MARK: Operators
+
+    /// See ``RelayStorage``.
+    public func ping() async throws(ShoalError) {
+        try await attempt("answer") { try await client.query("SELECT 1", logger: logger) }
+    }
 
     /// See ``RelayStorage``.
     public func statistics() async throws(ShoalError) -> [RelayClusterStatistics] {

@@ -38,7 +38,11 @@ enum RelayOpenAPI {
                 "security": [],
                 "responses": {
                   "200": {
-                    "description": "It answers.",
+                    "description": "It answers, and so does its storage.",
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Health" } } }
+                  },
+                  "503": {
+                    "description": "It answers, but its storage does not.",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Health" } } }
                   }
                 }
@@ -55,7 +59,8 @@ enum RelayOpenAPI {
                   },
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -89,13 +94,15 @@ enum RelayOpenAPI {
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "403": {
                     "description": "`bad_upload_auth` (the epoch or the authentication is missing, or does not\#
-         check), `no_upload_key` (none registered for the epoch: POST /v1/keys) or `wrong_cluster` (a change set of\#
-         another cluster than the token's). Nothing was stored.",
+         check), `no_upload_key` (none registered for the epoch: POST /v1/keys), `epoch_retired` (the cluster's key\#
+         moved to a newer epoch: seal with it) or `wrong_cluster` (a change set of another cluster than the\#
+         token's). Nothing was stored.",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
                   },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -128,13 +135,14 @@ enum RelayOpenAPI {
                   "400": { "$ref": "#/components/responses/Malformed" },
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "403": {
-                    "description": "`bad_upload_auth`, `no_upload_key` or `wrong_cluster`, as for POST\#
+                    "description": "`bad_upload_auth`, `no_upload_key`, `epoch_retired` or `wrong_cluster`, as for POST\#
          /v1/changesets. Nothing was stored.",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
                   },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -177,7 +185,7 @@ enum RelayOpenAPI {
                   "400": { "$ref": "#/components/responses/Malformed" },
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "403": {
-                    "description": "`bad_upload_auth` or `no_upload_key`, as for POST /v1/changesets.",
+                    "description": "`bad_upload_auth`, `no_upload_key` or `epoch_retired`, as for POST /v1/changesets.",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
                   },
                   "409": {
@@ -186,7 +194,8 @@ enum RelayOpenAPI {
                   },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -221,7 +230,7 @@ enum RelayOpenAPI {
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
                   "500": { "$ref": "#/components/responses/Internal" },
-                  "503": { "$ref": "#/components/responses/Busy" }
+                  "503": { "$ref": "#/components/responses/BusyOrStorageUnavailable" }
                 }
               }
             },
@@ -248,7 +257,8 @@ enum RelayOpenAPI {
                   },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -268,13 +278,18 @@ enum RelayOpenAPI {
                   },
                   "400": { "$ref": "#/components/responses/Malformed" },
                   "401": { "$ref": "#/components/responses/Unauthorized" },
+                  "403": {
+                    "description": "`epoch_retired`: the cluster's key moved to a newer epoch.",
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
+                  },
                   "409": {
                     "description": "`key_conflict`: another key is registered for the epoch.",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
                   },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             },
@@ -313,7 +328,8 @@ enum RelayOpenAPI {
                   },
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               },
               "post": {
@@ -333,7 +349,8 @@ enum RelayOpenAPI {
                   "401": { "$ref": "#/components/responses/Unauthorized" },
                   "413": { "$ref": "#/components/responses/TooLarge" },
                   "429": { "$ref": "#/components/responses/RateLimited" },
-                  "500": { "$ref": "#/components/responses/Internal" }
+                  "500": { "$ref": "#/components/responses/Internal" },
+                  "503": { "$ref": "#/components/responses/StorageUnavailable" }
                 }
               }
             }
@@ -407,9 +424,15 @@ enum RelayOpenAPI {
                 "description": "`internal`: the relay's storage failed; try again later.",
                 "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
               },
-              "Busy": {
+              "StorageUnavailable": {
+                "description": "`storage_unavailable`: the relay's storage does not answer; try again after\#
+         Retry-After.",
+                "headers": { "Retry-After": { "$ref": "#/components/headers/Retry-After" } },
+                "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
+              },
+              "BusyOrStorageUnavailable": {
                 "description": "`busy`: the relay holds as many bytes of answers being sent as it allows (`limit`);\#
-         try again after Retry-After, or another instance.",
+         try again after Retry-After, or another instance. Or `storage_unavailable`: its storage does not answer.",
                 "headers": { "Retry-After": { "$ref": "#/components/headers/Retry-After" } },
                 "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RelayErrorBody" } } }
               }
@@ -447,8 +470,12 @@ enum RelayOpenAPI {
               },
               "Health": {
                 "type": "object",
-                "required": ["status"],
-                "properties": { "status": { "const": "ok" } },
+                "required": ["status", "storage"],
+                "properties": {
+                  "status": { "enum": ["ok", "storage_down"] },
+                  "storage": { "enum": ["ok", "down"] },
+                  "error": { "description": "Why the storage counts as down.", "type": "string" }
+                },
                 "additionalProperties": false
               },
               "RelayHeads": {
@@ -605,8 +632,8 @@ enum RelayOpenAPI {
                 "properties": {
                   "error": {
                     "description": "For programs: unauthorized, token_rotated, wrong_cluster, malformed,\#
-         no_upload_key, bad_upload_auth, key_conflict, too_large, rate_limited, epoch_taken, snapshot_incomplete,\#
-         internal or busy.",
+         no_upload_key, epoch_retired, bad_upload_auth, key_conflict, too_large, rate_limited, epoch_taken,\#
+         snapshot_incomplete, internal, busy or storage_unavailable.",
                     "type": "string"
                   },
                   "message": { "description": "For a person.", "type": "string" },

@@ -92,6 +92,7 @@ public struct RelayServer: Sendable {
     let limiter: RateLimiter
     let metrics = RelayMetrics()
     let pageMemory: RelayPageMemory
+    let health = RelayStorageHealth()
 
     /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
@@ -126,8 +127,22 @@ public struct RelayServer: Sendable {
             } catch {
                 throw ShoalError(code: .invalidArgument, message: "cannot read the private key \(key) (PEM): \(error)")
             }
+            guard !chain.isEmpty else {
+                throw ShoalError(code: .invalidArgument, message: "the certificate chain \(certificate) holds no PEM certificate")
+            }
             let tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(privateKey))
-            server = try .tls(.http1(configuration: http1), tlsConfiguration: tls)
+            do {
+                // The context checks that the key goes with the certificate: made here, a mismatch is refused at start
+                // with its cause, not when the server starts listening.
+                _ = try NIOSSLContext(configuration: tls)
+                server = try .tls(.http1(configuration: http1), tlsConfiguration: tls)
+            } catch {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "the private key \(key) does not go with the certificate \(certificate) (its first "
+                        + "certificate must be the one the key signs for): \(error)"
+                )
+            }
         } else {
             guard RelayServerConfiguration.isLoopback(configuration.host) else {
                 throw ShoalError(
@@ -167,9 +182,11 @@ public struct RelayServer: Sendable {
         }
         // Other instances sharing the storage announce what they store: their uploads wake pulls waiting here.
         let watcher = Task { await storage.watch { cluster in await notifier.bump(cluster) } }
+        let prober = Task { await health.probe { () throws(ShoalError) in try await storage.ping() } }
         defer {
             sweeper.cancel()
             watcher.cancel()
+            prober.cancel()
         }
         try await withGracefulShutdownHandler {
             try await app.runService()
@@ -195,7 +212,10 @@ public struct RelayServer: Sendable {
             return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: Self.openAPIDocument))
         }
         router.get(RouterPath(RelayAPI.healthPath)) { _, _ in
-            Self.json(.ok, ["status": "ok"])
+            if let down = health.down {
+                return Self.json(.serviceUnavailable, ["status": "storage_down", "storage": "down", "error": down])
+            }
+            return Self.json(.ok, ["status": "ok", "storage": "ok"])
         }
         router.get(RouterPath(RelayAPI.headsPath)) { request, _ in
             await respond { () throws(RelayFailure) in try await heads(request) }
@@ -295,8 +315,21 @@ public struct RelayServer: Sendable {
                 .forbidden, "bad_upload_auth", "an upload must name its key epoch and carry its authentication; nothing was stored"
             )
         }
-        guard let key = try await storageCall({ () throws(ShoalError) in try await storage.uploadKey(cluster: token.cluster, epoch: epoch) })
-        else {
+        let (stored, newest) = try await storageCall { () throws(ShoalError) in
+            try await storage.uploadKey(cluster: token.cluster, epoch: epoch)
+        }
+        guard epoch >= newest else {
+            // A removed member still holds the keys of the epochs before its removal: they seal nothing new.
+            var failure = RelayFailure(
+                .forbidden,
+                "epoch_retired",
+                "key epoch \(epoch) of this cluster was retired when the key moved to epoch \(newest): seal with the "
+                    + "newest epoch (members find their grant at \(RelayAPI.grantsPath)); nothing was stored"
+            )
+            failure.body.epoch = newest
+            throw failure
+        }
+        guard let key = stored else {
             throw RelayFailure(
                 .forbidden,
                 "no_upload_key",
@@ -403,7 +436,11 @@ public struct RelayServer: Sendable {
         }
         let budget = min(max(pull.maximumBytes ?? RelayAPI.defaultPageBytes, 64 * 1024), configuration.maximumPageBytes)
         let wait = min(max(pull.waitMilliseconds ?? 0, 0), RelayAPI.maximumWaitMilliseconds)
+        var waited = false
         let (page, hold) = try await longPoll(cluster: token.cluster, milliseconds: wait) { () throws(RelayFailure) in
+            // Woken after a wait: the token may have been revoked (or retired) meanwhile, and then gets nothing more.
+            if waited { _ = try await authorize(request, counting: false) }
+            waited = true
             // The page's budget is held before it is read, and what it carries until its answer is written out.
             guard let hold = await pageMemory.hold(budget, waitingAtMost: .seconds(configuration.pageMemoryWaitSeconds))
             else {
@@ -491,6 +528,18 @@ public struct RelayServer: Sendable {
         let posted: RelayUploadKey = try await decodeBody(request)
         guard let key = Data(base64Encoded: posted.key), key.count == 32 else {
             throw RelayFailure(.badRequest, "malformed", "an upload key is 32 bytes, base64")
+        }
+        let newest = try await storageCall { () throws(ShoalError) in
+            try await storage.uploadKey(cluster: token.cluster, epoch: posted.epoch).newest
+        }
+        guard posted.epoch >= newest else {
+            var failure = RelayFailure(
+                .forbidden,
+                "epoch_retired",
+                "key epoch \(posted.epoch) of this cluster was retired when the key moved to epoch \(newest); nothing was stored"
+            )
+            failure.body.epoch = newest
+            throw failure
         }
         let stored = try await storageCall { () throws(ShoalError) in
             try await storage.registerUploadKey(cluster: token.cluster, epoch: posted.epoch, key: Array(key))
@@ -595,7 +644,13 @@ public struct RelayServer: Sendable {
 
     // MARK: Helpers
 
-    private func authorize(_ request: Request, allowRotated: Bool = false) async throws(RelayFailure) -> RelayToken {
+    /// The token `request` carries, if it is valid; `counting`: the request counts against the token's rate limit (a
+    /// long-poll checking its token again after a wait does not).
+    private func authorize(
+        _ request: Request,
+        allowRotated: Bool = false,
+        counting: Bool = true
+    ) async throws(RelayFailure) -> RelayToken {
         guard let header = request.headers[.authorization], header.lowercased().hasPrefix("bearer ") else {
             throw RelayFailure(.unauthorized, "unauthorized", "no bearer token: send Authorization: Bearer TOKEN")
         }
@@ -617,7 +672,7 @@ public struct RelayServer: Sendable {
                 )
             }
         }
-        if let retry = limiter.admit(hash) {
+        if counting, let retry = limiter.admit(hash) {
             throw RelayFailure.rateLimited(limit: configuration.requestsPerSecond, retryAfter: retry)
         }
         return record
@@ -638,12 +693,25 @@ public struct RelayServer: Sendable {
     }
 
     private func storageCall<T>(_ body: () async throws(ShoalError) -> T) async throws(RelayFailure) -> T {
+        // While the storage does not answer, a request is refused at once rather than left waiting for it.
+        if let down = health.down { throw Self.storageUnavailable(down) }
         do {
             return try await body()
         } catch {
             configuration.logger.error("storage failed", metadata: ["error": "\(error.message)"])
+            if let down = health.down { throw Self.storageUnavailable(down) }
             throw RelayFailure(.internalServerError, "internal", "the relay's storage failed; try again later")
         }
+    }
+
+    private static func storageUnavailable(_ why: String) -> RelayFailure {
+        var failure = RelayFailure(
+            .serviceUnavailable,
+            "storage_unavailable",
+            "the relay's storage is down (\(why.prefix(200))); try again after Retry-After"
+        )
+        failure.body.retryAfterSeconds = 5
+        return failure
     }
 
     private func respond(_ body: () async throws(RelayFailure) -> Response) async -> Response {

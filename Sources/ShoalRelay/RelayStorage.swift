@@ -139,14 +139,17 @@ public protocol RelayStorage: Sendable {
     /// every token of the cluster and adds the one whose hash is `tokenHash`, all in one transaction.
     func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: [UInt8]?)
         async throws(ShoalError) -> RelayRotationOutcome
-    /// The upload key of an epoch of `cluster`, if one was registered.
-    func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> [UInt8]?
+    /// The upload key of an epoch of `cluster`, if one was registered, and the cluster's newest epoch (0 before any
+    /// rotation): an upload under an older epoch than the newest is refused (a removed member holds the old keys).
+    func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> (key: [UInt8]?, newest: UInt32)
     /// Registers the upload key of an epoch unless one is there; `false` when another key is.
     func registerUploadKey(cluster: String, epoch: UInt32, key: [UInt8]) async throws(ShoalError) -> Bool
     /// Adds grants for epochs that exist (ignoring those already held); returns how many were stored.
     func addGrants(cluster: String, grants: [RelayGrant]) async throws(ShoalError) -> Int
     /// The grants of epochs after `epoch`, and the newest epoch.
     func grants(cluster: String, after epoch: UInt32) async throws(ShoalError) -> RelayGrants
+    /// Reads nothing but proves the storage answers (the relay's health probe).
+    func ping() async throws(ShoalError)
     /// Counts and sizes per cluster.
     func statistics() async throws(ShoalError) -> [RelayClusterStatistics]
     /// Calls `changed` with a cluster each time any process sharing this storage stored change sets, grants or a

@@ -600,12 +600,13 @@ public final class SQLiteRelayStorage: RelayStorage {
     }
 
     /// See ``RelayStorage``.
-    public func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> [UInt8]? {
+    public func uploadKey(cluster: String, epoch: UInt32) async throws(ShoalError) -> (key: [UInt8]?, newest: UInt32) {
         try await run { connection throws(ShoalError) in
             let select = try connection.statement("SELECT key FROM upload_keys WHERE cluster = ? AND epoch = ?")
             defer { select.reset() }
             try select.bind([.text(cluster), .integer(Int64(epoch))])
-            return try select.step() ? select.columnBytes(0) : nil
+            let key = try select.step() ? select.columnBytes(0) : nil
+            return (key, try Self.currentEpoch(connection, cluster: cluster))
         }
     }
 
@@ -695,6 +696,11 @@ public final class SQLiteRelayStorage: RelayStorage {
             )
             return chunks
         }
+    }
+
+    /// See ``RelayStorage``.
+    public func ping() async throws(ShoalError) {
+        try await run { connection throws(ShoalError) in _ = try connection.sqlite.rows("SELECT 1") }
     }
 
     /// See ``RelayStorage``.

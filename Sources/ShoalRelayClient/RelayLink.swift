@@ -114,6 +114,17 @@ public final class RelayLink: Service, Sendable {
         guard !configuration.token.isEmpty else {
             throw ShoalError(code: .invalidArgument, message: "a relay needs a token (--relay-token; `shoal relay token create` makes one)")
         }
+        if let ca = configuration.caCertificatePath {
+            let roots: [NIOSSLCertificate]
+            do {
+                roots = try NIOSSLCertificate.fromPEMFile(ca)
+            } catch {
+                throw ShoalError(code: .invalidArgument, message: "--relay-ca \(ca): cannot read it as PEM certificates (\(error))")
+            }
+            guard !roots.isEmpty else {
+                throw ShoalError(code: .invalidArgument, message: "--relay-ca \(ca) holds no PEM certificate")
+            }
+        }
         self.node = node
         self.configuration = configuration
         let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) } ?? RelayKeyring()
@@ -507,6 +518,8 @@ public final class RelayLink: Service, Sendable {
         /// Sites whose next range cannot be used (it fails its seal, or holds what it should not), until when: their
         /// ranges are not asked for meanwhile, so one bad range never holds up the other sites.
         var blocked: [SiteID: UInt64] = [:]
+        /// The vector the page being read was asked with: a range it answers must end beyond it.
+        var asked = VersionVector()
 
         mutating func forget(_ site: SiteID) {
             resume[site] = nil
@@ -552,17 +565,33 @@ public final class RelayLink: Service, Sendable {
                     contentType: "application/json",
                     timeout: .milliseconds(Int64(configuration.waitMilliseconds) + 60_000)
                 )
-                let envelopes: [RelayEnvelope]
+                let entries: [RelayEnvelopeList.Entry]
                 do {
-                    envelopes = try RelayEnvelopeList.decode(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
+                    entries = try RelayEnvelopeList.decodeEntries(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
                 } catch {
                     throw RelayCallError.malformed("a page from the relay: \(error.message)")
                 }
+                pull.asked = asked
+                let before = (pull.cursor, pull.resume.mapValues { $0.index })
                 var applied = 0
                 var skipped: Set<SiteID> = []
-                for envelope in envelopes where !skipped.contains(envelope.site) {
+                for entry in entries {
                     do throws(RelayCallError) {
-                        applied += try await receive(envelope, &pull, client)
+                        switch entry {
+                        case .envelope(let envelope):
+                            guard !skipped.contains(envelope.site) else { continue }
+                            applied += try await receive(envelope, &pull, client)
+                        case .undecodable(let site?, let error):
+                            guard !skipped.contains(site) else { continue }
+                            throw RelayCallError.badChangeSet(
+                                site,
+                                "a change set of site \(site.hex.prefix(8)) from the relay does not decode (\(error.message)); "
+                                    + "that site is left aside a while, the others go on",
+                                block: true
+                            )
+                        case .undecodable(nil, let error):
+                            note("the relay sent a change set that does not decode (\(error.message)); it was left out")
+                        }
                     } catch {
                         guard case .badChangeSet(let site, let why, let block) = error else { throw error }
                         // Only this site waits: the rest of the page, and the other sites, go on.
@@ -577,13 +606,23 @@ public final class RelayLink: Service, Sendable {
                 let pulled = configuration.clock.nowMilliseconds()
                 state.withLock { status in
                     status.lastPullMs = pulled
-                    status.received += UInt64(envelopes.count)
+                    status.received += UInt64(entries.count)
                     status.applied += UInt64(applied)
                 }
                 if applied > 0 { eventSink.yield(.applied(changes: applied)) }
                 metrics.pullOK.increment()
                 metrics.applied.increment(by: applied)
-                backoff.reset()
+                if !entries.isEmpty, applied == 0, before.0 == pull.cursor, before.1 == pull.resume.mapValues({ $0.index }) {
+                    // The relay answered at once with change sets that moved nothing (replayed, misfiled or refused
+                    // ones): asking again at once would get the same answer, so the next pull waits, with backoff.
+                    do {
+                        try await Task.sleep(for: .milliseconds(backoff.next()))
+                    } catch {
+                        throw RelayCallError.cancelled
+                    }
+                } else {
+                    backoff.reset()
+                }
             } catch {
                 if case .cancelled = error {} else { metrics.pullFailed.increment() }
                 // Ranges in progress start again from their first chunk.
@@ -603,7 +642,23 @@ public final class RelayLink: Service, Sendable {
     ) async throws(RelayCallError) -> Int {
         let site = envelope.site
         guard envelope.cluster == configuration.clusterID else {
-            throw RelayCallError.malformed("the relay sent a change set of another cluster (\(envelope.cluster.prefix(64)))")
+            throw RelayCallError.badChangeSet(
+                site,
+                "the relay sent a change set of site \(site.hex.prefix(8)) of another cluster "
+                    + "(\(envelope.cluster.prefix(64))); that site is left aside a while, the others go on",
+                block: true
+            )
+        }
+        if envelope.endsRange, envelope.to <= pull.asked[site] {
+            // Asked for what follows, the relay answered with a range this node said it holds: an authentic range
+            // replayed or filed under a later seq. Used, it would be asked for again and again.
+            throw RelayCallError.badChangeSet(
+                site,
+                "the relay answered for site \(site.hex.prefix(8)) after \(pull.asked[site]) with its range "
+                    + "\(envelope.from + 1)...\(envelope.to), which this node holds: a replayed or misfiled range; "
+                    + "that site is left aside a while",
+                block: true
+            )
         }
         if let point = pull.resume[site] {
             // Not where the page before ended (the relay answered for another range, or from a new snapshot): start
@@ -715,11 +770,15 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.cancelled
         } catch {
             if Task.isCancelled { throw RelayCallError.cancelled }
-            throw RelayCallError.unreachable(Self.describe(error), instance: used)
+            let (why, problem) = Self.describe(error)
+            throw RelayCallError.unreachable(why, instance: used, problem: problem)
         }
         markReachable(used)
         guard status.code >= 300 else {
-            state.withLock { status in if status.unauthorized { status.unauthorized = false } }
+            state.withLock { status in
+                if status.unauthorized { status.unauthorized = false }
+                if status.problem != nil { status.problem = nil }
+            }
             return (answer, headers)
         }
         let refusal = try? JSONDecoder().decode(RelayErrorBody.self, from: Data(answer))
@@ -729,6 +788,8 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.rotated(reason, token: token)
         case 403 where refusal?.error == "no_upload_key":
             throw RelayCallError.noUploadKey(reason)
+        case 403 where refusal?.error == "epoch_retired":
+            throw RelayCallError.epochRetired(reason, token: token)
         case 401, 403:
             throw RelayCallError.unauthorized(reason)
         case 409:
@@ -740,32 +801,44 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.rateLimited(retryAfterSeconds: retry, reason)
         case 400..<500:
             throw RelayCallError.refused(reason)
+        case 503 where refusal?.error == "storage_unavailable":
+            throw RelayCallError.server(reason, instance: used, problem: .storageDown)
         default:
-            throw RelayCallError.server(reason, instance: used)
+            throw RelayCallError.server(reason, instance: used, problem: .serverError)
         }
     }
 
-    private static func describe(_ error: any Error) -> String {
+    /// A failed request's cause, in words and by kind.
+    static func describe(_ error: any Error) -> (String, RelayProblem) {
         if let error = error as? HTTPClientError {
             switch error {
-            case .connectTimeout, .getConnectionFromPoolTimeout: return "the connection timed out"
-            case .readTimeout, .deadlineExceeded: return "the relay did not answer in time"
-            case .remoteConnectionClosed: return "the relay closed the connection"
+            case .connectTimeout, .getConnectionFromPoolTimeout: return ("the connection timed out", .unreachable)
+            case .readTimeout, .deadlineExceeded: return ("the relay did not answer in time", .unreachable)
+            case .remoteConnectionClosed: return ("the relay closed the connection", .unreachable)
             default: break
             }
+        }
+        if let error = error as? NIOSSLExtraError, error == .failedToValidateHostname {
+            return (
+                "TLS failed: the relay's certificate is for another host name than the one in --relay (\(error))",
+                .wrongHost
+            )
         }
         if error is NIOSSLError || error is BoringSSLError || error is NIOSSLExtraError {
             let text = "\(error)"
             if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate") {
-                return "TLS failed: the relay's certificate is not trusted (give its CA, or the certificate itself, "
-                    + "with --relay-ca)"
+                return (
+                    "TLS failed: the relay's certificate is not trusted (give its CA, or the certificate itself, "
+                        + "with --relay-ca)",
+                    .untrustedCertificate
+                )
             }
-            return "TLS failed: \(text.prefix(200))"
+            return ("TLS failed: \(text.prefix(200))", .tlsFailed)
         }
-        if error is ChannelError { return "the connection was closed" }
+        if error is ChannelError { return ("the connection was closed", .unreachable) }
         let text = "\(error)"
-        if text.contains("connectionRefused") || text.contains("Connection refused") { return "connection refused" }
-        return text
+        if text.contains("connectionRefused") || text.contains("Connection refused") { return ("connection refused", .unreachable) }
+        return (text, .unreachable)
     }
 
     private func decodeJSON<T: Decodable>(_ bytes: [UInt8]) throws(RelayCallError) -> T {
@@ -898,9 +971,13 @@ public final class RelayLink: Service, Sendable {
         }
     }
 
-    /// The members of `roster` and this node, with their keys.
-    private static func recipients(_ roster: Roster, identity: NodeIdentity) -> [(node: NodeID, key: [UInt8])] {
-        var recipients = roster.members.values.map { (node: $0.nodeID, key: $0.publicKeyDER) }
+    /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without:
+    /// a member whose roster has not caught up with a removal yet must not grant the removed node what excluded it.
+    private static func recipients(_ roster: Roster, identity: NodeIdentity, excluding removed: Set<String>)
+        -> [(node: NodeID, key: [UInt8])]
+    {
+        var recipients = roster.members.values.filter { !removed.contains($0.nodeID.description) }
+            .map { (node: $0.nodeID, key: $0.publicKeyDER) }
         if !recipients.contains(where: { $0.node == identity.nodeID }) {
             recipients.append((identity.nodeID, identity.publicKeyDER))
         }
@@ -914,7 +991,8 @@ public final class RelayLink: Service, Sendable {
         let token = RelayAPI.makeToken()
         let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
         var grants: [RelayGrant] = []
-        for recipient in Self.recipients(roster, identity: identity) {
+        let excluded = credentials.withLock { $0.keyring.removed }.union(contents.removed.map(\.description))
+        for recipient in Self.recipients(roster, identity: identity, excluding: excluded) {
             grants.append(try grant(epoch, contents, to: recipient, signer: identity))
         }
         let tokenHash = RelayAPI.tokenHash(token)
@@ -974,7 +1052,7 @@ public final class RelayLink: Service, Sendable {
                 token: epoch.epoch == keyring.newest ? token : "",
                 removed: epoch.removed.compactMap { NodeID(parsing: $0) }
             )
-            for recipient in Self.recipients(roster, identity: identity)
+            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed)
             where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
                 grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
             }
@@ -1031,8 +1109,13 @@ public final class RelayLink: Service, Sendable {
         switch error {
         case .cancelled:
             return 0
-        case .unreachable(let why, let used), .server(let why, let used):
-            reason = "the relay at \(bases[used]) did not answer: \(why)"
+        case .unreachable(let why, let used, let problem), .server(let why, let used, let problem):
+            switch problem {
+            case .unreachable: reason = "the relay at \(bases[used]) did not answer: \(why)"
+            case .storageDown: reason = "the relay at \(bases[used]) answered that its storage is down: \(why)"
+            case .serverError: reason = "the relay at \(bases[used]) answered with a server error: \(why)"
+            case .untrustedCertificate, .wrongHost, .tlsFailed: reason = "the relay at \(bases[used]): \(why)"
+            }
             // The next instance is tried at once, until every one has failed in a row; then the backoff holds. The
             // upload and the pull loops share the instance: a failure moves on only from the instance it met (the
             // other loop may have moved on already), and counts once per instance.
@@ -1051,6 +1134,7 @@ public final class RelayLink: Service, Sendable {
             state.withLock { status in
                 if status.reachable != false { status.sinceMs = now }
                 status.reachable = false
+                status.problem = problem
                 status.url = bases[instance.withLock { $0.index }]
             }
         case .unauthorized(let why):
@@ -1064,6 +1148,9 @@ public final class RelayLink: Service, Sendable {
             if !fellBack { delay = max(delay, configuration.unauthorizedBackoffMilliseconds) }
         case .rotated(let why, let token):
             reason = "the relay retired the token at a key rotation (\(why)); fetching this node's grant"
+            grantsNeeded.withLock { $0 = token }
+        case .epochRetired(let why, let token):
+            reason = "the relay refused an upload sealed with a retired key epoch (\(why)); fetching this node's grant"
             grantsNeeded.withLock { $0 = token }
         case .ungranted(let why):
             // Retried with the ordinary backoff: a member adds grants for members it sees joining.
@@ -1108,7 +1195,7 @@ public final class RelayLink: Service, Sendable {
             }
         }
         switch error {
-        case .unauthorized, .ungranted, .rotated: break
+        case .unauthorized, .ungranted, .rotated, .epochRetired: break
         default: state.withLock { $0.unauthorized = false }
         }
         return delay
@@ -1118,10 +1205,10 @@ public final class RelayLink: Service, Sendable {
 /// Why a call to the relay failed.
 enum RelayCallError: Error {
     case cancelled
-    /// The instance at `instance` did not answer (or not in time).
-    case unreachable(String, instance: Int)
-    /// The instance at `instance` answered with a server error.
-    case server(String, instance: Int)
+    /// The instance at `instance` did not answer (or not in time, or TLS failed), with the cause.
+    case unreachable(String, instance: Int, problem: RelayProblem)
+    /// The instance at `instance` answered with a server error (its storage down, or another).
+    case server(String, instance: Int, problem: RelayProblem)
     case unauthorized(String)
     case rateLimited(retryAfterSeconds: Int, String)
     case tooLarge(limit: Int?, String)
@@ -1130,6 +1217,8 @@ enum RelayCallError: Error {
     case local(ShoalError)
     /// The token was retired by a key rotation: the node's grant holds the new one.
     case rotated(String, token: String)
+    /// An upload was sealed with an epoch older than the cluster's newest: the node's grant holds the new key.
+    case epochRetired(String, token: String)
     /// The token was retired by a rotation and no grant for this node is there (yet, or ever: a removed node).
     case ungranted(String)
     /// The relay holds no upload key for the epoch (registered on the spot, then the upload is sent again).

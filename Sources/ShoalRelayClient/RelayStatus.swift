@@ -31,6 +31,8 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var applied: UInt64 = 0
     /// The newest key epoch this node seals with (0: the cluster secret; each removal of a member starts a new one).
     public var epoch: UInt32 = 0
+    /// Why the relay cannot be used right now, by cause (nil: nothing stands in the way).
+    public var problem: RelayProblem?
 
     /// The status of a relay not tried yet.
     public init(url: String) {
@@ -39,7 +41,7 @@ public struct RelayStatus: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case url, reachable, sinceMs, lastPushMs, lastPullMs, lacking, lackingSinceMs, lastSnapshotMs, lastError, lastErrorMs
-        case unauthorized, uploaded, received, applied, epoch
+        case unauthorized, uploaded, received, applied, epoch, problem
     }
 
     /// Decodes what any build wrote: fields a build did not write take their defaults (a status file outlives the
@@ -61,6 +63,35 @@ public struct RelayStatus: Sendable, Hashable, Codable {
         received = try container.decodeIfPresent(UInt64.self, forKey: .received) ?? 0
         applied = try container.decodeIfPresent(UInt64.self, forKey: .applied) ?? 0
         epoch = try container.decodeIfPresent(UInt32.self, forKey: .epoch) ?? 0
+        problem = try? container.decodeIfPresent(RelayProblem.self, forKey: .problem)
+    }
+}
+
+/// Why a relay cannot be used, by cause: what a person checks first differs for each.
+public enum RelayProblem: String, Sendable, Hashable, Codable {
+    /// Nothing answered at its address (refused, timed out, closed).
+    case unreachable
+    /// It answered, but its TLS certificate is not trusted here (give its CA with `--relay-ca`).
+    case untrustedCertificate = "untrusted-certificate"
+    /// It answered with a certificate made for another host name.
+    case wrongHost = "wrong-host"
+    /// TLS failed for another reason.
+    case tlsFailed = "tls-failed"
+    /// It answered that its storage is down (503).
+    case storageDown = "storage-down"
+    /// It answered with a server error.
+    case serverError = "server-error"
+
+    /// The cause in a few words, for `shoal status`.
+    public var words: String {
+        switch self {
+        case .unreachable: "unreachable"
+        case .untrustedCertificate: "answers, but its TLS certificate is not trusted here"
+        case .wrongHost: "answers, but its TLS certificate is for another host"
+        case .tlsFailed: "answers, but TLS fails"
+        case .storageDown: "answers, but its storage is down"
+        case .serverError: "answers with server errors"
+        }
     }
 }
 

@@ -306,8 +306,10 @@ public struct RelayUploadKey: Codable, Hashable, Sendable {
 /// The body of every refusal: a code for programs, a message for people, and the limit that was hit.
 public struct RelayErrorBody: Codable, Hashable, Sendable {
     /// `unauthorized`, `token_rotated` (retired by a key rotation: fetch the grants), `wrong_cluster`, `malformed`,
-    /// `no_upload_key` (register it: ``RelayAPI/keysPath``), `bad_upload_auth`, `key_conflict`, `too_large`,
-    /// `rate_limited`, `epoch_taken`, `snapshot_incomplete`, `not_found` or `internal`.
+    /// `no_upload_key` (register it: ``RelayAPI/keysPath``), `epoch_retired` (seal with the newest epoch, from the
+    /// grants; ``epoch`` names it), `bad_upload_auth`, `key_conflict`, `too_large`,
+    /// `rate_limited`, `epoch_taken`, `snapshot_incomplete`, `not_found`, `internal`, `busy` or
+    /// `storage_unavailable` (its storage does not answer: try again after Retry-After).
     public var error: String
     /// For a person.
     public var message: String

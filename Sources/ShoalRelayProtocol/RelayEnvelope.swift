@@ -180,6 +180,17 @@ public struct RelayEnvelope: Hashable, Sendable {
         return envelope
     }
 
+    /// The site an encoded envelope's header names, if its header reads that far (the rest may be malformed).
+    public static func site(ofEncoded bytes: ArraySlice<UInt8>) -> SiteID? {
+        var reader = ByteReader(bytes)
+        guard (try? reader.bytes(4)) == ArraySlice(magic), (try? reader.integer(1)) == UInt64(formatVersion),
+            (try? reader.integer(1)) != nil, let clusterLength = try? reader.integer(1),
+            (try? reader.bytes(Int(clusterLength))) != nil, (try? reader.integer(4)) != nil,
+            let site = try? reader.bytes(16)
+        else { return nil }
+        return SiteID(bytes: site)
+    }
+
     static func append(_ value: UInt64, bytes count: Int, to bytes: inout [UInt8]) {
         for shift in stride(from: (count - 1) * 8, through: 0, by: -8) {
             bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
@@ -201,6 +212,42 @@ public enum RelayEnvelopeList {
     public static func appendEncoded(_ encoded: [UInt8], to bytes: inout [UInt8]) {
         RelayEnvelope.append(UInt64(encoded.count), bytes: 4, to: &bytes)
         bytes += encoded
+    }
+
+    /// One entry of a body: an envelope, or one that does not decode, with its site when its header names one.
+    public enum Entry: Sendable {
+        /// A valid envelope.
+        case envelope(RelayEnvelope)
+        /// Bytes that are no valid envelope (flipped, cut, or of another format), with the site their header names if
+        /// that much of it reads, and why.
+        case undecodable(site: SiteID?, ShoalError)
+    }
+
+    /// The entries of a body, each at most `maximumEnvelopeBytes` long: one envelope that does not decode costs only
+    /// itself (and its site), never the rest of the body. A body whose framing is broken (it ends inside an entry, or
+    /// an entry is over the limit) is refused whole.
+    public static func decodeEntries(_ bytes: [UInt8], maximumEnvelopeBytes: Int) throws(ShoalError) -> [Entry] {
+        var reader = ByteReader(bytes[...])
+        var entries: [Entry] = []
+        while !reader.isAtEnd {
+            let length = Int(try reader.integer(4))
+            guard length <= reader.remaining else {
+                throw ShoalError(code: .truncatedStream, message: "truncated change set list: it ends inside a change set")
+            }
+            guard length <= maximumEnvelopeBytes else {
+                throw ShoalError(
+                    code: .frameTooLarge,
+                    message: "a change set of \(length) bytes is over the limit of \(maximumEnvelopeBytes)"
+                )
+            }
+            let entry = try reader.bytes(length)
+            do {
+                entries.append(.envelope(try RelayEnvelope.decode(entry)))
+            } catch {
+                entries.append(.undecodable(site: RelayEnvelope.site(ofEncoded: entry), error))
+            }
+        }
+        return entries
     }
 
     /// The envelopes of a body, each validated, each at most `maximumEnvelopeBytes` long; a truncated or malformed

@@ -103,6 +103,67 @@ public enum Membership {
         return record
     }
 
+    /// Removes `subject` from the roster as the node of `keyFile`: the removal carries the subject's site and what
+    /// `store` holds of it (its cut), and `store` refuses that site's changes beyond it from now on.
+    @discardableResult
+    public static func remove(
+        _ subject: NodeID,
+        name: String,
+        store: Store,
+        keyFile: KeyFile,
+        now: UInt64
+    ) throws(ShoalError) -> RosterRecord {
+        let roster = try roster(store: store, cluster: keyFile.cluster.id)
+        let site = roster.member(subject)?.siteID
+        let cut = try site.map { site throws(ShoalError) in try store.raiseFences([site: 0])[site] ?? 0 }
+        let record = try RosterRecord.make(
+            .remove,
+            cluster: keyFile.cluster.id,
+            subject: subject,
+            siteID: site,
+            name: name,
+            signer: keyFile.identity,
+            signerSite: store.identitySiteID,
+            cut: cut,
+            at: now
+        )
+        try store.addRosterRecord(record.encoded, id: record.id)
+        return record
+    }
+
+    /// Makes `store` refuse what removed nodes wrote after their removal: fences each removed node's site at the
+    /// highest cut its removals carry (``RosterRecord/cut``). Where `store` already holds more of a removed node's
+    /// site than that (it got those changes before it learnt of the removal, from the node itself or a member that
+    /// had), it keeps them and signs a removal of its own with what it holds, so every member ends up drawing the
+    /// same line and all replicas stay identical. Run after every change of the roster, on a running node and after
+    /// an offline apply. Returns the removals it signed.
+    @discardableResult
+    public static func enforceRemovals(store: Store, keyFile: KeyFile, now: UInt64) throws(ShoalError) -> [RosterRecord] {
+        let roster = try roster(store: store, cluster: keyFile.cluster.id)
+        guard !roster.removedSites.isEmpty, roster.removed[keyFile.identity.nodeID] == nil else { return [] }
+        var cuts: [SiteID: UInt64] = [:]
+        for site in roster.removedSites.values { cuts[site] = roster.fences[site] ?? 0 }
+        let beyond = try store.raiseFences(cuts)
+        var signed: [RosterRecord] = []
+        for (node, site) in roster.removedSites.sorted(by: { $0.key < $1.key }) {
+            guard let held = beyond[site] else { continue }
+            let record = try RosterRecord.make(
+                .remove,
+                cluster: keyFile.cluster.id,
+                subject: node,
+                siteID: site,
+                name: roster.removed[node]?.name ?? "",
+                signer: keyFile.identity,
+                signerSite: store.identitySiteID,
+                cut: held,
+                at: now
+            )
+            try store.addRosterRecord(record.encoded, id: record.id)
+            signed.append(record)
+        }
+        return signed
+    }
+
     /// Throws when the node of `keyFile` was removed from its cluster, saying by whom: it no longer syncs with its
     /// cluster nor admits anyone.
     public static func requireMember(store: Store, keyFile: KeyFile) throws(ShoalError) {

@@ -98,7 +98,7 @@ public final class NodeSecurity: PeerAuthorizer {
     public func refreshRoster() async {
         guard let node = node.withLock({ $0 }) else { return }
         let cluster = keyFile.cluster.id
-        do {
+        do throws(ShoalError) {
             let records = try await node.readStore { store throws(ShoalError) in try store.rosterRecords() }
             // Signatures are checked again only when the records changed.
             let changed = lastRecords.withLock { last in
@@ -107,6 +107,25 @@ public final class NodeSecurity: PeerAuthorizer {
             }
             guard changed else { return }
             let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
+            if !roster.removedSites.isEmpty {
+                do throws(ShoalError) {
+                    let keyFile = keyFile
+                    let now = clock.nowMilliseconds()
+                    let signed = try await node.withStore { store throws(ShoalError) in
+                        try Membership.enforceRemovals(store: store, keyFile: keyFile, now: now).map(\.subject)
+                    }
+                    if !signed.isEmpty {
+                        logger.info(
+                            "held changes of removed nodes from before it learnt of their removal: signed removals with what it holds",
+                            metadata: ["nodes": "\(signed.map(\.short).sorted())"]
+                        )
+                    }
+                } catch {
+                    // Tried again at the next reading.
+                    lastRecords.withLock { $0 = [] }
+                    throw error
+                }
+            }
             let previous = trust.roster
             let gone = trust.replaceRoster(roster)
             if !gone.isEmpty {

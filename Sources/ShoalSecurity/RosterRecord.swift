@@ -23,8 +23,14 @@ public struct RosterRecord: Sendable, Hashable {
     public var subject: NodeID
     /// An add: the subject's public key (DER SubjectPublicKeyInfo), whose hash is ``subject``. Empty for a removal.
     public var subjectKey: [UInt8]
-    /// An add: the site id the subject's hellos must carry.
+    /// An add: the site id the subject's hellos must carry. A removal: the subject's site, when the signer knew it.
     public var siteID: SiteID?
+    /// A removal: the highest seq of the subject's site the signer held when it signed (its *cut*). Members refuse
+    /// every change of that site beyond the highest cut of the subject's removals, whatever path it comes by: what the
+    /// subject writes after its removal never counts. A member that held more when it learnt of the removal signs
+    /// a removal of its own with what it held, so every member draws the same line. Nil in records made before
+    /// cuts existed (encoding version 2).
+    public var cut: UInt64?
     /// The subject's name when the record was made, for people.
     public var name: String
     /// The member that signed it.
@@ -48,6 +54,7 @@ public struct RosterRecord: Sendable, Hashable {
         name: String,
         signer: NodeIdentity,
         signerSite: SiteID,
+        cut: UInt64? = nil,
         at milliseconds: UInt64
     ) throws(ShoalError) -> RosterRecord {
         var record = RosterRecord(
@@ -61,6 +68,7 @@ public struct RosterRecord: Sendable, Hashable {
             signerKey: signer.publicKeyDER,
             signerSite: signerSite,
             signedAtMilliseconds: milliseconds,
+            cut: action == .remove ? cut : nil,
             signature: []
         )
         record.signature = try signer.sign(record.signedBytes)
@@ -69,7 +77,9 @@ public struct RosterRecord: Sendable, Hashable {
 
     /// The bytes the signature covers.
     public var signedBytes: [UInt8] {
-        var bytes: [UInt8] = Array("SHOAL-ROSTER".utf8) + [Self.version, action.rawValue]
+        // A record without a cut keeps encoding version 2, so the records made before cuts existed keep their
+        // signatures and older members still read every add.
+        var bytes: [UInt8] = Array("SHOAL-ROSTER".utf8) + [cut == nil ? 2 : Self.version, action.rawValue]
         bytes += clusterID
         bytes += subject.bytes
         bytes.appendVarint(UInt64(subjectKey.count))
@@ -87,11 +97,12 @@ public struct RosterRecord: Sendable, Hashable {
         bytes += signerKey
         bytes += signerSite.bytes
         bytes.appendBigEndian(signedAtMilliseconds)
+        if let cut { bytes.appendBigEndian(cut) }
         return bytes
     }
 
-    /// The encoding's version.
-    static let version: UInt8 = 2
+    /// The encoding's version: 3 adds a removal's cut (records without one are still written as version 2).
+    static let version: UInt8 = 3
 
     /// What the roster table stores: the signed bytes, then the signature.
     public var encoded: [UInt8] { signedBytes + signature }
@@ -106,7 +117,8 @@ public struct RosterRecord: Sendable, Hashable {
         guard bytes.count > 12, Array(try reader.readBytes(12)) == Array("SHOAL-ROSTER".utf8) else {
             throw fail("without its header")
         }
-        guard try reader.readByte() == Self.version else { throw fail("of an unknown version") }
+        let version = try reader.readByte()
+        guard version == 2 || version == Self.version else { throw fail("of an unknown version") }
         guard let action = Action(rawValue: try reader.readByte()) else { throw fail("with an unknown action") }
         self.action = action
         clusterID = Array(try reader.readBytes(16))
@@ -132,6 +144,8 @@ public struct RosterRecord: Sendable, Hashable {
         guard let signerSite = SiteID(bytes: try reader.readBytes(16)) else { throw fail("with a bad signer site") }
         self.signerSite = signerSite
         signedAtMilliseconds = try reader.readBigEndianUInt64()
+        cut = version >= 3 ? try reader.readBigEndianUInt64() : nil
+        guard cut == nil || action == .remove else { throw fail("that cuts without removing") }
         signature = Array(try reader.readBytes(64))
         guard reader.isAtEnd else { throw fail("with trailing bytes") }
     }
@@ -147,6 +161,7 @@ public struct RosterRecord: Sendable, Hashable {
         signerKey: [UInt8],
         signerSite: SiteID,
         signedAtMilliseconds: UInt64,
+        cut: UInt64?,
         signature: [UInt8]
     ) {
         self.action = action
@@ -159,6 +174,7 @@ public struct RosterRecord: Sendable, Hashable {
         self.signerKey = signerKey
         self.signerSite = signerSite
         self.signedAtMilliseconds = signedAtMilliseconds
+        self.cut = cut
         self.signature = signature
     }
 }
@@ -212,6 +228,11 @@ public struct Roster: Sendable {
     public private(set) var removed: [NodeID: RosterRecord] = [:]
     /// The records that counted.
     public private(set) var records: [RosterRecord] = []
+    /// The site of each removed node whose site is known (from its add, or from its removal).
+    public private(set) var removedSites: [NodeID: SiteID] = [:]
+    /// Per removed node's site, the highest cut of its removals (``RosterRecord/cut``): members refuse that site's
+    /// changes beyond it. A removed node whose removals carry no cut has its site in ``removedSites`` only.
+    public private(set) var fences: [SiteID: UInt64] = [:]
 
     /// The membership `records` give for cluster `clusterID`.
     ///
@@ -266,6 +287,13 @@ public struct Roster: Sendable {
             case .remove:
                 if removed[record.subject] == nil { removed[record.subject] = record }
             }
+        }
+        for (node, removal) in removed {
+            if let site = members[node]?.siteID ?? removal.siteID { removedSites[node] = site }
+        }
+        for record in records where record.action == .remove {
+            guard let cut = record.cut, let site = removedSites[record.subject], record.siteID ?? site == site else { continue }
+            fences[site] = max(fences[site] ?? 0, cut)
         }
         for node in removed.keys { members[node] = nil }
     }

@@ -13,6 +13,9 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// Sites whose changes were refused for a clock further ahead than the drift bound, with the newest clock
     /// refused: their changes from that clock on were left out (and are not claimed), everything else applied.
     public var clockRefusals: [SiteID: HLC] = [:]
+    /// Changes left out per site because a removed member made them after its removal (``Store/fences()``): not
+    /// applied, not claimed.
+    public var fenced: [SiteID: Int] = [:]
     /// The highest seq per site of the changes applied (those refused left out): pass it, merged over the batches
     /// of one answer, as the next batch's `received` (see ``Store/apply(_:claim:since:received:)``).
     public internal(set) var acceptedHighest: [SiteID: UInt64] = [:]
@@ -117,6 +120,7 @@ extension Store {
                 total.conflicts += report.conflicts
                 total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
                 total.clockRefusals.merge(report.clockRefusals) { max($0, $1) }
+                total.fenced.merge(report.fenced, uniquingKeysWith: +)
                 carried.merge(report.acceptedHighest) { max($0, $1) }
             }
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
@@ -297,7 +301,8 @@ extension Store {
         carried: [SiteID: UInt64] = [:]
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
-        let (changes, refusals) = setAsideFutureClocks(changes)
+        let (unfenced, fenced) = try setAsideFenced(changes)
+        let (changes, refusals) = setAsideFutureClocks(unfenced)
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {
@@ -453,6 +458,7 @@ extension Store {
         try raiseHigh.run()
         try? hybridClock.observe(HLC(rawValue: UInt64(bitPattern: maxHLC)), now: options.clock.nowMilliseconds())
         report.clockRefusals = refusals
+        report.fenced = fenced
         report.acceptedHighest = Self.highestSeqs(changes)
         if !conflicts.isEmpty {
             try record(conflicts)

@@ -171,6 +171,7 @@ public final class Store {
                     tbl INTEGER NOT NULL, key BLOB NOT NULL, hash BLOB NOT NULL, PRIMARY KEY(tbl, key)) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_digest_pending(id INTEGER PRIMARY KEY, tbl INTEGER NOT NULL, keys BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS shoal_fences(site BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
                     keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;

@@ -239,7 +239,7 @@ extension Output {
             switch relay.reachable {
             case nil: "not tried yet"
             case true?: relay.unauthorized ? "reachable, but it refuses the token" : "reachable"
-            case false?: "unreachable"
+            case false?: relay.problem?.words ?? "unreachable"
             }
         var text = "relay:      \(relay.url): \(state)"
         if relay.unauthorized, relay.reachable == true {

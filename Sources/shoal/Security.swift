@@ -327,9 +327,8 @@ extension ShoalCommand {
                     print("node \(nodeID.short) is already removed")
                     return
                 }
-                try Membership.sign(
-                    .remove,
-                    subject: nodeID,
+                try Membership.remove(
+                    nodeID,
                     name: roster.members[nodeID]?.name ?? "",
                     store: store,
                     keyFile: keyFile,

@@ -309,6 +309,20 @@ extension ShoalCommand {
                 )
             }
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
+            if KeyFile.exists(forDatabase: database.db) {
+                // The stream may have brought a removal: what its node wrote afterwards is refused from now on.
+                let keyFile = try KeyFile.load(forDatabase: database.db)
+                try Membership.enforceRemovals(store: store, keyFile: keyFile, now: SystemWallClock().nowMilliseconds())
+            }
+            if !report.fenced.isEmpty {
+                let count = report.fenced.values.reduce(0, +)
+                FileHandle.standardError.write(
+                    Data(
+                        ("refused \(count) changes of \(report.fenced.keys.map { String($0.hex.prefix(8)) }.sorted()) "
+                            + "made after their node was removed from the cluster\n").utf8
+                    )
+                )
+            }
             if !report.clockRefusals.isEmpty {
                 let now = UInt64(Date().timeIntervalSince1970 * 1000)
                 let sites = report.clockRefusals.sorted { $0.key < $1.key }.map { site, hlc in

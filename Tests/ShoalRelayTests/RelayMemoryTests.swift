@@ -3,6 +3,7 @@ import NIOEmbedded
 import ShoalTestSupport
 import Testing
 
+@testable import ShoalCore
 @testable import ShoalRelay
 
 @Suite struct RelayMemoryTests {
@@ -76,5 +77,48 @@ import Testing
         // Later waits return at once too, saying so, rather than letting a long-poll ask again in a loop.
         #expect(await notifier.wait("c", after: 0, for: .seconds(60)) == false)
         #expect(clock.now - started < .seconds(10))
+    }
+}
+
+/// The relay's view of its storage's health: a ping that fails, or does not come back in time, counts as down.
+@Suite struct RelayStorageHealthTests {
+    /// Pings that wait until the test says how each ends.
+    private actor Pings {
+        private var waiting: CheckedContinuation<Bool, Never>?
+        private(set) var started = 0
+
+        func next() async -> Bool {
+            started += 1
+            return await withCheckedContinuation { waiting = $0 }
+        }
+
+        /// Ends the ping under way (true: it answers); false when none is under way yet.
+        func end(answering: Bool) -> Bool {
+            guard let waiting else { return false }
+            self.waiting = nil
+            waiting.resume(returning: answering)
+            return true
+        }
+    }
+
+    @Test func aPingThatFailsOrHangsCountsAsDownUntilOneAnswers() async throws {
+        let health = RelayStorageHealth(stallLimit: .milliseconds(200))
+        #expect(health.down == nil)
+        let pings = Pings()
+        let prober = Task {
+            await health.probe { () throws(ShoalError) in
+                if await !pings.next() { throw ShoalError(code: .relay, message: "connection refused") }
+            }
+        }
+        defer { prober.cancel() }
+        // The first ping hangs: past the stall limit the storage counts as down.
+        #expect(try await waitUntil(within: 10) { health.down?.contains("has not answered") == true })
+        // It fails: down, with the failure, until a ping answers.
+        #expect(try await waitUntil(within: 10) { await pings.end(answering: false) })
+        #expect(try await waitUntil(within: 10) { health.down == "connection refused" })
+        #expect(try await waitUntil(within: 10) { await pings.started == 2 })
+        #expect(health.down == "connection refused")
+        #expect(await pings.end(answering: true))
+        #expect(try await waitUntil(within: 10) { health.down == nil })
     }
 }

@@ -204,6 +204,25 @@ extension RelayProcessTests {
         try await world.addMember("e", through: "a")
         try await world.serve("e")
         #expect(try await world.converge(["a", "b", "d", "e"], within: 90), "\(world.outputs)")
+        // c deletes its removal from its file (so the stock binary serves again) and comes back with a token the
+        // operator made later: the relay refuses what c seals with the keys it still holds, so nothing of it is
+        // stored, and no member would apply it anyway (see RemovalFenceTests).
+        try await world.stop("c")
+        try await world.write("c", "DELETE FROM shoal_roster; DELETE FROM shoal_roster_seen")
+        let data = world.relayData
+        let cluster = world.clusterID
+        let made = try await offPool { try shoal("relay", "token", "create", "--data", data, "--cluster", cluster) }
+        let laterToken = try #require(made.stdout.split(separator: "\n").last.map(String.init), "\(made.stderr)")
+        let stored = try await world.relayQuery("SELECT count(*) FROM chunks")
+        let hostile = try await world.serve("c", token: laterToken)
+        try await world.write("c", "INSERT INTO kv VALUES ('hostile', 1); UPDATE kv SET v = 'taken' WHERE k = 'before'")
+        #expect(await hostile.line(within: 30) { $0.contains("retired key epoch") } != nil, "\(hostile.output)")
+        let ranges = try await world.relayQuery("SELECT hex(site), from_seq, to_seq, uploader FROM ranges") + (try await world.relayQuery("SELECT cluster, epoch FROM epochs UNION ALL SELECT cluster, epoch FROM upload_keys"))
+        let cKeyring = (try? RelayKeyring.load(RelayKeyring.path(forDatabase: cPath)))?.epochs.map(\.epoch) ?? []
+        #expect(try await world.relayQuery("SELECT count(*) FROM chunks") == stored, "\(ranges)\n\(hostile.output) \(cKeyring)")
+        try await world.write("a", "INSERT INTO kv VALUES ('still', 1)")
+        #expect(try await world.converge(["a", "b", "d", "e"], within: 60))
+        #expect(try await offPool { try sqlite3Shell(bPath, "SELECT v FROM kv WHERE k IN ('before', 'hostile')") }.stdout == "1\n")
     }
 }
 
@@ -240,6 +259,49 @@ extension RelayProcessTests {
         })
         let cPath = world.paths["c"]!
         #expect(try await offPool { try sqlite3Shell(cPath, "SELECT count(*) FROM kv WHERE k = 'over https'") }.stdout == "0\n")
+        // Its status names the cause, not "unreachable".
+        #expect((try await world.relayStatus("c"))["problem"] as? String == "untrusted-certificate")
+        let line = try await offPool { try shoal("status", "--db", cPath) }.stdout
+        #expect(line.contains("its TLS certificate is not trusted here"), "\(line)")
+        try await world.stop("c")
+
+        // A certificate made for another host name, trusted: the status says so.
+        let other = try await offPool {
+            try runProcess(
+                URL(fileURLWithPath: "/usr/bin/openssl"),
+                [
+                    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", directory + "/other-key.pem", "-out", directory + "/other-cert.pem", "-days", "2",
+                    "-subj", "/CN=relay.example", "-addext", "subjectAltName=DNS:relay.example",
+                ]
+            )
+        }
+        #expect(other.status == 0, "openssl: \(other.stderr)")
+        try await world.stopRelay()
+        try await world.startRelay(extra: ["--tls-cert", directory + "/other-cert.pem", "--tls-key", directory + "/other-key.pem"])
+        try await world.serve("c", extra: ["--relay-ca", directory + "/other-cert.pem"])
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("c"))["problem"] as? String == "wrong-host" })
+        try await world.stop("c")
+
+        // Bad TLS files are refused at start, each with what is wrong: a CA file that holds no certificate, a key that
+        // does not go with its certificate.
+        try "not a certificate\n".write(toFile: directory + "/garbage.pem", atomically: true, encoding: .utf8)
+        let relayURL = world.relayURL
+        let token = world.token
+        let garbage = try await offPool {
+            try shoal(
+                "serve", "--db", cPath, "--no-mdns", "--relay", relayURL, "--relay-token", token, "--relay-ca",
+                directory + "/garbage.pem"
+            )
+        }
+        #expect(garbage.status != 0 && garbage.stderr.contains("--relay-ca") && garbage.stderr.contains("PEM"), "\(garbage.stderr)")
+        let mismatched = try await offPool {
+            try shoal(
+                "relay", "serve", "--data", directory + "/relay-mismatch", "--listen", "127.0.0.1:0", "--tls-cert",
+                directory + "/relay-cert.pem", "--tls-key", directory + "/other-key.pem"
+            )
+        }
+        #expect(mismatched.status != 0 && mismatched.stderr.contains("does not go with the certificate"), "\(mismatched.stderr)")
     }
 
     @Test func plainHTTPIsRefusedAwayFromLoopbackOnBothSides() async throws {

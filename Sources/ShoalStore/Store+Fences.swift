@@ -1,0 +1,85 @@
+import ShoalCore
+
+/// Fences: the line past which a site's changes are refused, whatever path they come by (a peer, the relay, an
+/// offline stream).
+///
+/// A node removed from the cluster keeps its file and the cluster's secret; what it writes after its removal must
+/// never count. The membership layer (ShoalSecurity, which checks the roster's signatures) decides each removed
+/// node's line from the cut its removals carry and installs it here; the store only enforces it: an apply leaves out
+/// every change of a fenced site beyond its fence, and claims that site no further (``Store/apply(_:claim:since:received:)``).
+extension Store {
+    /// The fence of every fenced site: its changes beyond the seq are refused.
+    public func fences() throws(ShoalError) -> [SiteID: UInt64] {
+        var fences: [SiteID: UInt64] = [:]
+        for row in try connection.rows("SELECT site, seq FROM shoal_fences") {
+            guard case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes), case .integer(let seq) = row[1] else {
+                continue
+            }
+            fences[site] = UInt64(bitPattern: seq)
+        }
+        return fences
+    }
+
+    /// Fences each site of `cuts` at the highest of its cut, its fence so far and what this database holds of it (a
+    /// fence never leaves out what is already here); all in one transaction, so no apply slips in between. Returns,
+    /// for each site of which this database holds more than its cut, what it holds: the membership layer signs that
+    /// as a cut of its own, so every member draws the same line. This database's own site is never fenced.
+    @discardableResult
+    public func raiseFences(_ cuts: [SiteID: UInt64]) throws(ShoalError) -> [SiteID: UInt64] {
+        let cuts = cuts.filter { $0.key != siteID }
+        guard !cuts.isEmpty else { return [:] }
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "raise fences outside of any open transaction")
+        }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try refreshSites()
+            let existing = try fences()
+            let claims = try versionVector()
+            let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
+            let upsert = try statement(
+                "INSERT INTO shoal_fences(site, seq) VALUES (?, ?) ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
+            )
+            var beyond: [SiteID: UInt64] = [:]
+            for (site, cut) in cuts {
+                // What is here of the site: what was claimed, and any change of it applied without its claim.
+                var held = claims[site]
+                if let index = sites.existingIndex(of: site) {
+                    try logged.bind([.integer(Int64(index))])
+                    if try logged.step(), case .integer(let seq) = logged.column(0) { held = max(held, UInt64(seq)) }
+                    logged.reset()
+                }
+                if held > cut { beyond[site] = held }
+                let fence = max(cut, held, existing[site] ?? 0)
+                guard fence != existing[site] else { continue }
+                try upsert.bind([.blob(site.bytes), .integer(Int64(bitPattern: fence))])
+                try upsert.run()
+            }
+            try connection.exec("COMMIT")
+            return beyond
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Leaves out every change of a fenced site beyond its fence; returns what is kept, and how many were left out
+    /// per site. What is left out is not claimed (a claim is taken only as far as the changes applied prove it).
+    func setAsideFenced(_ changes: [Change]) throws(ShoalError) -> (kept: [Change], fenced: [SiteID: Int]) {
+        let fences = try fences()
+        guard !fences.isEmpty else { return (changes, [:]) }
+        var fenced: [SiteID: Int] = [:]
+        let kept = changes.filter { change in
+            guard let fence = fences[change.stamp.site], change.stamp.seq > fence else { return true }
+            fenced[change.stamp.site, default: 0] += 1
+            return false
+        }
+        for (site, count) in fenced {
+            options.logger.warning(
+                "refused changes a removed member made after its removal",
+                metadata: ["site": "\(site.hex)", "changes": "\(count)", "fence": "\(fences[site] ?? 0)"]
+            )
+        }
+        return (kept, fenced)
+    }
+}

@@ -1,0 +1,92 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalRelayProtocol
+@testable import ShoalStore
+
+/// A relay operator who edits the relay's storage by hand: each bad change set costs only its own site, and none
+/// sends the nodes into a loop of pulls.
+extension RelayProcessTests {
+    @Test func tamperedChunksHoldUpOnlyTheirOwnSitesAndStartNoLoopOfPulls() async throws {
+        let world = try await RelayWorld("relay-tamper", nodes: ["a", "b", "c"])
+        defer { world.tearDown() }
+        try await world.serve("a")
+        try await world.serve("b")
+        // Each write uploaded before the next: every transaction is a range of its own at the relay.
+        for index in 0..<3 {
+            for name in ["a", "b"] {
+                try await world.write(name, "INSERT INTO kv VALUES ('\(name)\(index)', \(index))")
+                #expect(try await waitUntil(within: 30) {
+                    let relay = try await world.relayStatus(name)
+                    return relay["lacking"] as? Int == 0 && relay["lastPushMs"] != nil
+                })
+            }
+        }
+        #expect(try await world.converge(["a", "b"]))
+        try await world.stop("a")
+        try await world.stop("b")
+        let aSite = try await offPool { try Store(path: world.paths["a"]!).siteID.hex.uppercased() }
+        let bSite = try await offPool { try Store(path: world.paths["b"]!).siteID.hex.uppercased() }
+        let cluster = world.clusterID
+
+        // 1. Flipped: a's last range gets unknown flags (its header still names its site).
+        let last = "(SELECT max(from_seq) FROM ranges WHERE snapshot = 0 AND site = X'\(aSite)')"
+        let flipped = try await world.relayQuery("SELECT hex(envelope) FROM chunks WHERE site = X'\(aSite)' AND from_seq = \(last)")
+        var bytes = Self.bytes(hex: flipped)
+        bytes[5] = 0xFF
+        _ = try await world.relayQuery(
+            "UPDATE chunks SET envelope = X'\(Self.hex(bytes))' WHERE site = X'\(aSite)' AND from_seq = \(last)"
+        )
+        // 2. Replayed: b's first range, authentic, filed again after b's head.
+        let head = try await world.relayQuery("SELECT head FROM heads WHERE site = X'\(bSite)'")
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        _ = try await world.relayQuery(
+            """
+            INSERT INTO ranges SELECT cluster, 0, site, \(head), \(head) + 1, 99, 1, bytes, created, NULL
+                FROM ranges WHERE snapshot = 0 AND site = X'\(bSite)' AND from_seq = 0;
+            INSERT INTO chunks SELECT cluster, 0, site, \(head), 99, 0, envelope, created
+                FROM chunks WHERE snapshot = 0 AND site = X'\(bSite)' AND from_seq = 0 AND idx = 0;
+            UPDATE heads SET head = \(head) + 1 WHERE site = X'\(bSite)';
+            """
+        )
+        // 3. Foreign: a change set of another cluster, under a site of its own.
+        let foreignSite = SiteID.random()
+        let foreign = RelayEnvelope(
+            cluster: String(repeating: "0", count: 32), epoch: 0, site: foreignSite, from: 0, to: 1, upload: 5, index: 0,
+            flags: [.batchEnd, .rangeEnd], sealed: (0..<64).map { _ in UInt8.random(in: 0...255) }
+        )
+        _ = try await world.relayQuery(
+            """
+            INSERT INTO heads VALUES ('\(cluster)', X'\(foreignSite.hex)', 1);
+            INSERT INTO ranges VALUES ('\(cluster)', 0, X'\(foreignSite.hex)', 0, 1, 5, 1, 100, 0, NULL);
+            INSERT INTO chunks VALUES ('\(cluster)', 0, X'\(foreignSite.hex)', 0, 5, 0, X'\(Self.hex(foreign.encoded()))', 0);
+            """
+        )
+
+        // c, new, gets everything but a's last transaction; each bad site is said once, by its cause.
+        let c = try await world.serve("c")
+        let cPath = world.paths["c"]!
+        #expect(try await waitUntil(within: 60, checkingEvery: 200) {
+            try await offPool { try sqlite3Shell(cPath, "SELECT group_concat(k) FROM (SELECT k FROM kv ORDER BY k)") }
+                .stdout == "a0,a1,b0,b1,b2\n"
+        })
+        #expect(await c.line(within: 30) { $0.contains("does not decode") && $0.contains(aSite.lowercased().prefix(8)) } != nil)
+        #expect(await c.line(within: 30) { $0.contains("replayed or misfiled") && $0.contains(bSite.lowercased().prefix(8)) } != nil)
+        #expect(await c.line(within: 30) { $0.contains("of another cluster") } != nil)
+        #expect((try await world.relayStatus("c"))["lastPullMs"] != nil)
+        // Nothing asks again at once: a loop of pulls would have received the replayed chunk hundreds of times.
+        let received = (try await world.relayStatus("c"))["received"] as? Int ?? .max
+        #expect(received < 40, "c received \(received) change sets")
+    }
+
+    private static func bytes(hex: String) -> [UInt8] {
+        let digits = Array(hex.trimmingCharacters(in: .whitespacesAndNewlines).utf8)
+        return stride(from: 0, to: digits.count - 1, by: 2).map { UInt8(String(decoding: digits[$0...$0 + 1], as: UTF8.self), radix: 16)! }
+    }
+
+    private static func hex(_ bytes: [UInt8]) -> String {
+        bytes.map { String(format: "%02X", $0) }.joined()
+    }
+}

@@ -1,0 +1,162 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalSecurity
+@testable import ShoalStore
+
+/// A removed member keeps its file and the cluster's secret: what it writes after its removal must never count, on any
+/// path, and every member must draw the line at the same place.
+@Suite struct RemovalFenceTests {
+    private let founder = NodeIdentity.generate()
+    private var cluster: [UInt8] { Array(founder.nodeID.bytes.prefix(16)) }
+
+    private func removal(_ subject: NodeID, site: SiteID?, cut: UInt64?, by signer: NodeIdentity) throws -> RosterRecord {
+        try RosterRecord.make(
+            .remove, cluster: cluster, subject: subject, siteID: site, name: "n", signer: signer, signerSite: .random(),
+            cut: cut, at: 2
+        )
+    }
+
+    @Test func aRemovalCarriesItsCutAndEveryMemberFencesAtTheHighestCut() throws {
+        let b = NodeIdentity.generate()
+        let site = SiteID.random()
+        let add = try RosterRecord.make(
+            .add, cluster: cluster, subject: b.nodeID, subjectKey: b.publicKeyDER, siteID: site, name: "b",
+            signer: founder, signerSite: .random(), at: 1
+        )
+        let low = try removal(b.nodeID, site: site, cut: 5, by: founder)
+        let high = try removal(b.nodeID, site: site, cut: 9, by: founder)
+        // Encoded and read back: the cut is signed with the rest; a record without one keeps encoding version 2.
+        let decoded = try RosterRecord(decoding: high.encoded)
+        #expect(decoded == high && decoded.cut == 9 && high.encoded[12] == 3)
+        let addDecoded = try RosterRecord(decoding: add.encoded)
+        #expect(add.encoded[12] == 2 && addDecoded.cut == nil)
+        var forged = high.encoded
+        forged[forged.count - 64 - 1] ^= 1  // the cut's last byte
+        let roster = Roster(records: [add, low, try RosterRecord(decoding: forged)], clusterID: cluster)
+        #expect(roster.fences == [site: 5], "a cut whose signature does not check never counts")
+        for records in [[add, low, high], [high, add, low]] {
+            let roster = Roster(records: records, clusterID: cluster)
+            #expect(roster.removedSites == [b.nodeID: site])
+            #expect(roster.fences == [site: 9])
+        }
+        // A removal that names another site than the subject's add draws no line for it.
+        let elsewhere = try removal(b.nodeID, site: .random(), cut: 50, by: founder)
+        #expect(Roster(records: [add, low, elsewhere], clusterID: cluster).fences == [site: 5])
+    }
+
+    @Test func aStoreLeavesOutAndNeverClaimsAFencedSitesChangesBeyondItsFence() throws {
+        let directory = try temporaryDirectory("fence-store")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let writer = try Store(path: directory.appendingPathComponent("w.db").path)
+        let reader = try Store(path: directory.appendingPathComponent("r.db").path)
+        for store in [writer, reader] {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+        }
+        for index in 1...4 { try writer.execute("INSERT INTO kv VALUES ('k\(index)', \(index))") }
+        let all = try writer.changes(since: VersionVector()).flatMap(\.changes)
+        // Fenced at 2 before any arrived: 3 and 4 are left out and not claimed, whatever the sender claims.
+        #expect(try reader.raiseFences([writer.siteID: 2]).isEmpty)
+        #expect(try reader.raiseFences([reader.siteID: 1]).isEmpty)
+        #expect(try reader.fences()[reader.siteID] == nil, "a store never fences its own site")
+        let report = try reader.apply(all, claim: try writer.versionVector(), since: VersionVector())
+        #expect(report.fenced == [writer.siteID: 2])
+        #expect(try reader.versionVector()[writer.siteID] == 2)
+        #expect(try reader.execute("SELECT k FROM kv ORDER BY k").rows == [[.text("k1")], [.text("k2")]])
+        // A fence never leaves out what is here: raised below what is held, it goes to what is held, which is
+        // returned (the membership layer signs it as a cut of its own).
+        #expect(try reader.raiseFences([writer.siteID: 1]) == [writer.siteID: 2])
+        #expect(try reader.fences() == [writer.siteID: 2])
+        // Raised past it, the rest comes with the next exchange.
+        try reader.raiseFences([writer.siteID: 4])
+        let rest = try writer.changes(since: try reader.versionVector()).flatMap(\.changes)
+        try reader.apply(rest, claim: try writer.versionVector(), since: try reader.versionVector())
+        #expect(try reader.versionVector()[writer.siteID] == 4)
+        #expect(try reader.digest() == (try writer.digest()))
+    }
+}
+
+/// The same over real files and the `shoal` binary: the offline path (`shoal changes | shoal apply`).
+extension RemovalFenceTests {
+    private static func nodeID(_ path: String) throws -> String {
+        try shoal("id", "--db", path).stdout.split(separator: "\n").last.map(String.init) ?? ""
+    }
+
+    /// Streams every change of `from` into `to` with the binary; returns what `apply` wrote to stderr.
+    @discardableResult
+    private static func stream(_ from: String, _ to: String) throws -> String {
+        let changes = try shoal("changes", "--db", from)
+        #expect(changes.status == 0, "\(changes.stderr)")
+        let applied = try shoal("apply", "--db", to, input: Data(changes.stdout.utf8))
+        #expect(applied.status == 0, "\(applied.stderr)")
+        return applied.stderr
+    }
+
+    private static func rows(_ path: String) throws -> String {
+        try sqlite3Shell(path, "SELECT k, quote(v) FROM kv ORDER BY k").stdout
+    }
+
+    @Test func whatARemovedMemberWritesAfterItsRemovalIsRefusedOnEveryMember() throws {
+        let directory = try temporaryDirectory("fence-offline")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('before', 1)").status == 0)
+        try Self.stream(c, a)
+        try Self.stream(c, b)
+        let cSite = try Store(path: c).siteID
+        let held = try Store(path: a).versionVector()[cSite]
+        #expect(held == (try Store(path: c).versionVector()[cSite]))
+        let removed = try shoal("trust", "remove", try Self.nodeID(c), "--db", a)
+        #expect(removed.status == 0, "\(removed.stderr)")
+        let roster = try Membership.roster(store: try Store(path: a), cluster: try KeyFile.load(forDatabase: a).cluster.id)
+        #expect(roster.fences == [cSite: held], "the removal carries what a held of c")
+        try Self.stream(a, b)
+        // c never learns of it (or deletes the record from its file, as a hostile node would) and writes on.
+        #expect(try sqlite3Shell(c, "DELETE FROM shoal_roster; DELETE FROM shoal_roster_seen").status == 0)
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('after', 2); UPDATE kv SET v = 'taken' WHERE k = 'before'").status == 0)
+        let rosterRows = try sqlite3Shell(a, "SELECT count(*) FROM shoal_roster").stdout
+        for member in [a, b] {
+            let said = try Self.stream(c, member)
+            #expect(said.contains("refused ") && said.contains("made after their node was removed"), "\(said)")
+            #expect(try Store(path: member).versionVector()[cSite] == held)
+        }
+        #expect(try sqlite3Shell(a, "SELECT count(*) FROM shoal_roster").stdout == rosterRows, "c's deletes were refused too")
+        // Compared outside Shoal: both members hold c's row from before its removal, and nothing after.
+        #expect(try Self.rows(a) == "before|1\n")
+        #expect(try Self.rows(b) == (try Self.rows(a)))
+        #expect(try Store(path: a).digest() == (try Store(path: b).digest()))
+    }
+
+    @Test func aMemberThatGotMoreBeforeItLearntOfTheRemovalSignsItsCutAndEveryMemberKeepsIt() throws {
+        let directory = try temporaryDirectory("fence-amend")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('x1', 1)").status == 0)
+        try Self.stream(c, a)
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('x2', 2)").status == 0)
+        try Self.stream(c, b)  // b holds c's last transaction, a does not
+        let cSite = try Store(path: c).siteID
+        let bHeld = try Store(path: b).versionVector()[cSite]
+        #expect(bHeld == (try Store(path: a).versionVector()[cSite]) + 1)
+        #expect(try shoal("trust", "remove", try Self.nodeID(c), "--db", a).status == 0)
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('x3', 3)").status == 0)
+        // b learns of the removal holding more of c than its cut: it keeps it and signs its own cut.
+        try Self.stream(a, b)
+        let cluster = try KeyFile.load(forDatabase: a).cluster.id
+        #expect(try Membership.roster(store: try Store(path: b), cluster: cluster).fences == [cSite: bHeld])
+        #expect(try Self.stream(c, b).contains("refused 1 changes"))
+        // a takes b's cut, then the transaction it lacked (the second exchange brings what the first left out).
+        try Self.stream(b, a)
+        try Self.stream(b, a)
+        #expect(try Membership.roster(store: try Store(path: a), cluster: cluster).fences == [cSite: bHeld])
+        #expect(try Self.stream(c, a).contains("refused 1 changes"))
+        #expect(try Self.rows(a) == "x1|1\nx2|2\n")
+        #expect(try Self.rows(b) == (try Self.rows(a)))
+        #expect(try Store(path: a).digest() == (try Store(path: b).digest()))
+    }
+}
