@@ -94,6 +94,8 @@ public final class RelayLink: Service, Sendable {
     private let snapshotState = Mutex<(uncovered: Int64, snapshotBytes: Int64, triedMs: UInt64?)>((0, 0, nil))
     /// The roster members whose grants were last checked (members that join after a rotation get grants).
     private let grantedMembers = Mutex<Set<NodeID>?>(nil)
+    /// When this node last checked that the relay holds every key epoch it holds (monotonic milliseconds).
+    private let epochsChecked = Mutex<UInt64?>(nil)
     /// The relay's heads as last read, for the relay's staleness.
     private let knownHeads = Mutex<VersionVector?>(nil)
     private let metrics = RelayLinkMetrics()
@@ -264,7 +266,8 @@ public final class RelayLink: Service, Sendable {
         }
         if let cluster = heads.cluster, cluster != configuration.clusterID {
             throw RelayCallError.unauthorized(
-                "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)"
+                "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)",
+                token: nil
             )
         }
         let vector: VersionVector
@@ -352,9 +355,15 @@ public final class RelayLink: Service, Sendable {
             guard case .noUploadKey = error else { throw error }
             // The relay does not know this epoch's upload key yet (a new relay, or the cluster's first upload).
             let key = RelayUploadKey(epoch: epoch, key: Data(uploadKey).base64EncodedString())
-            _ = try await call(
-                client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
-            )
+            do {
+                _ = try await call(
+                    client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
+                )
+            } catch {
+                guard case .conflict(_, let why) = error else { throw error }
+                // The relay holds another key for this epoch: see the 403 above.
+                throw RelayCallError.epochRetired(why, token: credentials.withLock { $0.token })
+            }
             return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
         }
     }
@@ -788,10 +797,12 @@ public final class RelayLink: Service, Sendable {
             throw RelayCallError.rotated(reason, token: token)
         case 403 where refusal?.error == "no_upload_key":
             throw RelayCallError.noUploadKey(reason)
-        case 403 where refusal?.error == "epoch_retired":
+        case 403 where refusal?.error == "epoch_retired" || refusal?.error == "bad_upload_auth":
+            // Sealed under an epoch the relay retired, or under a key it does not hold for that epoch (it lost its state
+            // and a member started the epoch afresh): the relay's current epoch is in this node's grants.
             throw RelayCallError.epochRetired(reason, token: token)
         case 401, 403:
-            throw RelayCallError.unauthorized(reason)
+            throw RelayCallError.unauthorized(reason, token: token)
         case 409:
             throw RelayCallError.conflict(epoch: refusal?.epoch, reason)
         case 413:
@@ -880,11 +891,15 @@ public final class RelayLink: Service, Sendable {
     private func refreshGrants(_ client: HTTPClient, required: Bool) async throws(RelayCallError) {
         guard let identity = configuration.identity else {
             if required {
-                throw RelayCallError.unauthorized("the token was retired by a key rotation, and this node has no key to open grants")
+                throw RelayCallError.unauthorized(
+                    "the token was retired by a key rotation, and this node has no key to open grants", token: nil
+                )
             }
             return
         }
-        let newest = credentials.withLock { $0.keyring.newest }
+        // Refused (the token retired, or an upload under a key the relay does not hold): every grant for this node is
+        // read again, not only newer epochs, since the relay may hold another secret for an epoch held here.
+        let newest = required ? 0 : credentials.withLock { $0.keyring.newest }
         // When the token was retired, the grant may still be on its way (a member grants those it sees join): wait
         // for it at the relay rather than asking again and again.
         let wait = required ? configuration.waitMilliseconds : 0
@@ -900,13 +915,18 @@ public final class RelayLink: Service, Sendable {
         let roster = configuration.roster?()
         let me = identity.nodeID.description
         var adopted: [(epoch: UInt32, contents: EpochGrant.Contents)] = []
+        let held = credentials.withLock { credentials in
+            Set(credentials.keyring.epochs.map { "\($0.epoch) \($0.secret)" })
+        }
         for grant in listed.grants where grant.recipient == me {
             guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
                 decoded.epoch == grant.epoch
             else { continue }
             // Only a member's grant counts: a removed node that rotated first gains nothing by it.
             if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
-            guard let contents = try? decoded.open(with: identity, cluster: configuration.clusterID) else { continue }
+            guard let contents = try? decoded.open(with: identity, cluster: configuration.clusterID),
+                !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
+            else { continue }
             adopted.append((decoded.epoch, contents))
         }
         guard !adopted.isEmpty else {
@@ -926,14 +946,19 @@ public final class RelayLink: Service, Sendable {
     private func adopt(_ grants: [(epoch: UInt32, contents: EpochGrant.Contents)], rotatedHere: Bool) throws(RelayCallError) {
         let (keyring, newest) = credentials.withLock { credentials in
             let before = credentials.keyring.newest
-            for grant in grants where !credentials.keyring.epochs.contains(where: { $0.epoch == grant.epoch }) {
-                credentials.keyring.epochs.append(
-                    RelayKeyring.Epoch(
-                        epoch: grant.epoch,
-                        secret: Data(grant.contents.secret).base64EncodedString(),
-                        removed: grant.contents.removed.map(\.description)
-                    )
+            for grant in grants {
+                let epoch = RelayKeyring.Epoch(
+                    epoch: grant.epoch,
+                    secret: Data(grant.contents.secret).base64EncodedString(),
+                    removed: grant.contents.removed.map(\.description)
                 )
+                // An epoch held with another secret: the relay lost its state and a member who never learnt this one
+                // started the same epoch afresh. The relay's (a member signed it) is the one everyone can reach now;
+                // what was sealed with the other lived only on the relay that lost it.
+                credentials.keyring.epochs.removeAll { $0.epoch == grant.epoch && $0.secret != epoch.secret }
+                if !credentials.keyring.epochs.contains(where: { $0.epoch == grant.epoch }) {
+                    credentials.keyring.epochs.append(epoch)
+                }
             }
             credentials.keyring.epochs.sort { $0.epoch < $1.epoch }
             if let latest = grants.max(by: { $0.epoch < $1.epoch }), latest.epoch >= before, !latest.contents.token.isEmpty {
@@ -959,6 +984,7 @@ public final class RelayLink: Service, Sendable {
     private func rotateIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
         guard let identity = configuration.identity, let roster = configuration.roster?() else { return }
         guard roster.removed[identity.nodeID] == nil else { return }
+        try await reestablishIfNeeded(client, identity: identity, roster: roster)
         let removed = Set(roster.removed.keys.map(\.description))
         if !removed.isSubset(of: credentials.withLock({ $0.keyring.removed })) {
             // Another member may have rotated already.
@@ -969,6 +995,53 @@ public final class RelayLink: Service, Sendable {
         } else {
             try await grantNewMembers(client, identity: identity, roster: roster)
         }
+    }
+
+    /// Starts again at the relay the epochs this node holds beyond the relay's newest, in order, each with its grants
+    /// for the members and its upload key: a relay that lost its storage, or was restored from a copy older than a
+    /// rotation, learns them back from the members instead of a member starting a different epoch under the same
+    /// number. The newest comes with the token members hold for it. Checked when the relay's heads are read again.
+    private func reestablishIfNeeded(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let now = configuration.clock.monotonicMilliseconds()
+        let (keyring, token) = credentials.withLock { ($0.keyring, $0.token) }
+        guard keyring.newest > 0, epochsChecked.withLock({ $0.map { now - $0 >= 30_000 } ?? true }) else { return }
+        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(keyring.newest)", body: nil, timeout: .seconds(30))
+        let listed: RelayGrants = try decodeJSON(body)
+        epochsChecked.withLock { $0 = now }
+        guard let relayNewest = listed.epoch, relayNewest < keyring.newest else { return }
+        configuration.logger.info(
+            "the relay lacks key epochs this node holds (it lost or rolled back its storage): starting them again there",
+            metadata: ["relay": "\(relayNewest)", "held": "\(keyring.newest)"]
+        )
+        for epoch in keyring.epochs where epoch.epoch > relayNewest {
+            guard let secret = Data(base64Encoded: epoch.secret).map(Array.init) else { continue }
+            let newest = epoch.epoch == keyring.newest
+            let contents = EpochGrant.Contents(
+                secret: secret,
+                token: newest ? token : "",
+                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
+            )
+            var grants: [RelayGrant] = []
+            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed) {
+                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
+            }
+            let uploadKey = RelaySeal(secrets: [epoch.epoch: secret], epoch: epoch.epoch).uploadKey(epoch.epoch)
+                .map { Data($0).base64EncodedString() }
+            // Only the newest epoch's token is one members use; an older epoch's is never handed out.
+            let tokenHash = RelayAPI.tokenHash(newest ? token : RelayAPI.makeToken())
+            let rotation = RelayRotation(epoch: epoch.epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
+            do {
+                _ = try await call(
+                    client, .POST, RelayAPI.rotatePath, body: Array((try? JSONEncoder().encode(rotation)) ?? Data()),
+                    timeout: .seconds(30)
+                )
+            } catch {
+                guard case .conflict = error else { throw error }
+                // Another member started it first (this node's, or one made afresh): the grants say which.
+                return
+            }
+        }
+        grantedMembers.withLock { $0 = nil }
     }
 
     /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without:
@@ -1127,6 +1200,9 @@ public final class RelayLink: Service, Sendable {
                 }
                 return instance.failures < bases.count ? bases[instance.index] : nil
             }
+            // A relay that comes back may have lost or rolled back its storage: its key epochs are checked again
+            // before the next upload.
+            epochsChecked.withLock { $0 = nil }
             if let next {
                 configuration.logger.info("relay instance did not answer; trying the next", metadata: ["next": "\(next)"])
                 return UInt64.random(in: 0...50)
@@ -1137,9 +1213,13 @@ public final class RelayLink: Service, Sendable {
                 status.problem = problem
                 status.url = bases[instance.withLock { $0.index }]
             }
-        case .unauthorized(let why):
+        case .unauthorized(let why, let refused):
             reason = "the relay refused the token: \(why)"
+            // The relay may have lost its tokens with the rest of its storage: check its key epochs again first.
+            epochsChecked.withLock { $0 = nil }
             let fellBack = credentials.withLock { credentials in
+                // Refused a token no longer in use (the other loop moved on meanwhile): try again soon.
+                if let refused, refused != credentials.token { return true }
                 // A token from a rotation refused: try the configured one (an operator may have made a new one).
                 guard credentials.token != configuration.token else { return false }
                 credentials.token = configuration.token
@@ -1209,7 +1289,8 @@ enum RelayCallError: Error {
     case unreachable(String, instance: Int, problem: RelayProblem)
     /// The instance at `instance` answered with a server error (its storage down, or another).
     case server(String, instance: Int, problem: RelayProblem)
-    case unauthorized(String)
+    /// The relay refused `token` (nil: not a token the relay saw, but a check of this node's).
+    case unauthorized(String, token: String?)
     case rateLimited(retryAfterSeconds: Int, String)
     case tooLarge(limit: Int?, String)
     case refused(String)

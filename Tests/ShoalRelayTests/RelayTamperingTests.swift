@@ -3,7 +3,9 @@ import ShoalTestSupport
 import Testing
 
 @testable import ShoalCore
+@testable import ShoalRelayClient
 @testable import ShoalRelayProtocol
+@testable import ShoalSecurity
 @testable import ShoalStore
 
 /// A relay operator who edits the relay's storage by hand: each bad change set costs only its own site, and none
@@ -88,5 +90,72 @@ extension RelayProcessTests {
 
     private static func hex(_ bytes: [UInt8]) -> String {
         bytes.map { String(format: "%02X", $0) }.joined()
+    }
+}
+
+/// A relay that loses its storage, or is restored from a copy older than a key rotation, learns the cluster's epochs
+/// back from the members: no member starts a different epoch under the same number, and none is told it was removed.
+extension RelayProcessTests {
+    @Test func aRelayThatLostOrRolledBackItsStorageAcrossARotationLearnsTheEpochsBackFromTheMembers() async throws {
+        let world = try await RelayWorld("relay-rollback", nodes: ["a", "b", "c"])
+        defer { world.tearDown() }
+        try await world.serve("a")
+        try await world.serve("b")
+        try await world.serve("c")
+        try await world.write("a", "INSERT INTO kv VALUES ('before', 1)")
+        #expect(try await world.converge(["a", "b", "c"]))
+        let copy = world.directory.appendingPathComponent("relay-before.sqlite").path
+        _ = try await world.relayQuery("VACUUM INTO '\(copy)'")
+        // a removes c: the key moves to epoch 1.
+        let (aPath, cPath) = (world.paths["a"]!, world.paths["c"]!)
+        let cID = try await offPool { try shoal("id", "--db", cPath) }.stdout.split(separator: "\n").last.map(String.init) ?? ""
+        #expect(try await offPool { try shoal("trust", "remove", cID, "--db", aPath) }.status == 0)
+        for name in ["a", "b"] {
+            #expect(try await waitUntil(within: 30) { (try await world.relayStatus(name))["epoch"] as? Int == 1 })
+        }
+        try await world.stop("c")
+        try await world.write("a", "INSERT INTO kv VALUES ('after the rotation', 1)")
+        #expect(try await world.converge(["a", "b"]))
+
+        // Rolled back: the relay restored from the copy made before the rotation.
+        try await world.stopRelay()
+        let live = world.relayData + "/relay.sqlite"
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: live + suffix) }
+        try FileManager.default.copyItem(atPath: copy, toPath: live)
+        #expect(try await world.relayQuery("SELECT count(*) FROM epochs") == "0\n")
+        try await world.startRelay()
+        try await world.write("b", "INSERT INTO kv VALUES ('after the rollback', 2)")
+        #expect(try await world.converge(["a", "b"], within: 90), "\(world.outputs)")
+        #expect(try await waitUntil(within: 60) { try await world.relayQuery("SELECT max(epoch) FROM epochs") == "1\n" })
+        for name in ["a", "b"] {
+            #expect(try await waitUntil(within: 60) {
+                let relay = try await world.relayStatus(name)
+                return relay["epoch"] as? Int == 1 && relay["unauthorized"] as? Bool != true && relay["lacking"] as? Int == 0
+            })
+        }
+
+        // Lost: the relay's storage is gone; its operator makes a new token and the nodes restart with it.
+        try await world.stopRelay()
+        try FileManager.default.removeItem(atPath: world.relayData)
+        let data = world.relayData
+        let cluster = world.clusterID
+        let made = try await offPool { try shoal("relay", "token", "create", "--data", data, "--cluster", cluster) }
+        let fresh = try #require(made.stdout.split(separator: "\n").last.map(String.init), "\(made.stderr)")
+        try await world.startRelay()
+        try await world.stop("a")
+        try await world.stop("b")
+        try await world.serve("a", token: fresh)
+        try await world.serve("b", token: fresh)
+        try await world.write("a", "INSERT INTO kv VALUES ('after the loss', 3)")
+        #expect(try await world.converge(["a", "b"], within: 90), "\(world.outputs)")
+        #expect(try await waitUntil(within: 60) { try await world.relayQuery("SELECT max(epoch) FROM epochs") == "1\n" })
+        // What is sealed now does not open with what c holds.
+        let cSeal = RelaySeal(clusterSecret: try KeyFile.load(forDatabase: cPath).cluster.secret)
+        let sealed = try await world.relayQuery("SELECT hex(envelope) FROM chunks WHERE created = (SELECT max(created) FROM chunks)")
+        for line in sealed.split(separator: "\n") {
+            let envelope = try RelayEnvelope.decode(ArraySlice(Self.bytes(hex: String(line))))
+            #expect(envelope.epoch == 1)
+            #expect(throws: ShoalError.self) { try cSeal.open(envelope) }
+        }
     }
 }
