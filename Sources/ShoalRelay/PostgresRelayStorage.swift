@@ -549,7 +549,7 @@ public final class PostgresRelayStorage: RelayStorage {
                     for try await from in try await connection.query(
                         """
                         SELECT min(from_seq) FROM shoal_relay.ranges WHERE cluster = \(cluster) AND snapshot = 0
-                        AND site = \(ByteBuffer(bytes: site.bytes))
+                        AND site = \(ByteBuffer(bytes: site.bytes)) AND to_seq > \(Int64(bitPattern: min(after, UInt64(Int64.max))))
                         """,
                         logger: logger
                     ).decode(Int64?.self) {

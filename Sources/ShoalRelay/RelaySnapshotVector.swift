@@ -48,12 +48,19 @@ extension RelayRetention {
         let cutoff = now - maximumAgeMilliseconds
         var kept: Int64 = 0
         var drops: [RetainedRange] = []
+        // Per site, what is kept is the newest part of its log, without a hole: once one of its ranges goes, every
+        // range before it along the chain goes too (a newer range over the budget never leaves older small ones
+        // behind it, which no pull could reach past).
+        var cut: [SiteID: Int64] = [:]
         for range in newestFirst where range.to <= snapshot[range.site] {
             if range.created >= cutoff && kept + range.bytes <= maximumBytes {
                 kept += range.bytes
             } else {
-                drops.append(range)
+                cut[range.site] = max(cut[range.site] ?? .min, range.from)
             }
+        }
+        for range in newestFirst where range.to <= snapshot[range.site] {
+            if let below = cut[range.site], range.from <= below { drops.append(range) }
         }
         return drops
     }

@@ -383,8 +383,10 @@ public final class SQLiteRelayStorage: RelayStorage {
             let snapshot = try Self.snapshot(connection, cluster: cluster)
             var page = RelayPage(envelopes: [], more: false)
             var bytes = 0
+            // The first range of the log that the node still lacks part of: starting after what it holds, the log
+            // serves it; starting later (retention dropped what came before, or a hole), the snapshot goes first.
             let floor = try connection.statement(
-                "SELECT min(from_seq) FROM ranges WHERE cluster = ? AND snapshot = 0 AND site = ?"
+                "SELECT min(from_seq) FROM ranges WHERE cluster = ? AND snapshot = 0 AND site = ? AND to_seq > ?"
             )
             let ranges = try connection.statement(
                 "SELECT from_seq, upload, uploader IS ? FROM ranges WHERE cluster = ? AND snapshot = ? AND site = ? "
@@ -432,7 +434,7 @@ public final class SQLiteRelayStorage: RelayStorage {
                 var after = vector[site]
                 // The change log no longer holds what this node lacks of the site (the retention dropped it): the
                 // snapshot's ranges of the site first, then the log's after what the snapshot covers.
-                try floor.bind([.text(cluster), .blob(site.bytes)])
+                try floor.bind([.text(cluster), .blob(site.bytes), .integer(Int64(bitPattern: min(after, UInt64(Int64.max))))])
                 var held = head
                 if try floor.step(), case .integer(let from) = floor.row()[0] { held = UInt64(bitPattern: from) }
                 floor.reset()

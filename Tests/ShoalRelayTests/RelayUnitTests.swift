@@ -152,6 +152,37 @@ enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         #expect(statistics.first?.ranges == 3)
     }
 
+    @Test(arguments: StorageKind.allCases) func aPullThatMeetsAHoleInTheLogGetsTheSnapshotFirst(_ kind: StorageKind) async throws {
+        let (storage, place, cleanUp) = try await kind.open("relay-hole")
+        defer { Task { await cleanUp() } }
+        let site = SiteID(high: 0, low: 1)
+        for (from, to, upload) in [(0, 2, 1), (2, 4, 2), (4, 6, 3)] as [(UInt64, UInt64, UInt64)] {
+            _ = try await storage.store(
+                cluster: "c", envelopes: [chunk(site, from: from, to: to, upload: upload, index: 0, end: true)], uploader: nil
+            )
+        }
+        _ = try await storage.store(
+            cluster: "c", snapshot: 9, envelopes: [chunk(site, from: 0, to: 6, upload: 7, index: 0, end: true)], uploader: nil
+        )
+        let keepAll = RelayRetention(maximumAgeMilliseconds: 1 << 40, maximumBytes: 1 << 40)
+        #expect(try await storage.completeSnapshot(cluster: "c", snapshot: 9, vector: VersionVector([site: 6]), retention: keepAll)
+            == .completed(dropped: 0))
+        // A hole in the log, as an earlier retention by bytes could leave: the middle range gone.
+        switch kind {
+        case .sqlite:
+            #expect(try sqlite3Shell(place + "/relay.sqlite", "DELETE FROM ranges WHERE snapshot = 0 AND from_seq = 2").status == 0)
+        case .postgres:
+            _ = try TestPostgres.query(place, "DELETE FROM shoal_relay.ranges WHERE snapshot = 0 AND from_seq = 2")
+        }
+        // A node holding up to 2 cannot go on from the log: it gets the snapshot, and nothing of the log it covers.
+        let page = try await storage.page(cluster: "c", vector: VersionVector([site: 2]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
+        let uploads = try page.envelopes.map { try RelayEnvelope.decode($0[...]).upload }
+        #expect(uploads == [7])
+        // One holding up to 4 (from a LAN peer) goes on from the log as before.
+        let later = try await storage.page(cluster: "c", vector: VersionVector([site: 4]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
+        #expect(try later.envelopes.map { try RelayEnvelope.decode($0[...]).upload } == [3])
+    }
+
     @Test(arguments: StorageKind.allCases) func tokensReachOneClusterAndRevokedOnesAreKeptAsRevoked(_ kind: StorageKind) async throws {
         let (storage, place, cleanUp) = try await kind.open("relay-tokens")
         defer { Task { await cleanUp() } }
@@ -293,5 +324,17 @@ enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         // Nothing kept: every covered range goes, never (4,6] of site nor (2,4] of other, which it does not cover.
         let none = RelayRetention(maximumAgeMilliseconds: 0, maximumBytes: 0)
         #expect(none.drops(ranges, snapshot: snapshot, now: 1_000).map(\.upload) == [2, 5, 1])
+    }
+
+    @Test func aNewerRangeOverTheBudgetTakesTheOlderOnesOfItsSiteWithItAndLeavesNoHole() {
+        let site = SiteID(high: 0, low: 1)
+        // Newest first: a big newer range (2,4] and a small older one (0,2], both covered.
+        let ranges = [
+            RetainedRange(site: site, from: 2, upload: 2, to: 4, bytes: 100, created: 900),
+            RetainedRange(site: site, from: 0, upload: 1, to: 2, bytes: 5, created: 800),
+        ]
+        let budget = RelayRetention(maximumAgeMilliseconds: 1_000, maximumBytes: 50)
+        // The small one would fit, but kept alone it would sit before a hole no pull could cross.
+        #expect(budget.drops(ranges, snapshot: VersionVector([site: 4]), now: 1_000).map(\.upload) == [2, 1])
     }
 }
