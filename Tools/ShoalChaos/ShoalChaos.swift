@@ -149,6 +149,13 @@ struct ShoalChaos: AsyncParsableCommand {
                     relayServer?.kill(Int.random(in: 0...1, using: &random))
                     relayRestart = now.addingTimeInterval(Double.random(in: 0.2...2, using: &random))
                     counts["relay kill -9", default: 0] += 1
+                    // Now and then its files are kept as they are (a crash image), and a later kill puts them back:
+                    // the relay comes back restored from an older copy, without what was uploaded since.
+                    if let server = relayServer, server.dataDirectory != nil, Int.random(in: 0..<3, using: &random) == 0,
+                        try server.keepOrRestoreImage()
+                    {
+                        counts["relay restored from an older copy", default: 0] += 1
+                    }
                 }
             case 80..<85:
                 let other = (node + Int.random(in: 1..<nodes, using: &random)) % nodes
@@ -475,6 +482,31 @@ final class RelayServer {
     func stop() {
         for process in processes { process?.stop() }
         processes = processes.map { _ in nil }
+    }
+
+    /// The relay's data directory, when it keeps its data in SQLite.
+    var dataDirectory: String? { storage.first == "--data" ? storage.dropFirst().first : nil }
+    /// The relay's files as they were at an earlier kill, to put back at a later one.
+    private var image: [String: Data]?
+
+    /// With the relay down: keeps its files as they are, or, when some were kept at an earlier kill, puts those back
+    /// (returns true: the relay comes back from an older copy).
+    func keepOrRestoreImage() throws -> Bool {
+        guard let directory = dataDirectory else { return false }
+        let names = ["relay.sqlite", "relay.sqlite-wal", "relay.sqlite-shm"]
+        if let image {
+            for name in names {
+                let path = directory + "/" + name
+                try? FileManager.default.removeItem(atPath: path)
+                if let data = image[name] { try data.write(to: URL(fileURLWithPath: path)) }
+            }
+            self.image = nil
+            return true
+        }
+        var kept: [String: Data] = [:]
+        for name in names { kept[name] = FileManager.default.contents(atPath: directory + "/" + name) }
+        image = kept
+        return false
     }
 
     /// Kills one instance (with SIGKILL), chosen by `pick`.
