@@ -11,7 +11,10 @@ import Glibc
 /// Every replicated table carries three AFTER triggers (insert, update, delete) that append what changed to
 /// the table's outbox, `shoal_outbox_<id>`: the operation, the key (in columns declared with no type, so
 /// values keep their storage class), for updates a mask of the columns whose value or type changed, and the
-/// old and new values of counter columns. A primary key update is recorded as a delete of the old key and
+/// old and new values of counter columns, and, per other column, `OLD * NEW` when both are REAL zeros: SQLite
+/// compares 0.0 and -0.0 as equal, and plain SQL cannot print a zero's sign, but the product is -0.0 exactly when the
+/// signs differ, and a column with no type keeps it (``Store/drainOutbox()`` reads the sign back, so an update that
+/// only turns 0.0 into -0.0 is captured like any other). A primary key update is recorded as a delete of the old key and
 /// an insert of the new one. The triggers fire only on connections other than Shoal's: their `WHEN` clause
 /// asks `sqlite_compileoption_used('SHOAL_OWN_CONNECTION')`, which is 0 everywhere except on a store's own
 /// connection, where the store overrides that built-in function (so its own writes, captured by the
@@ -118,12 +121,14 @@ extension Store {
         let keys = table.keyColumns.indices.map { "k\($0)" }
         let counters = table.columns.indices.filter { table.isCounter[$0] }
         let counterColumns = counters.flatMap { ["o\($0)", "n\($0)"] }
+        let zeroColumns = Self.zeroSignColumns(table)
         var statements: [String] = []
         statements.append(
             "CREATE TABLE IF NOT EXISTS \(outbox)(seq INTEGER PRIMARY KEY, op INTEGER NOT NULL, "
-                + (keys + ["changed"] + counterColumns).joined(separator: ", ") + ")"
+                + (keys + ["changed"] + counterColumns + zeroColumns.map(\.name)).joined(separator: ", ") + ")"
         )
-        let insertColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
+        let baseColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
+        let insertColumns = ([baseColumns] + zeroColumns.map(\.name)).joined(separator: ", ")
         func row(op: String, _ side: String, changed: String, old: Bool, new: Bool) -> String {
             let keyValues = table.keyColumns.map { "\(side).\(quote($0))" }
             let counterValues = counters.flatMap { index in
@@ -132,7 +137,15 @@ extension Store {
                     new ? "NEW.\(table.quotedColumns[index])" : "NULL",
                 ]
             }
-            return ([op] + keyValues + [changed] + counterValues).joined(separator: ", ")
+            // Only an update compares a column's old and new zeros.
+            let zeroValues = zeroColumns.map { column in
+                let (before, after) = ("OLD.\(table.quotedColumns[column.index])", "NEW.\(table.quotedColumns[column.index])")
+                return old && new
+                    ? "CASE WHEN typeof(\(before)) = 'real' AND typeof(\(after)) = 'real' AND \(before) = 0 AND \(after) = 0 "
+                        + "THEN \(before) * \(after) END"
+                    : "NULL"
+            }
+            return ([op] + keyValues + [changed] + counterValues + zeroValues).joined(separator: ", ")
         }
         // Whether a value differs, byte for byte and by storage class (a column's collation must not hide it).
         func differs(_ column: String) -> String {
@@ -199,7 +212,7 @@ extension Store {
             let oldCounters = counters.flatMap { [table.quotedColumns[$0], "NULL"] }
             statements.append(
                 "CREATE TRIGGER IF NOT EXISTS \(prefix)_replace BEFORE INSERT ON \(name) \(when) BEGIN "
-                    + "INSERT INTO \(outbox)(\(insertColumns)) SELECT "
+                    + "INSERT INTO \(outbox)(\(baseColumns)) SELECT "
                     + (["4"] + table.keyColumns.map(quote) + ["NULL"] + oldCounters).joined(separator: ", ")
                     + " FROM \(name) WHERE \(keyMatch); END"
             )
@@ -235,8 +248,50 @@ extension Store {
     /// then on, a table without them was re-created behind Shoal's back.
     var capturesForeignWrites: Bool {
         get throws(ShoalError) {
-            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_triggers'").integerValue == 1
+            try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_triggers'").integerValue ?? 0 >= 1
         }
+    }
+
+    /// The outbox's columns for the sign of a zero (every column but counters): name and column index.
+    static func zeroSignColumns(_ table: ReplicatedTable) -> [(name: String, index: Int)] {
+        table.columns.indices.filter { !table.isCounter[$0] }.map { ("z\($0)", $0) }
+    }
+
+    /// The version of the capture triggers this build installs: 2 records the sign of zeros.
+    static let captureVersion: Int64 = 2
+
+    /// Brings the capture triggers of a database made by an earlier build to ``captureVersion``: adds the outbox's
+    /// zero-sign columns and re-creates the update trigger, in one transaction (no other connection's write can fall
+    /// between the old trigger and the new).
+    func upgradeCaptureTriggers() throws(ShoalError) {
+        guard try capturesForeignWrites else { return }
+        let version = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'").integerValue ?? 1
+        guard version < Self.captureVersion else { return }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
+                let outbox = Self.outboxTable(table.id)
+                let existing = Set(
+                    try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
+                        if case .text(let name) = row.first { name } else { nil }
+                    }
+                )
+                for column in Self.zeroSignColumns(table) where !existing.contains(column.name) {
+                    try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column.name)")
+                }
+                try connection.exec("DROP TRIGGER IF EXISTS \(quote("shoal_capture_\(table.id)_update"))")
+                for sql in captureSchema(table) { try connection.exec(sql) }
+            }
+            try connection.rows(
+                "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES ('capture_version', ?)", [.integer(Self.captureVersion)]
+            )
+            try connection.exec("COMMIT")
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+        schemaVersion = -1
+        try refreshSchema()
     }
 
     /// Whether table `tableID`'s capture triggers exist.
@@ -250,6 +305,9 @@ extension Store {
     /// Notes that every replicated table now has its capture triggers.
     func recordCaptureTriggers() throws(ShoalError) {
         try connection.rows("INSERT OR REPLACE INTO shoal_meta(key, value) VALUES ('capture_triggers', 1)")
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES ('capture_version', ?)", [.integer(Self.captureVersion)]
+        )
     }
 
     /// Once a database's tables all had their triggers, one that lacks them was re-created by another tool and is
@@ -370,11 +428,12 @@ extension Store {
         for (number, table) in capture.tables.enumerated() {
             let outbox = Self.outboxTable(table.id)
             let counters = table.columns.indices.filter { table.isCounter[$0] }
+            let zeroColumns = Self.zeroSignColumns(table)
             let keyCount = table.keyColumns.count
             let select = try statement(
                 "SELECT "
                     + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
-                    + counters.flatMap { ["o\($0)", "n\($0)"] }).joined(separator: ", ")
+                    + counters.flatMap { ["o\($0)", "n\($0)"] } + zeroColumns.map(\.name)).joined(separator: ", ")
                     + " FROM \(outbox) ORDER BY seq"
             )
             var events: [CapturedEvent] = []
@@ -430,7 +489,7 @@ extension Store {
                     case 3:
                         // One flag per non-key column, as text ("0110"); with a single column SQLite leaves the one
                         // comparison an integer.
-                        let changed: [Bool]
+                        var changed: [Bool]
                         switch select.column(keyCount + 1) {
                         case .text(let mask) where mask.utf8.count == table.columns.count:
                             changed = mask.utf8.map { $0 == UInt8(ascii: "1") }
@@ -440,6 +499,13 @@ extension Store {
                             changed = []
                         default:
                             throw ShoalError.corruptMetadata("bad change mask in \(outbox)")
+                        }
+                        // Zeros whose sign changed (their product is -0.0): SQLite's comparison saw no change.
+                        let zerosAt = keyCount + 2 + 2 * counters.count
+                        for (position, column) in zeroColumns.enumerated() where !changed[column.index] {
+                            if case .real(let product) = select.column(zerosAt + position), product.sign == .minus {
+                                changed[column.index] = true
+                            }
                         }
                         var delta: [Int64]?
                         if table.hasCounters {

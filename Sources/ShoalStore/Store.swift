@@ -144,6 +144,7 @@ public final class Store {
         installHooks()
         try refreshSchema()
         try installMissingCaptureTriggers()
+        try upgradeCaptureTriggers()
     }
 
     deinit {

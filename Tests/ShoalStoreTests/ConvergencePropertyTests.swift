@@ -384,13 +384,9 @@ private struct Writer {
 
 
 extension ConvergencePropertyTests {
-    /// A seed that found a bug still open: an UPDATE that turns a REAL 0.0 into -0.0 (or back) is not captured, since
-    /// SQLite compares the two as equal and plain SQL (without the optional math functions) cannot tell them apart in
-    /// the capture triggers; the writer keeps -0.0 under a stamp whose value is 0.0. Enabled again with the fix.
-    @Test(
-        .disabled("open: a flip between 0.0 and -0.0 is not captured (capture triggers compare them as equal)"),
-        arguments: [13_295_018_033_879_017_389 as UInt64]
-    )
+    /// Seeds that once found a bug, replayed on every run. 13295018033879017389: an UPDATE through another connection
+    /// that turned a REAL 0.0 into -0.0 was not captured (SQLite compares the two as equal).
+    @Test(arguments: [13_295_018_033_879_017_389 as UInt64])
     func historiesThatOnceFoundABugConvergeToTheModel(_ seed: UInt64) throws {
         try runScenario(seed: seed)
     }
