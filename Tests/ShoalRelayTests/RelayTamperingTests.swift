@@ -77,8 +77,12 @@ extension RelayProcessTests {
         #expect(await c.line(within: 30) { $0.contains("does not decode") && $0.contains(aSite.lowercased().prefix(8)) } != nil)
         #expect(await c.line(within: 30) { $0.contains("replayed or misfiled") && $0.contains(bSite.lowercased().prefix(8)) } != nil)
         #expect(await c.line(within: 30) { $0.contains("of another cluster") } != nil)
-        #expect((try await world.relayStatus("c"))["lastPullMs"] != nil)
-        // Nothing asks again at once: a loop of pulls would have received the replayed chunk hundreds of times.
+        // Nothing asks again at once: a loop of pulls would have received the replayed chunk hundreds of times by
+        // the first pull that ends after every cause was said (a long-poll with nothing left to send).
+        let said = SystemWallClock().nowMilliseconds()
+        #expect(try await waitUntil(within: 60) {
+            ((try await world.relayStatus("c"))["lastPullMs"] as? Int).map { UInt64($0) > said } == true
+        })
         let received = (try await world.relayStatus("c"))["received"] as? Int ?? .max
         #expect(received < 40, "c received \(received) change sets")
     }
