@@ -13,6 +13,10 @@ public struct RelayChunker {
     /// Ranges under way (a transaction larger than a batch, or transactions whose claim waits for a later batch):
     /// their start, upload id, next chunk, and the highest seq of the changes they hold so far.
     private var ranges: [SiteID: (from: UInt64, upload: UInt64, index: UInt32, highest: UInt64)] = [:]
+    /// What the cursor was opened at: the stream assumes its receiver holds it.
+    private let since: VersionVector
+    /// The highest seq of each site among the changes sent so far in this stream.
+    private var sent: [SiteID: UInt64] = [:]
 
     /// A chunker for a cursor opened at `heads`.
     public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int) {
@@ -20,6 +24,7 @@ public struct RelayChunker {
         self.seal = seal
         self.pieceBytes = max(1024, pieceBytes)
         claim = heads
+        since = heads
     }
 
     /// What the batches so far claim: after the cursor's last batch, the vector it covers.
@@ -28,7 +33,10 @@ public struct RelayChunker {
     /// The envelopes of the cursor's next batch, in order.
     public mutating func envelopes(for batch: ChangeBatch) throws(ShoalError) -> [RelayEnvelope] {
         var bySite: [SiteID: [Change]] = [:]
-        for change in batch.changes { bySite[change.stamp.site, default: []].append(change) }
+        for change in batch.changes {
+            bySite[change.stamp.site, default: []].append(change)
+            sent[change.stamp.site] = max(sent[change.stamp.site] ?? 0, change.stamp.seq)
+        }
         var sites = Set(bySite.keys)
         for (site, seq) in batch.claim.entries where seq > claim[site] { sites.insert(site) }
         var envelopes: [RelayEnvelope] = []
@@ -39,13 +47,22 @@ public struct RelayChunker {
             // overwrote part of a transaction is sent) leaves the range open, so that no range holds a change beyond
             // its end.
             let advanced = batch.claim[site] > claim[site] && batch.claim[site] >= range.highest
+            // A range's end names, beside its own claim, what the stream assumed held (the heads it was cut from) and
+            // sent of the other sites until then: what overwrote part of its transactions is among those, so a puller
+            // counts the claim only once it applied those ranges too (``RelayPullSession``; builds before it read the
+            // envelope's `to` alone).
+            var rangeClaim = VersionVector()
+            if advanced {
+                rangeClaim = VersionVector(since.merging(VersionVector(sent)).entries.filter { $0.key != site })
+                rangeClaim.advance(site, to: batch.claim[site])
+            }
             let plaintext = WireMessage.changeBatch(
                 ChangeBatchMessage(
                     requestID: 0,
                     isLast: true,
                     batch: ChangeBatch(
                         changes: bySite[site] ?? [],
-                        claim: advanced ? VersionVector([site: batch.claim[site]]) : VersionVector()
+                        claim: rangeClaim
                     )
                 )
             ).encoded()

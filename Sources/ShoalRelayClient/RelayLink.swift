@@ -516,32 +516,21 @@ public final class RelayLink: Service, Sendable {
 
     // MARK: Pull
 
-    /// Where a pull stands: the vector it asks with, and the ranges a page ended inside.
-    private struct PullState {
-        var cursor = VersionVector()
-        /// Ranges a page ended inside: where to resume, valid while the cursor of the site stays where it was.
-        var resume: [SiteID: (from: UInt64, index: UInt32, upload: UInt64, cursor: UInt64)] = [:]
-        var buffers: [SiteID: [UInt8]] = [:]
-        /// Per range under way, the highest seq applied from its earlier batches: its end may claim them.
-        var received: [SiteID: [SiteID: UInt64]] = [:]
-        /// Sites whose next range cannot be used (it fails its seal, or holds what it should not), until when: their
-        /// ranges are not asked for meanwhile, so one bad range never holds up the other sites.
-        var blocked: [SiteID: UInt64] = [:]
-        /// The vector the page being read was asked with: a range it answers must end beyond it.
-        var asked = VersionVector()
-
-        mutating func forget(_ site: SiteID) {
-            resume[site] = nil
-            buffers[site] = nil
-            received[site] = nil
-        }
-    }
-
     /// How long a site whose range could not be used is left aside before it is tried again.
     static let blockedSiteMilliseconds: UInt64 = 60_000
 
+    /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,
+    /// the link opens it with the seal and applies what the session hands back.
     private func pullLoop(_ client: HTTPClient) async throws {
-        var pull = PullState()
+        var session = RelayPullSession(
+            site: node.siteID,
+            cluster: configuration.clusterID,
+            backoff: Backoff(
+                initialMilliseconds: configuration.initialBackoffMilliseconds,
+                maximumMilliseconds: configuration.maximumBackoffMilliseconds
+            ),
+            blockMilliseconds: Self.blockedSiteMilliseconds
+        )
         var backoff = Backoff(
             initialMilliseconds: configuration.initialBackoffMilliseconds,
             maximumMilliseconds: configuration.maximumBackoffMilliseconds
@@ -549,20 +538,11 @@ public final class RelayLink: Service, Sendable {
         while !Task.isCancelled {
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
-                pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
-                // A resume point holds only while its site's cursor stays put (the node may have got the rest from
-                // a LAN peer meanwhile); a blocked site is left out until its time is up.
-                for (site, point) in pull.resume where pull.cursor[site] != point.cursor { pull.forget(site) }
-                let now = configuration.clock.nowMilliseconds()
-                pull.blocked = pull.blocked.filter { $0.value > now }
-                var asked = pull.cursor
-                for site in pull.blocked.keys { asked.advance(site, to: UInt64(Int64.max)) }
-                let request = RelayPullRequest(
-                    vector: RelayAPI.json(asked),
-                    resume: pull.resume.isEmpty
-                        ? nil
-                        : pull.resume.map { RelayPullRequest.Resume(site: RelayAPI.key($0.key), from: $0.value.from, index: $0.value.index) },
-                    waitMilliseconds: configuration.waitMilliseconds,
+                let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                let request = session.request(
+                    held: held,
+                    now: configuration.clock.nowMilliseconds(),
+                    wait: configuration.waitMilliseconds,
                     maximumBytes: configuration.pageBytes
                 )
                 let body = Array((try? JSONEncoder().encode(request)) ?? Data())
@@ -580,38 +560,22 @@ public final class RelayLink: Service, Sendable {
                 } catch {
                     throw RelayCallError.malformed("a page from the relay: \(error.message)")
                 }
-                pull.asked = asked
-                let before = (pull.cursor, pull.resume.mapValues { $0.index })
                 var applied = 0
-                var skipped: Set<SiteID> = []
                 for entry in entries {
-                    do throws(RelayCallError) {
-                        switch entry {
-                        case .envelope(let envelope):
-                            guard !skipped.contains(envelope.site) else { continue }
-                            applied += try await receive(envelope, &pull, client)
-                        case .undecodable(let site?, let error):
-                            guard !skipped.contains(site) else { continue }
-                            throw RelayCallError.badChangeSet(
-                                site,
-                                "a change set of site \(site.hex.prefix(8)) from the relay does not decode (\(error.message)); "
-                                    + "that site is left aside a while, the others go on",
-                                block: true
-                            )
-                        case .undecodable(nil, let error):
-                            note("the relay sent a change set that does not decode (\(error.message)); it was left out")
-                        }
-                    } catch {
-                        guard case .badChangeSet(let site, let why, let block) = error else { throw error }
-                        // Only this site waits: the rest of the page, and the other sites, go on.
-                        skipped.insert(site)
-                        pull.forget(site)
-                        if block {
-                            pull.blocked[site] = configuration.clock.nowMilliseconds() + Self.blockedSiteMilliseconds
-                            note(why)
-                        }
+                    switch entry {
+                    case .envelope(let envelope):
+                        applied += try await receive(envelope, &session, client)
+                    case .undecodable(let site, let error):
+                        session.undecodable(site: site, error, now: configuration.clock.nowMilliseconds())
                     }
                 }
+                if let (claims, proof) = session.readyClaims() {
+                    let result = try await local { () throws(ShoalError) in
+                        try await node.applyReceived(claims, received: proof)
+                    }
+                    session.held(result.versionVector)
+                }
+                for problem in session.problems { note(problem) }
                 let pulled = configuration.clock.nowMilliseconds()
                 state.withLock { status in
                     status.lastPullMs = pulled
@@ -621,126 +585,54 @@ public final class RelayLink: Service, Sendable {
                 if applied > 0 { eventSink.yield(.applied(changes: applied)) }
                 metrics.pullOK.increment()
                 metrics.applied.increment(by: applied)
-                if !entries.isEmpty, applied == 0, before.0 == pull.cursor, before.1 == pull.resume.mapValues({ $0.index }) {
-                    // The relay answered at once with change sets that moved nothing (replayed, misfiled or refused
-                    // ones): asking again at once would get the same answer, so the next pull waits, with backoff.
+                backoff.reset()
+                if let wait = session.pageEnded() {
                     do {
-                        try await Task.sleep(for: .milliseconds(backoff.next()))
+                        try await Task.sleep(for: .milliseconds(wait))
                     } catch {
                         throw RelayCallError.cancelled
                     }
-                } else {
-                    backoff.reset()
                 }
             } catch {
                 if case .cancelled = error {} else { metrics.pullFailed.increment() }
-                // Ranges in progress start again from their first chunk.
-                pull.resume = [:]
-                pull.buffers = [:]
-                pull.received = [:]
+                for problem in session.problems { note(problem) }
+                session.failed()
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }
     }
 
-    /// Opens one envelope and, when it completes a batch, applies the batch; returns the changes applied.
+    /// Carries out what the session decides for one chunk; returns the changes applied.
     private func receive(
         _ envelope: RelayEnvelope,
-        _ pull: inout PullState,
+        _ session: inout RelayPullSession,
         _ client: HTTPClient
     ) async throws(RelayCallError) -> Int {
-        let site = envelope.site
-        guard envelope.cluster == configuration.clusterID else {
-            throw RelayCallError.badChangeSet(
-                site,
-                "the relay sent a change set of site \(site.hex.prefix(8)) of another cluster "
-                    + "(\(envelope.cluster.prefix(64))); that site is left aside a while, the others go on",
-                block: true
-            )
+        var verdict = session.check(envelope, now: configuration.clock.nowMilliseconds())
+        if verdict == .readHeld {
+            // The ranges this process uploaded are not sent back: the node holds them, so its own version vector,
+            // read now, covers what the page skipped.
+            session.held(try await local { () throws(ShoalError) in try await node.versionVector() })
+            verdict = session.recheck(envelope, now: configuration.clock.nowMilliseconds())
         }
-        if envelope.endsRange, envelope.to <= pull.asked[site] {
-            // Asked for what follows, the relay answered with a range this node said it holds: an authentic range
-            // replayed or filed under a later seq. Used, it would be asked for again and again.
-            throw RelayCallError.badChangeSet(
-                site,
-                "the relay answered for site \(site.hex.prefix(8)) after \(pull.asked[site]) with its range "
-                    + "\(envelope.from + 1)...\(envelope.to), which this node holds: a replayed or misfiled range; "
-                    + "that site is left aside a while",
-                block: true
-            )
-        }
-        if let point = pull.resume[site] {
-            // Not where the page before ended (the relay answered for another range, or from a new snapshot): start
-            // the site again.
-            guard envelope.from == point.from, envelope.index == point.index, envelope.upload == point.upload else {
-                throw RelayCallError.badChangeSet(site, "", block: false)
-            }
-        } else {
-            guard envelope.index == 0 else { throw RelayCallError.badChangeSet(site, "", block: false) }
-            if envelope.from > pull.cursor[site] {
-                // The ranges this process uploaded are not sent back: the node holds them, so its own version
-                // vector, read now, covers what the page skipped.
-                pull.cursor.merge(try await local { () throws(ShoalError) in try await node.versionVector() })
-            }
-            guard envelope.from <= pull.cursor[site] else {
-                throw RelayCallError.badChangeSet(
-                    site,
-                    "the relay's ranges of site \(site.hex.prefix(8)) have a gap (the next starts after "
-                        + "\(envelope.from), this node holds up to \(pull.cursor[site]))",
-                    block: true
-                )
-            }
-        }
-        let seal = credentials.withLock { $0.seal }
-        if !seal.holds(envelope.epoch) {
+        guard verdict == .open else { return 0 }
+        if !credentials.withLock({ $0.seal }).holds(envelope.epoch) {
             // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
             try await refreshGrants(client, required: false)
         }
-        let plaintext: [UInt8]
+        let plaintext: Result<[UInt8], ShoalError>
         do {
-            plaintext = try credentials.withLock { $0.seal }.open(envelope)
+            plaintext = .success(try credentials.withLock { $0.seal }.open(envelope))
         } catch {
-            throw RelayCallError.badChangeSet(site, "relay changes could not be used here: \(error.message)", block: true)
+            plaintext = .failure(error)
         }
-        pull.buffers[site, default: []] += plaintext
-        pull.resume[site] = (envelope.from, envelope.index + 1, envelope.upload, pull.cursor[site])
-        guard envelope.flags.contains(.batchEnd) else { return 0 }
-        let bytes = pull.buffers.removeValue(forKey: site) ?? []
-        let message: WireMessage
-        do {
-            message = try WireMessage.decode(bytes)
-        } catch {
-            throw RelayCallError.badChangeSet(
-                site, "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)", block: true
-            )
-        }
-        guard case .changeBatch(let batch) = message else {
-            throw RelayCallError.badChangeSet(
-                site, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch", block: true
-            )
-        }
-        for change in batch.batch.changes {
-            let seq = change.stamp.seq
-            guard change.stamp.site == site, seq > envelope.from, !envelope.endsRange || seq <= envelope.to else {
-                throw RelayCallError.badChangeSet(
-                    site,
-                    "a sealed change set of site \(site.hex.prefix(8)) after seq \(envelope.from) holds change "
-                        + "\(change.stamp.site.hex.prefix(8)):\(seq), outside its range; nothing of it was applied",
-                    block: true
-                )
-            }
-        }
-        let claim = envelope.endsRange ? VersionVector([site: envelope.to]) : VersionVector()
-        let received = pull.received[site] ?? [:]
+        guard case .apply(let batch, let received) = session.opened(
+            envelope, plaintext: plaintext, now: configuration.clock.nowMilliseconds()
+        ) else { return 0 }
         let result = try await local { () throws(ShoalError) in
-            try await node.applyReceived(ChangeBatch(changes: batch.batch.changes, claim: claim), received: received)
+            try await node.applyReceived(batch, received: received)
         }
-        pull.received[site] = result.received
-        if envelope.endsRange {
-            pull.cursor.advance(site, to: envelope.to)
-            pull.resume[site] = nil
-            pull.received[site] = nil
-        }
+        session.applied(envelope, received: result.received, held: result.versionVector)
         return result.applied
     }
 
@@ -1252,8 +1144,6 @@ public final class RelayLink: Service, Sendable {
             reason = "relay: \(why)"
         case .local(let why):
             reason = "relay changes could not be used here: \(why.message)"
-        case .badChangeSet(_, let why, _):
-            reason = why
         }
         state.withLock { status in
             status.lastError = reason
@@ -1304,8 +1194,6 @@ enum RelayCallError: Error {
     case ungranted(String)
     /// The relay holds no upload key for the epoch (registered on the spot, then the upload is sent again).
     case noUploadKey(String)
-    /// A change set of `site` cannot be used (`block`: leave the site aside a while, and say `why`).
-    case badChangeSet(SiteID, String, block: Bool)
     /// Another member started the key epoch first.
     case conflict(epoch: UInt32?, String)
 }

@@ -1,0 +1,375 @@
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+
+/// Everything a node decides about pulling from a relay, with no I/O: what to ask for, how each chunk of a page is
+/// checked, where a range resumes, when a range's claim may count, which sites are left aside, and when the next pull
+/// may go. The shell (``RelayLink``) carries out what it says: it sends ``request(held:now:wait:maximumBytes:)``,
+/// opens each chunk the session lets through with its seal, applies what ``opened(_:plaintext:now:)`` hands back, and
+/// reports the results; time comes in as `now` (Unix milliseconds), so tests drive it.
+///
+/// The rules, in one place:
+/// - A site's ranges are used in order, each from its first chunk (or from where the page before ended inside it,
+///   while that site's cursor stays put); anything else starts the site again.
+/// - A chunk of another cluster, one that fails its seal or does not decode, a range with a gap, or a range the node
+///   said it holds (a replayed or misfiled one) leaves *that site* aside for ``blockMilliseconds``; the rest of the
+///   page, and every other site, go on.
+/// - A range's claim counts only once the node holds what the uploader had sent before it in the same stream (the
+///   other sites' entries of the range's sealed claim): a transaction partly overwritten by another site's later one
+///   is claimed only when that overwrite is held too, so a site held back never leaves another site's claim covering
+///   writes the node lacks. Claims waiting on that are kept, and asked past, until they can count.
+/// - A page that moved nothing (replayed, misfiled or refused chunks only) makes the next pull wait, with backoff: a
+///   misbehaving relay never starts a loop of pulls.
+public struct RelayPullSession: Sendable {
+    /// A range whose end arrived: its claim, what proves it, and what must be held before it counts.
+    public struct PendingClaim: Sendable, Hashable {
+        /// The range's end.
+        public var to: UInt64
+        /// The highest seq of the site's changes received in the range (see ``SyncNode/applyReceived(_:received:)``).
+        public var received: UInt64
+        /// The other sites' seqs the uploader had sent before the range's end.
+        public var requires: VersionVector
+    }
+
+    /// What the shell does with a chunk.
+    public enum Verdict: Sendable, Equatable {
+        /// Open it with the seal and hand the plaintext to ``opened(_:plaintext:now:)``.
+        case open
+        /// Leave it out: its site is left aside for this page (or a while).
+        case skip
+        /// Read the node's version vector, give it to ``held(_:)``, and check the chunk again: the range starts beyond
+        /// what the session knew was held (the node may have got the rest from a LAN peer or uploaded it itself).
+        case readHeld
+    }
+
+    /// What the shell does with an opened chunk.
+    public enum Piece: Sendable, Equatable {
+        /// Nothing yet: the batch continues in the next chunk.
+        case buffered
+        /// Apply this batch (one transaction), then report with ``applied(_:received:held:)``.
+        case apply(ChangeBatch, received: [SiteID: UInt64])
+        /// Left out; its site is left aside.
+        case skip
+    }
+
+    private struct Resume: Sendable {
+        var from: UInt64
+        var index: UInt32
+        var upload: UInt64
+        /// The site's cursor when the range started: the resume point holds only while it stays there.
+        var cursor: UInt64
+    }
+
+    /// This node's site (the relay never sends its own ranges back to it, and never holds more of them than it made).
+    public let site: SiteID
+    /// The cluster this node belongs to.
+    public let cluster: String
+    /// How long a site whose range could not be used is left aside.
+    public let blockMilliseconds: UInt64
+    /// The vector pulls ask with: what is held, plus ranges whose claims wait.
+    public private(set) var cursor = VersionVector()
+    /// Sites left aside, until when.
+    public private(set) var blocked: [SiteID: UInt64] = [:]
+    /// Ranges whose claims wait on other sites, merged per site.
+    public private(set) var pending: [SiteID: PendingClaim] = [:]
+    private var resume: [SiteID: Resume] = [:]
+    private var buffers: [SiteID: [UInt8]] = [:]
+    /// Per range under way, the highest seq applied from its earlier batches.
+    private var received: [SiteID: UInt64] = [:]
+    /// The vector the page being read was asked with.
+    private var asked = VersionVector()
+    /// Sites left out for the rest of the page.
+    private var skipped: Set<SiteID> = []
+    /// Range ends opened, whose claims wait, until their changes are applied.
+    private var ending: [SiteID: PendingClaim] = [:]
+    /// What the node holds, as last read.
+    private var knownHeld = VersionVector()
+    /// Per site, the end of the last range whose claim counted here: what its changes and the ranges it required
+    /// brought is here, even where the store took the claim lower (its newest transactions were all overwritten).
+    private var counted = VersionVector()
+    /// Per site, the furthest chunk used in the range under way: a page moved only if it went beyond.
+    private var reached: [SiteID: Resume] = [:]
+    /// Whether the page went beyond anything used before, and how many chunks it held.
+    private var pageMoved = false
+    private var pageEntries = 0
+    /// The sites the page's chunks named.
+    private var pageSites: Set<SiteID> = []
+    private var backoff: Backoff
+    /// Problems to say (each once, by the shell): a site left aside and why.
+    public private(set) var problems: [String] = []
+
+    /// A session for `site` of `cluster`; `backoff` paces pulls after pages that moved nothing.
+    public init(site: SiteID, cluster: String, backoff: Backoff, blockMilliseconds: UInt64 = 60_000) {
+        self.site = site
+        self.cluster = cluster
+        self.backoff = backoff
+        self.blockMilliseconds = blockMilliseconds
+    }
+
+    // MARK: Pages
+
+    /// The next pull's request, given the node's version vector now: resume points whose site moved are dropped, sites
+    /// whose time aside is up come back.
+    public mutating func request(held: VersionVector, now: UInt64, wait: Int, maximumBytes: Int) -> RelayPullRequest {
+        self.held(held)
+        for (site, point) in resume where cursor[site] != point.cursor { forget(site) }
+        blocked = blocked.filter { $0.value > now }
+        var asked = cursor
+        for site in blocked.keys { asked.advance(site, to: UInt64(Int64.max)) }
+        self.asked = asked
+        skipped = []
+        pageMoved = false
+        pageEntries = 0
+        pageSites = []
+        problems = []
+        return RelayPullRequest(
+            vector: RelayAPI.json(asked),
+            resume: resume.isEmpty
+                ? nil
+                : resume.sorted { $0.key < $1.key }.map {
+                    RelayPullRequest.Resume(site: RelayAPI.key($0.key), from: $0.value.from, index: $0.value.index)
+                },
+            waitMilliseconds: wait,
+            maximumBytes: maximumBytes
+        )
+    }
+
+    /// What the node holds now: the cursor never goes below it.
+    public mutating func held(_ vector: VersionVector) {
+        cursor.merge(vector)
+        knownHeld.merge(vector)
+        for (site, claim) in pending where vector[site] >= claim.to { pending[site] = nil }
+    }
+
+    /// Checks the next chunk of the page.
+    public mutating func check(_ envelope: RelayEnvelope, now: UInt64) -> Verdict {
+        pageEntries += 1
+        let site = envelope.site
+        pageSites.insert(site)
+        guard !skipped.contains(site) else { return .skip }
+        guard envelope.cluster == cluster else {
+            return block(
+                site, now: now,
+                "the relay sent a change set of site \(site.hex.prefix(8)) of another cluster "
+                    + "(\(envelope.cluster.prefix(64))); that site is left aside a while, the others go on"
+            )
+        }
+        if envelope.endsRange, envelope.to <= asked[site] {
+            // Asked for what follows, the relay answered with a range this node said it holds: an authentic range
+            // replayed or filed under a later seq. Used, it would be asked for again and again.
+            return block(
+                site, now: now,
+                "the relay answered for site \(site.hex.prefix(8)) after \(asked[site]) with its range "
+                    + "\(envelope.from + 1)...\(envelope.to), which this node holds: a replayed or misfiled range; "
+                    + "that site is left aside a while"
+            )
+        }
+        if let point = resume[site] {
+            // Not where the page before ended (another range, or one from a new snapshot): start the site again.
+            guard envelope.from == point.from, envelope.index == point.index, envelope.upload == point.upload else {
+                return restart(site)
+            }
+        } else {
+            guard envelope.index == 0 else { return restart(site) }
+            guard envelope.from <= cursor[site] else {
+                return .readHeld
+            }
+        }
+        return .open
+    }
+
+    /// A chunk of the page that does not decode (`site`: its site, when its header could be read).
+    public mutating func undecodable(site: SiteID?, _ error: ShoalError, now: UInt64) {
+        pageEntries += 1
+        guard let site else {
+            problems.append("the relay sent a change set that does not decode (\(error.message)); it was left out")
+            return
+        }
+        guard !skipped.contains(site) else { return }
+        _ = block(
+            site, now: now,
+            "a change set of site \(site.hex.prefix(8)) from the relay does not decode (\(error.message)); "
+                + "that site is left aside a while, the others go on"
+        )
+    }
+
+    /// After ``Verdict/readHeld`` and ``held(_:)``: opens the chunk if what is held now reaches its start; otherwise the
+    /// relay's ranges of its site have a gap, and the site is left aside.
+    public mutating func recheck(_ envelope: RelayEnvelope, now: UInt64) -> Verdict {
+        guard envelope.from > cursor[envelope.site] else { return .open }
+        return block(
+            envelope.site, now: now,
+            "the relay's ranges of site \(envelope.site.hex.prefix(8)) have a gap (the next starts after "
+                + "\(envelope.from), this node holds up to \(cursor[envelope.site]))"
+        )
+    }
+
+    /// A chunk the shell could not open (`plaintext` failed) or opened.
+    public mutating func opened(_ envelope: RelayEnvelope, plaintext: Result<[UInt8], ShoalError>, now: UInt64) -> Piece {
+        let site = envelope.site
+        let bytes: [UInt8]
+        switch plaintext {
+        case .failure(let error):
+            _ = block(site, now: now, "relay changes could not be used here: \(error.message)")
+            return .skip
+        case .success(let opened):
+            bytes = opened
+        }
+        buffers[site, default: []] += bytes
+        resume[site] = Resume(from: envelope.from, index: envelope.index + 1, upload: envelope.upload, cursor: cursor[site])
+        if let furthest = reached[site], furthest.from == envelope.from, furthest.upload == envelope.upload,
+            furthest.index >= envelope.index
+        {
+            // A chunk used before (the range started again): no new ground.
+        } else {
+            reached[site] = Resume(from: envelope.from, index: envelope.index, upload: envelope.upload, cursor: 0)
+            pageMoved = true
+        }
+        guard envelope.flags.contains(.batchEnd) else { return .buffered }
+        let whole = buffers.removeValue(forKey: site) ?? []
+        let batch: ChangeBatch
+        do {
+            guard case .changeBatch(let message) = try WireMessage.decode(whole) else {
+                _ = block(site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
+                return .skip
+            }
+            batch = message.batch
+        } catch {
+            _ = block(
+                site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)"
+            )
+            return .skip
+        }
+        for change in batch.changes {
+            let seq = change.stamp.seq
+            guard change.stamp.site == site, seq > envelope.from, !envelope.endsRange || seq <= envelope.to else {
+                _ = block(
+                    site, now: now,
+                    "a sealed change set of site \(site.hex.prefix(8)) after seq \(envelope.from) holds change "
+                        + "\(change.stamp.site.hex.prefix(8)):\(seq), outside its range; nothing of it was applied"
+                )
+                return .skip
+            }
+        }
+        var claim = VersionVector()
+        if envelope.endsRange {
+            // The other sites' entries of a range's sealed claim are what the stream it was cut from assumed held (the
+            // relay's heads) or had sent before its end: its claim counts once those ranges' changes are applied here.
+            let requires = VersionVector(batch.claim.entries.filter { $0.key != site })
+            let proof = max(received[site] ?? 0, batch.changes.map(\.stamp.seq).max() ?? 0)
+            if pending[site] == nil, met(requires, with: [:]) {
+                claim = VersionVector([site: envelope.to])
+                ending[site] = nil
+            } else {
+                ending[site] = PendingClaim(to: envelope.to, received: proof, requires: requires)
+            }
+        }
+        return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: received[site].map { [site: $0] } ?? [:])
+    }
+
+    /// The result of applying a batch of `envelope`'s site: what its range received so far, and the node's vector.
+    public mutating func applied(_ envelope: RelayEnvelope, received result: [SiteID: UInt64], held: VersionVector) {
+        let site = envelope.site
+        if envelope.endsRange {
+            received[site] = nil
+            resume[site] = nil
+            reached[site] = nil
+            cursor.advance(site, to: envelope.to)
+            if let waiting = ending.removeValue(forKey: site) {
+                pending[site] = merged(pending[site], waiting)
+            } else {
+                counted.advance(site, to: envelope.to)
+            }
+        } else if let seq = result[site] {
+            received[site] = seq
+        }
+        self.held(held)
+    }
+
+    /// Claims that wait no longer: one empty batch claiming them all, with what proves them; nil when none can count
+    /// yet. Claims may require each other (two sites' ranges cut from one stream, each holding what overwrote part of
+    /// the other): the largest set whose requirements are met by what counted already and by the set itself counts.
+    public mutating func readyClaims() -> (batch: ChangeBatch, received: [SiteID: UInt64])? {
+        var ready = pending
+        var shrinking = !ready.isEmpty
+        while shrinking {
+            shrinking = false
+            for (site, claim) in ready where !met(claim.requires, with: ready) {
+                ready[site] = nil
+                shrinking = true
+            }
+        }
+        guard !ready.isEmpty else { return nil }
+        for (site, waiting) in ready { counted.advance(site, to: waiting.to) }
+        for site in ready.keys { pending[site] = nil }
+        var claim = VersionVector()
+        var proof: [SiteID: UInt64] = [:]
+        for (site, waiting) in ready {
+            claim.advance(site, to: waiting.to)
+            proof[site] = waiting.received
+        }
+        return (ChangeBatch(changes: [], claim: claim), proof)
+    }
+
+    /// Whether the next pull goes at once (nil) or after a wait, in milliseconds: a page that moved nothing (replayed,
+    /// misfiled or refused chunks only) would be answered the same way at once.
+    public mutating func pageEnded() -> UInt64? {
+        defer { skipped = [] }
+        // The relay serves sites in order: a resume point it passed by (or an empty page) names a range it no longer
+        // holds as it was (it lost or rolled back its storage, and holds another upload of it): kept, the site would
+        // never be served again. Its range starts again from its first chunk.
+        let last = pageSites.max()
+        for site in resume.keys where !pageSites.contains(site) && (last.map { $0 > site } ?? true) { forget(site) }
+        if pageEntries > 0 && !pageMoved {
+            return backoff.next()
+        }
+        backoff.reset()
+        return nil
+    }
+
+    /// A pull failed: ranges under way start again from their first chunk.
+    public mutating func failed() {
+        ending = [:]
+        resume = [:]
+        buffers = [:]
+        received = [:]
+    }
+
+    // MARK: Sites
+
+    private mutating func block(_ site: SiteID, now: UInt64, _ why: String) -> Verdict {
+        skipped.insert(site)
+        forget(site)
+        blocked[site] = now + blockMilliseconds
+        problems.append(why)
+        return .skip
+    }
+
+    /// Leaves the site out for the rest of the page; it starts again from its first chunk at the next pull.
+    private mutating func restart(_ site: SiteID) -> Verdict {
+        skipped.insert(site)
+        forget(site)
+        return .skip
+    }
+
+    private mutating func forget(_ site: SiteID) {
+        resume[site] = nil
+        buffers[site] = nil
+        received[site] = nil
+    }
+
+    /// Whether what `requires` names is here: held, brought by ranges whose claims counted, or by the claims `with`.
+    private func met(_ requires: VersionVector, with claims: [SiteID: PendingClaim]) -> Bool {
+        requires.entries.allSatisfy { site, seq in
+            max(knownHeld[site], counted[site], claims[site]?.to ?? 0) >= seq
+        }
+    }
+
+    private func merged(_ old: PendingClaim?, _ new: PendingClaim) -> PendingClaim {
+        guard var old else { return new }
+        old.to = max(old.to, new.to)
+        old.received = max(old.received, new.received)
+        old.requires.merge(new.requires)
+        return old
+    }
+}

@@ -1,0 +1,410 @@
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayClient
+import ShoalRelayProtocol
+import ShoalTestSupport
+import Testing
+
+/// The pull session against a model relay that drops, repeats, reorders, truncates, replays and forges chunks,
+/// forgets its storage and is rolled back, with an uploader cutting ranges with the real chunker from a model cursor
+/// and a model node that applies and claims like the store (claims clipped to what was received). After every page:
+/// the node claims no transaction whose effect (or what overwrote it) it lacks, and holds nothing that was not written.
+/// Once the relay behaves, the node converges to the uploader's state within a bounded number of pulls, with no claim
+/// left waiting.
+@Suite struct RelayPullSessionModelTests {
+    @Test(arguments: 0..<300) func hostileRelayNeverMakesTheNodeClaimWhatItLacksAndAnHonestOneConverges(seed: UInt64) throws {
+        var world = ModelWorld(seed: seed)
+        try world.run()
+    }
+
+    /// A relay that answers every pull at once with the same replayed range makes the session wait, longer each time:
+    /// never a loop of pulls.
+    @Test func aRelayReplayingTheSameRangeMakesTheSessionBackOff() throws {
+        var world = ModelWorld(seed: 1)
+        try world.write(count: 6)
+        try world.upload()
+        try world.pullHonestly(until: 100)
+        let replayed = try #require(world.relay.ranges.values.first?.first?.last)
+        var waits: [UInt64] = []
+        for _ in 0..<6 {
+            _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+            try world.deliver([.envelope(replayed)])
+            waits.append(world.session.pageEnded() ?? 0)
+            world.now += 1
+        }
+        #expect(waits.allSatisfy { $0 > 0 })
+        #expect(waits.last! > waits.first!)
+    }
+
+    /// A range whose transaction another site's later one overwrote claims only once that site's range is applied: a
+    /// site held back (here, its chunks forged) leaves the other's claim waiting, not covering a write the node lacks.
+    @Test func aClaimWaitsForTheSiteThatOverwroteItsTransaction() throws {
+        var world = ModelWorld(seed: 2, sites: 2)
+        let (a, b) = (world.sites[0], world.sites[1])
+        // b writes keys 0 and 1, then a overwrites key 0: b's range holds only key 1, and its claim needs a's range.
+        try world.write(site: b, key: 0)
+        try world.write(site: b, key: 1)
+        try world.write(site: a, key: 0)
+        try world.upload()
+        _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+        // The relay forges a's chunk and sends b's as it is.
+        let page = world.relay.page(asked: world.session.cursor, resume: [:], maximumChunks: 100)
+        try world.deliver(page.map { entry in
+            guard case .envelope(var envelope) = entry, envelope.site == a else { return entry }
+            envelope.sealed[envelope.sealed.count / 2] ^= 1
+            return .envelope(envelope)
+        })
+        try world.claimReady()
+        #expect(world.node.vector[b] == 0, "b's claim counted while the write that overwrote b's was missing")
+        try world.checkClaims()
+        world.now += 120_000
+        try world.pullHonestly(until: 50)
+        #expect(world.node.vector[b] == 2 && world.node.vector[a] == 1)
+        #expect(world.session.pending.isEmpty)
+    }
+}
+
+/// One transaction of the model: one site writes one key.
+struct ModelWrite: Hashable {
+    var stamp: Stamp
+    var key: Int64
+}
+
+/// What a page of the model relay holds.
+enum ModelEntry {
+    case envelope(RelayEnvelope)
+    case undecodable(SiteID?)
+}
+
+/// A relay's storage: per site, a chain of ranges, each its chunks in order.
+struct ModelRelay {
+    var ranges: [SiteID: [[RelayEnvelope]]] = [:]
+
+    func head(_ site: SiteID) -> UInt64 { ranges[site]?.last?.last?.to ?? 0 }
+
+    var heads: VersionVector { VersionVector(ranges.mapValues { $0.last?.last?.to ?? 0 }) }
+
+    /// Takes whole ranges that start at the site's head (like the relay: insert by dot, ranges in a chain).
+    mutating func store(_ envelopes: [RelayEnvelope]) {
+        var open: [SiteID: [RelayEnvelope]] = [:]
+        for envelope in envelopes {
+            open[envelope.site, default: []].append(envelope)
+            guard envelope.endsRange else { continue }
+            let range = open.removeValue(forKey: envelope.site)!
+            if range[0].from == head(envelope.site) { ranges[envelope.site, default: []].append(range) }
+        }
+    }
+
+    /// The chunks answering `asked` (and `resume`), per site in order, at most `maximumChunks`.
+    func page(asked: VersionVector, resume: [SiteID: (from: UInt64, index: UInt32)], maximumChunks: Int) -> [ModelEntry] {
+        var page: [ModelEntry] = []
+        for site in ranges.keys.sorted() {
+            for range in ranges[site]! where range.last!.to > asked[site] {
+                var start = 0
+                if let point = resume[site], point.from == range[0].from { start = Int(point.index) }
+                for chunk in range.dropFirst(start) {
+                    guard page.count < maximumChunks else { return page }
+                    page.append(.envelope(chunk))
+                }
+            }
+        }
+        return page
+    }
+}
+
+/// The node that pulls: applies like the store (last writer wins by stamp; a claim clipped to what was received).
+struct ModelNode {
+    var rows: [Int64: Stamp] = [:]
+    var vector = VersionVector()
+
+    mutating func apply(_ batch: ChangeBatch, received: [SiteID: UInt64]) -> (vector: VersionVector, received: [SiteID: UInt64]) {
+        var highest = received
+        for change in batch.changes {
+            guard case .integer(let key) = change.primaryKey[0] else { continue }
+            if rows[key].map({ $0 < change.stamp }) ?? true { rows[key] = change.stamp }
+            highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
+        }
+        for (site, claimed) in batch.claim.entries {
+            vector.advance(site, to: min(claimed, max(vector[site], highest[site] ?? 0)))
+        }
+        return (vector, highest)
+    }
+}
+
+/// One run: writers, an uploader that holds every write, the model relay, and the session with its node.
+struct ModelWorld {
+    var random: SplitMix
+    let seed: UInt64
+    let sites: [SiteID]
+    let cluster = "model"
+    let seal = RelaySeal(clusterSecret: Array(repeating: 7, count: 32))
+    let foreignSeal = RelaySeal(clusterSecret: Array(repeating: 9, count: 32))
+    var writes: [ModelWrite] = []
+    var seqs: [SiteID: UInt64] = [:]
+    var clock: UInt64 = 0
+    var relay = ModelRelay()
+    var node = ModelNode()
+    var session: RelayPullSession
+    var now: UInt64 = 1_000_000
+    /// Every authentic chunk ever stored, for replays.
+    var seen: [RelayEnvelope] = []
+    var copies: [ModelRelay] = []
+    /// What happened, printed when the run fails.
+    var trace: [String] = []
+
+    init(seed: UInt64, sites count: Int = 3) {
+        self.seed = seed
+        random = SplitMix(state: seed)
+        var sites: [SiteID] = []
+        for _ in 0..<count { sites.append(SiteID.random(using: &random)) }
+        self.sites = sites.sorted()
+        session = RelayPullSession(
+            site: SiteID.random(using: &random),
+            cluster: "model",
+            backoff: Backoff(initialMilliseconds: 100, maximumMilliseconds: 10_000),
+            blockMilliseconds: 60_000
+        )
+    }
+
+    // MARK: Writers and the uploader
+
+    mutating func write(count: Int) throws {
+        for _ in 0..<count {
+            try write(site: sites.randomElement(using: &random)!, key: Int64.random(in: 0..<5, using: &random))
+        }
+    }
+
+    mutating func write(site: SiteID, key: Int64) throws {
+        clock += 1
+        seqs[site, default: 0] += 1
+        writes.append(ModelWrite(stamp: Stamp(hlc: HLC(rawValue: clock << 16), site: site, seq: seqs[site]!), key: key))
+    }
+
+    /// The write that holds each key now.
+    var survivors: [Int64: ModelWrite] {
+        var rows: [Int64: ModelWrite] = [:]
+        for write in writes { rows[write.key] = write }
+        return rows
+    }
+
+    /// Cuts what the relay's heads lack with the real chunker, from a model of the node's cursor: surviving changes
+    /// by (site, seq), one batch per site, each claim held back until what overwrote a transaction was sent.
+    mutating func upload(pieceBytes: Int = 1024) throws {
+        let heads = relay.heads
+        let survivors = self.survivors
+        let winners = Set(survivors.values.map(\.stamp))
+        let outgoing = survivors.values.filter { !heads.covers($0.stamp.dot) }.sorted { $0.stamp.dot < $1.stamp.dot }
+        var chunker = RelayChunker(cluster: cluster, seal: seal, heads: heads, pieceBytes: pieceBytes)
+        var sent: Set<Stamp> = []
+        var envelopes: [RelayEnvelope] = []
+        var claim = heads
+        for site in sites {
+            let mine = outgoing.filter { $0.stamp.site == site }
+            for write in mine { sent.insert(write.stamp) }
+            // Per site, the highest seq whose transactions (from the heads on) were all sent, or overwritten by what
+            // was sent or the heads cover.
+            for other in sites {
+                var seq = claim[other]
+                for write in writes where write.stamp.site == other && write.stamp.seq > claim[other] {
+                    guard write.stamp.seq == seq + 1 else { break }
+                    let winner = survivors[write.key]!.stamp
+                    let done = winners.contains(write.stamp) ? sent.contains(write.stamp)
+                        : (sent.contains(winner) || heads.covers(winner.dot))
+                    guard done else { break }
+                    seq = write.stamp.seq
+                }
+                claim.advance(other, to: seq)
+            }
+            let changes = mine.map { write in
+                Change(
+                    table: "kv", primaryKey: [.integer(write.key)], payload: .column("v", .integer(write.key)),
+                    causalLength: 1, stamp: write.stamp
+                )
+            }
+            envelopes += try chunker.envelopes(for: ChangeBatch(changes: changes, claim: claim))
+        }
+        relay.store(envelopes)
+        seen += envelopes
+    }
+
+    // MARK: Pulls
+
+    /// Hands `page` to the session as the link does, applying what it says to the model node.
+    mutating func deliver(_ page: [ModelEntry]) throws {
+        for entry in page {
+            switch entry {
+            case .undecodable(let site):
+                session.undecodable(site: site, ShoalError(code: .malformedMessage, message: "bad"), now: now)
+            case .envelope(let envelope):
+                var verdict = session.check(envelope, now: now)
+                if verdict == .readHeld {
+                    session.held(node.vector)
+                    verdict = session.recheck(envelope, now: now)
+                }
+                trace.append(
+                    "  \(envelope.site.hex.prefix(4)) \(envelope.from)..\(envelope.to) #\(envelope.index) "
+                        + "u\(envelope.upload % 1000) f\(envelope.flags.rawValue) \(envelope.cluster): \(verdict)"
+                )
+                guard verdict == .open else { continue }
+                let plaintext: Result<[UInt8], ShoalError>
+                do {
+                    plaintext = .success(try seal.open(envelope))
+                } catch {
+                    plaintext = .failure(error)
+                }
+                guard case .apply(let batch, let received) = session.opened(envelope, plaintext: plaintext, now: now)
+                else { continue }
+                for change in batch.changes {
+                    #expect(writes.contains(ModelWrite(stamp: change.stamp, key: change.primaryKey[0].integerValue!)))
+                }
+                let result = node.apply(batch, received: received)
+                session.applied(envelope, received: result.received, held: result.vector)
+                try checkClaims()
+            }
+        }
+    }
+
+    mutating func claimReady() throws {
+        if let (batch, proof) = session.readyClaims() {
+            session.held(node.apply(batch, received: proof).vector)
+        }
+        try checkClaims()
+    }
+
+    /// Every transaction the node claims has its effect here, or what overwrote it.
+    func checkClaims() throws {
+        for write in writes where node.vector.covers(write.stamp.dot) {
+            let held = node.rows[write.key]
+            #expect(
+                held.map { $0 >= write.stamp } ?? false,
+                "seed \(seed): the node claims \(write.stamp) (key \(write.key)) but holds \(String(describing: held))"
+            )
+            if !(held.map { $0 >= write.stamp } ?? false) { throw ModelFailure() }
+        }
+    }
+
+    struct ModelFailure: Error {}
+
+    /// One pull: the session's request, the relay's answer (altered by `hostile`), the page handed over.
+    mutating func pull(hostile: Bool) throws {
+        let request = session.request(held: node.vector, now: now, wait: 0, maximumBytes: 1 << 20)
+        let asked = try RelayAPI.vector(request.vector)
+        var resume: [SiteID: (from: UInt64, index: UInt32)] = [:]
+        for point in request.resume ?? [] {
+            let site = try #require(try RelayAPI.vector([point.site: 1]).entries.keys.first)
+            resume[site] = (point.from, point.index)
+        }
+        var page = relay.page(asked: asked, resume: resume, maximumChunks: Int.random(in: 1...12, using: &random))
+        if hostile { tamper(&page) }
+        trace.append(
+            "pull\(hostile ? " hostile" : "") at \(now): asked \(asked) resume \(resume.map { "\($0.key.hex.prefix(4)) \($0.value)" }) "
+                + "node \(node.vector) pending \(session.pending.map { "\($0.key.hex.prefix(4)) \($0.value)" }) "
+                + "relay \(relay.ranges.mapValues { $0.map { "\($0[0].from)..\($0.last!.to)" } }.map { "\($0.key.hex.prefix(4)) \($0.value)" })"
+        )
+        try deliver(page)
+        try claimReady()
+        now += session.pageEnded() ?? 0
+        now += UInt64.random(in: 0...2_000, using: &random)
+    }
+
+    mutating func tamper(_ page: inout [ModelEntry]) {
+        for _ in 0..<Int.random(in: 0...2, using: &random) {
+            switch Int.random(in: 0..<9, using: &random) {
+            case 0 where !page.isEmpty:
+                page.remove(at: Int.random(in: 0..<page.count, using: &random))
+            case 1 where !page.isEmpty:
+                let index = Int.random(in: 0..<page.count, using: &random)
+                page.insert(page[index], at: index)
+            case 2 where page.count > 1:
+                page.swapAt(Int.random(in: 0..<page.count, using: &random), Int.random(in: 0..<page.count, using: &random))
+            case 3 where !page.isEmpty:
+                page.removeLast(Int.random(in: 1...page.count, using: &random))
+            case 4 where !seen.isEmpty:
+                // An authentic chunk replayed anywhere.
+                page.insert(.envelope(seen.randomElement(using: &random)!), at: Int.random(in: 0...page.count, using: &random))
+            case 5:
+                // A flipped byte in a chunk, or in its header.
+                let index = page.indices.randomElement(using: &random)
+                if let index, case .envelope(var envelope) = page[index] {
+                    if Bool.random(using: &random) {
+                        envelope.sealed[Int.random(in: 0..<envelope.sealed.count, using: &random)] ^= 1
+                    } else {
+                        envelope.to &+= 1
+                    }
+                    page[index] = .envelope(envelope)
+                }
+            case 6 where !seen.isEmpty:
+                // Another cluster's chunk, or one sealed with a key the cluster never had, under a site of this one.
+                var envelope = seen.randomElement(using: &random)!
+                if Bool.random(using: &random) { envelope.cluster = "other" }
+                envelope = (try? foreignSeal.seal([1, 2, 3], into: envelope)) ?? envelope
+                page.insert(.envelope(envelope), at: Int.random(in: 0...page.count, using: &random))
+            case 7:
+                page.insert(
+                    .undecodable(Bool.random(using: &random) ? sites.randomElement(using: &random) : nil),
+                    at: Int.random(in: 0...page.count, using: &random)
+                )
+            case 8 where !page.isEmpty:
+                // A chunk served for another site's place.
+                let index = Int.random(in: 0..<page.count, using: &random)
+                if case .envelope(var envelope) = page[index] {
+                    envelope.site = sites.randomElement(using: &random)!
+                    page[index] = .envelope(envelope)
+                }
+            default:
+                break
+            }
+        }
+    }
+
+    /// Pulls from a relay that behaves, until the node holds the uploader's state (or `until` pulls).
+    mutating func pullHonestly(until limit: Int) throws {
+        for _ in 0..<limit {
+            if converged { return }
+            try pull(hostile: false)
+            // Sites left aside come back once their time is up.
+            if let until = session.blocked.values.max(), until > now { now = until }
+        }
+        #expect(converged, "seed \(seed): no convergence; node \(node.vector), relay \(relay.heads)")
+        if !converged {
+            print(trace.suffix(80).joined(separator: "\n"))
+            throw ModelFailure()
+        }
+    }
+
+    var converged: Bool {
+        let survivors = self.survivors
+        guard node.rows == survivors.mapValues(\.stamp) else { return false }
+        guard session.pending.isEmpty else { return false }
+        return survivors.values.allSatisfy { node.vector.covers($0.stamp.dot) }
+    }
+
+    /// The run: writes and uploads, pulls from a hostile relay that also forgets or rolls back its storage, then an
+    /// honest phase.
+    mutating func run() throws {
+        for _ in 0..<Int.random(in: 10...40, using: &random) {
+            switch Int.random(in: 0..<10, using: &random) {
+            case 0..<3:
+                try write(count: Int.random(in: 1...4, using: &random))
+            case 3..<5:
+                try upload(pieceBytes: Int.random(in: 100...2_000, using: &random))
+            case 5:
+                // Storage lost, or rolled back to an older copy; uploads start again from what remains.
+                copies.append(relay)
+                relay = Bool.random(using: &random) ? ModelRelay() : copies.randomElement(using: &random)!
+            default:
+                try pull(hostile: Bool.random(using: &random))
+            }
+        }
+        try upload()
+        try pullHonestly(until: 400)
+        try checkClaims()
+    }
+}
+
+extension SQLValue {
+    fileprivate var integerValue: Int64? {
+        if case .integer(let value) = self { return value }
+        return nil
+    }
+}
