@@ -359,9 +359,10 @@ public struct RelayPullSession: Sendable {
     }
 
     /// Whether what `requires` names is here: held, brought by ranges whose claims counted, or by the claims `with`.
+    /// This node's own site is always here (what it made, it holds; a relay's forged head of it must not hold claims).
     private func met(_ requires: VersionVector, with claims: [SiteID: PendingClaim]) -> Bool {
         requires.entries.allSatisfy { site, seq in
-            max(knownHeld[site], counted[site], claims[site]?.to ?? 0) >= seq
+            site == self.site || max(knownHeld[site], counted[site], claims[site]?.to ?? 0) >= seq
         }
     }
 

@@ -1,0 +1,249 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import Metrics
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import ServiceLifecycle
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+import ShoalSecurity
+import ShoalTransport
+import Synchronization
+
+extension RelayLink {
+    // MARK: Key epochs
+
+    func refreshGrantsIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+        guard let refused = state.withLock({ $0.grantsNeeded }) else { return }
+        if state.withLock({ $0.credentials.token }) == refused {
+            try await refreshGrants(client, required: true)
+        }
+        state.withLock { if $0.grantsNeeded == refused { $0.grantsNeeded = nil } }
+    }
+
+    /// Fetches the grants of epochs after the newest held and adopts those made for this node by a member.
+    /// `required`: the token was retired, so finding none means this node was left out.
+    func refreshGrants(_ client: HTTPClient, required: Bool) async throws(RelayCallError) {
+        guard let identity = configuration.identity else {
+            if required {
+                throw RelayCallError.unauthorized(
+                    "the token was retired by a key rotation, and this node has no key to open grants", token: nil
+                )
+            }
+            return
+        }
+        // Refused (the token retired, or an upload under a key the relay does not hold): every grant for this node is
+        // read again, not only newer epochs, since the relay may hold another secret for an epoch held here.
+        let newest = required ? 0 : state.withLock { $0.credentials.keyring.newest }
+        // When the token was retired, the grant may still be on its way (a member grants those it sees join): wait
+        // for it at the relay rather than asking again and again.
+        let wait = required ? configuration.waitMilliseconds : 0
+        let recipient = identity.nodeID.description.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+        let (body, _) = try await call(
+            client,
+            .GET,
+            RelayAPI.grantsPath + "?after=\(newest)&recipient=\(recipient)&wait=\(wait)",
+            body: nil,
+            timeout: .milliseconds(Int64(wait) + 30_000)
+        )
+        let listed: RelayGrants = try decodeJSON(body)
+        let roster = configuration.roster?()
+        let me = identity.nodeID.description
+        var adopted: [(epoch: UInt32, contents: EpochGrant.Contents)] = []
+        let held = state.withLock { state in
+            Set(state.credentials.keyring.epochs.map { "\($0.epoch) \($0.secret)" })
+        }
+        for grant in listed.grants where grant.recipient == me {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == grant.epoch
+            else { continue }
+            // Only a member's grant counts: a removed node that rotated first gains nothing by it.
+            if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
+            guard let contents = try? decoded.open(with: identity, cluster: configuration.clusterID),
+                !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
+            else { continue }
+            adopted.append((decoded.epoch, contents))
+        }
+        guard !adopted.isEmpty else {
+            if required {
+                throw RelayCallError.ungranted(
+                    "the token was retired when the cluster's key moved to epoch \(listed.epoch ?? 0), and no grant "
+                        + "for this node was found: it was removed from the cluster, or the member who rotated did not "
+                        + "know it yet (members add grants for newer members as they see them)"
+                )
+            }
+            return
+        }
+        try adopt(adopted, rotatedHere: false)
+    }
+
+    /// Keeps the epochs of `grants`, seals with the newest from now on, and uses its token.
+    func adopt(_ grants: [(epoch: UInt32, contents: EpochGrant.Contents)], rotatedHere: Bool) throws(RelayCallError) {
+        let (keyring, newest) = state.withLock { $0.adopt(grants, clusterSecret: configuration.clusterSecret) }
+        if let path = configuration.keyringPath {
+            try localNow { () throws(ShoalError) in try keyring.save(path) }
+        }
+        eventSink.yield(.epoch(newest, rotatedHere: rotatedHere))
+    }
+
+    /// Starts a new key epoch when the roster removed a node that no epoch held here excludes yet; and leaves grants
+    /// for members that joined after the last rotation.
+    func rotateIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+        guard let identity = configuration.identity, let roster = configuration.roster?() else { return }
+        guard roster.removed[identity.nodeID] == nil else { return }
+        try await reestablishIfNeeded(client, identity: identity, roster: roster)
+        let removed = Set(roster.removed.keys.map(\.description))
+        if !removed.isSubset(of: state.withLock({ $0.credentials.keyring.removed })) {
+            // Another member may have rotated already.
+            try await refreshGrants(client, required: false)
+        }
+        if !removed.isSubset(of: state.withLock({ $0.credentials.keyring.removed })) {
+            try await rotate(client, identity: identity, roster: roster)
+        } else {
+            try await grantNewMembers(client, identity: identity, roster: roster)
+        }
+    }
+
+    /// Starts again at the relay the epochs this node holds beyond the relay's newest, in order, each with its grants
+    /// for the members and its upload key: a relay that lost its storage, or was restored from a copy older than a
+    /// rotation, learns them back from the members instead of a member starting a different epoch under the same
+    /// number. The newest comes with the token members hold for it. Checked when the relay's heads are read again.
+    func reestablishIfNeeded(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let now = configuration.clock.monotonicMilliseconds()
+        let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.token) }
+        guard keyring.newest > 0, state.withLock({ $0.epochsCheckedMs.map { now - $0 >= 30_000 } ?? true }) else { return }
+        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(keyring.newest)", body: nil, timeout: .seconds(30))
+        let listed: RelayGrants = try decodeJSON(body)
+        state.withLock { $0.epochsCheckedMs = now }
+        guard let relayNewest = listed.epoch, relayNewest < keyring.newest else { return }
+        configuration.logger.info(
+            "the relay lacks key epochs this node holds (it lost or rolled back its storage): starting them again there",
+            metadata: ["relay": "\(relayNewest)", "held": "\(keyring.newest)"]
+        )
+        for epoch in keyring.epochs where epoch.epoch > relayNewest {
+            guard let secret = Data(base64Encoded: epoch.secret).map(Array.init) else { continue }
+            let newest = epoch.epoch == keyring.newest
+            let contents = EpochGrant.Contents(
+                secret: secret,
+                token: newest ? token : "",
+                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
+            )
+            var grants: [RelayGrant] = []
+            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed) {
+                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
+            }
+            let uploadKey = RelaySeal(secrets: [epoch.epoch: secret], epoch: epoch.epoch).uploadKey(epoch.epoch)
+                .map { Data($0).base64EncodedString() }
+            // Only the newest epoch's token is one members use; an older epoch's is never handed out.
+            let tokenHash = RelayAPI.tokenHash(newest ? token : RelayAPI.makeToken())
+            let rotation = RelayRotation(epoch: epoch.epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
+            do {
+                _ = try await call(
+                    client, .POST, RelayAPI.rotatePath, body: Array((try? JSONEncoder().encode(rotation)) ?? Data()),
+                    timeout: .seconds(30)
+                )
+            } catch {
+                guard case .conflict = error else { throw error }
+                // Another member started it first (this node's, or one made afresh): the grants say which.
+                return
+            }
+        }
+        state.withLock { $0.grantedMembers = nil }
+    }
+
+    /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without:
+    /// a member whose roster has not caught up with a removal yet must not grant the removed node what excluded it.
+    static func recipients(_ roster: Roster, identity: NodeIdentity, excluding removed: Set<String>)
+        -> [(node: NodeID, key: [UInt8])]
+    {
+        var recipients = roster.members.values.filter { !removed.contains($0.nodeID.description) }
+            .map { (node: $0.nodeID, key: $0.publicKeyDER) }
+        if !recipients.contains(where: { $0.node == identity.nodeID }) {
+            recipients.append((identity.nodeID, identity.publicKeyDER))
+        }
+        return recipients
+    }
+
+    func rotate(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let epoch = state.withLock { $0.credentials.keyring.newest } + 1
+        var generator = SystemRandomNumberGenerator()
+        let secret = (0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let token = RelayAPI.makeToken()
+        let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
+        var grants: [RelayGrant] = []
+        let excluded = state.withLock { $0.credentials.keyring.removed }.union(contents.removed.map(\.description))
+        for recipient in Self.recipients(roster, identity: identity, excluding: excluded) {
+            grants.append(try grant(epoch, contents, to: recipient, signer: identity))
+        }
+        let tokenHash = RelayAPI.tokenHash(token)
+        let uploadKey = RelaySeal(secrets: [epoch: secret], epoch: epoch).uploadKey(epoch).map { Data($0).base64EncodedString() }
+        let rotation = RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
+        let body = Array((try? JSONEncoder().encode(rotation)) ?? Data())
+        do {
+            _ = try await call(client, .POST, RelayAPI.rotatePath, body: body, timeout: .seconds(30))
+        } catch {
+            if case .conflict = error {
+                // Another member started this epoch: adopt its grant; the next pass checks what it excludes.
+                try await refreshGrants(client, required: false)
+                return
+            }
+            throw error
+        }
+        try adopt([(epoch, contents)], rotatedHere: true)
+        configuration.logger.info("rotated the relay key", metadata: ["epoch": "\(epoch)"])
+    }
+
+    /// `contents` of `epoch` sealed to `recipient` and signed by `signer`, as the relay's mailbox keeps it.
+    func grant(
+        _ epoch: UInt32,
+        _ contents: EpochGrant.Contents,
+        to recipient: (node: NodeID, key: [UInt8]),
+        signer: NodeIdentity
+    ) throws(RelayCallError) -> RelayGrant {
+        let grant = try localNow { () throws(ShoalError) in
+            try EpochGrant.make(
+                cluster: configuration.clusterID,
+                epoch: epoch,
+                contents: contents,
+                recipient: recipient.node,
+                recipientKey: recipient.key,
+                signer: signer
+            )
+        }
+        return RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
+    }
+
+    func grantNewMembers(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+        let members = Set(roster.members.keys).union([identity.nodeID])
+        guard state.withLock({ $0.grantedMembers }) != members else { return }
+        let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.token) }
+        guard !keyring.epochs.isEmpty else {
+            state.withLock { $0.grantedMembers = members }
+            return
+        }
+        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=0", body: nil, timeout: .seconds(30))
+        let listed: RelayGrants = try decodeJSON(body)
+        let held = Set(listed.grants.map { "\($0.epoch) \($0.recipient)" })
+        var grants: [RelayGrant] = []
+        for epoch in keyring.epochs {
+            guard let secret = Data(base64Encoded: epoch.secret) else { continue }
+            let contents = EpochGrant.Contents(
+                secret: Array(secret),
+                token: epoch.epoch == keyring.newest ? token : "",
+                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
+            )
+            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed)
+            where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
+                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
+            }
+        }
+        if !grants.isEmpty {
+            let posted = Array((try? JSONEncoder().encode(RelayGrants(grants: grants))) ?? Data())
+            _ = try await call(client, .POST, RelayAPI.grantsPath, body: posted, timeout: .seconds(30))
+        }
+        state.withLock { $0.grantedMembers = members }
+    }
+}

@@ -1,0 +1,138 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import Metrics
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import ServiceLifecycle
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+import ShoalSecurity
+import ShoalTransport
+import Synchronization
+
+extension RelayLink {
+    // MARK: Pull
+
+    /// How long a site whose range could not be used is left aside before it is tried again.
+    static let blockedSiteMilliseconds: UInt64 = 60_000
+
+    /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,
+    /// the link opens it with the seal and applies what the session hands back.
+    func pullLoop(_ client: HTTPClient) async throws {
+        var session = RelayPullSession(
+            site: node.siteID,
+            cluster: configuration.clusterID,
+            backoff: Backoff(
+                initialMilliseconds: configuration.initialBackoffMilliseconds,
+                maximumMilliseconds: configuration.maximumBackoffMilliseconds
+            ),
+            blockMilliseconds: Self.blockedSiteMilliseconds
+        )
+        var backoff = Backoff(
+            initialMilliseconds: configuration.initialBackoffMilliseconds,
+            maximumMilliseconds: configuration.maximumBackoffMilliseconds
+        )
+        while !Task.isCancelled {
+            do throws(RelayCallError) {
+                try await refreshGrantsIfNeeded(client)
+                let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                let request = session.request(
+                    held: held,
+                    now: configuration.clock.nowMilliseconds(),
+                    wait: configuration.waitMilliseconds,
+                    maximumBytes: configuration.pageBytes
+                )
+                let body = Array((try? JSONEncoder().encode(request)) ?? Data())
+                let (answer, _) = try await call(
+                    client,
+                    .POST,
+                    RelayAPI.pullPath,
+                    body: body,
+                    contentType: "application/json",
+                    timeout: .milliseconds(Int64(configuration.waitMilliseconds) + 60_000)
+                )
+                let entries: [RelayEnvelopeList.Entry]
+                do {
+                    entries = try RelayEnvelopeList.decodeEntries(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
+                } catch {
+                    throw RelayCallError.malformed("a page from the relay: \(error.message)")
+                }
+                var applied = 0
+                for entry in entries {
+                    switch entry {
+                    case .envelope(let envelope):
+                        applied += try await receive(envelope, &session, client)
+                    case .undecodable(let site, let error):
+                        session.undecodable(site: site, error, now: configuration.clock.nowMilliseconds())
+                    }
+                }
+                if let (claims, proof) = session.readyClaims() {
+                    let result = try await local { () throws(ShoalError) in
+                        try await node.applyReceived(claims, received: proof)
+                    }
+                    session.held(result.versionVector)
+                }
+                for problem in session.problems { note(problem) }
+                let pulled = configuration.clock.nowMilliseconds()
+                state.withLock { state in
+                    state.status.lastPullMs = pulled
+                    state.status.received += UInt64(entries.count)
+                    state.status.applied += UInt64(applied)
+                }
+                if applied > 0 { eventSink.yield(.applied(changes: applied)) }
+                metrics.pullOK.increment()
+                metrics.applied.increment(by: applied)
+                backoff.reset()
+                if let wait = session.pageEnded() {
+                    do {
+                        try await Task.sleep(for: .milliseconds(wait))
+                    } catch {
+                        throw RelayCallError.cancelled
+                    }
+                }
+            } catch {
+                if case .cancelled = error {} else { metrics.pullFailed.increment() }
+                for problem in session.problems { note(problem) }
+                session.failed()
+                try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
+            }
+        }
+    }
+
+    /// Carries out what the session decides for one chunk; returns the changes applied.
+    func receive(
+        _ envelope: RelayEnvelope,
+        _ session: inout RelayPullSession,
+        _ client: HTTPClient
+    ) async throws(RelayCallError) -> Int {
+        var verdict = session.check(envelope, now: configuration.clock.nowMilliseconds())
+        if verdict == .readHeld {
+            // The ranges this process uploaded are not sent back: the node holds them, so its own version vector,
+            // read now, covers what the page skipped.
+            session.held(try await local { () throws(ShoalError) in try await node.versionVector() })
+            verdict = session.recheck(envelope, now: configuration.clock.nowMilliseconds())
+        }
+        guard verdict == .open else { return 0 }
+        if !state.withLock({ $0.credentials.seal }).holds(envelope.epoch) {
+            // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
+            try await refreshGrants(client, required: false)
+        }
+        let plaintext: Result<[UInt8], ShoalError>
+        do {
+            plaintext = .success(try state.withLock { $0.credentials.seal }.open(envelope))
+        } catch {
+            plaintext = .failure(error)
+        }
+        guard case .apply(let batch, let received) = session.opened(
+            envelope, plaintext: plaintext, now: configuration.clock.nowMilliseconds()
+        ) else { return 0 }
+        let result = try await local { () throws(ShoalError) in
+            try await node.applyReceived(batch, received: received)
+        }
+        session.applied(envelope, received: result.received, held: result.versionVector)
+        return result.applied
+    }
+}

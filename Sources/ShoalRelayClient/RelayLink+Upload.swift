@@ -1,0 +1,319 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import Metrics
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import ServiceLifecycle
+import ShoalCore
+import ShoalProtocol
+import ShoalRelayProtocol
+import ShoalSecurity
+import ShoalTransport
+import Synchronization
+
+extension RelayLink {
+    // MARK: Upload
+
+    func pushLoop(_ client: HTTPClient) async throws {
+        var signals = await node.changeSignals().makeAsyncIterator()
+        var heads: VersionVector?
+        var lastHeads: VersionVector?
+        var backoff = Backoff(
+            initialMilliseconds: configuration.initialBackoffMilliseconds,
+            maximumMilliseconds: configuration.maximumBackoffMilliseconds
+        )
+        var due = true
+        var raced = 0
+        var headsFetched: UInt64 = 0
+        while !Task.isCancelled {
+            if !due {
+                guard await signals.next() != nil else { return }
+            }
+            due = false
+            do throws(RelayCallError) {
+                try await refreshGrantsIfNeeded(client)
+                try await rotateIfNeeded(client)
+                // The heads are read again now and then, not only after a failure: another uploader, or an
+                // operator's repair, may have moved them.
+                let now = configuration.clock.monotonicMilliseconds()
+                if heads == nil || now - headsFetched > 30_000 {
+                    heads = try await fetchHeads(client)
+                    headsFetched = now
+                }
+                var known = heads!
+                let finished = try await pushOnce(client, heads: &known)
+                heads = known
+                lastHeads = known
+                if finished {
+                    raced = 0
+                    backoff.reset()
+                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: known) {
+                        // Read again first: another node may have just uploaded one.
+                        heads = try await fetchHeads(client)
+                        headsFetched = now
+                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads!) {
+                            try await uploadSnapshot(client)
+                        }
+                    }
+                } else {
+                    // Another node moved the relay's heads while this one uploaded: cut again from the new heads,
+                    // at once the first time, then with backoff.
+                    raced += 1
+                    due = true
+                    if raced > 1 { try? await Task.sleep(for: .milliseconds(backoff.next())) }
+                }
+            } catch {
+                if case .cancelled = error {} else { metrics.pushFailed.increment() }
+                // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
+                if let lastHeads, let held = try? await node.versionVector() { noteLacking(held: held, heads: lastHeads) }
+                heads = nil
+                due = true
+                try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
+            }
+        }
+    }
+
+    func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
+        let (body, _) = try await call(client, .GET, RelayAPI.headsPath, body: nil, timeout: .seconds(30))
+        let heads: RelayHeads = try decodeJSON(body)
+        state.withLock { state in
+            state.uncoveredBytes = heads.uncoveredBytes ?? 0
+            state.snapshotBytes = heads.snapshot?.bytes ?? 0
+        }
+        if let cluster = heads.cluster, cluster != configuration.clusterID {
+            throw RelayCallError.unauthorized(
+                "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)",
+                token: nil
+            )
+        }
+        let vector: VersionVector
+        do {
+            vector = try RelayAPI.vector(heads.heads)
+        } catch {
+            throw RelayCallError.malformed("the relay's heads: \(error.message)")
+        }
+        // Nobody holds more of this node's own site than the node itself: a head beyond it is a forged or corrupt
+        // range, which hides this node's next transactions from the relay until its operator removes it.
+        let own = node.siteID
+        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        if vector[own] > held[own] {
+            note(
+                "the relay claims transactions \(held[own] + 1)...\(vector[own]) of this node's own site, which it never "
+                    + "made: a forged or corrupt range; this node's later writes cannot reach the relay until its "
+                    + "operator removes that range"
+            )
+        }
+        return vector
+    }
+
+    /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
+    func pushOnce(_ client: HTTPClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
+        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        noteLacking(held: held, heads: heads)
+        guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
+        let started = ContinuousClock.now
+        let (pieceBytes, requestBytes) = state.withLock { ($0.pieceBytes, $0.requestBytes) }
+        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
+        var chunker = RelayChunker(
+            cluster: configuration.clusterID,
+            seal: state.withLock { $0.credentials.seal },
+            heads: heads,
+            pieceBytes: pieceBytes
+        )
+        var outgoing: [RelayEnvelope] = []
+        var outgoingBytes = 0
+        var finished = true
+        do throws(RelayCallError) {
+            cutting: while let batch = try await local({ () throws(ShoalError) in
+                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
+            }) {
+                for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
+                    outgoing.append(envelope)
+                    outgoingBytes += envelope.encodedCount
+                    if outgoingBytes >= requestBytes {
+                        guard try await send(client, &outgoing, heads: &heads) else {
+                            finished = false
+                            break cutting
+                        }
+                        outgoingBytes = 0
+                    }
+                }
+            }
+            if finished && !outgoing.isEmpty { finished = try await send(client, &outgoing, heads: &heads) }
+        } catch {
+            await node.closeChangeCursor(cursor)
+            throw error
+        }
+        await node.closeChangeCursor(cursor)
+        noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        metrics.pushOK.increment()
+        metrics.pushTime.record(duration: ContinuousClock.now - started)
+        return finished
+    }
+
+    /// Posts `body` to `path` authenticated with `epoch`'s upload key, so the relay stores only what a holder of the
+    /// secret sent; registers the key first when the relay does not know it yet.
+    func postAuthenticated(
+        _ client: HTTPClient,
+        _ path: String,
+        body: [UInt8],
+        contentType: String,
+        epoch: UInt32
+    ) async throws(RelayCallError) -> [UInt8] {
+        let seal = state.withLock { $0.credentials.seal }
+        guard let authentication = seal.authenticate(body, epoch: epoch), let uploadKey = seal.uploadKey(epoch) else {
+            throw RelayCallError.local(ShoalError(code: .sealBroken, message: "no upload key for epoch \(epoch)"))
+        }
+        let headers = [(RelayAPI.uploadEpochHeader, "\(epoch)"), (RelayAPI.uploadAuthHeader, authentication)]
+        do {
+            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
+        } catch {
+            guard case .noUploadKey = error else { throw error }
+            // The relay does not know this epoch's upload key yet (a new relay, or the cluster's first upload).
+            let key = RelayUploadKey(epoch: epoch, key: Data(uploadKey).base64EncodedString())
+            do {
+                _ = try await call(
+                    client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
+                )
+            } catch {
+                guard case .conflict(_, let why) = error else { throw error }
+                // The relay holds another key for this epoch: see the 403 above.
+                throw RelayCallError.epochRetired(why, token: state.withLock { $0.credentials.token })
+            }
+            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
+        }
+    }
+
+    /// Sends `envelopes` (and empties it) to the change log, or to snapshot `snapshot`; `false` when some were refused
+    /// because the relay's heads moved.
+    func send(
+        _ client: HTTPClient,
+        _ envelopes: inout [RelayEnvelope],
+        heads: inout VersionVector,
+        snapshot: UInt64? = nil
+    ) async throws(RelayCallError) -> Bool {
+        let body = RelayEnvelopeList.encode(envelopes)
+        let count = envelopes.count
+        let epoch = envelopes.first?.epoch ?? 0
+        envelopes = []
+        let path = snapshot.map { "\(RelayAPI.snapshotsPath)/\($0)" } ?? RelayAPI.changeSetsPath
+        let answer = try await postAuthenticated(client, path, body: body, contentType: RelayAPI.envelopeContentType, epoch: epoch)
+        let result: RelayUploadResult = try decodeJSON(answer)
+        if snapshot == nil { state.withLock { $0.uncoveredBytes += Int64(body.count) } }
+        do {
+            heads.merge(try RelayAPI.vector(result.heads))
+        } catch {
+            throw RelayCallError.malformed("the relay's heads: \(error.message)")
+        }
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { state in
+            state.status.lastPushMs = now
+            state.status.uploaded += UInt64(result.stored)
+        }
+        if result.stored > 0 { eventSink.yield(.uploaded(chunks: result.stored)) }
+        configuration.logger.debug(
+            "uploaded to the relay",
+            metadata: ["sent": "\(count)", "stored": "\(result.stored)", "gaps": "\(result.gaps)"]
+        )
+        return result.gaps == 0
+    }
+
+    /// Whether this node should upload a snapshot now: it holds exactly what the relay holds (a node still catching up
+    /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
+    /// both that snapshot and the minimum, and no attempt of its failed in the last minute.
+    func snapshotDue(held: VersionVector, heads: VersionVector) -> Bool {
+        let now = configuration.clock.nowMilliseconds()
+        return state.withLock {
+            $0.snapshotDue(held: held, heads: heads, minimumBytes: configuration.snapshotMinimumBytes, now: now)
+        }
+    }
+
+    /// Uploads a snapshot: the node's whole merged state, as a change stream from the empty vector cut in ranges like
+    /// any upload, into a snapshot of a new id; then tells the relay it is whole and what it covers.
+    func uploadSnapshot(_ client: HTTPClient) async throws(RelayCallError) {
+        state.withLock { $0.snapshotTriedMs = configuration.clock.nowMilliseconds() }
+        let id = UInt64.random(in: 1...UInt64(Int64.max))
+        let (pieceBytes, requestBytes) = state.withLock { ($0.pieceBytes, $0.requestBytes) }
+        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: VersionVector()) }
+        let seal = state.withLock { $0.credentials.seal }
+        var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: VersionVector(), pieceBytes: pieceBytes)
+        var outgoing: [RelayEnvelope] = []
+        var outgoingBytes = 0
+        var uploaded = VersionVector()
+        do throws(RelayCallError) {
+            while let batch = try await local({ () throws(ShoalError) in
+                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
+            }) {
+                for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
+                    outgoing.append(envelope)
+                    outgoingBytes += envelope.encodedCount
+                    if outgoingBytes >= requestBytes {
+                        guard try await send(client, &outgoing, heads: &uploaded, snapshot: id) else {
+                            throw RelayCallError.refused("the relay refused part of a snapshot")
+                        }
+                        outgoingBytes = 0
+                    }
+                }
+            }
+            if !outgoing.isEmpty, !(try await send(client, &outgoing, heads: &uploaded, snapshot: id)) {
+                throw RelayCallError.refused("the relay refused part of a snapshot")
+            }
+        } catch {
+            await node.closeChangeCursor(cursor)
+            throw error
+        }
+        await node.closeChangeCursor(cursor)
+        let covered = chunker.covered
+        guard !covered.isEmpty else {
+            state.withLock { $0.snapshotTriedMs = nil }
+            return
+        }
+        let completion = Array((try? JSONEncoder().encode(RelaySnapshotCompletion(vector: RelayAPI.json(covered)))) ?? Data())
+        do throws(RelayCallError) {
+            _ = try await postAuthenticated(
+                client,
+                "\(RelayAPI.snapshotsPath)/\(id)/complete",
+                body: completion,
+                contentType: "application/json",
+                epoch: seal.epoch
+            )
+        } catch {
+            if case .conflict = error {
+                // Another node's snapshot completed meanwhile and replaced this one: nothing failed, so the next
+                // attempt comes in about 10 s rather than a minute.
+                let soon = configuration.clock.nowMilliseconds() &- 50_000
+                state.withLock { $0.snapshotTriedMs = soon }
+            }
+            throw error
+        }
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { $0.status.lastSnapshotMs = now }
+        state.withLock { state in
+            state.uncoveredBytes = 0
+            state.snapshotTriedMs = nil
+        }
+        configuration.logger.info("uploaded a snapshot", metadata: ["snapshot": "\(id)"])
+        eventSink.yield(.snapshotted)
+    }
+
+    func noteLacking(held: VersionVector, heads: VersionVector) {
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { $0.lacking(held: held, heads: heads, site: node.siteID, now: now) }
+    }
+
+    /// Updates the relay's lacking and staleness gauges as often as the node samples its own (neither is known
+    /// before the relay's heads were first read).
+    func sampleMetrics() async throws {
+        let interval = await node.configuration.metricsIntervalMilliseconds
+        guard interval > 0 else { return }
+        while !Task.isCancelled {
+            if let heads = state.withLock({ $0.knownHeads }) {
+                metrics.lackingGauge.record(status.lacking ?? 0)
+                metrics.stalenessGauge.record(Double(await node.ageOfOldestChangeLacking(in: heads)) / 1000)
+            }
+            try await Task.sleep(for: .milliseconds(interval))
+        }
+    }
+}

@@ -1,0 +1,263 @@
+import Foundation
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalSecurity
+
+/// Everything a node's relay link decides outside the pull itself, with no I/O: which instance a request goes to, what
+/// a failure means (how long to wait, what status says, whether the token falls back, whether sizes shrink), what the
+/// relay lacks and whether a snapshot is due, and the keys and token in use. ``RelayLink`` keeps one of these under
+/// one lock and carries out what its methods return; time comes in as `now` (Unix milliseconds).
+struct RelayLinkState: Sendable {
+    /// The keys and the token in use: they change when the key rotates.
+    struct Credentials: Sendable {
+        var keyring: RelayKeyring
+        var seal: RelaySeal
+        var token: String
+    }
+
+    /// What a failure asks of the shell.
+    struct Failure: Sendable, Equatable {
+        /// How long to wait before the next try.
+        var delay: UInt64
+        /// What to say (once: nil when it was said last time).
+        var report: String?
+        /// The event to publish with the report.
+        var event: RelayEvent?
+        /// Another instance to try at once (its URL, for the log).
+        var nextInstance: String?
+    }
+
+    /// The relay's instances (base URLs).
+    let bases: [String]
+    /// The token the node was configured with.
+    let configuredToken: String
+    var status: RelayStatus
+    var credentials: Credentials
+    /// The instance in use, and how many instances in a row failed to answer since one last did.
+    private(set) var instance = 0
+    private var failures = 0
+    /// The last failure said, so a repeating one is said once.
+    private var lastReported: String?
+    /// The largest plaintext sealed into one envelope, and about how many bytes each upload request carries.
+    private(set) var pieceBytes: Int
+    private(set) var requestBytes: Int
+    /// The token the relay said a rotation retired: until another is in use, the grants are fetched before the next
+    /// request (a request that left with the old token may come back refused after the new one was adopted).
+    var grantsNeeded: String?
+    /// What the relay's snapshot leaves uncovered (as last read, plus what this node uploaded since), the snapshot's
+    /// size, and when this node last tried to upload one.
+    var uncoveredBytes: Int64 = 0
+    var snapshotBytes: Int64 = 0
+    var snapshotTriedMs: UInt64?
+    /// The roster members whose grants were last checked (members that join after a rotation get grants).
+    var grantedMembers: Set<NodeID>?
+    /// When this node last checked that the relay holds every key epoch it holds (monotonic milliseconds).
+    var epochsCheckedMs: UInt64?
+    /// The relay's heads as last read.
+    private(set) var knownHeads: VersionVector?
+
+    init(bases: [String], configuredToken: String, credentials: Credentials, pieceBytes: Int, requestBytes: Int) {
+        self.bases = bases
+        self.configuredToken = configuredToken
+        self.credentials = credentials
+        self.pieceBytes = pieceBytes
+        self.requestBytes = requestBytes
+        status = RelayStatus(url: bases[0])
+        status.epoch = credentials.keyring.newest
+    }
+
+    // MARK: Answers
+
+    /// Instance `used` answered: true when the relay just became reachable (to be said once).
+    mutating func answered(_ used: Int, ok: Bool, now: UInt64) -> Bool {
+        failures = 0
+        status.url = bases[used]
+        if ok {
+            status.unauthorized = false
+            status.problem = nil
+        }
+        guard status.reachable != true else { return false }
+        status.reachable = true
+        status.sinceMs = now
+        lastReported = nil
+        return true
+    }
+
+    /// A failure that costs no backoff (it concerns one site; the others go on): true when it is new, to be said.
+    mutating func note(_ reason: String, now: UInt64) -> Bool {
+        status.lastError = reason
+        status.lastErrorMs = now
+        defer { lastReported = reason }
+        return lastReported != reason
+    }
+
+    /// What the relay lacks of what this node holds, given the relay's `heads`.
+    mutating func lacking(held: VersionVector, heads: VersionVector, site: SiteID, now: UInt64) {
+        knownHeads = heads
+        var lacking: UInt64 = 0
+        for (site, seq) in held.entries where seq > heads[site] { lacking += seq - heads[site] }
+        // A head beyond what this node made of its own site cannot be trusted (a forged or corrupt range).
+        if heads[site] > held[site] { lacking += 1 }
+        status.lacking = lacking
+        if lacking == 0 {
+            status.lackingSinceMs = nil
+        } else if status.lackingSinceMs == nil {
+            status.lackingSinceMs = now
+        }
+    }
+
+    /// Whether this node should upload a snapshot now: it holds exactly what the relay holds (a node still catching up
+    /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
+    /// both that snapshot and `minimumBytes`, and no attempt of its failed in the last minute.
+    func snapshotDue(held: VersionVector, heads: VersionVector, minimumBytes: Int64, now: UInt64) -> Bool {
+        guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }), heads.entries.allSatisfy({ $0.value <= held[$0.key] })
+        else { return false }
+        guard uncoveredBytes >= max(minimumBytes, snapshotBytes) else { return false }
+        if let tried = snapshotTriedMs, now < tried + 60_000 { return false }
+        return true
+    }
+
+    // MARK: Key epochs
+
+    /// Keeps the epochs of `grants`, seals with the newest from now on, and uses its token; returns the keyring to save
+    /// and the newest epoch.
+    mutating func adopt(
+        _ grants: [(epoch: UInt32, contents: EpochGrant.Contents)],
+        clusterSecret: [UInt8]
+    ) -> (RelayKeyring, UInt32) {
+        let before = credentials.keyring.newest
+        for grant in grants {
+            let epoch = RelayKeyring.Epoch(
+                epoch: grant.epoch,
+                secret: Data(grant.contents.secret).base64EncodedString(),
+                removed: grant.contents.removed.map(\.description)
+            )
+            // An epoch held with another secret: the relay lost its state and a member who never learnt this one
+            // started the same epoch afresh. The relay's (a member signed it) is the one everyone can reach now; what
+            // was sealed with the other lived only on the relay that lost it.
+            credentials.keyring.epochs.removeAll { $0.epoch == grant.epoch && $0.secret != epoch.secret }
+            if !credentials.keyring.epochs.contains(where: { $0.epoch == grant.epoch }) {
+                credentials.keyring.epochs.append(epoch)
+            }
+        }
+        credentials.keyring.epochs.sort { $0.epoch < $1.epoch }
+        if let latest = grants.max(by: { $0.epoch < $1.epoch }), latest.epoch >= before, !latest.contents.token.isEmpty {
+            credentials.keyring.token = latest.contents.token
+            credentials.token = latest.contents.token
+        }
+        credentials.seal = RelaySeal(
+            secrets: credentials.keyring.secrets(clusterSecret: clusterSecret),
+            epoch: credentials.keyring.newest
+        )
+        status.epoch = credentials.keyring.newest
+        grantedMembers = nil
+        return (credentials.keyring, credentials.keyring.newest)
+    }
+
+    // MARK: Failures
+
+    /// Records a failure of a request to instance `used` (where it applies) and says what to do next.
+    mutating func failed(
+        _ error: RelayCallError,
+        backoff: inout Backoff,
+        unauthorizedBackoffMilliseconds: UInt64,
+        now: UInt64,
+        random: inout some RandomNumberGenerator
+    ) -> Failure {
+        var delay = backoff.next(using: &random)
+        let reason: String
+        switch error {
+        case .cancelled:
+            return Failure(delay: 0)
+        case .unreachable(let why, let used, let problem), .server(let why, let used, let problem):
+            switch problem {
+            case .unreachable: reason = "the relay at \(bases[used]) did not answer: \(why)"
+            case .storageDown: reason = "the relay at \(bases[used]) answered that its storage is down: \(why)"
+            case .serverError: reason = "the relay at \(bases[used]) answered with a server error: \(why)"
+            case .untrustedCertificate, .wrongHost, .tlsFailed: reason = "the relay at \(bases[used]): \(why)"
+            }
+            // A relay that comes back may have lost or rolled back its storage: its key epochs are checked again
+            // before the next upload.
+            epochsCheckedMs = nil
+            // The next instance is tried at once, until every one has failed in a row; then the backoff holds. The
+            // upload and the pull loops share the instance: a failure moves on only from the instance it met (the
+            // other loop may have moved on already), and counts once per instance.
+            if bases.count > 1 {
+                if instance == used {
+                    failures += 1
+                    instance = (used + 1) % bases.count
+                }
+                if failures < bases.count {
+                    return Failure(delay: UInt64.random(in: 0...50, using: &random), nextInstance: bases[instance])
+                }
+            }
+            if status.reachable != false { status.sinceMs = now }
+            status.reachable = false
+            status.problem = problem
+            status.url = bases[instance]
+        case .unauthorized(let why, let refused):
+            reason = "the relay refused the token: \(why)"
+            // The relay may have lost its tokens with the rest of its storage: check its key epochs again first.
+            epochsCheckedMs = nil
+            var fellBack = true
+            if let refused, refused != credentials.token {
+                // Refused a token no longer in use (the other loop moved on meanwhile): try again soon.
+            } else if credentials.token != configuredToken {
+                // A token from a rotation refused: try the configured one (an operator may have made a new one).
+                credentials.token = configuredToken
+            } else {
+                fellBack = false
+            }
+            if !fellBack { delay = max(delay, unauthorizedBackoffMilliseconds) }
+        case .rotated(let why, let token):
+            reason = "the relay retired the token at a key rotation (\(why)); fetching this node's grant"
+            grantsNeeded = token
+        case .epochRetired(let why, let token):
+            reason = "the relay refused an upload sealed with a retired key epoch (\(why)); fetching this node's grant"
+            grantsNeeded = token
+        case .ungranted(let why):
+            // Retried with the ordinary backoff: a member adds grants for members it sees joining.
+            reason = "the relay refused the token: \(why)"
+        case .conflict(_, let why):
+            reason = "relay: \(why)"
+        case .rateLimited(let seconds, let why):
+            reason = "the relay limits requests: \(why)"
+            delay = max(delay, UInt64(max(1, seconds)) * 1000 + UInt64.random(in: 0...500, using: &random))
+        case .tooLarge(let limit, let why):
+            reason = "the relay refused a request as too large: \(why)"
+            // Under the limit the relay named (it may be the request's or a change set's), with room for headers.
+            let cap = limit.map { max(2 * 1024, $0 / 2) } ?? Int.max
+            pieceBytes = max(1024, min(pieceBytes / 2, cap))
+            requestBytes = max(2 * 1024, min(requestBytes / 2, cap))
+        case .refused(let why), .malformed(let why), .noUploadKey(let why):
+            reason = "relay: \(why)"
+        case .local(let why):
+            reason = "relay changes could not be used here: \(why.message)"
+        }
+        status.lastError = reason
+        status.lastErrorMs = now
+        let refusedToken: Bool
+        switch error {
+        case .unauthorized, .ungranted: refusedToken = true
+        default: refusedToken = false
+        }
+        switch error {
+        case .unauthorized, .ungranted: status.unauthorized = true
+        case .rotated, .epochRetired: break
+        default: status.unauthorized = false
+        }
+        defer { lastReported = reason }
+        guard lastReported != reason else { return Failure(delay: delay) }
+        return Failure(
+            delay: delay,
+            report: "\(reason); retrying in \(delay / 1000) s and later with backoff",
+            event: refusedToken ? .unauthorized(reason) : .failed(reason)
+        )
+    }
+}
+
+extension RelayLinkState.Failure {
+    init(delay: UInt64, nextInstance: String? = nil) {
+        self.init(delay: delay, report: nil, event: nil, nextInstance: nextInstance)
+    }
+}

@@ -1,0 +1,108 @@
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalRelayClient
+
+/// The relay link's decisions outside the pull, driven with an injected clock and randomness: which instance next,
+/// what a failure costs, what status says, and when a snapshot is due.
+@Suite struct RelayLinkStateTests {
+    private func state(instances: Int = 1, token: String = "configured") -> RelayLinkState {
+        RelayLinkState(
+            bases: (0..<instances).map { "http://127.0.0.1:\(8000 + $0)" },
+            configuredToken: token,
+            credentials: RelayLinkState.Credentials(
+                keyring: RelayKeyring(),
+                seal: RelaySeal(clusterSecret: Array(repeating: 1, count: 32)),
+                token: token
+            ),
+            pieceBytes: 1 << 20,
+            requestBytes: 8 << 20
+        )
+    }
+
+    private func backoff() -> Backoff { Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000, jitter: 1...1) }
+
+    @Test func anInstanceThatDoesNotAnswerMovesToTheNextAtOnceUntilEveryOneFailedInARow() {
+        var link = state(instances: 3)
+        var backoff = backoff()
+        var random = SplitMix(state: 1)
+        let down = RelayCallError.unreachable("refused", instance: 0, problem: .unreachable)
+        let first = link.failed(down, backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000, now: 10, random: &random)
+        #expect(first.nextInstance == "http://127.0.0.1:8001" && first.delay <= 50 && first.report == nil)
+        #expect(link.instance == 1 && link.status.reachable == nil)
+        // The other loop's failure against the instance already left does not move on again.
+        _ = link.failed(down, backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000, now: 11, random: &random)
+        #expect(link.instance == 1)
+        _ = link.failed(
+            .unreachable("refused", instance: 1, problem: .unreachable), backoff: &backoff,
+            unauthorizedBackoffMilliseconds: 60_000, now: 12, random: &random
+        )
+        let last = link.failed(
+            .server("503", instance: 2, problem: .storageDown), backoff: &backoff,
+            unauthorizedBackoffMilliseconds: 60_000, now: 13, random: &random
+        )
+        // Every instance failed in a row: the backoff holds, and status says why.
+        #expect(last.nextInstance == nil && last.delay >= 100)
+        #expect(link.status.reachable == false && link.status.problem == .storageDown)
+        #expect(last.report?.contains("storage is down") == true)
+        // An answer resets the count and is said once.
+        let cameBack = link.answered(0, ok: true, now: 20)
+        let second = link.answered(0, ok: true, now: 21)
+        #expect(cameBack && !second)
+        #expect(link.status.reachable == true && link.status.problem == nil)
+    }
+
+    @Test func aRepeatingFailureIsSaidOnceAndARefusedRotationTokenFallsBackToTheConfiguredOne() {
+        var link = state(token: "configured")
+        link.credentials.token = "rotated"
+        var backoff = backoff()
+        var random = SplitMix(state: 2)
+        let refused = RelayCallError.unauthorized("revoked", token: "rotated")
+        let refusal = link.failed(refused, backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000, now: 1, random: &random)
+        #expect(link.credentials.token == "configured" && refusal.delay < 60_000)
+        #expect(refusal.event == .unauthorized("the relay refused the token: revoked") && link.status.unauthorized)
+        // The configured token refused too: the node waits long, and says nothing new.
+        let again = link.failed(
+            .unauthorized("revoked", token: "configured"), backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000,
+            now: 2, random: &random
+        )
+        #expect(again.delay >= 60_000 && again.report == nil && again.event == nil)
+    }
+
+    @Test func aRequestTooLargeHalvesTheSizesUnderTheRelaysLimitAndRateLimitsWaitAsTold() {
+        var link = state()
+        var backoff = backoff()
+        var random = SplitMix(state: 3)
+        _ = link.failed(
+            .tooLarge(limit: 100_000, "too large"), backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000, now: 1,
+            random: &random
+        )
+        #expect(link.pieceBytes == 50_000 && link.requestBytes == 50_000)
+        let limited = link.failed(
+            .rateLimited(retryAfterSeconds: 7, "slow down"), backoff: &backoff, unauthorizedBackoffMilliseconds: 60_000,
+            now: 2, random: &random
+        )
+        #expect(limited.delay >= 7_000 && limited.delay <= 7_500)
+    }
+
+    @Test func aSnapshotIsDueOnlyWhenTheNodeHoldsExactlyWhatTheRelayHoldsAndTheLogOutgrewTheSnapshot() {
+        var link = state()
+        let site = SiteID.random()
+        let heads = VersionVector([site: 5])
+        link.uncoveredBytes = 10_000
+        link.snapshotBytes = 4_000
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000))
+        #expect(!link.snapshotDue(held: VersionVector([site: 4]), heads: heads, minimumBytes: 8_000, now: 100_000))
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 20_000, now: 100_000))
+        link.snapshotTriedMs = 90_000
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 150_001))
+        // What the relay lacks counts from when it began; a head beyond this node's own site is counted as suspect.
+        link.lacking(held: VersionVector([site: 8]), heads: heads, site: site, now: 7)
+        #expect(link.status.lacking == 3 && link.status.lackingSinceMs == 7)
+        link.lacking(held: VersionVector([site: 8]), heads: VersionVector([site: 9]), site: site, now: 9)
+        #expect(link.status.lacking == 1 && link.status.lackingSinceMs == 7)
+    }
+}
