@@ -17,7 +17,7 @@ extension RelayLink {
     // MARK: Upload
 
     func pushLoop(_ client: HTTPClient) async throws {
-        var signals = await node.changeSignals().makeAsyncIterator()
+        var signals = pushSignals.makeAsyncIterator()
         var heads: VersionVector?
         var lastHeads: VersionVector?
         var backoff = Backoff(
@@ -32,6 +32,7 @@ extension RelayLink {
                 guard await signals.next() != nil else { return }
             }
             due = false
+            if state.withLock({ state in defer { state.headsStale = false }; return state.headsStale }) { heads = nil }
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
                 try await rotateIfNeeded(client)

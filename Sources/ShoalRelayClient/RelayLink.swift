@@ -30,6 +30,9 @@ public final class RelayLink: Service, Sendable {
     /// What happens, as it happens.
     public let events: AsyncStream<RelayEvent>
     let eventSink: AsyncStream<RelayEvent>.Continuation
+    /// What wakes the uploader: the node's data changed, or the relay came back.
+    let pushSignals: AsyncStream<Void>
+    let pushWake: AsyncStream<Void>.Continuation
 
     /// A link for `node`; the URL is checked here (an `http://` URL must name a loopback address: the token would
     /// otherwise cross the network in clear).
@@ -66,6 +69,7 @@ public final class RelayLink: Service, Sendable {
             )
         )
         (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
+        (pushSignals, pushWake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
     /// `url` without trailing slashes, if it is an `https://` URL or an `http://` one to a loopback address.
@@ -108,6 +112,10 @@ public final class RelayLink: Service, Sendable {
         do {
             try await cancelWhenGracefulShutdown {
                 try await withThrowingDiscardingTaskGroup { group in
+                    group.addTask {
+                        for await _ in await self.node.changeSignals() { self.pushWake.yield() }
+                        self.pushWake.finish()
+                    }
                     group.addTask { try await self.pushLoop(client) }
                     group.addTask { try await self.pullLoop(client) }
                     group.addTask { try await self.sampleMetrics() }
@@ -158,6 +166,7 @@ public final class RelayLink: Service, Sendable {
         }
         if let report = failure.report { configuration.logger.warning("\(report)") }
         if let event = failure.event { eventSink.yield(event) }
+        if state.withLock({ $0.headsStale }) { pushWake.yield() }
         return failure.delay
     }
 }

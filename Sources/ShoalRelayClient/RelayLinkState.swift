@@ -55,6 +55,9 @@ struct RelayLinkState: Sendable {
     var epochsCheckedMs: UInt64?
     /// The relay's heads as last read.
     private(set) var knownHeads: VersionVector?
+    /// The relay failed to answer: it may come back having lost or rolled back its storage, so the uploader reads its
+    /// heads again (and uploads what it lacks) rather than at its next change or periodic check.
+    var headsStale = false
 
     init(bases: [String], configuredToken: String, credentials: Credentials, pieceBytes: Int, requestBytes: Int) {
         self.bases = bases
@@ -177,8 +180,10 @@ struct RelayLinkState: Sendable {
             case .untrustedCertificate, .wrongHost, .tlsFailed: reason = "the relay at \(bases[used]): \(why)"
             }
             // A relay that comes back may have lost or rolled back its storage: its key epochs are checked again
-            // before the next upload.
+            // before the next upload, and the uploader reads its heads again (it retries, with its backoff, until
+            // the relay answers): an idle node sends what the relay lost without waiting for a write of its own.
             epochsCheckedMs = nil
+            headsStale = true
             // The next instance is tried at once, until every one has failed in a row; then the backoff holds. The
             // upload and the pull loops share the instance: a failure moves on only from the instance it met (the
             // other loop may have moved on already), and counts once per instance.

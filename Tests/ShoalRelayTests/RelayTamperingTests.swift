@@ -162,4 +162,32 @@ extension RelayProcessTests {
             #expect(throws: ShoalError.self) { try cSeal.open(envelope) }
         }
     }
+
+    /// A relay restored from an older copy (no rotation in between) is sent again what it lost by nodes that write
+    /// nothing: they read its heads as soon as it answers again, not at their next write.
+    @Test func idleNodesSendARelayRestoredFromAnOlderCopyWhatItLostAsSoonAsItAnswers() async throws {
+        let world = try await RelayWorld("relay-restored-idle", nodes: ["a", "b"])
+        defer { world.tearDown() }
+        try await world.serve("a")
+        try await world.serve("b")
+        try await world.write("a", "INSERT INTO kv VALUES ('before the copy', 1)")
+        #expect(try await world.converge(["a", "b"]))
+        let copy = world.directory.appendingPathComponent("relay-older.sqlite").path
+        _ = try await world.relayQuery("VACUUM INTO '\(copy)'")
+        try await world.write("b", "INSERT INTO kv VALUES ('after the copy', 2)")
+        #expect(try await world.converge(["a", "b"]))
+        let heads = try await world.relayQuery("SELECT hex(site) || ':' || head FROM heads ORDER BY site")
+        try await world.stopRelay()
+        let live = world.relayData + "/relay.sqlite"
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: live + suffix) }
+        try FileManager.default.copyItem(atPath: copy, toPath: live)
+        #expect(try await world.relayQuery("SELECT hex(site) || ':' || head FROM heads ORDER BY site") != heads)
+        try await world.startRelay()
+        // Nobody writes: the relay gets back what it lost well before the uploaders' periodic look at its heads (30 s).
+        let restored = try await waitUntil(within: 20) {
+            try await world.relayQuery("SELECT hex(site) || ':' || head FROM heads ORDER BY site") == heads
+        }
+        let status = try await world.relayStatus("a")
+        #expect(restored, "\(world.outputs)\nnode a's relay status: \(status)")
+    }
 }
