@@ -68,7 +68,7 @@ extension RelayLink {
             } catch {
                 if case .cancelled = error {} else { metrics.pushFailed.increment() }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
-                if let lastHeads, let held = try? await node.versionVector() { noteLacking(held: held, heads: lastHeads) }
+                if let lastHeads, let held = try? await node.versionVector() { await noteLacking(held: held, heads: lastHeads) }
                 heads = nil
                 due = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
@@ -112,7 +112,7 @@ extension RelayLink {
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
     func pushOnce(_ client: HTTPClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
         let held = try await local { () throws(ShoalError) in try await node.versionVector() }
-        noteLacking(held: held, heads: heads)
+        await noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let started = ContinuousClock.now
         let (pieceBytes, requestBytes) = state.withLock { ($0.pieceBytes, $0.requestBytes) }
@@ -148,7 +148,7 @@ extension RelayLink {
             throw error
         }
         await node.closeChangeCursor(cursor)
-        noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        await noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
         metrics.pushOK.increment()
         metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished
@@ -299,9 +299,10 @@ extension RelayLink {
         eventSink.yield(.snapshotted)
     }
 
-    func noteLacking(held: VersionVector, heads: VersionVector) {
+    func noteLacking(held: VersionVector, heads: VersionVector) async {
         let now = configuration.clock.nowMilliseconds()
         state.withLock { $0.lacking(held: held, heads: heads, site: node.siteID, now: now) }
+        await node.relayHolds(heads)
     }
 
     /// Updates the relay's lacking and staleness gauges as often as the node samples its own (neither is known

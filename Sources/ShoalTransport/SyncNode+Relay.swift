@@ -41,6 +41,12 @@ extension SyncNode {
         return (result.applied, result.versionVector, result.received)
     }
 
+    /// What a relay holds (its heads, as the relay link last read them): it acknowledges this node's writes like a
+    /// peer, in ``pendingLocalChanges()`` and the queue-depth metric. A relay that lost its storage reports less.
+    public func relayHolds(_ heads: VersionVector) {
+        relayHeads = heads
+    }
+
     /// A signal each time the node's data may have changed: a local write (through the node or another process),
     /// changes applied from a peer, a periodic round. Ends when the node stops.
     public func changeSignals() -> AsyncStream<Void> {

@@ -28,6 +28,8 @@ public actor SyncNode: Service {
     var registry: ConnectionRegistry
     /// What the node knows about its peers.
     var directory = PeerDirectory()
+    /// What a relay holds, as its link last read it (its heads): the relay acknowledges like a peer.
+    var relayHeads = VersionVector()
     /// The dialler of each peer found (by site) or configured address (site not known yet).
     var dialers: [DialerKey: Dialer] = [:]
     /// Repeating failures, logged once with a count.
@@ -135,11 +137,11 @@ public actor SyncNode: Service {
         try await worker.versionVector()
     }
 
-    /// Local transactions that no peer has acknowledged holding yet (from the version vector as last read:
-    /// answered at once, even while a long apply runs).
+    /// Local transactions that no peer (nor the relay) has acknowledged holding yet (from the version vector as last
+    /// read: answered at once, even while a long apply runs).
     public func pendingLocalChanges() -> UInt64 {
         let local = worker.latestVersionVector.withLock { $0 }[siteID]
-        let seen = directory.highestAcknowledged(of: siteID)
+        let seen = max(directory.highestAcknowledged(of: siteID), relayHeads[siteID])
         return local > seen ? local - seen : 0
     }
 

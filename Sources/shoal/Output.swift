@@ -155,7 +155,7 @@ enum Output {
             text += "ERROR:      this machine's clock is \(ahead / 1000) s ahead of its peers': local writes are stamped "
                 + "with their time; set the clock right\n"
         }
-        text += "pending:    \(live.pendingLocalChanges) local transactions no peer has acknowledged\n"
+        text += "pending:    \(live.pendingLocalChanges) local transactions no peer (nor the relay) has acknowledged\n"
         if let security = live.security { text += "links:      \(security)\n" }
         if let relay = live.relay { text += relayLine(relay) }
         if let devices = live.pending, !devices.isEmpty {

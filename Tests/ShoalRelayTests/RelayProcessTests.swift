@@ -36,6 +36,9 @@ import Testing
         let status = try await world.relayStatus("a")
         #expect(status["reachable"] as? Bool == true)
         #expect(try await waitUntil(within: 10) { (try await world.relayStatus("a"))["lacking"] as? Int == 0 })
+        // The relay acknowledges like a peer: once it holds a's writes, a has nothing pending, though no peer ever
+        // connected to it.
+        #expect(try await waitUntil(within: 10) { (try await world.status("a"))["pending_local_changes"] as? Int == 0 })
         // The relay's files (database, WAL, shared memory) hold no byte of the marker.
         let needle = Data(marker.utf8)
         let files = try filesBytes(under: world.relayData)
