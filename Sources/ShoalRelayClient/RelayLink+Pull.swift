@@ -35,9 +35,23 @@ extension RelayLink {
             initialMilliseconds: configuration.initialBackoffMilliseconds,
             maximumMilliseconds: configuration.maximumBackoffMilliseconds
         )
+        // After a failure the relay may come back having lost or rolled back its storage. Its heads are read before the
+        // next long-poll (which would hide its return for the whole wait): if it lacks what this node holds, the
+        // uploader is woken. Every failure is followed by this read, so the last one reaches the relay that serves the
+        // pulls that follow.
+        var checkHeads = false
         while !Task.isCancelled {
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
+                if checkHeads {
+                    let heads = try await fetchHeads(client)
+                    let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                    if held.entries.contains(where: { $0.value > heads[$0.key] }) {
+                        state.withLock { $0.headsStale = true }
+                        pushWake.yield()
+                    }
+                    checkHeads = false
+                }
                 let held = try await local { () throws(ShoalError) in try await node.versionVector() }
                 let request = session.request(
                     held: held,
@@ -46,6 +60,7 @@ extension RelayLink {
                     maximumBytes: configuration.pageBytes
                 )
                 let body = Array((try? JSONEncoder().encode(request)) ?? Data())
+                let asked = configuration.clock.monotonicMilliseconds()
                 let (answer, _) = try await call(
                     client,
                     .POST,
@@ -59,6 +74,14 @@ extension RelayLink {
                     entries = try RelayEnvelopeList.decodeEntries(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
                 } catch {
                     throw RelayCallError.malformed("a page from the relay: \(error.message)")
+                }
+                // An empty page long before the wait was up: the relay answered its waiting pulls as it shut down (it
+                // may come back restored from an older copy, with no request of ours failing), or woke for an upload
+                // with nothing for this node. Its heads are read before the next long-poll.
+                if entries.isEmpty,
+                    configuration.clock.monotonicMilliseconds() &- asked < UInt64(configuration.waitMilliseconds / 2)
+                {
+                    checkHeads = true
                 }
                 var applied = 0
                 for entry in entries {
@@ -97,6 +120,7 @@ extension RelayLink {
                 if case .cancelled = error {} else { metrics.pullFailed.increment() }
                 for problem in session.problems { note(problem) }
                 session.failed()
+                checkHeads = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }

@@ -16,64 +16,66 @@ import Synchronization
 extension RelayLink {
     // MARK: Upload
 
+    /// Uploads what the relay lacks whenever the node's data changes or the relay comes back, as the upload session
+    /// (``RelayUploadSession``) decides.
     func pushLoop(_ client: HTTPClient) async throws {
         var signals = pushSignals.makeAsyncIterator()
-        var heads: VersionVector?
-        var lastHeads: VersionVector?
-        var backoff = Backoff(
-            initialMilliseconds: configuration.initialBackoffMilliseconds,
-            maximumMilliseconds: configuration.maximumBackoffMilliseconds
-        )
+        var session = RelayUploadSession(backoff: backoff())
+        var backoff = backoff()
+        var random = SystemRandomNumberGenerator()
         var due = true
-        var raced = 0
-        var headsFetched: UInt64 = 0
         while !Task.isCancelled {
             if !due {
                 guard await signals.next() != nil else { return }
             }
             due = false
-            if state.withLock({ state in defer { state.headsStale = false }; return state.headsStale }) { heads = nil }
+            let stale = state.withLock { state in
+                defer { state.headsStale = false }
+                return state.headsStale
+            }
             do throws(RelayCallError) {
                 try await refreshGrantsIfNeeded(client)
                 try await rotateIfNeeded(client)
-                // The heads are read again now and then, not only after a failure: another uploader, or an
-                // operator's repair, may have moved them.
-                let now = configuration.clock.monotonicMilliseconds()
-                if heads == nil || now - headsFetched > 30_000 {
-                    heads = try await fetchHeads(client)
-                    headsFetched = now
+                if session.next(now: configuration.clock.monotonicMilliseconds(), stale: stale) == .readHeads {
+                    session.read(try await fetchHeads(client), now: configuration.clock.monotonicMilliseconds())
                 }
-                var known = heads!
-                let finished = try await pushOnce(client, heads: &known)
-                heads = known
-                lastHeads = known
-                if finished {
-                    raced = 0
+                guard case .upload(var heads) = session.next(now: configuration.clock.monotonicMilliseconds(), stale: false)
+                else { continue }
+                let finished = try await pushOnce(client, heads: &heads)
+                switch session.uploaded(heads: heads, finished: finished, random: &random) {
+                case .done:
                     backoff.reset()
-                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: known) {
+                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads) {
                         // Read again first: another node may have just uploaded one.
-                        heads = try await fetchHeads(client)
-                        headsFetched = now
-                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads!) {
+                        let fresh = try await fetchHeads(client)
+                        session.read(fresh, now: configuration.clock.monotonicMilliseconds())
+                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: fresh) {
                             try await uploadSnapshot(client)
                         }
                     }
-                } else {
-                    // Another node moved the relay's heads while this one uploaded: cut again from the new heads,
-                    // at once the first time, then with backoff.
-                    raced += 1
+                case .again(let wait):
                     due = true
-                    if raced > 1 { try? await Task.sleep(for: .milliseconds(backoff.next())) }
+                    if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
                 }
             } catch {
                 if case .cancelled = error {} else { metrics.pushFailed.increment() }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
-                if let lastHeads, let held = try? await node.versionVector() { await noteLacking(held: held, heads: lastHeads) }
-                heads = nil
+                if let heads = session.lastHeads, let held = try? await node.versionVector() {
+                    await noteLacking(held: held, heads: heads)
+                }
+                session.failed()
                 due = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }
+    }
+
+    /// A backoff with the configured bounds.
+    func backoff() -> Backoff {
+        Backoff(
+            initialMilliseconds: configuration.initialBackoffMilliseconds,
+            maximumMilliseconds: configuration.maximumBackoffMilliseconds
+        )
     }
 
     func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
@@ -115,43 +117,49 @@ extension RelayLink {
         await noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let started = ContinuousClock.now
-        let (pieceBytes, requestBytes) = state.withLock { ($0.pieceBytes, $0.requestBytes) }
-        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: heads) }
-        var chunker = RelayChunker(
-            cluster: configuration.clusterID,
-            seal: state.withLock { $0.credentials.seal },
-            heads: heads,
-            pieceBytes: pieceBytes
-        )
+        let (finished, _) = try await stream(client, since: heads, into: nil, heads: &heads)
+        await noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        metrics.pushOK.increment()
+        metrics.pushTime.record(duration: ContinuousClock.now - started)
+        return finished
+    }
+
+    /// Cuts the changes `since` lacks into sealed ranges and sends them, a request of about the configured size at a
+    /// time, to the change log or to snapshot `snapshot`; returns whether all went up (`false`: the relay's heads moved
+    /// and it refused some) and what the stream covered. `heads` follows the relay's answers.
+    func stream(
+        _ client: HTTPClient,
+        since: VersionVector,
+        into snapshot: UInt64?,
+        heads: inout VersionVector
+    ) async throws(RelayCallError) -> (finished: Bool, covered: VersionVector) {
+        let (pieceBytes, requestBytes, seal) = state.withLock { ($0.pieceBytes, $0.requestBytes, $0.credentials.seal) }
+        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: since) }
+        var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: since, pieceBytes: pieceBytes)
         var outgoing: [RelayEnvelope] = []
         var outgoingBytes = 0
-        var finished = true
         do throws(RelayCallError) {
-            cutting: while let batch = try await local({ () throws(ShoalError) in
+            while let batch = try await local({ () throws(ShoalError) in
                 try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
             }) {
                 for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
                     outgoing.append(envelope)
                     outgoingBytes += envelope.encodedCount
-                    if outgoingBytes >= requestBytes {
-                        guard try await send(client, &outgoing, heads: &heads) else {
-                            finished = false
-                            break cutting
-                        }
-                        outgoingBytes = 0
+                    guard outgoingBytes >= requestBytes else { continue }
+                    outgoingBytes = 0
+                    guard try await send(client, &outgoing, heads: &heads, snapshot: snapshot) else {
+                        await node.closeChangeCursor(cursor)
+                        return (false, chunker.covered)
                     }
                 }
             }
-            if finished && !outgoing.isEmpty { finished = try await send(client, &outgoing, heads: &heads) }
+            await node.closeChangeCursor(cursor)
+            let finished = outgoing.isEmpty ? true : try await send(client, &outgoing, heads: &heads, snapshot: snapshot)
+            return (finished, chunker.covered)
         } catch {
             await node.closeChangeCursor(cursor)
             throw error
         }
-        await node.closeChangeCursor(cursor)
-        await noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
-        metrics.pushOK.increment()
-        metrics.pushTime.record(duration: ContinuousClock.now - started)
-        return finished
     }
 
     /// Posts `body` to `path` authenticated with `epoch`'s upload key, so the relay stores only what a holder of the
@@ -236,37 +244,10 @@ extension RelayLink {
     func uploadSnapshot(_ client: HTTPClient) async throws(RelayCallError) {
         state.withLock { $0.snapshotTriedMs = configuration.clock.nowMilliseconds() }
         let id = UInt64.random(in: 1...UInt64(Int64.max))
-        let (pieceBytes, requestBytes) = state.withLock { ($0.pieceBytes, $0.requestBytes) }
-        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: VersionVector()) }
         let seal = state.withLock { $0.credentials.seal }
-        var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: VersionVector(), pieceBytes: pieceBytes)
-        var outgoing: [RelayEnvelope] = []
-        var outgoingBytes = 0
         var uploaded = VersionVector()
-        do throws(RelayCallError) {
-            while let batch = try await local({ () throws(ShoalError) in
-                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
-            }) {
-                for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
-                    outgoing.append(envelope)
-                    outgoingBytes += envelope.encodedCount
-                    if outgoingBytes >= requestBytes {
-                        guard try await send(client, &outgoing, heads: &uploaded, snapshot: id) else {
-                            throw RelayCallError.refused("the relay refused part of a snapshot")
-                        }
-                        outgoingBytes = 0
-                    }
-                }
-            }
-            if !outgoing.isEmpty, !(try await send(client, &outgoing, heads: &uploaded, snapshot: id)) {
-                throw RelayCallError.refused("the relay refused part of a snapshot")
-            }
-        } catch {
-            await node.closeChangeCursor(cursor)
-            throw error
-        }
-        await node.closeChangeCursor(cursor)
-        let covered = chunker.covered
+        let (finished, covered) = try await stream(client, since: VersionVector(), into: id, heads: &uploaded)
+        guard finished else { throw RelayCallError.refused("the relay refused part of a snapshot") }
         guard !covered.isEmpty else {
             state.withLock { $0.snapshotTriedMs = nil }
             return

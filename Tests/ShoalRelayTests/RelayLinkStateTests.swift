@@ -105,4 +105,26 @@ import Testing
         link.lacking(held: VersionVector([site: 8]), heads: VersionVector([site: 9]), site: site, now: 9)
         #expect(link.status.lacking == 1 && link.status.lackingSinceMs == 7)
     }
+
+    @Test func theUploaderReadsHeadsFirstAfterFailuresAndNowAndThenAndCutsAgainWithBackoffWhenRaced() {
+        var session = RelayUploadSession(backoff: backoff(), headsRefreshMilliseconds: 30_000)
+        var random = SplitMix(state: 4)
+        let site = SiteID.random()
+        #expect(session.next(now: 0, stale: false) == .readHeads)
+        session.read(VersionVector([site: 3]), now: 0)
+        #expect(session.next(now: 10_000, stale: false) == .upload(since: VersionVector([site: 3])))
+        // The relay failed to answer meanwhile: it may be back with less.
+        #expect(session.next(now: 10_000, stale: true) == .readHeads)
+        session.read(VersionVector([site: 1]), now: 10_000)
+        #expect(session.next(now: 40_001, stale: false) == .readHeads)
+        session.read(VersionVector([site: 1]), now: 40_001)
+        // Another uploader moved the heads: again at once, then with a growing wait; a whole upload resets it.
+        #expect(session.uploaded(heads: VersionVector([site: 2]), finished: false, random: &random) == .again(waitMilliseconds: 0))
+        #expect(session.uploaded(heads: VersionVector([site: 4]), finished: false, random: &random) == .again(waitMilliseconds: 100))
+        #expect(session.uploaded(heads: VersionVector([site: 5]), finished: false, random: &random) == .again(waitMilliseconds: 200))
+        #expect(session.uploaded(heads: VersionVector([site: 6]), finished: true, random: &random) == .done)
+        #expect(session.next(now: 40_002, stale: false) == .upload(since: VersionVector([site: 6])))
+        session.failed()
+        #expect(session.next(now: 40_003, stale: false) == .readHeads && session.lastHeads == VersionVector([site: 6]))
+    }
 }
