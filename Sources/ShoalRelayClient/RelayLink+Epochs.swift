@@ -50,23 +50,13 @@ extension RelayLink {
             timeout: .milliseconds(Int64(wait) + 30_000)
         )
         let listed: RelayGrants = try decodeJSON(body)
-        let roster = configuration.roster?()
-        let me = identity.nodeID.description
-        var adopted: [(epoch: UInt32, contents: EpochGrant.Contents)] = []
-        let held = state.withLock { state in
-            Set(state.credentials.keyring.epochs.map { "\($0.epoch) \($0.secret)" })
-        }
-        for grant in listed.grants where grant.recipient == me {
-            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
-                decoded.epoch == grant.epoch
-            else { continue }
-            // Only a member's grant counts: a removed node that rotated first gains nothing by it.
-            if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
-            guard let contents = try? decoded.open(with: identity, cluster: configuration.clusterID),
-                !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
-            else { continue }
-            adopted.append((decoded.epoch, contents))
-        }
+        let adopted = RelayEpochPlan.adoptable(
+            listed.grants,
+            identity: identity,
+            cluster: configuration.clusterID,
+            roster: configuration.roster?(),
+            keyring: state.withLock { $0.credentials.keyring }
+        )
         guard !adopted.isEmpty else {
             if required {
                 throw RelayCallError.ungranted(
@@ -92,18 +82,22 @@ extension RelayLink {
     /// Starts a new key epoch when the roster removed a node that no epoch held here excludes yet; and leaves grants
     /// for members that joined after the last rotation.
     func rotateIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
-        guard let identity = configuration.identity, let roster = configuration.roster?() else { return }
-        guard roster.removed[identity.nodeID] == nil else { return }
+        guard let identity = configuration.identity, let roster = configuration.roster?(),
+            roster.removed[identity.nodeID] == nil
+        else { return }
         try await reestablishIfNeeded(client, identity: identity, roster: roster)
-        let removed = Set(roster.removed.keys.map(\.description))
-        if !removed.isSubset(of: state.withLock({ $0.credentials.keyring.removed })) {
+        func next() -> RelayEpochPlan.Step {
+            let (excluded, granted) = state.withLock { ($0.credentials.keyring.removed, $0.grantedMembers) }
+            return RelayEpochPlan.next(roster: roster, identity: identity, excluded: excluded, granted: granted)
+        }
+        if next() == .rotate {
             // Another member may have rotated already.
             try await refreshGrants(client, required: false)
         }
-        if !removed.isSubset(of: state.withLock({ $0.credentials.keyring.removed })) {
-            try await rotate(client, identity: identity, roster: roster)
-        } else {
-            try await grantNewMembers(client, identity: identity, roster: roster)
+        switch next() {
+        case .none: break
+        case .rotate: try await rotate(client, identity: identity, roster: roster)
+        case .grantMembers(let members): try await grantMembers(members, client, identity: identity, roster: roster)
         }
     }
 
@@ -124,15 +118,11 @@ extension RelayLink {
             metadata: ["relay": "\(relayNewest)", "held": "\(keyring.newest)"]
         )
         for epoch in keyring.epochs where epoch.epoch > relayNewest {
-            guard let secret = Data(base64Encoded: epoch.secret).map(Array.init) else { continue }
             let newest = epoch.epoch == keyring.newest
-            let contents = EpochGrant.Contents(
-                secret: secret,
-                token: newest ? token : "",
-                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
-            )
+            guard let contents = RelayEpochPlan.contents(of: epoch, newest: newest, token: token) else { continue }
+            let secret = contents.secret
             var grants: [RelayGrant] = []
-            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed) {
+            for recipient in RelayEpochPlan.recipients(roster, identity: identity, excluding: keyring.removed) {
                 grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
             }
             let uploadKey = RelaySeal(secrets: [epoch.epoch: secret], epoch: epoch.epoch).uploadKey(epoch.epoch)
@@ -154,19 +144,6 @@ extension RelayLink {
         state.withLock { $0.grantedMembers = nil }
     }
 
-    /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without:
-    /// a member whose roster has not caught up with a removal yet must not grant the removed node what excluded it.
-    static func recipients(_ roster: Roster, identity: NodeIdentity, excluding removed: Set<String>)
-        -> [(node: NodeID, key: [UInt8])]
-    {
-        var recipients = roster.members.values.filter { !removed.contains($0.nodeID.description) }
-            .map { (node: $0.nodeID, key: $0.publicKeyDER) }
-        if !recipients.contains(where: { $0.node == identity.nodeID }) {
-            recipients.append((identity.nodeID, identity.publicKeyDER))
-        }
-        return recipients
-    }
-
     func rotate(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
         let epoch = state.withLock { $0.credentials.keyring.newest } + 1
         var generator = SystemRandomNumberGenerator()
@@ -175,7 +152,7 @@ extension RelayLink {
         let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
         var grants: [RelayGrant] = []
         let excluded = state.withLock { $0.credentials.keyring.removed }.union(contents.removed.map(\.description))
-        for recipient in Self.recipients(roster, identity: identity, excluding: excluded) {
+        for recipient in RelayEpochPlan.recipients(roster, identity: identity, excluding: excluded) {
             grants.append(try grant(epoch, contents, to: recipient, signer: identity))
         }
         let tokenHash = RelayAPI.tokenHash(token)
@@ -216,9 +193,13 @@ extension RelayLink {
         return RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
     }
 
-    func grantNewMembers(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
-        let members = Set(roster.members.keys).union([identity.nodeID])
-        guard state.withLock({ $0.grantedMembers }) != members else { return }
+    /// Leaves in the relay's mailbox the grants `members` lack, for every epoch held here.
+    func grantMembers(
+        _ members: Set<NodeID>,
+        _ client: HTTPClient,
+        identity: NodeIdentity,
+        roster: Roster
+    ) async throws(RelayCallError) {
         let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.token) }
         guard !keyring.epochs.isEmpty else {
             state.withLock { $0.grantedMembers = members }
@@ -226,19 +207,11 @@ extension RelayLink {
         }
         let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=0", body: nil, timeout: .seconds(30))
         let listed: RelayGrants = try decodeJSON(body)
-        let held = Set(listed.grants.map { "\($0.epoch) \($0.recipient)" })
         var grants: [RelayGrant] = []
-        for epoch in keyring.epochs {
-            guard let secret = Data(base64Encoded: epoch.secret) else { continue }
-            let contents = EpochGrant.Contents(
-                secret: Array(secret),
-                token: epoch.epoch == keyring.newest ? token : "",
-                removed: epoch.removed.compactMap { NodeID(parsing: $0) }
-            )
-            for recipient in Self.recipients(roster, identity: identity, excluding: keyring.removed)
-            where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
-                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
-            }
+        for missing in RelayEpochPlan.missing(
+            keyring: keyring, token: token, roster: roster, identity: identity, listed: listed.grants
+        ) {
+            grants.append(try grant(missing.epoch, missing.contents, to: missing.recipient, signer: identity))
         }
         if !grants.isEmpty {
             let posted = Array((try? JSONEncoder().encode(RelayGrants(grants: grants))) ?? Data())

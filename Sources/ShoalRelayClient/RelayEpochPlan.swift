@@ -1,0 +1,102 @@
+import Foundation
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalSecurity
+
+/// What a node decides about the relay's key epochs, with no I/O: which grants to adopt, who gets grants, which grants
+/// the relay's mailbox lacks, and which epochs to start again at a relay that lost or rolled back its storage.
+/// Membership decides, not the relay: only a current member's grant counts, and no epoch is granted to a node any
+/// epoch held here was made without. ``RelayLink`` fetches and posts what these say.
+enum RelayEpochPlan {
+    /// What the link does about epochs before an upload.
+    enum Step: Sendable, Equatable {
+        /// Nothing: this node was removed, or has no identity or roster.
+        case none
+        /// The roster removed a node that no epoch held here excludes: read the grants (another member may have
+        /// rotated already), then rotate if still needed.
+        case rotate
+        /// Leave grants for members the last check did not see.
+        case grantMembers(Set<NodeID>)
+    }
+
+    /// The step for `roster` as it stands, given the nodes the held epochs exclude and the members last granted.
+    static func next(
+        roster: Roster?,
+        identity: NodeIdentity?,
+        excluded: Set<String>,
+        granted: Set<NodeID>?
+    ) -> Step {
+        guard let identity, let roster, roster.removed[identity.nodeID] == nil else { return .none }
+        if !Set(roster.removed.keys.map(\.description)).isSubset(of: excluded) { return .rotate }
+        let members = Set(roster.members.keys).union([identity.nodeID])
+        return granted == members ? .none : .grantMembers(members)
+    }
+
+    /// The grants of `listed` this node adopts: made for it, signed by a current member (a removed node that rotated
+    /// first gains nothing by it), opening with its key, and not an epoch it holds with the same secret already.
+    static func adoptable(
+        _ listed: [RelayGrant],
+        identity: NodeIdentity,
+        cluster: String,
+        roster: Roster?,
+        keyring: RelayKeyring
+    ) -> [(epoch: UInt32, contents: EpochGrant.Contents)] {
+        let me = identity.nodeID.description
+        let held = Set(keyring.epochs.map { "\($0.epoch) \($0.secret)" })
+        var adopted: [(epoch: UInt32, contents: EpochGrant.Contents)] = []
+        for grant in listed where grant.recipient == me {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == grant.epoch
+            else { continue }
+            if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
+            guard let contents = try? decoded.open(with: identity, cluster: cluster),
+                !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
+            else { continue }
+            adopted.append((decoded.epoch, contents))
+        }
+        return adopted
+    }
+
+    /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without: a
+    /// member whose roster has not caught up with a removal yet must not grant the removed node what excluded it.
+    static func recipients(_ roster: Roster, identity: NodeIdentity, excluding removed: Set<String>)
+        -> [(node: NodeID, key: [UInt8])]
+    {
+        var recipients = roster.members.values.filter { !removed.contains($0.nodeID.description) }
+            .map { (node: $0.nodeID, key: $0.publicKeyDER) }
+        if !recipients.contains(where: { $0.node == identity.nodeID }) {
+            recipients.append((identity.nodeID, identity.publicKeyDER))
+        }
+        return recipients
+    }
+
+    /// What each held epoch grants (its secret, the token members use for the newest, the nodes it excludes).
+    static func contents(of epoch: RelayKeyring.Epoch, newest: Bool, token: String) -> EpochGrant.Contents? {
+        guard let secret = Data(base64Encoded: epoch.secret) else { return nil }
+        return EpochGrant.Contents(
+            secret: Array(secret),
+            token: newest ? token : "",
+            removed: epoch.removed.compactMap { NodeID(parsing: $0) }
+        )
+    }
+
+    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch, for every recipient.
+    static func missing(
+        keyring: RelayKeyring,
+        token: String,
+        roster: Roster,
+        identity: NodeIdentity,
+        listed: [RelayGrant]
+    ) -> [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] {
+        let held = Set(listed.map { "\($0.epoch) \($0.recipient)" })
+        var missing: [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] = []
+        for epoch in keyring.epochs {
+            guard let contents = contents(of: epoch, newest: epoch.epoch == keyring.newest, token: token) else { continue }
+            for recipient in recipients(roster, identity: identity, excluding: keyring.removed)
+            where !held.contains("\(epoch.epoch) \(recipient.node.description)") {
+                missing.append((epoch.epoch, contents, recipient))
+            }
+        }
+        return missing
+    }
+}
