@@ -115,7 +115,7 @@ let package = Package(
         .target(
             name: "ShoalRelay",
             dependencies: [
-                "ShoalCore", "ShoalRelayProtocol", "ShoalStore", "CSQLite",
+                "ShoalCore", "ShoalRelayProtocol", "CSQLite",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
