@@ -15,7 +15,10 @@ struct PostgresRelayDatabase: RelayDatabase {
 
     var tablePrefix: String { "shoal_relay." }
 
-    func read<T: Sendable>(_ what: String, _ body: @Sendable (Statements) async throws(ShoalError) -> T)
+    func read<T: Sendable>(
+        _ what: String,
+        _ body: @Sendable (Statements) async throws(ShoalError) -> T
+    )
         async throws(ShoalError) -> T
     {
         let logger = logger
@@ -34,7 +37,10 @@ struct PostgresRelayDatabase: RelayDatabase {
         let logger = logger
         return try await attempt(what) {
             try await client.withTransaction(logger: logger) { connection in
-                try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(cluster), 7))", logger: logger)
+                try await connection.query(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(\(cluster), 7))",
+                    logger: logger
+                )
                 return try await body(Statements(connection: connection, logger: logger))
             }
         }
@@ -93,7 +99,10 @@ struct PostgresRelayDatabase: RelayDatabase {
             }
             do {
                 var rows: [[SQLValue]] = []
-                for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql, binds: bindings), logger: logger) {
+                for try await row in try await connection.query(
+                    PostgresQuery(unsafeSQL: sql, binds: bindings),
+                    logger: logger
+                ) {
                     rows.append(try row.map(Self.value))
                 }
                 return rows

@@ -35,20 +35,29 @@ extension PostgresRelayStorage {
     }
 
     /// See ``RelayStorage``.
-    public func completeSnapshot(cluster: String, snapshot: UInt64, vector: VersionVector, retention: RelayRetention)
+    public func completeSnapshot(
+        cluster: String,
+        snapshot: UInt64,
+        vector: VersionVector,
+        retention: RelayRetention
+    )
         async throws(ShoalError) -> RelaySnapshotOutcome
     {
         try await rules.completeSnapshot(cluster: cluster, snapshot: snapshot, vector: vector, retention: retention)
     }
 
     /// See ``RelayStorage``.
-    public func snapshotState(cluster: String) async throws(ShoalError) -> (snapshot: RelaySnapshot?, uncoveredBytes: Int64) {
+    public func snapshotState(
+        cluster: String
+    ) async throws(ShoalError) -> (snapshot: RelaySnapshot?, uncoveredBytes: Int64) {
         let state = try await rules.snapshotState(cluster: cluster)
         return (state.snapshot, state.uncoveredBytes)
     }
 
     /// See ``RelayStorage``.
-    public func retain(_ retention: RelayRetention) async throws(ShoalError) -> Int { try await rules.retain(retention) }
+    public func retain(_ retention: RelayRetention) async throws(ShoalError) -> Int {
+        try await rules.retain(retention)
+    }
 
     /// See ``RelayStorage``.
     public func page(
@@ -58,7 +67,13 @@ extension PostgresRelayStorage {
         maximumBytes: Int,
         uploader: String?
     ) async throws(ShoalError) -> RelayPage {
-        try await rules.page(cluster: cluster, vector: vector, resume: resume, maximumBytes: maximumBytes, uploader: uploader)
+        try await rules.page(
+            cluster: cluster,
+            vector: vector,
+            resume: resume,
+            maximumBytes: maximumBytes,
+            uploader: uploader
+        )
     }
 
     /// See ``RelayStorage``.
@@ -67,10 +82,22 @@ extension PostgresRelayStorage {
     }
 
     /// See ``RelayStorage``.
-    public func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: [UInt8]?)
+    public func rotate(
+        cluster: String,
+        epoch: UInt32,
+        tokenHash: String,
+        grants: [RelayGrant],
+        uploadKey: [UInt8]?
+    )
         async throws(ShoalError) -> RelayRotationOutcome
     {
-        try await rules.rotate(cluster: cluster, epoch: epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
+        try await rules.rotate(
+            cluster: cluster,
+            epoch: epoch,
+            tokenHash: tokenHash,
+            grants: grants,
+            uploadKey: uploadKey
+        )
     }
 
     /// See ``RelayStorage``.

@@ -26,7 +26,10 @@ public final class PostgresRelayStorage: RelayStorage {
 
     /// Connects to `location`, creates or migrates the relay's schema, and returns the storage; refused with a
     /// clear error when the server cannot be reached, refuses the login, or holds a schema newer than this build's.
-    public static func open(_ location: PostgresLocation, logger: Logger) async throws(ShoalError) -> PostgresRelayStorage {
+    public static func open(
+        _ location: PostgresLocation,
+        logger: Logger
+    ) async throws(ShoalError) -> PostgresRelayStorage {
         let connection: PostgresConnection
         do {
             connection = try await PostgresConnection.connect(
@@ -56,7 +59,9 @@ public final class PostgresRelayStorage: RelayStorage {
         var configuration: PostgresClient.Configuration
         if let socket = location.socketPath {
             configuration = .init(
-                unixSocketPath: socket, username: location.username, password: location.password,
+                unixSocketPath: socket,
+                username: location.username,
+                password: location.password,
                 database: location.database
             )
         } else {
@@ -67,8 +72,12 @@ public final class PostgresRelayStorage: RelayStorage {
             case (_, nil): tls = .disable
             }
             configuration = .init(
-                host: location.host, port: location.port, username: location.username, password: location.password,
-                database: location.database, tls: tls
+                host: location.host,
+                port: location.port,
+                username: location.username,
+                password: location.password,
+                database: location.database,
+                tls: tls
             )
         }
         configuration.options.maximumConnections = 16
@@ -87,10 +96,13 @@ public final class PostgresRelayStorage: RelayStorage {
         _ = await running.value
     }
 
-    private static func connectionConfiguration(_ location: PostgresLocation) throws -> PostgresConnection.Configuration {
+    private static func connectionConfiguration(_ location: PostgresLocation) throws -> PostgresConnection.Configuration
+    {
         if let socket = location.socketPath {
             return .init(
-                unixSocketPath: socket, username: location.username, password: location.password,
+                unixSocketPath: socket,
+                username: location.username,
+                password: location.password,
                 database: location.database
             )
         }
@@ -101,13 +113,18 @@ public final class PostgresRelayStorage: RelayStorage {
         case (_, nil): tls = .disable
         }
         return .init(
-            host: location.host, port: location.port, username: location.username, password: location.password,
-            database: location.database, tls: tls
+            host: location.host,
+            port: location.port,
+            username: location.username,
+            password: location.password,
+            database: location.database,
+            tls: tls
         )
     }
 
-    /// See ``RelayStorage``. Listens on the storage's channel until cancelled; when the listening connection is lost it
-    /// reconnects with backoff, and wakes every cluster once it listens again (what was announced meanwhile was missed).
+    /// See ``RelayStorage``. Listens on the storage's channel until cancelled; when the listening connection is lost
+    /// it reconnects with backoff, and wakes every cluster once it listens again (what was announced meanwhile was
+    /// missed).
     public func watch(_ changed: @escaping @Sendable (String?) async -> Void) async {
         var backoff = Backoff(initialMilliseconds: 100, maximumMilliseconds: 5_000)
         var failing = false

@@ -26,7 +26,10 @@ protocol RelayDatabase: Sendable {
     var tablePrefix: String { get }
 
     /// Runs `body` on one connection, outside any transaction of the rules' own (`what` names it in errors).
-    func read<T: Sendable>(_ what: String, _ body: @Sendable (Connection) async throws(ShoalError) -> T)
+    func read<T: Sendable>(
+        _ what: String,
+        _ body: @Sendable (Connection) async throws(ShoalError) -> T
+    )
         async throws(ShoalError) -> T
 
     /// Runs `body` in one transaction that writes `cluster`'s tables: such transactions of one cluster run one at a

@@ -3,7 +3,13 @@ import ShoalRelayProtocol
 
 extension RelayRules {
     /// See ``RelayStorage/rotate(cluster:epoch:tokenHash:grants:uploadKey:)``.
-    func rotate(cluster: String, epoch: UInt32, tokenHash: String, grants: [RelayGrant], uploadKey: [UInt8]?)
+    func rotate(
+        cluster: String,
+        epoch: UInt32,
+        tokenHash: String,
+        grants: [RelayGrant],
+        uploadKey: [UInt8]?
+    )
         async throws(ShoalError) -> RelayRotationOutcome
     {
         try await database.write(cluster: cluster, "rotate the key epoch") { connection throws(ShoalError) in
@@ -61,7 +67,11 @@ extension RelayRules {
         }
     }
 
-    private func heldKey(_ connection: Database.Connection, cluster: String, epoch: UInt32) async throws(ShoalError)
+    private func heldKey(
+        _ connection: Database.Connection,
+        cluster: String,
+        epoch: UInt32
+    ) async throws(ShoalError)
         -> [UInt8]?
     {
         try await connection.query(
@@ -75,7 +85,9 @@ extension RelayRules {
         try await database.write(cluster: cluster, "store key grants") { connection throws(ShoalError) in
             let current = try await currentEpoch(connection, cluster: cluster)
             let stored = try await insertGrants(
-                connection, cluster: cluster, grants.filter { $0.epoch >= 1 && $0.epoch <= current }
+                connection,
+                cluster: cluster,
+                grants.filter { $0.epoch >= 1 && $0.epoch <= current }
             )
             if stored > 0 { try await database.notify(connection, cluster: cluster) }
             return stored
@@ -94,7 +106,9 @@ extension RelayRules {
             )
             let grants = rows.map { row in
                 RelayGrant(
-                    epoch: UInt32(truncatingIfNeeded: row[0].relayInteger), recipient: row[1].relayText, body: row[2].relayText
+                    epoch: UInt32(truncatingIfNeeded: row[0].relayInteger),
+                    recipient: row[1].relayText,
+                    body: row[2].relayText
                 )
             }
             return RelayGrants(grants: grants, epoch: try await currentEpoch(connection, cluster: cluster))
@@ -110,7 +124,11 @@ extension RelayRules {
         return UInt32(truncatingIfNeeded: rows.first?[0].relayInteger ?? 0)
     }
 
-    private func insertGrants(_ connection: Database.Connection, cluster: String, _ grants: [RelayGrant])
+    private func insertGrants(
+        _ connection: Database.Connection,
+        cluster: String,
+        _ grants: [RelayGrant]
+    )
         async throws(ShoalError) -> Int
     {
         var stored = 0

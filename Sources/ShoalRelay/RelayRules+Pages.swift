@@ -13,7 +13,11 @@ extension RelayRules {
         let resume = resume.mapValues { RelayResumePoint(from: $0.from, index: $0.index) }
         return try await database.read("read change sets") { connection throws(ShoalError) in
             var page = RelayPageBuilder(
-                rules: self, connection: connection, cluster: cluster, resume: resume, maximumBytes: maximumBytes,
+                rules: self,
+                connection: connection,
+                cluster: cluster,
+                resume: resume,
+                maximumBytes: maximumBytes,
                 uploader: uploader
             )
             let heads = try await heads(connection, cluster: cluster)

@@ -22,7 +22,12 @@ extension RelayRules {
     }
 
     /// See ``RelayStorage/completeSnapshot(cluster:snapshot:vector:retention:)``.
-    func completeSnapshot(cluster: String, snapshot: UInt64, vector: VersionVector, retention: RelayRetention)
+    func completeSnapshot(
+        cluster: String,
+        snapshot: UInt64,
+        vector: VersionVector,
+        retention: RelayRetention
+    )
         async throws(ShoalError) -> RelaySnapshotOutcome
     {
         let id = Int64(bitPattern: snapshot)
@@ -30,7 +35,10 @@ extension RelayRules {
             let heads = try await heads(connection, cluster: cluster, snapshot: id)
             if let missing = RelaySnapshotVector.mismatch(heads: heads, vector: vector) { return .incomplete(missing) }
             let size = try await connection.query(
-                "SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM \(table("ranges")) WHERE cluster = $1 AND snapshot = $2",
+                """
+                SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM \(table("ranges"))
+                WHERE cluster = $1 AND snapshot = $2
+                """,
                 [.text(cluster), .integer(id)]
             )
             let now = Self.now()
@@ -48,7 +56,10 @@ extension RelayRules {
             // The snapshots before it go: complete ones, and those still under way that started earlier.
             for name in ["chunks", "ranges"] {
                 try await connection.execute(
-                    "DELETE FROM \(table(name)) WHERE cluster = $1 AND snapshot != 0 AND snapshot != $2 AND created <= $3",
+                    """
+                    DELETE FROM \(table(name)) WHERE cluster = $1 AND snapshot != 0 AND snapshot != $2
+                    AND created <= $3
+                    """,
                     [.text(cluster), .integer(id), .integer(now)]
                 )
             }
@@ -62,7 +73,11 @@ extension RelayRules {
 
     /// Drops the ranges of `cluster`'s change log that its snapshot covers and `retention` lets go (oldest first:
     /// per site a prefix of its chain, so what is kept still runs on from the snapshot); returns how many went.
-    func retain(_ connection: Database.Connection, cluster: String, _ retention: RelayRetention)
+    func retain(
+        _ connection: Database.Connection,
+        cluster: String,
+        _ retention: RelayRetention
+    )
         async throws(ShoalError) -> Int
     {
         guard let snapshot = try await snapshot(connection, cluster: cluster) else { return 0 }
@@ -113,7 +128,9 @@ extension RelayRules {
             var uncovered: Int64 = 0
             for row in rows {
                 guard let site = SiteID(bytes: row[0].relayBytes) else { continue }
-                if UInt64(bitPattern: row[1].relayInteger) > snapshot?.vector[site] ?? 0 { uncovered += row[2].relayInteger }
+                if UInt64(bitPattern: row[1].relayInteger) > snapshot?.vector[site] ?? 0 {
+                    uncovered += row[2].relayInteger
+                }
             }
             return RelaySnapshotState(snapshot: snapshot, uncoveredBytes: uncovered)
         }

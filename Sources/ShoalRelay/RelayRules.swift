@@ -29,7 +29,10 @@ struct RelayRules<Database: RelayDatabase>: Sendable {
         let token = RelayTokens.make()
         let sql = "INSERT INTO \(table("tokens"))(hash, cluster, label, created) VALUES ($1, $2, $3, $4)"
         try await database.read("store a token") { connection throws(ShoalError) in
-            try await connection.execute(sql, [.text(RelayTokens.hash(token)), .text(cluster), .text(label), .integer(Self.now())])
+            try await connection.execute(
+                sql,
+                [.text(RelayTokens.hash(token)), .text(cluster), .text(label), .integer(Self.now())]
+            )
         }
         return token
     }
@@ -37,11 +40,16 @@ struct RelayRules<Database: RelayDatabase>: Sendable {
     /// See ``RelayStorage/revokeTokens(matching:wholeCluster:)``.
     func revokeTokens(matching token: String, wholeCluster: Bool) async throws(ShoalError) -> Int {
         let now = Self.now()
-        let sql = wholeCluster
+        let sql =
+            wholeCluster
             ? "UPDATE \(table("tokens")) SET revoked = $1 WHERE cluster = $2 AND revoked IS NULL RETURNING 1"
-            : "UPDATE \(table("tokens")) SET revoked = $1 WHERE (hash = $2 OR hash = $3) AND revoked IS NULL RETURNING 1"
+            : """
+            UPDATE \(table("tokens")) SET revoked = $1 WHERE (hash = $2 OR hash = $3) AND revoked IS NULL
+            RETURNING 1
+            """
         let arguments: [SQLValue] =
-            wholeCluster ? [.integer(now), .text(token)] : [.integer(now), .text(RelayTokens.hash(token)), .text(token)]
+            wholeCluster
+            ? [.integer(now), .text(token)] : [.integer(now), .text(RelayTokens.hash(token)), .text(token)]
         return try await database.read("revoke tokens") { connection throws(ShoalError) in
             try await connection.query(sql, arguments).count
         }
@@ -85,11 +93,17 @@ struct RelayRules<Database: RelayDatabase>: Sendable {
 
     /// The head per site of the cluster's change log: where each site's chain of ranges ends.
     func heads(_ connection: Database.Connection, cluster: String) async throws(ShoalError) -> VersionVector {
-        Self.vector(try await connection.query("SELECT site, head FROM \(table("heads")) WHERE cluster = $1", [.text(cluster)]))
+        Self.vector(
+            try await connection.query("SELECT site, head FROM \(table("heads")) WHERE cluster = $1", [.text(cluster)])
+        )
     }
 
     /// The head per site of the change log (`snapshot` 0) or of a snapshot: where its chain of ranges ends.
-    func heads(_ connection: Database.Connection, cluster: String, snapshot: Int64) async throws(ShoalError)
+    func heads(
+        _ connection: Database.Connection,
+        cluster: String,
+        snapshot: Int64
+    ) async throws(ShoalError)
         -> VersionVector
     {
         guard snapshot != 0 else { return try await heads(connection, cluster: cluster) }
@@ -134,7 +148,9 @@ struct RelayRules<Database: RelayDatabase>: Sendable {
                     result.gaps += 1
                     continue
                 }
-                let key: [SQLValue] = [.text(cluster), .integer(snapshot), .blob(envelope.site.bytes), .unsigned(envelope.from)]
+                let key: [SQLValue] = [
+                    .text(cluster), .integer(snapshot), .blob(envelope.site.bytes), .unsigned(envelope.from),
+                ]
                 let upload = SQLValue.unsigned(envelope.upload)
                 let index = Int64(envelope.index)
                 let inserted = try await connection.query(
@@ -234,7 +250,8 @@ struct RelayRules<Database: RelayDatabase>: Sendable {
                     SELECT 1 FROM \(ranges) r WHERE r.cluster = chunks.cluster AND r.snapshot = chunks.snapshot
                         AND r.site = chunks.site AND r.from_seq = chunks.from_seq AND r.upload = chunks.upload)
                     OR (snapshot != 0 AND NOT EXISTS (
-                        SELECT 1 FROM \(snapshots) s WHERE s.cluster = chunks.cluster AND s.snapshot = chunks.snapshot)))
+                        SELECT 1 FROM \(snapshots) s
+                        WHERE s.cluster = chunks.cluster AND s.snapshot = chunks.snapshot)))
                 RETURNING 1
                 """,
                 [.integer(milliseconds)]

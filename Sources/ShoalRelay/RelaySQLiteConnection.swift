@@ -77,7 +77,12 @@ final class RelaySQLiteConnection {
         return statement
     }
 
-    private func bind(_ value: SQLValue, at position: Int32, of statement: OpaquePointer, _ sql: String)
+    private func bind(
+        _ value: SQLValue,
+        at position: Int32,
+        of statement: OpaquePointer,
+        _ sql: String
+    )
         throws(ShoalError)
     {
         let code: Int32
@@ -89,16 +94,23 @@ final class RelaySQLiteConnection {
             var text = text
             code = text.withUTF8 { buffer in
                 sqlite3_bind_text64(
-                    statement, position, UnsafeRawPointer(buffer.baseAddress ?? UnsafePointer(bitPattern: 1)!)
+                    statement,
+                    position,
+                    UnsafeRawPointer(buffer.baseAddress ?? UnsafePointer(bitPattern: 1)!)
                         .assumingMemoryBound(to: CChar.self),
-                    sqlite3_uint64(buffer.count), Self.transient, UInt8(SQLITE_UTF8)
+                    sqlite3_uint64(buffer.count),
+                    Self.transient,
+                    UInt8(SQLITE_UTF8)
                 )
             }
         case .blob(let bytes), .invalidText(let bytes):
             code = bytes.withUnsafeBytes { buffer in
                 sqlite3_bind_blob64(
-                    statement, position, buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
-                    sqlite3_uint64(buffer.count), Self.transient
+                    statement,
+                    position,
+                    buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1),
+                    sqlite3_uint64(buffer.count),
+                    Self.transient
                 )
             }
         }
@@ -110,7 +122,10 @@ final class RelaySQLiteConnection {
         case SQLITE_INTEGER: return .integer(sqlite3_column_int64(statement, index))
         case SQLITE_FLOAT: return .real(sqlite3_column_double(statement, index))
         case SQLITE_TEXT:
-            return .text(start: sqlite3_column_text(statement, index), count: Int(sqlite3_column_bytes(statement, index)))
+            return .text(
+                start: sqlite3_column_text(statement, index),
+                count: Int(sqlite3_column_bytes(statement, index))
+            )
         case SQLITE_BLOB:
             let count = Int(sqlite3_column_bytes(statement, index))
             guard count > 0, let bytes = sqlite3_column_blob(statement, index) else { return .blob([]) }

@@ -78,28 +78,39 @@ final class SQLiteRelayDatabase: RelayDatabase {
 
     var tablePrefix: String { "" }
 
-    /// Runs `body` with the connection on the storage's thread.
-    func run<T: Sendable>(_ body: @escaping @Sendable (RelaySQLiteConnection) throws(ShoalError) -> T)
+    /// Runs `body` with the connection on the storage's thread. A cancelled task still runs it: a transaction begun
+    /// always ends, with its COMMIT or its ROLLBACK (the thread pool's `runIfActive` would skip the work).
+    func run<T: Sendable>(
+        _ body: @escaping @Sendable (RelaySQLiteConnection) throws(ShoalError) -> T
+    )
         async throws(ShoalError) -> T
     {
-        let result: Result<T, ShoalError>
-        do {
-            result = try await pool.runIfActive {
-                self.connection.withLock { connection in
-                    do throws(ShoalError) {
-                        return .success(try body(connection))
-                    } catch {
-                        return .failure(error)
-                    }
+        let result = await withCheckedContinuation { (done: CheckedContinuation<Result<T, ShoalError>, Never>) in
+            pool.submit { state in
+                guard case .active = state else {
+                    done.resume(
+                        returning: .failure(ShoalError(code: .relay, message: "the relay's storage is shutting down"))
+                    )
+                    return
                 }
+                done.resume(
+                    returning: self.connection.withLock { connection in
+                        do throws(ShoalError) {
+                            return .success(try body(connection))
+                        } catch {
+                            return .failure(error)
+                        }
+                    }
+                )
             }
-        } catch {
-            throw ShoalError(code: .relay, message: "the relay's storage is shutting down")
         }
         return try result.get()
     }
 
-    func read<T: Sendable>(_ what: String, _ body: @Sendable (Statements) async throws(ShoalError) -> T)
+    func read<T: Sendable>(
+        _ what: String,
+        _ body: @Sendable (Statements) async throws(ShoalError) -> T
+    )
         async throws(ShoalError) -> T
     {
         await lock.lock()

@@ -1,9 +1,10 @@
 import Foundation
 import ShoalCore
-@testable import ShoalRelay
 import ShoalRelayProtocol
 import ShoalTestSupport
 import Testing
+
+@testable import ShoalRelay
 
 /// A relay's data made by an earlier build keeps working after an upgrade: each storage records its schema version,
 /// and this build migrates what the first release wrote (schema 1, written out here as that release made it).
@@ -80,26 +81,57 @@ import Testing
         }
     }
 
-    @Test(arguments: StorageKind.allCases) func whatTheFirstReleaseStoredKeepsWorking(_ kind: StorageKind) async throws {
+    @Test(arguments: StorageKind.allCases) func whatTheFirstReleaseStoredKeepsWorking(_ kind: StorageKind) async throws
+    {
         let place = try await kind.emptyPlace("relay-upgrade")
         let old = TestChunks.range(site, from: 0, to: 2, upload: 1)[0]
         try await kind.run(firstRelease(kind, envelope: old.encoded, rangeBytes: old.encoded.count), at: place)
         let storage = try await kind.open(at: place)
         // What it held reads as before: heads, the chunk exactly as uploaded, the token, the upload key.
         #expect(try await storage.heads(cluster: "c") == VersionVector([site: 2]))
-        let page = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 1 << 20, uploader: nil)
+        let page = try await storage.page(
+            cluster: "c",
+            vector: VersionVector(),
+            resume: [:],
+            maximumBytes: 1 << 20,
+            uploader: nil
+        )
         #expect(page.envelopes == [old.encoded])
-        #expect(try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 1 << 20, uploader: "old-node")
-            .envelopes.isEmpty)
+        #expect(
+            try await storage.page(
+                cluster: "c",
+                vector: VersionVector(),
+                resume: [:],
+                maximumBytes: 1 << 20,
+                uploader: "old-node"
+            )
+            .envelopes.isEmpty
+        )
         #expect(try await storage.token(hash: "h1")?.cluster == "c")
         #expect(try await storage.uploadKey(cluster: "c", epoch: 0) == ([1, 2], 0))
         // Its chain goes on, and what came since (snapshots) works on it.
-        let next = try await storage.store(cluster: "c", envelopes: TestChunks.range(site, from: 2, to: 4, upload: 2), uploader: nil)
+        let next = try await storage.store(
+            cluster: "c",
+            envelopes: TestChunks.range(site, from: 2, to: 4, upload: 2),
+            uploader: nil
+        )
         #expect(next.heads == [site.hex: 4])
-        _ = try await storage.store(cluster: "c", snapshot: 3, envelopes: TestChunks.range(site, from: 0, to: 4, upload: 3), uploader: nil)
+        _ = try await storage.store(
+            cluster: "c",
+            snapshot: 3,
+            envelopes: TestChunks.range(site, from: 0, to: 4, upload: 3),
+            uploader: nil
+        )
         let none = RelayRetention(maximumAgeMilliseconds: 0, maximumBytes: 0)
-        #expect(try await storage.completeSnapshot(cluster: "c", snapshot: 3, vector: VersionVector([site: 4]), retention: none)
-            == .completed(dropped: 2))
+        #expect(
+            try await storage.completeSnapshot(
+                cluster: "c",
+                snapshot: 3,
+                vector: VersionVector([site: 4]),
+                retention: none
+            )
+                == .completed(dropped: 2)
+        )
         #expect(try await TestChunks.pullAll(storage, maximumBytes: 1 << 20).envelopes.map(\.upload) == [3])
         await storage.close()
         // The version is recorded; a later build's schema is refused, with what to do.
