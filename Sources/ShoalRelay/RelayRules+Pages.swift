@@ -84,8 +84,8 @@ struct RelayPageBuilder<Database: RelayDatabase> {
     mutating func add(_ source: Int64, _ site: SiteID, after: UInt64) async throws(ShoalError) -> Bool {
         let ranges = try await connection.query(
             """
-            SELECT from_seq, upload, uploader FROM \(rules.table("ranges")) WHERE cluster = $1 AND snapshot = $2
-            AND site = $3 AND to_seq > $4 ORDER BY from_seq
+            SELECT from_seq, upload, uploader, chunks FROM \(rules.table("ranges")) WHERE cluster = $1
+            AND snapshot = $2 AND site = $3 AND to_seq > $4 ORDER BY from_seq
             """,
             [.text(cluster), .integer(source), .blob(site.bytes), .unsigned(min(after, UInt64(Int64.max)))]
         )
@@ -97,13 +97,15 @@ struct RelayPageBuilder<Database: RelayDatabase> {
             var first: Int64 = 0
             if let point = resume[site], point.from == UInt64(bitPattern: from) { first = Int64(point.index) }
             let key: [SQLValue] = [.text(cluster), .integer(source), .blob(site.bytes), .integer(from), range[1]]
-            // The chunks' sizes first, so that the page reads no chunk it would not send.
+            // The chunks' sizes first, so that the page reads no chunk it would not send; only the range's own
+            // chunks (a chunk of its upload numbered past its last is no part of it).
             let sizes = try await connection.query(
                 """
                 SELECT idx, CAST(length(envelope) AS BIGINT) FROM \(rules.table("chunks")) WHERE cluster = $1
-                AND snapshot = $2 AND site = $3 AND from_seq = $4 AND upload = $5 AND idx >= $6 ORDER BY idx
+                AND snapshot = $2 AND site = $3 AND from_seq = $4 AND upload = $5 AND idx >= $6 AND idx < $7
+                ORDER BY idx
                 """,
-                key + [.integer(first)]
+                key + [.integer(first), range[3]]
             )
             var last: Int64?
             var full = false
