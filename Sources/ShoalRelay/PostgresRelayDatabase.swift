@@ -24,7 +24,7 @@ struct PostgresRelayDatabase: RelayDatabase {
         let logger = logger
         return try await attempt(what) {
             try await client.withConnection { connection in
-                try await body(Statements(connection: connection, logger: logger))
+                try await body(Statements(connection: connection, what: what, logger: logger))
             }
         }
     }
@@ -41,7 +41,7 @@ struct PostgresRelayDatabase: RelayDatabase {
                     "SELECT pg_advisory_xact_lock(hashtextextended(\(cluster), 7))",
                     logger: logger
                 )
-                return try await body(Statements(connection: connection, logger: logger))
+                return try await body(Statements(connection: connection, what: what, logger: logger))
             }
         }
     }
@@ -84,6 +84,8 @@ struct PostgresRelayDatabase: RelayDatabase {
     /// The statements of one connection (or transaction).
     struct Statements: RelaySQL {
         let connection: PostgresConnection
+        /// What the statements are for, named in their errors.
+        let what: String
         let logger: Logger
 
         func query(_ sql: String, _ arguments: [SQLValue]) async throws(ShoalError) -> [[SQLValue]] {
@@ -107,7 +109,10 @@ struct PostgresRelayDatabase: RelayDatabase {
                 }
                 return rows
             } catch {
-                throw ShoalError(code: .relay, message: "PostgreSQL failed: \(PostgresRelayDatabase.reason(error))")
+                throw ShoalError(
+                    code: .relay,
+                    message: "PostgreSQL failed to \(what): \(PostgresRelayDatabase.reason(error))"
+                )
             }
         }
 

@@ -96,6 +96,19 @@ extension Array where Element == UInt8 {
         }
     }
 
+    @Test func aStatementThatFailsSaysWhatFailedInPostgreSQLsWords() async throws {
+        let (storage, url, cleanUp) = try await StorageKind.postgres.open("relay-failing")
+        defer { Task { await cleanUp() } }
+        _ = try await offPool { try TestPostgres.query(url, "DROP TABLE shoal_relay.heads") }
+        do {
+            _ = try await storage.heads(cluster: "c")
+            Issue.record("heads were read from a table that is gone")
+        } catch {
+            #expect(error.message.contains("PostgreSQL failed to read heads"), "\(error.message)")
+            #expect(error.message.contains("SQLSTATE"), "\(error.message)")
+        }
+    }
+
     @Test func aWrongServerOrDatabaseIsAClearError() async throws {
         let url = try await offPool { try TestPostgres.serverURL() }
         let missing = url.replacingOccurrences(of: "/shoal?", with: "/no_such_database?")
