@@ -59,11 +59,18 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The one SQLite wrapper (a connection, its prepared statements, typed errors) the node's store and the relay's
+        // embedded storage share.
+        .target(
+            name: "ShoalSQLite",
+            dependencies: ["ShoalCore", "CSQLite"],
+            swiftSettings: strict
+        ),
         // SQLite: metadata tables, change capture, apply, delta queries, digest.
         .target(
             name: "ShoalStore",
             dependencies: [
-                "ShoalCore", "CSQLite",
+                "ShoalCore", "ShoalSQLite", "CSQLite",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -115,7 +122,7 @@ let package = Package(
         .target(
             name: "ShoalRelay",
             dependencies: [
-                "ShoalCore", "ShoalRelayProtocol", "ShoalStore", "CSQLite",
+                "ShoalCore", "ShoalRelayProtocol", "ShoalSQLite", "CSQLite",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),

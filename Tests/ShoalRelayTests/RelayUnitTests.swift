@@ -71,145 +71,6 @@ extension Array where Element == UInt8 {
     }
 }
 
-/// The relay's two storages, each real: SQLite in a temporary directory, PostgreSQL in a database of the test's own.
-enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case sqlite, postgres
-
-    var testDescription: String { rawValue }
-
-    /// A new, empty storage of this kind, and what removes it.
-    func open(_ name: String) async throws -> (storage: any RelayStorage, where: String, cleanUp: @Sendable () async -> Void) {
-        switch self {
-        case .sqlite:
-            let directory = try temporaryDirectory(name)
-            let storage = try SQLiteRelayStorage(directory: directory.path)
-            return (storage, directory.path, { try? FileManager.default.removeItem(at: directory) })
-        case .postgres:
-            let url = try await offPool { try TestPostgres.freshDatabase(name) }
-            let storage = try await PostgresRelayStorage.open(try PostgresLocation(url: url), logger: Logger(label: "test"))
-            return (storage, url, { await storage.close() })
-        }
-    }
-}
-
-@Suite struct RelayStorageTests {
-    private func chunk(_ site: SiteID, from: UInt64, to: UInt64 = 0, upload: UInt64, index: UInt32, end: Bool)
-        -> (envelope: RelayEnvelope, encoded: [UInt8])
-    {
-        let envelope = RelayEnvelope(
-            cluster: "c", epoch: 0, site: site, from: from, to: end ? to : 0, upload: upload, index: index,
-            flags: end ? [.batchEnd, .rangeEnd] : [.batchEnd], sealed: Array(repeating: UInt8(index), count: 100)
-        )
-        return (envelope, envelope.encoded())
-    }
-
-    @Test(arguments: StorageKind.allCases) func rangesChainPerSiteAndAPullResumesInsideOne(_ kind: StorageKind) async throws {
-        let (storage, _, cleanUp) = try await kind.open("relay-storage")
-        defer { Task { await cleanUp() } }
-        let site = SiteID(high: 0, low: 1)
-        // Upload 1: a range of three chunks after 0, to 5. Upload 2 raced for the same range and loses.
-        var result = try await storage.store(cluster: "c", envelopes: [
-            chunk(site, from: 0, upload: 2, index: 0, end: false),
-            chunk(site, from: 0, upload: 1, index: 0, end: false),
-            chunk(site, from: 0, upload: 1, index: 1, end: false),
-        ], uploader: nil)
-        #expect(result.stored == 3)
-        #expect(try await storage.heads(cluster: "c")[site] == 0)
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 1, index: 2, end: true)], uploader: nil)
-        #expect(result.heads[site.hex] == 5)
-        // The loser's chunk went; the winner's upload again is held.
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 0, to: 5, upload: 2, index: 1, end: true)], uploader: nil)
-        #expect(result.alreadyHeld == 1)
-        // A final chunk whose earlier ones never came is refused (a gap), and the head does not move.
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 3, index: 2, end: true)], uploader: nil)
-        #expect(result.gaps == 1)
-        #expect(try await storage.heads(cluster: "c")[site] == 5)
-        result = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 5, to: 8, upload: 4, index: 0, end: true)], uploader: nil)
-        #expect(result.heads[site.hex] == 8)
-        // Another cluster sees none of it.
-        #expect(try await storage.heads(cluster: "other").isEmpty)
-        // A pull from nothing: every chunk, in order; a small budget stops after the first, and resumes.
-        let all = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 1 << 20, uploader: nil)
-        #expect(all.envelopes.count == 4)
-        #expect(!all.more)
-        let first = try await storage.page(cluster: "c", vector: VersionVector(), resume: [:], maximumBytes: 10, uploader: nil)
-        #expect(first.envelopes.count == 1)
-        #expect(first.more)
-        let rest = try await storage.page(cluster: "c", vector: VersionVector(), resume: [site: (0, 1)], maximumBytes: 1 << 20, uploader: nil)
-        #expect(rest.envelopes == Array(all.envelopes.dropFirst()))
-        // A node that holds up to 6 (from a LAN peer) gets the range that holds 6 and what follows.
-        let later = try await storage.page(cluster: "c", vector: VersionVector([site: 6]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
-        #expect(later.envelopes == [all.envelopes[3]])
-        #expect(try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: nil).envelopes.isEmpty)
-        // The process that uploaded ranges is not sent them back.
-        let mine = try await storage.store(cluster: "c", envelopes: [chunk(site, from: 8, to: 9, upload: 5, index: 0, end: true)], uploader: "me")
-        #expect(mine.stored == 1)
-        let forMe = try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: "me")
-        #expect(forMe.envelopes.isEmpty)
-        let forOthers = try await storage.page(cluster: "c", vector: VersionVector([site: 8]), resume: [:], maximumBytes: 1 << 20, uploader: "other")
-        #expect(forOthers.envelopes.count == 1)
-        let statistics = try await storage.statistics()
-        #expect(statistics.first?.ranges == 3)
-    }
-
-    @Test(arguments: StorageKind.allCases) func aPullThatMeetsAHoleInTheLogGetsTheSnapshotFirst(_ kind: StorageKind) async throws {
-        let (storage, place, cleanUp) = try await kind.open("relay-hole")
-        defer { Task { await cleanUp() } }
-        let site = SiteID(high: 0, low: 1)
-        for (from, to, upload) in [(0, 2, 1), (2, 4, 2), (4, 6, 3)] as [(UInt64, UInt64, UInt64)] {
-            _ = try await storage.store(
-                cluster: "c", envelopes: [chunk(site, from: from, to: to, upload: upload, index: 0, end: true)], uploader: nil
-            )
-        }
-        _ = try await storage.store(
-            cluster: "c", snapshot: 9, envelopes: [chunk(site, from: 0, to: 6, upload: 7, index: 0, end: true)], uploader: nil
-        )
-        let keepAll = RelayRetention(maximumAgeMilliseconds: 1 << 40, maximumBytes: 1 << 40)
-        #expect(try await storage.completeSnapshot(cluster: "c", snapshot: 9, vector: VersionVector([site: 6]), retention: keepAll)
-            == .completed(dropped: 0))
-        // A hole in the log, as an earlier retention by bytes could leave: the middle range gone.
-        switch kind {
-        case .sqlite:
-            #expect(try sqlite3Shell(place + "/relay.sqlite", "DELETE FROM ranges WHERE snapshot = 0 AND from_seq = 2").status == 0)
-        case .postgres:
-            _ = try TestPostgres.query(place, "DELETE FROM shoal_relay.ranges WHERE snapshot = 0 AND from_seq = 2")
-        }
-        // A node holding up to 2 cannot go on from the log: it gets the snapshot, and nothing of the log it covers.
-        let page = try await storage.page(cluster: "c", vector: VersionVector([site: 2]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
-        let uploads = try page.envelopes.map { try RelayEnvelope.decode($0[...]).upload }
-        #expect(uploads == [7])
-        // One holding up to 4 (from a LAN peer) goes on from the log as before.
-        let later = try await storage.page(cluster: "c", vector: VersionVector([site: 4]), resume: [:], maximumBytes: 1 << 20, uploader: nil)
-        #expect(try later.envelopes.map { try RelayEnvelope.decode($0[...]).upload } == [3])
-    }
-
-    @Test(arguments: StorageKind.allCases) func tokensReachOneClusterAndRevokedOnesAreKeptAsRevoked(_ kind: StorageKind) async throws {
-        let (storage, place, cleanUp) = try await kind.open("relay-tokens")
-        defer { Task { await cleanUp() } }
-        let token = try await storage.createToken(cluster: "c", label: "shop")
-        let record = try #require(try await storage.token(hash: RelayTokens.hash(token)))
-        #expect(record.cluster == "c")
-        #expect(record.revoked == nil)
-        #expect(try await storage.revokeTokens(matching: token, wholeCluster: false) == 1)
-        #expect(try await storage.token(hash: RelayTokens.hash(token))?.revoked != nil)
-        #expect(try await storage.revokeTokens(matching: token, wholeCluster: false) == 0)
-        // The database holds hashes only.
-        let bytes: Data
-        switch kind {
-        case .sqlite:
-            let directory = URL(fileURLWithPath: place)
-            bytes = try Data(contentsOf: directory.appendingPathComponent("relay.sqlite"))
-                + ((try? Data(contentsOf: directory.appendingPathComponent("relay.sqlite-wal"))) ?? Data())
-        case .postgres:
-            let dump = try await offPool { try runProcess(URL(fileURLWithPath: "/usr/bin/pg_dump"), ["--data-only", place]) }
-            #expect(dump.status == 0)
-            #expect(dump.stdout.contains(RelayTokens.hash(token)))
-            bytes = Data(dump.stdout.utf8)
-        }
-        #expect(bytes.range(of: Data(token.utf8)) == nil)
-    }
-}
-
 /// What only the PostgreSQL storage does: a versioned schema it migrates itself, and news shared between instances.
 @Suite struct PostgresRelayStorageTests {
     @Test func theSchemaIsMadeOnceAndANewerOneIsRefused() async throws {
@@ -232,6 +93,19 @@ enum StorageKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         } catch {
             #expect(error.code == .versionMismatch)
             #expect(error.message.contains("version 99"))
+        }
+    }
+
+    @Test func aStatementThatFailsSaysWhatFailedInPostgreSQLsWords() async throws {
+        let (storage, url, cleanUp) = try await StorageKind.postgres.open("relay-failing")
+        defer { Task { await cleanUp() } }
+        _ = try await offPool { try TestPostgres.query(url, "DROP TABLE shoal_relay.heads") }
+        do {
+            _ = try await storage.heads(cluster: "c")
+            Issue.record("heads were read from a table that is gone")
+        } catch {
+            #expect(error.message.contains("PostgreSQL failed to read heads"), "\(error.message)")
+            #expect(error.message.contains("SQLSTATE"), "\(error.message)")
         }
     }
 

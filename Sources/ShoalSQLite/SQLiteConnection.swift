@@ -2,11 +2,12 @@ import CSQLite
 import ShoalCore
 
 /// SQLite's "transient" destructor: SQLite copies bound text and blobs before the call returns.
-let SQLITE_TRANSIENT = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+package let SQLITE_TRANSIENT = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
 /// Owns one SQLite connection handle.
 ///
-/// Not `Sendable`: a connection is used from one thread at a time, by its owner (the ``Store``).
+/// Not `Sendable`: a connection is used from one thread at a time, by its owner (the node's `Store`, the relay's
+/// embedded storage).
 package final class SQLiteConnection {
     package let handle: OpaquePointer
 
@@ -34,7 +35,7 @@ package final class SQLiteConnection {
     }
 
     /// The error for result `code`, with SQLite's message, its extended result code and the failing `statement`.
-    func error(_ code: Int32, _ context: String? = nil, statement: String? = nil) -> ShoalError {
+    package func error(_ code: Int32, _ context: String? = nil, statement: String? = nil) -> ShoalError {
         let message = String(cString: sqlite3_errmsg(handle))
         let prefix = context.map { "\($0): " } ?? ""
         // The connection reports extended codes; a primary one (from a call that does not) is refined by the
@@ -80,10 +81,10 @@ package final class SQLiteConnection {
 
 /// Owns one prepared statement.
 package final class SQLiteStatement {
-    let handle: OpaquePointer
-    unowned let connection: SQLiteConnection
+    package let handle: OpaquePointer
+    package unowned let connection: SQLiteConnection
 
-    init(_ handle: OpaquePointer, connection: SQLiteConnection) {
+    package init(_ handle: OpaquePointer, connection: SQLiteConnection) {
         self.handle = handle
         self.connection = connection
     }
@@ -92,12 +93,12 @@ package final class SQLiteStatement {
         sqlite3_finalize(handle)
     }
 
-    var isReadOnly: Bool { sqlite3_stmt_readonly(handle) != 0 }
-    var columnCount: Int { Int(sqlite3_column_count(handle)) }
-    var parameterCount: Int { Int(sqlite3_bind_parameter_count(handle)) }
-    var sql: String { sqlite3_sql(handle).map { String(cString: $0) } ?? "" }
+    package var isReadOnly: Bool { sqlite3_stmt_readonly(handle) != 0 }
+    package var columnCount: Int { Int(sqlite3_column_count(handle)) }
+    package var parameterCount: Int { Int(sqlite3_bind_parameter_count(handle)) }
+    package var sql: String { sqlite3_sql(handle).map { String(cString: $0) } ?? "" }
 
-    func columnName(_ index: Int) -> String {
+    package func columnName(_ index: Int) -> String {
         sqlite3_column_name(handle, Int32(index)).map { String(cString: $0) } ?? ""
     }
 
@@ -158,7 +159,7 @@ package final class SQLiteStatement {
 
     /// Binds bytes without copying them: `bytes` must stay valid until the statement is rebound or its
     /// bindings are cleared.
-    func bindStatic(_ bytes: UnsafeRawBufferPointer, at index: Int) throws(ShoalError) {
+    package func bindStatic(_ bytes: UnsafeRawBufferPointer, at index: Int) throws(ShoalError) {
         let code = sqlite3_bind_blob64(
             handle,
             Int32(index),
@@ -169,7 +170,7 @@ package final class SQLiteStatement {
         guard code == SQLITE_OK else { throw connection.error(code, statement: sql) }
     }
 
-    func clearBindings() {
+    package func clearBindings() {
         sqlite3_clear_bindings(handle)
     }
 
@@ -233,7 +234,7 @@ package final class SQLiteStatement {
 }
 
 /// Converts an `sqlite3_value` (from the pre-update hook) to a ``SQLValue``.
-func sqlValue(_ value: OpaquePointer?) -> SQLValue {
+package func sqlValue(_ value: OpaquePointer?) -> SQLValue {
     guard let value else { return .null }
     switch sqlite3_value_type(value) {
     case SQLITE_INTEGER: return .integer(sqlite3_value_int64(value))
@@ -250,7 +251,7 @@ func sqlValue(_ value: OpaquePointer?) -> SQLValue {
 }
 
 /// Quotes an SQL identifier.
-func quote(_ identifier: String) -> String {
+package func quote(_ identifier: String) -> String {
     "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
 }
 
