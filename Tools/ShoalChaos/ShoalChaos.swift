@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Shoal
 import ShoalStore
-import ShoalToolSupport
+import ShoalProcesses
 
 /// A write the harness committed on a node, with the stamp it got there.
 struct AcknowledgedWrite {

@@ -1,6 +1,6 @@
 import Foundation
 
-/// A `shoal serve` child process, for the demo, the chaos harness and the benchmarks.
+/// A `shoal serve` child process, for `shoal demo`, the chaos harness, the benchmarks and the tests.
 public struct ServeProcess: ChildProcess {
     public let process: Process
     /// The port it listens on.
