@@ -210,6 +210,7 @@ let package = Package(
                 "Shoal", "ShoalProcesses", "CSQLite",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Tools/ShoalChaos",
