@@ -317,6 +317,7 @@ struct ShoalChaos: AsyncParsableCommand {
                 removed = try Removal.perform(node: victim, signer: signer, paths: paths)
                 // Its operator hands a new token to the members only, should the relay lose its storage.
                 cluster.freezeRelayArguments(of: victim)
+                cluster.removedNode = victim
                 counts["removals", default: 0] += 1
             }
             try await Task.sleep(for: .milliseconds(Int.random(in: 5...30, using: &random)))  // pacing the load
@@ -546,6 +547,11 @@ struct Cluster {
     var relayToken: String?
     /// A node's relay arguments kept as they were (a removed node is not given a later token).
     private var frozen: [Int: [String]] = [:]
+    /// The removed node, once there is one: `shoal serve` refuses to start on its file once it has learnt of its
+    /// removal, and from then on it stays down.
+    var removedNode: Int?
+    /// Whether the removed node refused to start (it learnt of its removal).
+    private(set) var removedNodeRefused = false
     private var processes: [Int: ServeProcess] = [:]
 
     init(paths: [String], peerPorts: [[Int]], faults: Faults, relayURLs: [String] = [], relayToken: String? = nil) {
@@ -576,15 +582,22 @@ struct Cluster {
     func isRunning(_ node: Int) -> Bool { processes[node]?.isRunning ?? false }
 
     mutating func start(_ node: Int) async throws {
-        guard !isRunning(node) else { return }
+        guard !isRunning(node), !(node == removedNode && removedNodeRefused) else { return }
         // Isolated: no mDNS and no remembered peers, so every byte between nodes goes through the fault proxy.
-        let serve = try ServeProcess.startIsolated(
-            database: paths[node],
-            name: "node\(node)",
-            peers: peerPorts[node],
-            // Compaction runs often here, so it is exercised amid the faults.
-            extra: ["--round-interval", "500", "--compaction-interval", "300"] + relayArguments(node)
-        )
+        let serve: ServeProcess
+        do {
+            serve = try ServeProcess.startIsolated(
+                database: paths[node],
+                name: "node\(node)",
+                peers: peerPorts[node],
+                // Compaction runs often here, so it is exercised amid the faults.
+                extra: ["--round-interval", "500", "--compaction-interval", "300"] + relayArguments(node)
+            )
+        } catch where node == removedNode {
+            print("note: node\(node), removed, refuses to start (\(error)); it stays down")
+            removedNodeRefused = true
+            return
+        }
         processes[node] = serve
         await faults.setTarget(node, port: serve.port)
     }
