@@ -336,15 +336,23 @@ struct ShoalChaos: AsyncParsableCommand {
         let members = (0..<nodes).filter { $0 != removed?.node }
         let healed = Date()
         var converged = false
+        // After a removal, the members have also converged on its line: the same fences everywhere (a member installs
+        // its fence when it reads the removal, and may sign a cut of its own then, which changes the digests again).
+        var fencesAgree = true
         while Date().timeIntervalSince(healed) < convergeTimeout {
-            if try Set(members.map { try stores[$0].digest() }).count == 1 {
+            let fences = try removed == nil ? [] : members.map { try stores[$0].fences() }
+            fencesAgree = removed == nil || Set(fences).count == 1 && !fences[0].isEmpty
+            if try fencesAgree && Set(members.map { try stores[$0].digest() }).count == 1 {
                 converged = true
                 break
             }
             try await Task.sleep(for: .milliseconds(100))
         }
         guard converged else {
-            print("FAILED: digests still differ \(Int(convergeTimeout)) s after healing (logs in \(directory))")
+            print(
+                "FAILED: \(fencesAgree ? "digests" : "the members' fences") still differ \(Int(convergeTimeout)) s after "
+                    + "healing (logs in \(directory))"
+            )
             throw ExitCode(1)
         }
         print(String(format: "converged %.2f s after healing", Date().timeIntervalSince(healed)))
