@@ -24,7 +24,8 @@ struct ShoalChaos: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "shoal-chaos",
         abstract: "Run shoal serve nodes through faults (kill -9, partitions, delayed, duplicated and reordered "
-            + "frames), then heal and check convergence against a log of acknowledged writes."
+            + "frames; on the relay path: relay kills, restores and storage losses, a member's removal, a proxy that "
+            + "tampers with pull answers), then heal and check convergence against a log of acknowledged writes."
     )
 
     @Option(help: "Seed (printed; pass it again to replay the same faults and writes).") var seed: UInt64?
@@ -315,6 +316,10 @@ struct ShoalChaos: AsyncParsableCommand {
                     restoreAcrossRotation = now.addingTimeInterval(3)
                 }
                 removed = try Removal.perform(node: victim, signer: signer, paths: paths)
+                // A backup of the signer's file from before the removal is not put back: it would take the removal
+                // with it while no other member may have read it yet (the cluster would then never have removed
+                // anyone, and the run would check a removal that did not happen).
+                backups[signer] = nil
                 // Its operator hands a new token to the members only, should the relay lose its storage.
                 cluster.freezeRelayArguments(of: victim)
                 cluster.removedNode = victim
