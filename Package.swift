@@ -181,11 +181,17 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Child processes of `shoal` (serve, relay serve) and a scratch PostgreSQL database: what the CLI's demo, the
+        // chaos harness, the benchmarks and the tests start. Foundation only.
+        .target(
+            name: "ShoalProcesses",
+            swiftSettings: strict
+        ),
         // The CLI: parses arguments and calls Shoal.
         .executableTarget(
             name: "shoal",
             dependencies: [
-                "Shoal", "ShoalToolSupport", "ShoalRelay", "ShoalMetricsEndpoint",
+                "Shoal", "ShoalProcesses", "ShoalRelay", "ShoalMetricsEndpoint",
                 .target(name: "CMalloc", condition: .when(platforms: [.linux])),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -195,7 +201,7 @@ let package = Package(
         .executableTarget(
             name: "ShoalBench",
             dependencies: [
-                "Shoal", "ShoalStore", "ShoalToolSupport", "CSQLite",
+                "Shoal", "ShoalStore", "ShoalProcesses", "CSQLite",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -205,18 +211,13 @@ let package = Package(
             path: "Tools/ShoalBench",
             swiftSettings: strict
         ),
-        // Process helpers shared by the demo, the chaos harness and the benchmarks.
-        .target(
-            name: "ShoalToolSupport",
-            path: "Tools/ShoalToolSupport",
-            swiftSettings: strict
-        ),
         .executableTarget(
             name: "ShoalChaos",
             dependencies: [
-                "Shoal", "ShoalToolSupport", "CSQLite",
+                "Shoal", "ShoalProcesses", "CSQLite",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Tools/ShoalChaos",
@@ -261,7 +262,7 @@ let package = Package(
         .testTarget(
             name: "ShoalTransportTests",
             dependencies: [
-                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "ShoalToolSupport",
+                "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalDiscovery", "ShoalProcesses",
                 "ShoalTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -2,7 +2,7 @@ import ArgumentParser
 import Dispatch
 import Foundation
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 extension ShoalCommand {
     struct Demo: AsyncParsableCommand {

@@ -1,7 +1,7 @@
 import NIOCore
 import NIOEmbedded
 import NIOTestUtils
-import ShoalToolSupport
+import ShoalProcesses
 import Testing
 import ShoalTestSupport
 

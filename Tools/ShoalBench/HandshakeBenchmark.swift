@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 /// How long a connection takes from the TCP connect to the peer's hello: mutual TLS 1.3 with the roster check
 /// (and, for the ratio, the same without TLS), against a real `shoal serve` on loopback.

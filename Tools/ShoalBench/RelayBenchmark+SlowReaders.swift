@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 extension RelayBenchmark {
     /// Pulls each slow reader posts at once (pipelined), before reading nothing.

@@ -3,7 +3,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 /// A relay the benchmark uses: its URL and a token for the cluster.
 struct BenchRelay {

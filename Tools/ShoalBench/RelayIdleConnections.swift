@@ -3,7 +3,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 import Synchronization
 
 /// The idle part of `shoal-bench relay`: one relay process on loopback holding `count` idle live node connections,

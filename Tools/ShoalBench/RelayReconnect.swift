@@ -1,6 +1,6 @@
 import Foundation
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 /// The reconnect part of `shoal-bench relay --postgres URL`: how long a node takes to resume through another relay
 /// instance after the one it uses is killed.

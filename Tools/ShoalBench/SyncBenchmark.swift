@@ -3,7 +3,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 struct SyncBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,5 +1,5 @@
 import Shoal
-import ShoalToolSupport
+import ShoalProcesses
 
 /// A value the harness writes, drawn from a realistic mix: every SQLite type, integer and real extremes,
 /// TEXT with NUL bytes and invalid UTF-8, and sizes from empty to several megabytes.

@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Shoal
 import ShoalStore
-import ShoalToolSupport
+import ShoalProcesses
 
 /// A write the harness committed on a node, with the stamp it got there.
 struct AcknowledgedWrite {
@@ -15,6 +15,8 @@ struct AcknowledgedWrite {
     let kind: Kind
     let causalLength: UInt64
     let stamp: Stamp
+    /// Made by a node after its removal (see ``Removal``).
+    var afterRemoval = false
 }
 
 @main
@@ -22,7 +24,8 @@ struct ShoalChaos: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "shoal-chaos",
         abstract: "Run shoal serve nodes through faults (kill -9, partitions, delayed, duplicated and reordered "
-            + "frames), then heal and check convergence against a log of acknowledged writes."
+            + "frames; on the relay path: relay kills, restores and storage losses, a member's removal, a proxy that "
+            + "tampers with pull answers), then heal and check convergence against a log of acknowledged writes."
     )
 
     @Option(help: "Seed (printed; pass it again to replay the same faults and writes).") var seed: UInt64?
@@ -42,10 +45,26 @@ struct ShoalChaos: AsyncParsableCommand {
         help: "The relay path on SQLite: now and then a killed relay comes back restored from an older copy of its files. Off by default until it has had its long runs."
     )
     var relayRestores = false
+    @Flag(
+        help: "The relay path: now and then the relay loses its storage (killed, its SQLite files deleted or its PostgreSQL database dropped and made again) and comes back empty; its operator makes a new token and restarts the members with it, and they must upload again all it lost."
+    )
+    var relayLosses = false
+    @Flag(
+        help: "The relay path: at a random moment one member removes another (`shoal trust remove` on its file), which rotates the relay's key; the removed node keeps running and writing, and what it writes beyond its removal's cut must reach no one. With --relay-restores, a later kill restores the relay from a copy made before the rotation."
+    )
+    var removal = false
+    @Flag(
+        help: "The relay path: the nodes reach the relay through a proxy that, now and then, alters pull answers (a byte flipped, two chunks swapped, a chunk of another cluster injected, an earlier chunk replayed as a later range); nothing altered may be applied, and once it stops everyone converges."
+    )
+    var tampering = false
+    @Flag(help: "All of --relay-losses, --removal and --tampering (and --relay-restores on SQLite).")
+    var relayHostile = false
 
     func run() async throws {
         let seed = seed ?? UInt64.random(in: 0...UInt64.max)
-        let relay = relay || postgres != nil
+        let (relayLosses, removal, tampering) = (relayLosses || relayHostile, removal || relayHostile, tampering || relayHostile)
+        let relayRestores = relayRestores || (relayHostile && postgres == nil)
+        let relay = relay || postgres != nil || relayLosses || removal || tampering
         let through = postgres != nil ? " through two relay instances on PostgreSQL" : relay ? " through a relay" : ""
         print("shoal-chaos seed \(seed): \(nodes) nodes\(through), \(seconds) s of chaos")
         var random = SeededRandom(state: seed)
@@ -76,9 +95,13 @@ struct ShoalChaos: AsyncParsableCommand {
             let cluster = try KeyFile.load(forDatabase: paths[0]).cluster.idHex
             if let postgres {
                 // A database of this run's own on the server, so runs never share a relay's data.
-                let database = postgres.replacingOccurrences(of: "/shoal?", with: "/chaos_\(seed % 1_000_000_007)?")
-                try RelayServer.createDatabase(server: postgres, name: "chaos_\(seed % 1_000_000_007)")
-                relayServer = try RelayServer(storage: ["--postgres", database], log: directory + "/relay", instances: 2, cluster: cluster)
+                let name = "chaos_\(seed % 1_000_000_007)"
+                let database = postgres.replacingOccurrences(of: "/shoal?", with: "/\(name)?")
+                try RelayServer.createDatabase(server: postgres, name: name)
+                relayServer = try RelayServer(
+                    storage: ["--postgres", database], log: directory + "/relay", instances: 2, cluster: cluster,
+                    postgres: (postgres, name)
+                )
             } else {
                 relayServer = try RelayServer(storage: ["--data", directory + "/relay"], log: directory + "/relay", instances: 1, cluster: cluster)
             }
@@ -109,14 +132,51 @@ struct ShoalChaos: AsyncParsableCommand {
         }
         for (i, port) in await MainActorBox.shared.ports { peerPorts[i].append(port) }
 
+        // With --tampering the nodes reach every relay instance through a proxy of its own, which alters some pull
+        // answers while the schedule says so; a one-node cluster of another id uploads through it first, so that the
+        // proxy holds chunks of another cluster to inject.
+        var relayURLs = relayServer?.urls ?? []
+        let altering = Tampering(cluster: try KeyFile.load(forDatabase: paths[0]).cluster.idHex)
+        let upstreamPorts = tampering ? relayServer?.instancePorts ?? [] : []
+        let tamperingProxies = Task {
+            try await withThrowingDiscardingTaskGroup { group in
+                for port in upstreamPorts {
+                    let ready = AsyncStream.makeStream(of: Int.self)
+                    group.addTask {
+                        try await TamperingProxy(upstreamPort: port, tampering: altering).run { ready.continuation.yield($0) }
+                    }
+                    for await port in ready.stream {
+                        await MainActorBox.shared.recordProxy(port)
+                        break
+                    }
+                }
+            }
+        }
+        defer { tamperingProxies.cancel() }
+        if tampering, let relayServer {
+            while await MainActorBox.shared.proxyPorts.count < relayServer.instancePorts.count {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            relayURLs = await MainActorBox.shared.proxyPorts.map { "http://127.0.0.1:\($0)" }
+            try await ForeignCluster.upload(directory: directory, relay: relayServer, through: relayURLs[0], proxy: altering)
+        }
+
         var cluster = Cluster(
             paths: paths,
             peerPorts: peerPorts,
             faults: faults,
-            relayArguments: relayServer.map { $0.urls.flatMap { ["--relay", $0] } + ["--relay-token", $0.token] } ?? []
+            relayURLs: relayURLs,
+            relayToken: relayServer?.token
         )
         defer { cluster.stopAll() }
         for node in 0..<nodes { try await cluster.start(node) }
+        var written = try WrittenValues()
+        var removed: Removal?
+        // The removal comes at a random moment in the middle of the run.
+        let removalAt = removal && nodes >= 3 ? Date().addingTimeInterval(seconds * Double.random(in: 0.2...0.6, using: &random)) : nil
+        // After the removal, with --relay-restores, the first relay kill from this moment on (a few seconds later, once
+        // the key has moved to its new epoch) restores a copy made before the rotation.
+        var restoreAcrossRotation: Date?
 
         var log: [AcknowledgedWrite] = []
         var restarts: [(node: Int, at: Date)] = []
@@ -139,7 +199,10 @@ struct ShoalChaos: AsyncParsableCommand {
             let node = Int.random(in: 0..<nodes, using: &random)
             switch roll {
             case 0..<75:
-                if let write = try write(on: node, store: stores[node], foreign: foreignWriters[node], random: &random) {
+                if var write = try write(
+                    on: node, store: stores[node], foreign: foreignWriters[node], written: &written, random: &random
+                ) {
+                    write.afterRemoval = removed?.node == node
                     log.append(write)
                 }
                 counts["writes", default: 0] += 1
@@ -147,18 +210,41 @@ struct ShoalChaos: AsyncParsableCommand {
                 cluster.kill(node)
                 restarts.append((node, now.addingTimeInterval(Double.random(in: 0.2...1.5, using: &random))))
                 counts["kill -9", default: 0] += 1
+            case 88..<90 where tampering:
+                // Pull answers altered now and then, or no longer.
+                let on = !(await altering.isOn)
+                await altering.set(on: on, probability: Double.random(in: 0.1...0.5, using: &random))
+                if on { counts["tampering spells", default: 0] += 1 }
             case 80..<90 where relay:
                 // The relay dies mid-whatever (an upload, a pull) and comes back on the same port and data.
-                if relayRestart == nil {
-                    relayServer?.kill(Int.random(in: 0...1, using: &random))
+                if relayRestart == nil, let server = relayServer {
+                    // Now and then (at most twice a run) the relay loses its storage: it comes back at once, empty,
+                    // with a new token the members are restarted with.
+                    if relayLosses, counts["relay storage lost", default: 0] < 2, Int.random(in: 0..<5, using: &random) == 0 {
+                        try server.loseStorage()
+                        restoreAcrossRotation = nil
+                        cluster.relayToken = server.token
+                        for member in 0..<nodes where member != removed?.node && cluster.isRunning(member) {
+                            try await cluster.restart(member)
+                        }
+                        counts["relay storage lost", default: 0] += 1
+                        break
+                    }
+                    server.kill(Int.random(in: 0...1, using: &random))
                     relayRestart = now.addingTimeInterval(Double.random(in: 0.2...2, using: &random))
                     counts["relay kill -9", default: 0] += 1
                     // Now and then its files are kept as they are (a crash image), and a later kill puts them back:
                     // the relay comes back restored from an older copy, without what was uploaded since.
-                    if relayRestores, let server = relayServer, server.dataDirectory != nil,
-                        Int.random(in: 0..<3, using: &random) == 0, try server.keepOrRestoreImage()
+                    let acrossRotation = restoreAcrossRotation.map { $0 <= now && server.holdsImage } ?? false
+                    if relayRestores, server.dataDirectory != nil,
+                        acrossRotation || restoreAcrossRotation == nil && Int.random(in: 0..<3, using: &random) == 0,
+                        try server.keepOrRestoreImage()
                     {
                         counts["relay restored from an older copy", default: 0] += 1
+                        if acrossRotation {
+                            counts["relay restored from before the rotation", default: 0] += 1
+                            restoreAcrossRotation = nil
+                        }
                     }
                 }
             case 80..<85:
@@ -181,12 +267,12 @@ struct ShoalChaos: AsyncParsableCommand {
                 for index in 0..<nodes { try await cluster.start(index) }
                 restarts = []
                 counts["crash-all checks", default: 0] += 1
-            case 91..<92 where backups[node] == nil:
+            case 91..<92 where backups[node] == nil && removed?.node != node:
                 let backup = "\(directory)/node\(node)-backup-\(counts["backups", default: 0]).db"
                 try foreignWriters[node].run("VACUUM INTO ?", [.text(Array(backup.utf8))])
                 backups[node] = backup
                 counts["backups", default: 0] += 1
-            case 91..<92:
+            case 91..<92 where removed?.node != node:
                 // The node's file is replaced by its older backup (the node stopped first, as an operator would): it
                 // must move to a fresh site and take back from peers what it had sent. Writes it made after the
                 // backup and never sent are gone with the restore; every other acknowledged write must survive.
@@ -207,8 +293,9 @@ struct ShoalChaos: AsyncParsableCommand {
                 // it": a row re-inserted elsewhere (a higher causal length) beats a write that was never sent, and
                 // the write was wrongly kept, then reported lacking once the node reused its number.
                 let before = log.count
+                let holders = stores.indices.filter { $0 != removed?.node }.map { stores[$0] }
                 log = try log.filter { write in
-                    try write.node != node || stores.contains { try $0.versionVector().covers(write.stamp.dot) }
+                    try write.node != node || holders.contains { try $0.versionVector().covers(write.stamp.dot) }
                 }
                 lostWithRestores += before - log.count
                 try await cluster.start(node)
@@ -216,52 +303,97 @@ struct ShoalChaos: AsyncParsableCommand {
             default:
                 break
             }
+            if let at = removalAt, removed == nil, now >= at {
+                let victim = Int.random(in: 0..<nodes, using: &random)
+                let signer = (victim + Int.random(in: 1..<nodes, using: &random)) % nodes
+                // With --relay-restores, a copy of the relay's files from before the rotation, put back at a later kill.
+                if relayRestores, relayRestart == nil, let server = relayServer, server.dataDirectory != nil {
+                    if !server.holdsImage {
+                        server.kill(0)
+                        _ = try server.keepOrRestoreImage()
+                        try server.start()
+                    }
+                    restoreAcrossRotation = now.addingTimeInterval(3)
+                }
+                removed = try Removal.perform(node: victim, signer: signer, paths: paths)
+                // A backup of the signer's file from before the removal is not put back: it would take the removal
+                // with it while no other member may have read it yet (the cluster would then never have removed
+                // anyone, and the run would check a removal that did not happen).
+                backups[signer] = nil
+                // Its operator hands a new token to the members only, should the relay lose its storage.
+                cluster.freezeRelayArguments(of: victim)
+                cluster.removedNode = victim
+                counts["removals", default: 0] += 1
+            }
             try await Task.sleep(for: .milliseconds(Int.random(in: 5...30, using: &random)))  // pacing the load
         }
 
         if lostWithRestores > 0 {
             print("\(lostWithRestores) acknowledged writes were made after a backup later restored, and never sent")
         }
+        for (kind, count) in await altering.counts { counts["pull answers tampered (\(kind))"] = count }
         print("chaos: " + counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "))
         await faults.healAll()
+        await altering.set(on: false, probability: 0)
         if relayRestart != nil { try relayServer?.start() }
         for node in 0..<nodes where !cluster.isRunning(node) { try await cluster.start(node) }
+        // A removed node is left out of every comparison: it converges with no one.
+        let members = (0..<nodes).filter { $0 != removed?.node }
         let healed = Date()
         var converged = false
+        // After a removal, the members have also converged on its line: the same fences everywhere (a member installs
+        // its fence when it reads the removal, and may sign a cut of its own then, which changes the digests again).
+        var fencesAgree = true
         while Date().timeIntervalSince(healed) < convergeTimeout {
-            if try Set(stores.map { try $0.digest() }).count == 1 {
+            let fences = try removed == nil ? [] : members.map { try stores[$0].fences() }
+            fencesAgree = removed == nil || Set(fences).count == 1 && !fences[0].isEmpty
+            if try fencesAgree && Set(members.map { try stores[$0].digest() }).count == 1 {
                 converged = true
                 break
             }
             try await Task.sleep(for: .milliseconds(100))
         }
         guard converged else {
-            print("FAILED: digests still differ \(Int(convergeTimeout)) s after healing (logs in \(directory))")
+            print(
+                "FAILED: \(fencesAgree ? "digests" : "the members' fences") still differ \(Int(convergeTimeout)) s after "
+                    + "healing (logs in \(directory))"
+            )
             throw ExitCode(1)
         }
         print(String(format: "converged %.2f s after healing", Date().timeIntervalSince(healed)))
         // The digest is not trusted alone: every table's rows, value by value, read with plain connections; and each
         // file's data rows agree with its metadata.
-        let contents = try paths.map { try SQLiteConnection(path: $0).applicationTableContents() }
-        for (node, content) in contents.enumerated() where content != contents[0] {
+        let contents = try members.map { try SQLiteConnection(path: paths[$0]).applicationTableContents() }
+        for (index, content) in contents.enumerated() where content != contents[0] {
             let tables = Set(content.keys).union(contents[0].keys).filter { content[$0] != contents[0][$0] }.sorted()
-            print("FAILED: node\(node)'s rows differ from node0's in \(tables.joined(separator: ", ")) though the "
-                + "digests match (files in \(directory))")
+            print("FAILED: node\(members[index])'s rows differ from node\(members[0])'s in \(tables.joined(separator: ", ")) "
+                + "though the digests match (files in \(directory))")
             throw ExitCode(1)
         }
-        for (node, store) in stores.enumerated() {
-            let report = try store.verify(limit: 10)
+        // Every value read outside Shoal is one some write put there: nothing altered on the way was applied.
+        for (index, content) in contents.enumerated() {
+            try written.check(node: members[index], rows: content["t"] ?? [])
+        }
+        for node in members {
+            let report = try stores[node].verify(limit: 10)
             guard report.isConsistent else {
                 print("FAILED: node\(node)'s data rows disagree with its metadata: \(report.mismatches)")
                 throw ExitCode(1)
             }
         }
-        try checkClaims(stores: stores, log: log)
-        try checkAcknowledged(stores: stores, log: log)
+        var checked = log
+        if let removed {
+            let settled = try removed.settle(log: log, remaining: members.map { ($0, stores[$0]) })
+            checked = settled.log
+            print(settled.summary)
+        }
+        let remaining = members.map { stores[$0] }
+        try checkClaims(stores: remaining, log: checked)
+        try checkAcknowledged(stores: remaining, log: checked)
         print(
-            "checked \(log.count) acknowledged writes on \(nodes) nodes: all present or overwritten by a later write; "
-                + "no deleted row reappeared; no version vector claims what its node lacks; every table's rows "
-                + "identical value by value, read outside Shoal"
+            "checked \(checked.count) acknowledged writes on \(members.count) nodes: all present or overwritten by a later "
+                + "write; no deleted row reappeared; no version vector claims what its node lacks; every table's rows "
+                + "identical value by value, read outside Shoal, each value one a write made"
         )
         print("0 failed, 1 passed")
     }
@@ -273,6 +405,7 @@ struct ShoalChaos: AsyncParsableCommand {
         on node: Int,
         store: Store,
         foreign: ForeignWriter,
+        written: inout WrittenValues,
         random: inout SeededRandom
     ) throws -> AcknowledgedWrite? {
         let key = Int64.random(in: 0..<12, using: &random)
@@ -282,6 +415,7 @@ struct ShoalChaos: AsyncParsableCommand {
         switch Int.random(in: 0..<6, using: &random) {
         case 0, 1:
             let value = ChaosValue.random(using: &random)
+            try written.record(key: key, column: "a", value: value)
             if isForeign {
                 try foreign.run(
                     "INSERT INTO t(k, a, b) VALUES (?, ?, 'new') ON CONFLICT(k) DO UPDATE SET a = excluded.a",
@@ -303,6 +437,7 @@ struct ShoalChaos: AsyncParsableCommand {
             kind = .value(column: "a", value: value)
         case 2:
             let value = ChaosValue.random(using: &random)
+            try written.record(key: key, column: "b", value: value)
             if isForeign {
                 try foreign.run("UPDATE t SET b = ? WHERE k = ?", [value.binding, .integer(key)])
             } else {
@@ -317,6 +452,7 @@ struct ShoalChaos: AsyncParsableCommand {
             }
             kind = .delete
         default:
+            written.recordIncrement(key: key)
             if isForeign {
                 try foreign.run("UPDATE t SET n = n + 1 WHERE k = ?", [.integer(key)])
             } else {
@@ -408,127 +544,7 @@ actor MainActorBox {
     private(set) var ports: [(Int, Int)] = []
     var count: Int { ports.count }
     func record(_ node: Int, _ port: Int) { ports.append((node, port)) }
-}
-
-/// The node processes.
-struct Cluster {
-    let paths: [String]
-    let peerPorts: [[Int]]
-    let faults: Faults
-    /// `--relay URL --relay-token T` on the relay path.
-    let relayArguments: [String]
-    private var processes: [Int: ServeProcess] = [:]
-
-    init(paths: [String], peerPorts: [[Int]], faults: Faults, relayArguments: [String] = []) {
-        self.paths = paths
-        self.peerPorts = peerPorts
-        self.faults = faults
-        self.relayArguments = relayArguments
-    }
-
-    func isRunning(_ node: Int) -> Bool { processes[node]?.isRunning ?? false }
-
-    mutating func start(_ node: Int) async throws {
-        guard !isRunning(node) else { return }
-        // Isolated: no mDNS and no remembered peers, so every byte between nodes goes through the fault proxy.
-        let serve = try ServeProcess.startIsolated(
-            database: paths[node],
-            name: "node\(node)",
-            peers: peerPorts[node],
-            // Compaction runs often here, so it is exercised amid the faults.
-            extra: ["--round-interval", "500", "--compaction-interval", "300"] + relayArguments
-        )
-        processes[node] = serve
-        await faults.setTarget(node, port: serve.port)
-    }
-
-    mutating func kill(_ node: Int) {
-        processes[node]?.kill()
-        processes[node] = nil
-    }
-
-    func stopAll() {
-        for serve in processes.values { serve.stop() }
-    }
-}
-
-/// The relay of the relay path: `shoal relay serve` instances on one storage, each restarted on the same port after
-/// it is killed.
-final class RelayServer {
-    let storage: [String]
-    let log: String
-    let token: String
-    private var ports: [Int]
-    private var processes: [RelayProcess?]
-    /// Every instance's URL, in order (the nodes get them all).
-    private(set) var urls: [String] = []
-
-    init(storage: [String], log: String, instances: Int, cluster: String) throws {
-        self.storage = storage
-        self.log = log
-        token = try RelayProcess.token(storage: storage, cluster: cluster)
-        ports = Array(repeating: 0, count: instances)
-        processes = Array(repeating: nil, count: instances)
-        try start()
-        urls = processes.compactMap { $0?.url }
-    }
-
-    /// Starts every instance that is not running.
-    func start() throws {
-        for index in processes.indices where processes[index]?.isRunning != true {
-            let started = try RelayProcess.start(storage: storage, log: log + "\(index).log", port: ports[index])
-            processes[index] = started
-            ports[index] = started.port
-        }
-    }
-
-    /// Stops every instance.
-    func stop() {
-        for process in processes { process?.stop() }
-        processes = processes.map { _ in nil }
-    }
-
-    /// The relay's data directory, when it keeps its data in SQLite.
-    var dataDirectory: String? { storage.first == "--data" ? storage.dropFirst().first : nil }
-    /// The relay's files as they were at an earlier kill, to put back at a later one.
-    private var image: [String: Data]?
-
-    /// With the relay down: keeps its files as they are, or, when some were kept at an earlier kill, puts those back
-    /// (returns true: the relay comes back from an older copy).
-    func keepOrRestoreImage() throws -> Bool {
-        guard let directory = dataDirectory else { return false }
-        let names = ["relay.sqlite", "relay.sqlite-wal", "relay.sqlite-shm"]
-        if let image {
-            for name in names {
-                let path = directory + "/" + name
-                try? FileManager.default.removeItem(atPath: path)
-                if let data = image[name] { try data.write(to: URL(fileURLWithPath: path)) }
-            }
-            self.image = nil
-            return true
-        }
-        var kept: [String: Data] = [:]
-        for name in names { kept[name] = FileManager.default.contents(atPath: directory + "/" + name) }
-        image = kept
-        return false
-    }
-
-    /// Kills one instance (with SIGKILL), chosen by `pick`.
-    func kill(_ pick: Int) {
-        let index = pick % processes.count
-        processes[index]?.kill()
-        processes[index] = nil
-    }
-
-    /// Makes database `name` on the PostgreSQL server `server` names (its `shoal` database's URL).
-    static func createDatabase(server: String, name: String) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
-        process.arguments = [server, "-qc", "DROP DATABASE IF EXISTS \(name)", "-c", "CREATE DATABASE \(name)"]
-        process.standardOutput = FileHandle.nullDevice
-        process.environment = ProcessInfo.processInfo.environment.merging(["PGOPTIONS": "-c client_min_messages=warning"]) { $1 }
-        try process.run()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw ServeError(message: "psql could not create database \(name)") }
-    }
+    /// The tampering proxies' ports, one per relay instance, in order.
+    private(set) var proxyPorts: [Int] = []
+    func recordProxy(_ port: Int) { proxyPorts.append(port) }
 }

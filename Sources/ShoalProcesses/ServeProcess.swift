@@ -1,7 +1,8 @@
 import Foundation
 
-/// A `shoal serve` child process, for the demo, the chaos harness and the benchmarks.
+/// A `shoal serve` child process, for `shoal demo`, the chaos harness, the benchmarks and the tests.
 public struct ServeProcess: ChildProcess {
+    /// The running `shoal serve`.
     public let process: Process
     /// The port it listens on.
     public let port: Int
@@ -71,6 +72,7 @@ public struct ServeProcess: ChildProcess {
         Self.peakResidentMiB(pid: process.processIdentifier)
     }
 
+    /// Peak resident memory so far of process `pid`, in MiB (from /proc).
     public static func peakResidentMiB(pid: Int32) -> Double? {
         statusMiB(pid: pid, field: "VmHWM:")
     }
@@ -89,16 +91,23 @@ public struct ServeProcess: ChildProcess {
     }
 }
 
+/// A child process that did not start, or a helper command that failed.
 public struct ServeError: Error, CustomStringConvertible {
+    /// What went wrong, for a person.
     public let message: String
+    /// An error saying `message`.
     public init(message: String) { self.message = message }
+    /// The message.
     public var description: String { message }
 }
 
 /// SplitMix64: seeded, so runs replay from the seed they print.
 public struct SeededRandom: RandomNumberGenerator {
+    /// The generator's state (its seed, at first).
     public var state: UInt64
+    /// A generator seeded with `state`.
     public init(state: UInt64) { self.state = state }
+    /// The next 64 random bits.
     public mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
@@ -119,6 +128,7 @@ public struct SeededRandom: RandomNumberGenerator {
 
 /// A `shoal relay serve` child process on loopback, for the demo, the chaos harness and the benchmarks.
 public struct RelayProcess: ChildProcess {
+    /// The running `shoal relay serve`.
     public let process: Process
     /// Its base URL (`http://127.0.0.1:PORT`).
     public let url: String
