@@ -33,7 +33,9 @@ enum RelayEpochPlan {
     }
 
     /// The grants of `listed` this node adopts: made for it, signed by a current member (a removed node that rotated
-    /// first gains nothing by it), opening with its key, and not an epoch it holds with the same secret already.
+    /// first gains nothing by it), opening with its key, and not an epoch it holds with the same secret already, unless
+    /// it is the newest and carries another token (the relay lost its state and a member started the epoch again there
+    /// with the token it held: this node's is then unknown to the relay).
     static func adoptable(
         _ listed: [RelayGrant],
         identity: NodeIdentity,
@@ -49,8 +51,9 @@ enum RelayEpochPlan {
                 decoded.epoch == grant.epoch
             else { continue }
             if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
-            guard let contents = try? decoded.open(with: identity, cluster: cluster),
-                !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
+            guard let contents = try? decoded.open(with: identity, cluster: cluster) else { continue }
+            let newToken = decoded.epoch >= keyring.newest && !contents.token.isEmpty && contents.token != keyring.token
+            guard newToken || !held.contains("\(decoded.epoch) \(Data(contents.secret).base64EncodedString())")
             else { continue }
             adopted.append((decoded.epoch, contents))
         }

@@ -107,7 +107,9 @@ extension RelayLink {
     /// number. The newest comes with the token members hold for it. Checked when the relay's heads are read again.
     func reestablishIfNeeded(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
         let now = configuration.clock.monotonicMilliseconds()
-        let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.token) }
+        // The newest epoch's token as the members hold it (the one a fallback to the configured token may have
+        // replaced here): started again with another, the members' would be unknown to the relay.
+        let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.keyring.token ?? $0.credentials.token) }
         guard keyring.newest > 0, state.withLock({ $0.epochsCheckedMs.map { now - $0 >= 30_000 } ?? true }) else { return }
         let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(keyring.newest)", body: nil, timeout: .seconds(30))
         let listed: RelayGrants = try decodeJSON(body)

@@ -53,6 +53,8 @@ extension RelayLink {
                     checkHeads = false
                 }
                 let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                session.held(held)
+                session.fences(try await local { () throws(ShoalError) in try await node.readStore { store throws(ShoalError) in try store.fences() } })
                 let request = session.request(
                     held: held,
                     now: configuration.clock.nowMilliseconds(),

@@ -84,6 +84,8 @@ public struct RelayPullSession: Sendable {
     private var ending: [SiteID: PendingClaim] = [:]
     /// What the node holds, as last read.
     private var knownHeld = VersionVector()
+    /// The removal fences as last given.
+    private var knownFences: [SiteID: UInt64] = [:]
     /// Per site, the end of the last range whose claim counted here: what its changes and the ranges it required
     /// brought is here, even where the store took the claim lower (its newest transactions were all overwritten).
     private var counted = VersionVector()
@@ -132,6 +134,26 @@ public struct RelayPullSession: Sendable {
             waitMilliseconds: wait,
             maximumBytes: maximumBytes
         )
+    }
+
+    /// The removal fences the node keeps (site → the last seq of a removed node's site it accepts). Changes beyond a
+    /// fence are set aside when applied, yet their ranges moved the cursor on; when a fence rises (a member that held
+    /// more signed a later cut), the site is asked again from what the node holds, so what the lower fence set aside
+    /// comes again and is applied up to the new one.
+    public mutating func fences(_ fences: [SiteID: UInt64]) {
+        for (site, fence) in fences where fence > (knownFences[site] ?? 0) {
+            knownFences[site] = fence
+            forget(site)
+            reached[site] = nil
+            ending[site] = nil
+            pending[site] = nil
+            var entries = cursor.entries
+            entries[site] = knownHeld[site]
+            cursor = VersionVector(entries)
+            entries = counted.entries
+            entries[site] = knownHeld[site]
+            counted = VersionVector(entries)
+        }
     }
 
     /// What the node holds now: the cursor never goes below it.

@@ -40,6 +40,7 @@ import Testing
         let roster = try roster(removing: true)
         var keyring = RelayKeyring()
         keyring.epochs = [RelayKeyring.Epoch(epoch: 1, secret: Data(Array(repeating: 1, count: 32)).base64EncodedString(), removed: [])]
+        keyring.token = "t1"
         var forged = try grant(3, secret: 3, to: member, by: founder)
         forged.body = Data(Array(Data(base64Encoded: forged.body)!).map { $0 ^ 0x20 }).base64EncodedString()
         let listed = [
@@ -52,6 +53,14 @@ import Testing
         let adopted = RelayEpochPlan.adoptable(listed, identity: member, cluster: clusterID, roster: roster, keyring: keyring)
         #expect(adopted.map(\.epoch) == [4])
         #expect(adopted.first?.contents.secret == Array(repeating: 4, count: 32))
+        // The newest epoch held, granted again with the same secret and another token (started again at a relay that
+        // lost it): adopted for its token; with the token held, not.
+        let again = [try grant(1, secret: 1, to: member, by: founder)]
+        keyring.epochs.removeAll { $0.epoch > 1 }
+        keyring.token = "held"
+        #expect(RelayEpochPlan.adoptable(again, identity: member, cluster: clusterID, roster: roster, keyring: keyring).map(\.contents.token) == ["t1"])
+        keyring.token = "t1"
+        #expect(RelayEpochPlan.adoptable(again, identity: member, cluster: clusterID, roster: roster, keyring: keyring).isEmpty)
     }
 
     @Test func aRemovalNoHeldEpochExcludesRotatesAndTheRemovedNodeGetsNoGrant() throws {

@@ -36,6 +36,36 @@ import Testing
         #expect(waits.last! > waits.first!)
     }
 
+    /// Changes a removal fence set aside moved the cursor on with their range; once the fence rises, the site is asked
+    /// again from what the node holds, so they come again.
+    @Test func aRisingFenceAsksTheSiteAgainFromWhatTheNodeHolds() throws {
+        var world = ModelWorld(seed: 3, sites: 1)
+        let site = world.sites[0]
+        for key in 0..<5 { try world.write(site: site, key: Int64(key)) }
+        try world.upload()
+        // The node's store sets aside what comes after seq 2 (its fence for now).
+        world.node.fences = [site: 2]
+        world.session.fences([site: 2])
+        for _ in 0..<5 { try world.pull(hostile: false) }
+        let held = VersionVector([site: 2])
+        #expect(world.node.vector == held)
+        session(&world.session, asks: 5, for: site, holding: held)
+        world.session.fences([site: 2])
+        session(&world.session, asks: 5, for: site, holding: held)
+        // A member that held more signed a later cut: the fence rises, and what was set aside comes again.
+        world.node.fences = [site: 4]
+        world.session.fences([site: 4])
+        session(&world.session, asks: 2, for: site, holding: held)
+        for _ in 0..<5 { try world.pull(hostile: false) }
+        #expect(world.node.vector == VersionVector([site: 4]))
+        try world.checkClaims()
+    }
+
+    private func session(_ session: inout RelayPullSession, asks seq: UInt64, for site: SiteID, holding: VersionVector) {
+        let request = session.request(held: holding, now: 0, wait: 0, maximumBytes: 1 << 20)
+        #expect(request.vector[RelayAPI.key(site)] == seq)
+    }
+
     /// A range whose transaction another site's later one overwrote claims only once that site's range is applied: a
     /// site held back (here, its chunks forged) leaves the other's claim waiting, not covering a write the node lacks.
     @Test func aClaimWaitsForTheSiteThatOverwroteItsTransaction() throws {
@@ -116,16 +146,19 @@ struct ModelRelay {
 struct ModelNode {
     var rows: [Int64: Stamp] = [:]
     var vector = VersionVector()
+    /// Removal fences: changes of a site beyond its fence are set aside, and its claims go no further.
+    var fences: [SiteID: UInt64] = [:]
 
     mutating func apply(_ batch: ChangeBatch, received: [SiteID: UInt64]) -> (vector: VersionVector, received: [SiteID: UInt64]) {
         var highest = received
         for change in batch.changes {
             guard case .integer(let key) = change.primaryKey[0] else { continue }
+            if let fence = fences[change.stamp.site], change.stamp.seq > fence { continue }
             if rows[key].map({ $0 < change.stamp }) ?? true { rows[key] = change.stamp }
             highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
         }
         for (site, claimed) in batch.claim.entries {
-            vector.advance(site, to: min(claimed, max(vector[site], highest[site] ?? 0)))
+            vector.advance(site, to: min(claimed, fences[site] ?? .max, max(vector[site], highest[site] ?? 0)))
         }
         return (vector, highest)
     }
