@@ -141,7 +141,7 @@ public struct RelayPullSession: Sendable {
     /// more signed a later cut), the site is asked again from what the node holds, so what the lower fence set aside
     /// comes again and is applied up to the new one.
     public mutating func fences(_ fences: [SiteID: UInt64]) {
-        for (site, fence) in fences where fence > (knownFences[site] ?? 0) {
+        for (site, fence) in fences where knownFences[site].map({ fence > $0 }) ?? true {
             knownFences[site] = fence
             forget(site)
             reached[site] = nil
@@ -278,12 +278,13 @@ public struct RelayPullSession: Sendable {
             // The other sites' entries of a range's sealed claim are what the stream it was cut from assumed held (the
             // relay's heads) or had sent before its end: its claim counts once those ranges' changes are applied here.
             let requires = VersionVector(batch.claim.entries.filter { $0.key != site })
-            let proof = max(received[site] ?? 0, batch.changes.map(\.stamp.seq).max() ?? 0)
             if pending[site] == nil, met(requires, with: [:]) {
                 claim = VersionVector([site: envelope.to])
                 ending[site] = nil
             } else {
-                ending[site] = PendingClaim(to: envelope.to, received: proof, requires: requires)
+                // What proves it is what the store accepted of the range (``applied(_:received:held:)``), never the
+                // changes as sent: a removal fence may leave some out.
+                ending[site] = PendingClaim(to: envelope.to, received: 0, requires: requires)
             }
         }
         return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: received[site].map { [site: $0] } ?? [:])
@@ -297,10 +298,11 @@ public struct RelayPullSession: Sendable {
             resume[site] = nil
             reached[site] = nil
             cursor.advance(site, to: envelope.to)
-            if let waiting = ending.removeValue(forKey: site) {
+            if var waiting = ending.removeValue(forKey: site) {
+                waiting.received = result[site] ?? 0
                 pending[site] = merged(pending[site], waiting)
             } else {
-                counted.advance(site, to: envelope.to)
+                counted.advance(site, to: min(envelope.to, knownFences[site] ?? .max))
             }
         } else if let seq = result[site] {
             received[site] = seq
@@ -322,7 +324,7 @@ public struct RelayPullSession: Sendable {
             }
         }
         guard !ready.isEmpty else { return nil }
-        for (site, waiting) in ready { counted.advance(site, to: waiting.to) }
+        for (site, waiting) in ready { counted.advance(site, to: min(waiting.to, knownFences[site] ?? .max)) }
         for site in ready.keys { pending[site] = nil }
         var claim = VersionVector()
         var proof: [SiteID: UInt64] = [:]
@@ -384,7 +386,8 @@ public struct RelayPullSession: Sendable {
     /// This node's own site is always here (what it made, it holds; a relay's forged head of it must not hold claims).
     private func met(_ requires: VersionVector, with claims: [SiteID: PendingClaim]) -> Bool {
         requires.entries.allSatisfy { site, seq in
-            site == self.site || max(knownHeld[site], counted[site], claims[site]?.to ?? 0) >= seq
+            site == self.site
+                || max(knownHeld[site], counted[site], min(claims[site]?.to ?? 0, knownFences[site] ?? .max)) >= seq
         }
     }
 
