@@ -59,6 +59,17 @@ extension RelayLink {
         )
         guard !adopted.isEmpty else {
             if required {
+                // The relay's newest epoch is held here already, with its token: a fallback to the configured token
+                // (refused while the relay had lost that epoch) left it. Back to it, rather than "no grant".
+                let resumed = state.withLock { state -> Bool in
+                    let keyring = state.credentials.keyring
+                    guard let token = keyring.token, let epoch = listed.epoch, epoch <= keyring.newest,
+                        token != state.credentials.token
+                    else { return false }
+                    state.credentials.token = token
+                    return true
+                }
+                if resumed { return }
                 throw RelayCallError.ungranted(
                     "the token was retired when the cluster's key moved to epoch \(listed.epoch ?? 0), and no grant "
                         + "for this node was found: it was removed from the cluster, or the member who rotated did not "
