@@ -16,7 +16,7 @@ import Synchronization
 extension RelayLink {
     // MARK: Pull
 
-    /// How long a site whose range could not be used is left aside before it is tried again.
+    /// The longest a site whose ranges keep failing is left aside before it is tried again.
     static let blockedSiteMilliseconds: UInt64 = 60_000
 
     /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,

@@ -12,7 +12,8 @@ import ShoalRelayProtocol
 /// - A site's ranges are used in order, each from its first chunk (or from where the page before ended inside it,
 ///   while that site's cursor stays put); anything else starts the site again.
 /// - A chunk of another cluster, one that fails its seal or does not decode, a range with a gap, or a range the node
-///   said it holds (a replayed or misfiled one) leaves *that site* aside for ``blockMilliseconds``; the rest of the
+///   said it holds (a replayed or misfiled one) leaves *that site* aside, 2 s the first time, doubling up to
+///   ``blockMilliseconds`` while its ranges keep failing (a range of it applied starts again at 2 s); the rest of the
 ///   page, and every other site, go on.
 /// - A range's claim counts only once the node holds what the uploader had sent before it in the same stream (the
 ///   other sites' entries of the range's sealed claim): a transaction partly overwritten by another site's later one
@@ -64,8 +65,10 @@ public struct RelayPullSession: Sendable {
     public let site: SiteID
     /// The cluster this node belongs to.
     public let cluster: String
-    /// How long a site whose range could not be used is left aside.
+    /// The longest a site whose range could not be used is left aside.
     public let blockMilliseconds: UInt64
+    /// Per site, how many times in a row its ranges could not be used.
+    private var strikes: [SiteID: Int] = [:]
     /// The vector pulls ask with: what is held, plus ranges whose claims wait.
     public private(set) var cursor = VersionVector()
     /// Sites left aside, until when.
@@ -294,6 +297,7 @@ public struct RelayPullSession: Sendable {
     public mutating func applied(_ envelope: RelayEnvelope, received result: [SiteID: UInt64], held: VersionVector) {
         let site = envelope.site
         if envelope.endsRange {
+            strikes[site] = nil
             received[site] = nil
             resume[site] = nil
             reached[site] = nil
@@ -364,7 +368,9 @@ public struct RelayPullSession: Sendable {
     private mutating func block(_ site: SiteID, now: UInt64, _ why: String) -> Verdict {
         skipped.insert(site)
         forget(site)
-        blocked[site] = now + blockMilliseconds
+        strikes[site, default: 0] += 1
+        let shift = UInt64(min(strikes[site]! - 1, 16))
+        blocked[site] = now + min(blockMilliseconds, 2_000 << shift)
         problems.append(why)
         return .skip
     }

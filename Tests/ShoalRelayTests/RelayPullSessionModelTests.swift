@@ -36,6 +36,34 @@ import Testing
         #expect(waits.last! > waits.first!)
     }
 
+    /// A site whose chunks fail is left aside 2 s, then longer while they keep failing, up to the bound; a range of it
+    /// applied starts again at 2 s.
+    @Test func aSiteWhoseChunksKeepFailingIsLeftAsideLongerEachTime() throws {
+        var world = ModelWorld(seed: 4, sites: 1)
+        let site = world.sites[0]
+        try world.write(site: site, key: 1)
+        try world.upload()
+        var forged = try #require(world.relay.ranges[site]?.first?.first)
+        forged.sealed[forged.sealed.count / 2] ^= 1
+        var aside: [UInt64] = []
+        for _ in 0..<7 {
+            _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+            try world.deliver([.envelope(forged)])
+            aside.append(world.session.blocked[site]! - world.now)
+            world.now = world.session.blocked[site]! + 1
+        }
+        #expect(aside == [2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000])
+        world.now += 1
+        try world.pullHonestly(until: 10)
+        try world.write(site: site, key: 2)
+        try world.upload()
+        var next = try #require(world.relay.ranges[site]?.last?.first)
+        next.sealed[next.sealed.count / 2] ^= 1
+        _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+        try world.deliver([.envelope(next)])
+        #expect(world.session.blocked[site]! - world.now == 2_000)
+    }
+
     /// Changes a removal fence set aside moved the cursor on with their range; once the fence rises, the site is asked
     /// again from what the node holds, so they come again.
     @Test func aRisingFenceAsksTheSiteAgainFromWhatTheNodeHolds() throws {
