@@ -103,8 +103,9 @@ public enum Membership {
         return record
     }
 
-    /// Removes `subject` from the roster as the node of `keyFile`: the removal carries the subject's site and what
-    /// `store` holds of it (its cut), and `store` refuses that site's changes beyond it from now on.
+    /// Removes `subject` from the roster as the node of `keyFile`: one removal per site the roster knows the subject
+    /// writes under, each carrying what `store` holds of it (its cut); `store` refuses those sites' changes beyond
+    /// their cuts from now on. Returns the first removal signed (the one naming the subject's membership site).
     @discardableResult
     public static func remove(
         _ subject: NodeID,
@@ -114,48 +115,115 @@ public enum Membership {
         now: UInt64
     ) throws(ShoalError) -> RosterRecord {
         let roster = try roster(store: store, cluster: keyFile.cluster.id)
-        let site = roster.member(subject)?.siteID
-        let cut = try site.map { site throws(ShoalError) in try store.raiseFences([site: 0])[site] ?? 0 }
-        let record = try RosterRecord.make(
-            .remove,
-            cluster: keyFile.cluster.id,
-            subject: subject,
-            siteID: site,
-            name: name,
-            signer: keyFile.identity,
-            signerSite: store.identitySiteID,
-            cut: cut,
-            at: now
-        )
-        try store.addRosterRecord(record.encoded, id: record.id)
-        return record
+        let named = roster.member(subject)?.siteID
+        let others = roster.sites(of: subject).subtracting(named.map { [$0] } ?? []).sorted()
+        var cuts: [SiteID: UInt64] = [:]
+        for site in [named].compactMap({ $0 }) + others { cuts[site] = 0 }
+        let held = try store.raiseFences(cuts)
+        var first: RosterRecord?
+        for site in [named] + others.map(Optional.some) {
+            let record = try RosterRecord.make(
+                .remove,
+                cluster: keyFile.cluster.id,
+                subject: subject,
+                siteID: site,
+                name: name,
+                signer: keyFile.identity,
+                signerSite: store.identitySiteID,
+                cut: site.map { held[$0] ?? 0 },
+                at: now
+            )
+            try store.addRosterRecord(record.encoded, id: record.id)
+            if first == nil { first = record }
+        }
+        return first!
     }
 
-    /// Makes `store` refuse what removed nodes wrote after their removal: fences each removed node's site at the
-    /// highest cut its removals carry (``RosterRecord/cut``). Where `store` already holds more of a removed node's
-    /// site than that (it got those changes before it learnt of the removal, from the node itself or a member that
-    /// had), it keeps them and signs a removal of its own with what it holds, so every member ends up drawing the
-    /// same line and all replicas stay identical. Run after every change of the roster, on a running node and after
-    /// an offline apply. Returns the removals it signed.
+    /// Makes `store` refuse what removed nodes wrote after their removal: fences every site of each removed node
+    /// (``Roster/removedSites``) at the highest cut its removals carry (``RosterRecord/cut``), or at what `store`
+    /// holds of it where no removal cuts it. Where `store` already holds more of a removed node's site than that (it
+    /// got those changes before it learnt of the removal, from the node itself or a member that had), it keeps them
+    /// and signs a removal of its own with what it holds, so every member ends up drawing the same line and all
+    /// replicas stay identical. Run after every change of the roster, on a running node and after an offline apply
+    /// (an apply that brings roster records fences at once too: ``installFenceGate(store:keyFile:)``). Returns the
+    /// removals it signed.
     @discardableResult
     public static func enforceRemovals(store: Store, keyFile: KeyFile, now: UInt64) throws(ShoalError) -> [RosterRecord] {
         let roster = try roster(store: store, cluster: keyFile.cluster.id)
         guard !roster.removedSites.isEmpty, roster.removed[keyFile.identity.nodeID] == nil else { return [] }
-        var cuts: [SiteID: UInt64] = [:]
-        for site in roster.removedSites.values { cuts[site] = roster.fences[site] ?? 0 }
-        let beyond = try store.raiseFences(cuts)
+        let beyond = try store.raiseFences(cuts(roster))
         var signed: [RosterRecord] = []
-        for (node, site) in roster.removedSites.sorted(by: { $0.key < $1.key }) {
-            guard let held = beyond[site] else { continue }
+        for (node, sites) in roster.removedSites.sorted(by: { $0.key < $1.key }) {
+            for site in sites.sorted() {
+                guard let held = beyond[site] else { continue }
+                let record = try RosterRecord.make(
+                    .remove,
+                    cluster: keyFile.cluster.id,
+                    subject: node,
+                    siteID: site,
+                    name: roster.removed[node]?.name ?? "",
+                    signer: keyFile.identity,
+                    signerSite: store.identitySiteID,
+                    cut: held,
+                    at: now
+                )
+                try store.addRosterRecord(record.encoded, id: record.id)
+                signed.append(record)
+            }
+        }
+        return signed
+    }
+
+    /// The fence each removed node's site needs: the highest cut its removals carry, or 0 (what a member holds of a
+    /// site is never fenced out).
+    static func cuts(_ roster: Roster) -> [SiteID: UInt64] {
+        var cuts: [SiteID: UInt64] = [:]
+        for site in roster.removedSites.values.joined() { cuts[site] = roster.fences[site] ?? 0 }
+        return cuts
+    }
+
+    /// Makes every apply to `store` that brings roster records fence the sites of the nodes they remove before it
+    /// merges anything, in the same transaction (``fenceGate(keyFile:)``).
+    public static func installFenceGate(store: Store, keyFile: KeyFile) {
+        store.fenceGate = fenceGate(keyFile: keyFile)
+    }
+
+    /// What a store given it (``StoreOptions/fenceGate``) asks, in every apply that brings roster records, for the
+    /// fences the roster then requires, and raises before it merges anything. Without it, a removed node's fresh site
+    /// (bound by a record that travels with that site's changes) would get them in before the roster watcher fences
+    /// it.
+    public static func fenceGate(keyFile: KeyFile) -> @Sendable ([[UInt8]]) -> [SiteID: UInt64] {
+        let cluster = keyFile.cluster.id
+        let own = keyFile.identity.nodeID
+        return { records in
+            let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
+            guard roster.removed[own] == nil else { return [:] }
+            return cuts(roster)
+        }
+    }
+
+    /// Binds to this node, in the roster, every site its database writes or wrote under beside the one its membership
+    /// names (its database moved to a fresh site: it was restored from an older copy, or copied), so that a removal
+    /// of this node fences them all. Signs only what the roster lacks; returns the records signed.
+    @discardableResult
+    public static func bindOwnSites(store: Store, keyFile: KeyFile, now: UInt64) throws(ShoalError) -> [RosterRecord] {
+        let roster = try roster(store: store, cluster: keyFile.cluster.id)
+        let own = keyFile.identity.nodeID
+        var sites: Set<SiteID> = [store.siteID]
+        if let change = try store.identityChange() { sites.insert(change.previousSite) }
+        sites.remove(store.identitySiteID)
+        if let named = roster.member(own)?.siteID { sites.remove(named) }
+        sites.subtract(roster.boundSites[own] ?? [])
+        var signed: [RosterRecord] = []
+        for site in sites.sorted() {
             let record = try RosterRecord.make(
-                .remove,
+                .site,
                 cluster: keyFile.cluster.id,
-                subject: node,
+                subject: own,
                 siteID: site,
-                name: roster.removed[node]?.name ?? "",
+                name: "",
                 signer: keyFile.identity,
                 signerSite: store.identitySiteID,
-                cut: held,
                 at: now
             )
             try store.addRosterRecord(record.encoded, id: record.id)

@@ -51,6 +51,11 @@ public final class NodeSecurity: PeerAuthorizer {
         self.clock = clock
         self.logger = logger
         try Membership.requireMember(store: store, keyFile: keyFile)
+        Membership.installFenceGate(store: store, keyFile: keyFile)
+        if try store.hasRoster() {
+            // A database that moved to a fresh site binds it before it syncs: a removal of this node fences it too.
+            try Membership.bindOwnSites(store: store, keyFile: keyFile, now: clock.nowMilliseconds())
+        }
         let roster = try Membership.roster(store: store, cluster: keyFile.cluster.id)
         self.trust = TrustStore(localNode: keyFile.identity.nodeID, clusterID: keyFile.cluster.id, roster: roster)
     }
@@ -58,6 +63,7 @@ public final class NodeSecurity: PeerAuthorizer {
     /// Sets the node up for TLS with this roster: the channel setup, the hello check, the cluster id.
     public func configure(_ configuration: inout NodeConfiguration) throws(ShoalError) {
         configuration.clusterID = keyFile.cluster.idHex
+        configuration.storeOptions.fenceGate = Membership.fenceGate(keyFile: keyFile)
         configuration.channelSetup = try TLSChannelSetup(
             identity: keyFile.identity,
             name: name,

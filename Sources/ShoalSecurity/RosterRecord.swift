@@ -13,6 +13,9 @@ public struct RosterRecord: Sendable, Hashable {
         case add = 1
         /// The subject is removed, for good.
         case remove = 2
+        /// The subject writes under ``RosterRecord/siteID`` too: signed by the subject itself when its database moved
+        /// to a fresh site (restored from an older copy, or copied), so that a removal fences that site as well.
+        case site = 3
     }
 
     /// What the record says.
@@ -23,7 +26,8 @@ public struct RosterRecord: Sendable, Hashable {
     public var subject: NodeID
     /// An add: the subject's public key (DER SubjectPublicKeyInfo), whose hash is ``subject``. Empty for a removal.
     public var subjectKey: [UInt8]
-    /// An add: the site id the subject's hellos must carry. A removal: the subject's site, when the signer knew it.
+    /// An add: the site id the subject's hellos must carry. A removal: the site it cuts (the subject's site when the
+    /// signer knew it, or another site the subject wrote under). A site binding: the site the subject writes under.
     public var siteID: SiteID?
     /// A removal: the highest seq of the subject's site the signer held when it signed (its *cut*). Members refuse
     /// every change of that site beyond the highest cut of the subject's removals, whatever path it comes by: what the
@@ -228,10 +232,13 @@ public struct Roster: Sendable {
     public private(set) var removed: [NodeID: RosterRecord] = [:]
     /// The records that counted.
     public private(set) var records: [RosterRecord] = []
-    /// The site of each removed node whose site is known (from its add, or from its removal).
-    public private(set) var removedSites: [NodeID: SiteID] = [:]
+    /// The sites each node bound to itself beside the one its membership names (``RosterRecord/Action/site``).
+    public private(set) var boundSites: [NodeID: Set<SiteID>] = [:]
+    /// Every site known of each removed node: the one its membership names, those it bound, those its removals name.
+    public private(set) var removedSites: [NodeID: Set<SiteID>] = [:]
     /// Per removed node's site, the highest cut of its removals (``RosterRecord/cut``): members refuse that site's
-    /// changes beyond it. A removed node whose removals carry no cut has its site in ``removedSites`` only.
+    /// changes beyond it. A site of a removed node no removal cuts is in ``removedSites`` only (fenced at what a
+    /// member holds of it when it learns of the removal).
     public private(set) var fences: [SiteID: UInt64] = [:]
 
     /// The membership `records` give for cluster `clusterID`.
@@ -246,7 +253,10 @@ public struct Roster: Sendable {
         var removals: [NodeID: UInt64] = [:]
         var counted: [RosterRecord] = []
         for _ in 0..<16 {
-            let kept = all.filter { record in removals[record.signer].map { record.signedAtMilliseconds < $0 } ?? true }
+            // A site binding counts whenever it was signed: it only ever makes its signer's removal fence more.
+            let kept = all.filter { record in
+                record.action == .site || removals[record.signer].map { record.signedAtMilliseconds < $0 } ?? true
+            }
             counted = Self.counted(kept, clusterID: clusterID)
             var next: [NodeID: UInt64] = [:]
             for record in counted where record.action == .remove {
@@ -286,13 +296,28 @@ public struct Roster: Sendable {
                 )
             case .remove:
                 if removed[record.subject] == nil { removed[record.subject] = record }
+            case .site:
+                if let site = record.siteID { boundSites[record.subject, default: []].insert(site) }
             }
         }
-        for (node, removal) in removed {
-            if let site = members[node]?.siteID ?? removal.siteID { removedSites[node] = site }
+        // A removal without a site names the site the subject's membership names.
+        var named: [NodeID: SiteID] = [:]
+        for node in removed.keys {
+            var sites = boundSites[node] ?? []
+            if let site = members[node]?.siteID {
+                named[node] = site
+                sites.insert(site)
+            }
+            for record in records where record.action == .remove && record.subject == node {
+                if let site = record.siteID { sites.insert(site) }
+                if named[node] == nil, let site = record.siteID { named[node] = site }
+            }
+            if !sites.isEmpty { removedSites[node] = sites }
         }
         for record in records where record.action == .remove {
-            guard let cut = record.cut, let site = removedSites[record.subject], record.siteID ?? site == site else { continue }
+            guard let cut = record.cut, let site = record.siteID ?? named[record.subject],
+                removedSites[record.subject]?.contains(site) == true
+            else { continue }
             fences[site] = max(fences[site] ?? 0, cut)
         }
         for node in removed.keys { members[node] = nil }
@@ -315,7 +340,8 @@ public struct Roster: Sendable {
                 }
                 guard NodeIdentity.nodeID(ofPublicKeyDER: record.signerKey) == record.signer,
                     NodeIdentity.isValid(signature: record.signature, of: record.signedBytes, publicKeyDER: record.signerKey),
-                    record.action == .remove || NodeIdentity.nodeID(ofPublicKeyDER: record.subjectKey) == record.subject
+                    record.action != .add || NodeIdentity.nodeID(ofPublicKeyDER: record.subjectKey) == record.subject,
+                    record.action != .site || (record.subject == record.signer && record.siteID != nil)
                 else { continue }  // forged or inconsistent: never counts
                 counted.append(record)
                 progress = true
@@ -336,6 +362,15 @@ public struct Roster: Sendable {
         if let member = members[node] { return member }
         guard isMember(node) else { return nil }
         return Member(nodeID: node, publicKeyDER: [], siteID: nil, name: "", addedBy: node, addedAtMilliseconds: 0)
+    }
+
+    /// Every site `node` writes or wrote under, as far as the roster knows: the one its membership names and those it
+    /// bound (a removed node's include those its removals name).
+    public func sites(of node: NodeID) -> Set<SiteID> {
+        if let sites = removedSites[node] { return sites }
+        var sites = boundSites[node] ?? []
+        if let site = members[node]?.siteID { sites.insert(site) }
+        return sites
     }
 
     /// Whether `node` is a member: the founder unless removed, or a node a counted add names.

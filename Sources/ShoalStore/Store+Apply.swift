@@ -301,6 +301,8 @@ extension Store {
         carried: [SiteID: UInt64] = [:]
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
+        // A removal, or a removed node's binding of a fresh site, among these changes fences before any is merged.
+        try gateFences(changes)
         let (unfenced, fenced) = try setAsideFenced(changes)
         let (changes, refusals) = setAsideFutureClocks(unfenced)
         let maxHLC = try validate(changes, claim: claim, since: since)

@@ -33,34 +33,65 @@ extension Store {
         }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
-            try refreshSites()
-            let existing = try fences()
-            let claims = try versionVector()
-            let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
-            let upsert = try statement(
-                "INSERT INTO shoal_fences(site, seq) VALUES (?, ?) ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
-            )
-            var beyond: [SiteID: UInt64] = [:]
-            for (site, cut) in cuts {
-                // What is here of the site: what was claimed, and any change of it applied without its claim.
-                var held = claims[site]
-                if let index = sites.existingIndex(of: site) {
-                    try logged.bind([.integer(Int64(index))])
-                    if try logged.step(), case .integer(let seq) = logged.column(0) { held = max(held, UInt64(seq)) }
-                    logged.reset()
-                }
-                if held > cut { beyond[site] = held }
-                let fence = max(cut, held, existing[site] ?? 0)
-                guard fence != existing[site] else { continue }
-                try upsert.bind([.blob(site.bytes), .integer(Int64(bitPattern: fence))])
-                try upsert.run()
-            }
+            let beyond = try raiseFencesInTransaction(cuts)
             try connection.exec("COMMIT")
             return beyond
         } catch {
             try? connection.exec("ROLLBACK")
             throw error
         }
+    }
+
+    /// ``raiseFences(_:)`` inside the transaction open on this connection.
+    func raiseFencesInTransaction(_ cuts: [SiteID: UInt64]) throws(ShoalError) -> [SiteID: UInt64] {
+        let cuts = cuts.filter { $0.key != siteID }
+        guard !cuts.isEmpty else { return [:] }
+        try refreshSites()
+        let existing = try fences()
+        let claims = try versionVector()
+        let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
+        let upsert = try statement(
+            "INSERT INTO shoal_fences(site, seq) VALUES (?, ?) ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
+        )
+        var beyond: [SiteID: UInt64] = [:]
+        for (site, cut) in cuts {
+            // What is here of the site: what was claimed, and any change of it applied without its claim.
+            var held = claims[site]
+            if let index = sites.existingIndex(of: site) {
+                try logged.bind([.integer(Int64(index))])
+                if try logged.step(), case .integer(let seq) = logged.column(0) { held = max(held, UInt64(seq)) }
+                logged.reset()
+            }
+            if held > cut { beyond[site] = held }
+            let fence = max(cut, held, existing[site] ?? 0)
+            guard fence != existing[site] else { continue }
+            try upsert.bind([.blob(site.bytes), .integer(Int64(bitPattern: fence))])
+            try upsert.run()
+        }
+        return beyond
+    }
+
+    /// When `changes` bring roster records and a ``fenceGate`` is installed: asks the gate for the fences the roster
+    /// requires with those records counted, and raises them before anything of `changes` is merged (inside the
+    /// apply's transaction), so that a removed node's changes that travel with the record binding their site to it,
+    /// or with its removal, are fenced already: its line is what this database held before them.
+    func gateFences(_ changes: [Change]) throws(ShoalError) {
+        guard let fenceGate else { return }
+        let arriving = changes.compactMap { change -> [UInt8]? in
+            guard change.table == Self.rosterTable, case .column("record", .blob(let record)) = change.payload else {
+                return nil
+            }
+            return record
+        }
+        guard !arriving.isEmpty else { return }
+        let held = try hasRoster()
+            ? try connection.rows(
+                "SELECT record FROM \(Self.rosterTable) WHERE typeof(record) = 'blob' "
+                    + "UNION SELECT record FROM shoal_roster_seen"
+            ).compactMap { row -> [UInt8]? in if case .blob(let bytes) = row.first { bytes } else { nil } }
+            : []
+        let cuts = fenceGate(held + arriving)
+        if !cuts.isEmpty { _ = try raiseFencesInTransaction(cuts) }
     }
 
     /// Leaves out every change of a fenced site beyond its fence; returns what is kept, and how many were left out

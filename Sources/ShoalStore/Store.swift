@@ -25,6 +25,10 @@ public struct StoreOptions: Sendable {
     /// This machine's id, which tells a database copied from another machine (see ``IdentityChange``): by default
     /// `/etc/machine-id` (none when it is missing or empty: then only copies on this machine are told apart).
     public var machineID: String? = Store.systemMachineID()
+    /// Set by the membership layer (ShoalSecurity, which checks the roster's signatures): given every roster record
+    /// held and arriving, the fences the roster requires (``Store/raiseFences(_:)``). An apply that brings roster
+    /// records raises these fences before it merges anything, in the same transaction (``Store/fenceGate``).
+    public var fenceGate: (@Sendable ([[UInt8]]) -> [SiteID: UInt64])?
 
     /// The defaults.
     public init() {}
@@ -112,6 +116,9 @@ public final class Store {
     var triggersEnabled = true
     /// Set when a user statement creates a trigger: triggers go back on once it has run.
     var userTriggerCreated = false
+    /// Given every roster record held and arriving, the fences the roster requires (``StoreOptions/fenceGate``, which
+    /// it starts as): an apply that brings roster records raises them before it merges anything.
+    public var fenceGate: (([[UInt8]]) -> [SiteID: UInt64])?
     /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
     var warnedSentRecord = false
 
@@ -124,6 +131,7 @@ public final class Store {
         self.options = options
         self.connection = try SQLiteConnection(path: path)
         self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
+        self.fenceGate = options.fenceGate
         if path != ":memory:" && !path.isEmpty {
             _ = try connection.rows("PRAGMA journal_mode = WAL")
         }

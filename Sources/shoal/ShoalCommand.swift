@@ -63,7 +63,14 @@ struct DatabaseOptions: ParsableArguments {
         if !creating { try requireExisting(db) }
         var options = StoreOptions()
         options.nodeName = nodeName
-        return try Store(path: db, options: options)
+        let store = try Store(path: db, options: options)
+        if try store.identityChange() != nil, KeyFile.exists(forDatabase: db), try store.hasRoster() {
+            // A database that moved to a fresh site binds it to its node before anything leaves it (a stream too):
+            // a removal of this node fences it as well. A read-only file or a removed node signs nothing.
+            let keyFile = try KeyFile.load(forDatabase: db)
+            try? Membership.bindOwnSites(store: store, keyFile: keyFile, now: SystemWallClock().nowMilliseconds())
+        }
+        return store
     }
 
     /// Throws ``ShoalError/Code/missingDatabase`` unless a file exists at `db`.
@@ -261,6 +268,9 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open()
+            let keyFile = KeyFile.exists(forDatabase: database.db) ? try KeyFile.load(forDatabase: database.db) : nil
+            // A removal, or a removed node's binding of a fresh site, the stream brings fences before the rest applies.
+            if let keyFile { Membership.installFenceGate(store: store, keyFile: keyFile) }
             let descriptor: Int32
             if file == "-" {
                 descriptor = 0
@@ -309,9 +319,8 @@ extension ShoalCommand {
                 )
             }
             print("applied: \(report.applied)  already-known: \(report.alreadyKnown)  conflicts: \(report.conflicts)")
-            if KeyFile.exists(forDatabase: database.db) {
+            if let keyFile {
                 // The stream may have brought a removal: what its node wrote afterwards is refused from now on.
-                let keyFile = try KeyFile.load(forDatabase: database.db)
                 try Membership.enforceRemovals(store: store, keyFile: keyFile, now: SystemWallClock().nowMilliseconds())
             }
             if !report.fenced.isEmpty {

@@ -39,12 +39,89 @@ import Testing
         #expect(roster.fences == [site: 5], "a cut whose signature does not check never counts")
         for records in [[add, low, high], [high, add, low]] {
             let roster = Roster(records: records, clusterID: cluster)
-            #expect(roster.removedSites == [b.nodeID: site])
+            #expect(roster.removedSites == [b.nodeID: [site]])
             #expect(roster.fences == [site: 9])
         }
-        // A removal that names another site than the subject's add draws no line for it.
-        let elsewhere = try removal(b.nodeID, site: .random(), cut: 50, by: founder)
-        #expect(Roster(records: [add, low, elsewhere], clusterID: cluster).fences == [site: 5])
+        // A removal that names another site than the subject's add cuts that site (one the subject wrote under).
+        let other = SiteID.random()
+        let elsewhere = try removal(b.nodeID, site: other, cut: 50, by: founder)
+        let both = Roster(records: [add, low, elsewhere], clusterID: cluster)
+        #expect(both.fences == [site: 5, other: 50] && both.removedSites == [b.nodeID: [site, other]])
+    }
+
+    @Test func aNodeBindsTheFreshSitesItMovedToAndItsRemovalFencesThemWhenEverSigned() throws {
+        let b = NodeIdentity.generate()
+        let c = NodeIdentity.generate()
+        let (site, fresh, later) = (SiteID.random(), SiteID.random(), SiteID.random())
+        let add = try RosterRecord.make(
+            .add, cluster: cluster, subject: b.nodeID, subjectKey: b.publicKeyDER, siteID: site, name: "b",
+            signer: founder, signerSite: .random(), at: 1
+        )
+        let addC = try RosterRecord.make(
+            .add, cluster: cluster, subject: c.nodeID, subjectKey: c.publicKeyDER, siteID: .random(), name: "c",
+            signer: founder, signerSite: .random(), at: 1
+        )
+        func bind(_ site: SiteID, of subject: NodeID, by signer: NodeIdentity, at: UInt64) throws -> RosterRecord {
+            try RosterRecord.make(
+                .site, cluster: cluster, subject: subject, siteID: site, name: "", signer: signer, signerSite: .random(),
+                at: at
+            )
+        }
+        let binding = try bind(fresh, of: b.nodeID, by: b, at: 3)
+        #expect(try RosterRecord(decoding: binding.encoded) == binding)
+        // Bound, not removed: the member keeps its membership site for its hellos, and the roster knows both sites.
+        let bound = Roster(records: [add, binding], clusterID: cluster)
+        #expect(bound.member(b.nodeID)?.siteID == site && bound.sites(of: b.nodeID) == [site, fresh])
+        #expect(bound.removedSites.isEmpty && bound.fences.isEmpty)
+        // Removed: every site is fenced; the binding signed after the removal (a removed node restored from an
+        // older copy, which does not know of its removal) counts all the same, since it only ever fences more.
+        let removal = try removal(b.nodeID, site: site, cut: 7, by: founder)
+        let afterwards = try bind(later, of: b.nodeID, by: b, at: 10)
+        let roster = Roster(records: [add, binding, removal, afterwards], clusterID: cluster)
+        #expect(roster.removedSites == [b.nodeID: [site, fresh, later]])
+        #expect(roster.fences == [site: 7])
+        #expect(Membership.cuts(roster) == [site: 7, fresh: 0, later: 0])
+        // Only a node binds its own sites: one signed by another member, or forged, never counts.
+        let byAnother = try bind(.random(), of: b.nodeID, by: c, at: 3)
+        var forged = try bind(.random(), of: b.nodeID, by: b, at: 3)
+        forged.siteID = .random()
+        let others = Roster(records: [add, addC, binding, byAnother, forged, removal], clusterID: cluster)
+        #expect(others.removedSites == [b.nodeID: [site, fresh]])
+    }
+
+    @Test func anApplyThatBringsABindingOfARemovedNodesSiteFencesItBeforeTheRest() throws {
+        let directory = try temporaryDirectory("fence-gate")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let writer = try Store(path: directory.appendingPathComponent("w.db").path)
+        let reader = try Store(path: directory.appendingPathComponent("r.db").path)
+        for store in [writer, reader] {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+            try store.prepareRoster()
+        }
+        // The writer's data, then the record binding its site (opaque here) to a removed node.
+        for index in 1...3 { try writer.execute("INSERT INTO kv VALUES ('k\(index)', \(index))") }
+        try writer.addRosterRecord([1, 2, 3], id: [9])
+        var asked: [[[UInt8]]] = []
+        reader.fenceGate = { records in
+            asked.append(records)
+            return records.contains([1, 2, 3]) ? [writer.siteID: 0] : [:]
+        }
+        let all = try writer.changes(since: VersionVector()).flatMap(\.changes)
+        let report = try reader.apply(all, claim: try writer.versionVector(), since: VersionVector())
+        // Fenced at what was here before this apply: the record's own transaction and everything after it are left
+        // out and not claimed (the data was stamped before the binding, as an app's write made while the node was
+        // down would be).
+        #expect(asked.count == 1 && asked[0].contains([1, 2, 3]))
+        #expect(try reader.fences() == [writer.siteID: 0])
+        #expect(report.fenced == [writer.siteID: 4])
+        #expect(try reader.versionVector()[writer.siteID] == 0)
+        #expect(try reader.execute("SELECT count(*) FROM kv").rows == [[.integer(0)]])
+        // An apply without roster records never asks the gate.
+        try writer.execute("INSERT INTO kv VALUES ('k4', 4)")
+        let rest = try writer.changes(since: VersionVector()).flatMap(\.changes).filter { $0.table == "kv" }
+        #expect(try reader.apply(rest).fenced == [writer.siteID: 4])
+        #expect(asked.count == 1)
     }
 
     @Test func aStoreLeavesOutAndNeverClaimsAFencedSitesChangesBeyondItsFence() throws {
@@ -128,6 +205,45 @@ extension RemovalFenceTests {
         // Compared outside Shoal: both members hold c's row from before its removal, and nothing after.
         #expect(try Self.rows(a) == "before|1\n")
         #expect(try Self.rows(b) == (try Self.rows(a)))
+        #expect(try Store(path: a).digest() == (try Store(path: b).digest()))
+    }
+
+    @Test func aRemovedMemberRestoredFromABackupWritesUnderAFreshSiteAndIsRefusedAllTheSame() throws {
+        let directory = try temporaryDirectory("fence-restored")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('before', 1)").status == 0)
+        try Self.stream(c, a)
+        try Self.stream(c, b)
+        // c's backup, from before its removal, is later restored over it: it does not know it was removed.
+        let backup = c + ".bak"
+        #expect(try sqlite3Shell(c, ".backup '\(backup)'").status == 0)
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('mid', 3)").status == 0)
+        try Self.stream(c, a)
+        try Self.stream(c, b)
+        let cSite = try Store(path: c).siteID
+        #expect(try shoal("trust", "remove", try Self.nodeID(c), "--db", a).status == 0)
+        try Self.stream(a, b)
+        try FileManager.default.removeItem(atPath: c)
+        try FileManager.default.copyItem(atPath: backup, toPath: c)
+        #expect(try sqlite3Shell(c, "INSERT INTO kv VALUES ('after', 2); UPDATE kv SET v = 'taken' WHERE k = 'before'").status == 0)
+        let restored = try Store(path: c)
+        #expect(restored.siteID != cSite, "the restored file writes under a fresh site")
+        let fresh = restored.siteID
+        for member in [a, b] {
+            let said = try Self.stream(c, member)
+            #expect(said.contains("refused ") && said.contains("made after their node was removed"), "\(said)")
+            // The stream binds the fresh site to c: fenced at what the member held of it (nothing).
+            #expect(try Store(path: member).fences()[fresh] == 0)
+        }
+        // Compared outside Shoal: both members hold c's rows from before its removal, and nothing after.
+        #expect(try Self.rows(a) == "before|1\nmid|3\n")
+        #expect(try Self.rows(b) == (try Self.rows(a)))
+        // The members sync with each other and stay identical (their cuts of the fresh site agree).
+        try Self.stream(a, b)
+        try Self.stream(b, a)
+        #expect(try Self.rows(a) == "before|1\nmid|3\n" && (try Self.rows(b)) == "before|1\nmid|3\n")
         #expect(try Store(path: a).digest() == (try Store(path: b).digest()))
     }
 
