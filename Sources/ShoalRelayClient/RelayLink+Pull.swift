@@ -45,16 +45,16 @@ extension RelayLink {
                 try await refreshGrantsIfNeeded(client)
                 if checkHeads {
                     let heads = try await fetchHeads(client)
-                    let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                    let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
                     if held.entries.contains(where: { $0.value > heads[$0.key] }) {
                         state.withLock { $0.headsStale = true }
                         pushWake.yield()
                     }
                     checkHeads = false
                 }
-                let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+                let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
                 session.held(held)
-                session.fences(try await local { () throws(ShoalError) in try await node.readStore { store throws(ShoalError) in try store.fences() } })
+                session.fences(try await local { () throws(ShoalError) in try await node.store.read { store throws(ShoalError) in try store.fences() } })
                 let request = session.request(
                     held: held,
                     now: configuration.clock.nowMilliseconds(),
@@ -96,7 +96,7 @@ extension RelayLink {
                 }
                 if let (claims, proof) = session.readyClaims() {
                     let result = try await local { () throws(ShoalError) in
-                        try await node.applyReceived(claims, received: proof)
+                        try await apply(claims, received: proof)
                     }
                     session.held(result.versionVector)
                 }
@@ -138,7 +138,7 @@ extension RelayLink {
         if verdict == .readHeld {
             // The ranges this process uploaded are not sent back: the node holds them, so its own version vector,
             // read now, covers what the page skipped.
-            session.held(try await local { () throws(ShoalError) in try await node.versionVector() })
+            session.held(try await local { () throws(ShoalError) in try await node.store.versionVector() })
             verdict = session.recheck(envelope, now: configuration.clock.nowMilliseconds())
         }
         guard verdict == .open else { return 0 }
@@ -156,9 +156,32 @@ extension RelayLink {
             envelope, plaintext: plaintext, now: configuration.clock.nowMilliseconds()
         ) else { return 0 }
         let result = try await local { () throws(ShoalError) in
-            try await node.applyReceived(batch, received: received)
+            try await apply(batch, received: received)
         }
         session.applied(envelope, received: result.received, held: result.versionVector)
         return result.applied
+    }
+
+    /// Applies changes from the relay through the node's store, in one transaction (the claim is taken as far as the
+    /// changes, and those `received` earlier in the same range, prove it); their commit starts rounds with the node's
+    /// peers. The result's `received` adds this batch's highest seqs to `received`.
+    func apply(
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64]
+    ) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector, received: [SiteID: UInt64]) {
+        let result = try await node.store.apply(batch, received: received, origin: .relay)
+        if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
+        if let (site, hlc) = result.clockRefusals.first {
+            // What else the batch held is applied; the refused site's changes come again once time catches up.
+            let now = configuration.clock.nowMilliseconds()
+            let allowed = await node.configuration.storeOptions.maximumClockDriftMilliseconds
+            throw ShoalError(
+                code: .clockTooFarAhead,
+                message: "changes of site \(site.hex.prefix(8)) carry a clock \(Int64(hlc.milliseconds) - Int64(now)) ms "
+                    + "ahead of this node's (more than the \(allowed) ms allowed): they were left out, everything else "
+                    + "was applied"
+            )
+        }
+        return (result.applied, result.versionVector, result.received)
     }
 }

@@ -45,11 +45,11 @@ extension RelayLink {
                 switch session.uploaded(heads: heads, finished: finished, random: &random) {
                 case .done:
                     backoff.reset()
-                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads) {
+                    if snapshotDue(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: heads) {
                         // Read again first: another node may have just uploaded one.
                         let fresh = try await fetchHeads(client)
                         session.read(fresh, now: configuration.clock.monotonicMilliseconds())
-                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: fresh) {
+                        if snapshotDue(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: fresh) {
                             try await uploadSnapshot(client)
                         }
                     }
@@ -60,7 +60,7 @@ extension RelayLink {
             } catch {
                 if case .cancelled = error {} else { metrics.pushFailed.increment() }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
-                if let heads = session.lastHeads, let held = try? await node.versionVector() {
+                if let heads = session.lastHeads, let held = try? await node.store.versionVector() {
                     await noteLacking(held: held, heads: heads)
                 }
                 session.failed()
@@ -100,7 +100,7 @@ extension RelayLink {
         // Nobody holds more of this node's own site than the node itself: a head beyond it is a forged or corrupt
         // range, which hides this node's next transactions from the relay until its operator removes it.
         let own = node.siteID
-        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
         if vector[own] > held[own] {
             note(
                 "the relay claims transactions \(held[own] + 1)...\(vector[own]) of this node's own site, which it never "
@@ -113,12 +113,12 @@ extension RelayLink {
 
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
     func pushOnce(_ client: HTTPClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
-        let held = try await local { () throws(ShoalError) in try await node.versionVector() }
+        let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
         await noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let started = ContinuousClock.now
         let (finished, _) = try await stream(client, since: heads, into: nil, heads: &heads)
-        await noteLacking(held: try await local { () throws(ShoalError) in try await node.versionVector() }, heads: heads)
+        await noteLacking(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: heads)
         metrics.pushOK.increment()
         metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished
@@ -134,13 +134,13 @@ extension RelayLink {
         heads: inout VersionVector
     ) async throws(RelayCallError) -> (finished: Bool, covered: VersionVector) {
         let (pieceBytes, requestBytes, seal) = state.withLock { ($0.pieceBytes, $0.requestBytes, $0.credentials.seal) }
-        let cursor = try await local { () throws(ShoalError) in try await node.openChangeCursor(since: since) }
+        let cursor = try await local { () throws(ShoalError) in try await node.store.openCursor(since: since) }
         var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: since, pieceBytes: pieceBytes)
         var outgoing: [RelayEnvelope] = []
         var outgoingBytes = 0
         do throws(RelayCallError) {
             while let batch = try await local({ () throws(ShoalError) in
-                try await node.nextChangeBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)
+                try await node.store.nextBatch(cursor, maxChanges: 20_000, maxBytes: pieceBytes)?.batch
             }) {
                 for envelope in try localNow({ () throws(ShoalError) in try chunker.envelopes(for: batch) }) {
                     outgoing.append(envelope)
@@ -148,16 +148,16 @@ extension RelayLink {
                     guard outgoingBytes >= requestBytes else { continue }
                     outgoingBytes = 0
                     guard try await send(client, &outgoing, heads: &heads, snapshot: snapshot) else {
-                        await node.closeChangeCursor(cursor)
+                        await node.store.closeCursor(cursor)
                         return (false, chunker.covered)
                     }
                 }
             }
-            await node.closeChangeCursor(cursor)
+            await node.store.closeCursor(cursor)
             let finished = outgoing.isEmpty ? true : try await send(client, &outgoing, heads: &heads, snapshot: snapshot)
             return (finished, chunker.covered)
         } catch {
-            await node.closeChangeCursor(cursor)
+            await node.store.closeCursor(cursor)
             throw error
         }
     }

@@ -105,7 +105,7 @@ public final class NodeSecurity: PeerAuthorizer {
         guard let node = node.withLock({ $0 }) else { return }
         let cluster = keyFile.cluster.id
         do throws(ShoalError) {
-            let records = try await node.readStore { store throws(ShoalError) in try store.rosterRecords() }
+            let records = try await node.store.read { store throws(ShoalError) in try store.rosterRecords() }
             // Signatures are checked again only when the records changed.
             let changed = lastRecords.withLock { last in
                 defer { last = records }
@@ -117,7 +117,7 @@ public final class NodeSecurity: PeerAuthorizer {
                 do throws(ShoalError) {
                     let keyFile = keyFile
                     let now = clock.nowMilliseconds()
-                    let signed = try await node.withStore { store throws(ShoalError) in
+                    let signed = try await node.store.withStore { store throws(ShoalError) in
                         try Membership.enforceRemovals(store: store, keyFile: keyFile, now: now).map(\.subject)
                     }
                     if !signed.isEmpty {
@@ -223,7 +223,7 @@ public final class NodeSecurity: PeerAuthorizer {
         let gate: Membership.JoinGate
         do {
             let id = request.inviteID
-            gate = try await node.readStore { store throws(ShoalError) in
+            gate = try await node.store.read { store throws(ShoalError) in
                 try Membership.gateJoin(id, from: ip, store: store, now: now)
             }
         } catch {
@@ -235,7 +235,7 @@ public final class NodeSecurity: PeerAuthorizer {
         case .refused(let reason, let message): return .refused(reason, message, counted: reason != .tooManyAttempts)
         }
         func fail(_ reason: JoinRefusal, _ message: String) async -> JoinOutcome {
-            _ = try? await node.readStore { store throws(ShoalError) in
+            _ = try? await node.store.read { store throws(ShoalError) in
                 try Membership.failJoin(invite, from: ip, reason: message, store: store, now: now)
             }
             return .refused(reason, message, counted: true)
@@ -265,7 +265,7 @@ public final class NodeSecurity: PeerAuthorizer {
         // Admitted: the roster says so first, then the device gets the cluster's credentials.
         do {
             let (keyFile, joinerSite, joinerName) = (self.keyFile, request.siteID, request.name.printable())
-            let records = try await node.withStore { store throws(ShoalError) in
+            let records = try await node.store.withStore { store throws(ShoalError) in
                 try store.setInviteState(invite.id, .used)
                 try Membership.sign(
                     .add,

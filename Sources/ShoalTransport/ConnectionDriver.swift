@@ -1,5 +1,6 @@
 import ShoalCore
 import ShoalProtocol
+import ShoalStore
 import Synchronization
 
 /// Carries out one ``SyncSession`` over one ``MessageStream``: the only shell around the pure state machine.
@@ -49,7 +50,7 @@ struct ConnectionDriver {
     let id: Int
     /// Where the peer is, for the delegate and the log.
     let address: String
-    let worker: StoreWorker
+    let worker: SerializedStore
     let delegate: any ConnectionDelegate
     let settings: Settings
     private var peer: SiteID?
@@ -69,7 +70,7 @@ struct ConnectionDriver {
     private var clockRefusalBatch: ChangeBatch?
     private var roundsFinished = 0
 
-    init(id: Int, address: String, worker: StoreWorker, delegate: any ConnectionDelegate, settings: Settings) {
+    init(id: Int, address: String, worker: SerializedStore, delegate: any ConnectionDelegate, settings: Settings) {
         self.id = id
         self.address = address
         self.worker = worker
@@ -356,6 +357,7 @@ struct ConnectionDriver {
         session: inout SyncSession
     ) async throws(ShoalError) -> [SyncSession.Action] {
         let result = try await worker.apply(message.batch, received: receivedThisRound)
+        if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
         receivedThisRound = result.received
         if let (site, hlc) = result.clockRefusals.max(by: { $0.value < $1.value }) {
             // Only that site's changes were left out; the rest of this batch, and the round's later batches, apply.

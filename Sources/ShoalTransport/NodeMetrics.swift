@@ -66,7 +66,7 @@ struct PeerMetrics: Sendable {
 /// Labels stay bounded: `peer` is a site id, and at most ``peerLabelLimit`` peers get one of their own (with TLS only
 /// roster members ever connect; the limit guards plaintext nodes, where anyone can say any site id); `table` is a
 /// replicated table's name, from the local schema.
-struct NodeMetrics: Sendable {
+package struct NodeMetrics: Sendable {
     static let rounds = "shoal_node_rounds_total"
     static let roundDuration = "shoal_node_round_duration_seconds"
     static let changesApplied = "shoal_node_changes_applied_total"
@@ -109,7 +109,7 @@ struct NodeMetrics: Sendable {
     }
 
     /// Counts conflicts met while applying, by table.
-    static func countConflicts(_ byTable: [String: Int]) {
+    package static func countConflicts(_ byTable: [String: Int]) {
         for (table, count) in byTable where count > 0 {
             Counter(label: conflicts, dimensions: [("table", table)]).increment(by: count)
         }

@@ -202,7 +202,6 @@ extension SyncNode: ConnectionDelegate {
             failures.clear(peer.hex)
         }
         eventSink.yield(.roundFinished(peer: peer, applied: applied))
-        if applied > 0 { signalChangeWatchers() }
     }
 
     func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) {

@@ -9,13 +9,25 @@ extension SyncNode {
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
             do {
-                if try await worker.changedElsewhere() { broadcast(.localChange) }
+                _ = try await worker.changedElsewhere()  // a capture is a commit: followCommits starts rounds
             } catch {
                 // Retried with backoff by the worker; other writers' changes wait, nothing is lost.
                 configuration.logger.warning(
                     "capturing other connections' writes failed",
                     metadata: ["error": "\(error)"]
                 )
+            }
+        }
+    }
+
+    /// Acts on every commit to the database, whatever made it: a local write (through the node, or another
+    /// connection's, captured) or changes from the relay start rounds with every connected peer at once; changes
+    /// from a peer wake the node's change watchers (the relay uploader).
+    func followCommits() async {
+        for await commit in await worker.commits() {
+            switch commit.origin {
+            case .local, .otherConnection, .relay: broadcast(.localChange)
+            case .peer: signalChangeWatchers()
             }
         }
     }

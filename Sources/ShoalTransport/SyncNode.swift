@@ -15,7 +15,7 @@ import ShoalStore
 public actor SyncNode: Service {
     /// How the node runs.
     public let configuration: NodeConfiguration
-    let worker: StoreWorker
+    let worker: SerializedStore
     /// Events as they happen, for observers and tests.
     public nonisolated let events: AsyncStream<NodeEvent>
     let eventSink: AsyncStream<NodeEvent>.Continuation
@@ -73,7 +73,7 @@ public actor SyncNode: Service {
             )
         }
         self.configuration = configuration
-        let worker = try StoreWorker(path: configuration.databasePath, options: configuration.storeOptions)
+        let worker = try SerializedStore(path: configuration.databasePath, options: configuration.storeOptions)
         self.worker = worker
         self.siteID = await worker.siteID
         self.registry = ConnectionRegistry(
@@ -106,12 +106,14 @@ public actor SyncNode: Service {
     /// How many times the node dialled `address` (connected or tried to), since it started.
     public func dialCount(_ address: PeerAddress) -> Int { directory.dialCount(address) }
 
-    /// Runs SQL through the node's own connection and starts rounds at once.
+    /// The database's one door: everything that reaches this node's database goes through it (the relay link,
+    /// membership, the app), and every commit made through it starts rounds with the connected peers.
+    public nonisolated var store: SerializedStore { worker }
+
+    /// Runs SQL through the node's own connection; its commit starts rounds at once (``followCommits()``).
     @discardableResult
     public func execute(_ sql: String, _ arguments: [SQLValue] = []) async throws(ShoalError) -> QueryResult {
-        let result = try await worker.withStore { store throws(ShoalError) in try store.execute(sql, arguments) }
-        broadcast(.localChange)
-        return result
+        try await worker.withStore { store throws(ShoalError) in try store.execute(sql, arguments) }
     }
 
     /// Runs `body` on the node's store (on its own thread, between the connections' work), then starts rounds at
@@ -119,9 +121,7 @@ public actor SyncNode: Service {
     public func withStore<T: Sendable>(
         _ body: @Sendable (Store) throws(ShoalError) -> T
     ) async throws(ShoalError) -> T {
-        let result = try await worker.withStore(body)
-        broadcast(.localChange)
-        return result
+        try await worker.withStore(body)
     }
 
     /// Runs `body` on the node's store for a read, or a write to Shoal's local tables (invites), which changes no
@@ -236,6 +236,7 @@ public actor SyncNode: Service {
                     Task { await self.closeAllConnections() }
                 }
             }
+            group.addTask { await self.followCommits() }
             group.addTask { await self.followPeerSources() }
             group.addTask { try await self.watchLocalChanges() }
             group.addTask { try await self.periodicRounds() }

@@ -80,9 +80,9 @@ private struct RecordingStream: MessageStream {
     func close() { inner.close() }
 }
 
-/// One end: a real store behind a StoreWorker, a driver and its inbox.
+/// One end: a real store behind a SerializedStore, a driver and its inbox.
 private struct Side {
-    let worker: StoreWorker
+    let worker: SerializedStore
     let recorder = Recorder()
     let inbox: AsyncStream<ConnectionEvent>
     let signals: AsyncStream<ConnectionEvent>.Continuation
@@ -95,7 +95,7 @@ private struct Side {
         let store = try Store(path: path)
         try store.execute(schema)
         try store.replicate(table: schema.contains(" kv(") ? "kv" : "other", counters: schema.contains(" n ") ? ["n"] : [])
-        worker = try StoreWorker(path: path, options: StoreOptions())
+        worker = try SerializedStore(path: path, options: StoreOptions())
         (inbox, signals) = AsyncStream.makeStream(of: ConnectionEvent.self)
         settings.tickMilliseconds = 10
     }

@@ -2,7 +2,7 @@ import ShoalCore
 import ShoalProtocol
 import ShoalStore
 
-extension StoreWorker {
+extension SerializedStore {
     /// Answers an inspection request from the store, read-only (the digest is brought up to date first, as any read
     /// of it does).
     func inspect(_ request: InspectionRequest) throws(ShoalError) -> InspectionAnswer {
@@ -38,7 +38,21 @@ extension StoreWorker {
     }
 }
 
-extension StoreWorker {
+extension SerializedStore {
+    /// The hello this node sends its peers.
+    func hello(clusterID: String, nodeName: String?, listenPort: UInt16) throws(ShoalError) -> Hello {
+        try read { store throws(ShoalError) in
+            let stored = try store.nodeName()
+            return Hello(
+                clusterID: clusterID,
+                siteID: store.identitySiteID,
+                nodeName: nodeName ?? stored ?? "shoal",
+                schemaFingerprint: try store.schemaFingerprint(),
+                listenPort: listenPort
+            )
+        }
+    }
+
     /// The version vector and, if the cached digest is current, the digest, read together: what a peer's
     /// acknowledgement (its vector and digest) is compared with.
     func comparableState() throws(ShoalError) -> (versionVector: VersionVector, digest: StateDigest?) {

@@ -8,11 +8,11 @@ import Darwin
 ///
 /// SQLite calls block: a long apply, a fold of a million rows, a wait on another process's lock (up to the busy
 /// timeout). Run on the cooperative pool, each would hold one of its few threads (two on a two-core machine) and
-/// stall every other task of the process, NIO's async channels included. The ``StoreWorker`` actor runs its jobs
+/// stall every other task of the process, NIO's async channels included. The ``SerializedStore`` actor runs its jobs
 /// here instead, as GRDB runs a database's accesses on a serial dispatch queue of its own.
 ///
 /// The thread lives until ``shutdown()``; jobs still queued then are run first.
-final class StoreExecutor: SerialExecutor, @unchecked Sendable {
+package final class StoreExecutor: SerialExecutor, @unchecked Sendable {
     // @unchecked: `jobs` and `stopping` are read and written only with `mutex` held; the thread is started once,
     // in init, and only the condition variable crosses threads.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
@@ -21,7 +21,7 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
     private var stopping = false
 
     /// Starts the executor's thread.
-    init() {
+    package init() {
         mutex = .allocate(capacity: 1)
         condition = .allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
@@ -44,7 +44,7 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
         mutex.deallocate()
     }
 
-    func enqueue(_ job: consuming ExecutorJob) {
+    package func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         pthread_mutex_lock(mutex)
         jobs.append(job)
@@ -52,12 +52,12 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
         pthread_mutex_unlock(mutex)
     }
 
-    func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+    package func asUnownedSerialExecutor() -> UnownedSerialExecutor {
         UnownedSerialExecutor(ordinary: self)
     }
 
     /// Lets the thread end once the jobs queued so far have run.
-    func shutdown() {
+    package func shutdown() {
         pthread_mutex_lock(mutex)
         stopping = true
         pthread_cond_signal(condition)

@@ -6,11 +6,10 @@ import Testing
 
 @testable import ShoalCore
 @testable import ShoalStore
-@testable import ShoalTransport
 
-/// SQLite calls block. Each store worker runs them on a thread of its own, so blocked stores never hold the
+/// SQLite calls block. Each serialized store runs them on a thread of its own, so blocked stores never hold the
 /// cooperative pool's few threads (two on a two-core machine), and everything else keeps running meanwhile.
-@Suite struct StoreExecutorTests {
+@Suite struct SerializedStoreTests {
     @Test func moreBlockedStoresThanPoolThreadsStillLeaveThePoolFree() async throws {
         let directory = try temporaryDirectory("executor")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -18,7 +17,7 @@ import Testing
         let workers = try (0..<count).map { index in
             let path = directory.appendingPathComponent("\(index).db").path
             _ = try Store(path: path)
-            return try StoreWorker(path: path, options: StoreOptions())
+            return try SerializedStore(path: path, options: StoreOptions())
         }
         let blocked = Counter()
         let release = DispatchSemaphore(value: 0)

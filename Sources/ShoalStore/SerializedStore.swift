@@ -1,21 +1,21 @@
 import Logging
 import ShoalCore
-import ShoalStore
-import ShoalProtocol
 import Synchronization
 
-/// Owns the node's ``Store`` and runs every database operation, one at a time, on a thread of its own.
+/// The database's one door: owns a ``Store`` and runs every operation on it, one at a time, on a thread of its own.
 ///
-/// Its jobs run on a ``StoreExecutor``, not on the cooperative pool: a SQLite call that blocks (a long apply, a
-/// wait on another process's lock) holds the store's thread only, never one the rest of the node needs.
-actor StoreWorker {
+/// Everything that reaches a node's database goes through it: the sync engine, the relay link, membership and the
+/// app. Its jobs run on a ``StoreExecutor``, not on the cooperative pool: a SQLite call that blocks (a long apply, a
+/// wait on another process's lock) holds the store's thread only, never one the rest of the process needs (as GRDB's
+/// `DatabaseQueue` runs its accesses on a serial queue of its own).
+public actor SerializedStore {
     private let store: Store
     private let executor: StoreExecutor
     /// The node's clock (the store's): when the data changed, when a failed capture is retried.
     private let clock: any WallClock
 
     /// The actor runs on its own thread.
-    nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
     private var lastDataVersion: Int64 = 0
     /// Bumped whenever the data may have changed; the cached digest is valid for one value of it.
     private var stateVersion = 0
@@ -26,17 +26,55 @@ actor StoreWorker {
 
     /// The version vector as last read or written, readable without waiting for the worker (for status reports
     /// while a long apply runs).
-    nonisolated let latestVersionVector = Mutex(VersionVector())
+    public nonisolated let latestVersionVector = Mutex(VersionVector())
     /// How far this machine's clock ran ahead of its peers' at their latest reading, beyond the drift bound (see
     /// ``Store/clockAheadOfPeersMilliseconds``); readable at once, like ``latestVersionVector``.
-    nonisolated let latestClockAhead = Mutex<UInt64?>(nil)
+    public nonisolated let latestClockAhead = Mutex<UInt64?>(nil)
 
-    private func changed() {
+    /// Who is told of each commit (``commits()``).
+    private var commitWatchers: [Int: AsyncStream<StoreCommit>.Continuation] = [:]
+    private var nextCommitWatcher = 0
+
+    /// Notes that the data may have changed (the cached digest is stale), and tells ``commits()`` watchers.
+    private func changed(_ origin: StoreCommit.Origin) {
+        markChanged()
+        publish(origin)
+    }
+
+    private func markChanged() {
         stateVersion += 1
         lastChangeAt = clock.nowMilliseconds()
     }
 
-    init(path: String, options: StoreOptions) throws(ShoalError) {
+    private func publish(_ origin: StoreCommit.Origin) {
+        guard !commitWatchers.isEmpty else { return }
+        let commit = StoreCommit(origin: origin)
+        for watcher in commitWatchers.values { watcher.yield(commit) }
+    }
+
+    /// Every commit that may have changed the data from now on, whatever made it: this door's writes, another
+    /// connection's (seen when ``changedElsewhere()`` captures them) and applied changes, with where they came from.
+    /// A watcher that falls behind keeps the newest 64. Ends when the watcher's task is cancelled.
+    public func commits() -> AsyncStream<StoreCommit> {
+        let (stream, continuation) = AsyncStream.makeStream(of: StoreCommit.self, bufferingPolicy: .bufferingNewest(64))
+        nextCommitWatcher += 1
+        let id = nextCommitWatcher
+        commitWatchers[id] = continuation
+        continuation.onTermination = { _ in Task { await self.dropCommitWatcher(id) } }
+        return stream
+    }
+
+    private func dropCommitWatcher(_ id: Int) {
+        commitWatchers[id] = nil
+    }
+
+    /// Ends every watcher's stream (the node is stopping).
+    public func finishCommits() {
+        for watcher in commitWatchers.values { watcher.finish() }
+        commitWatchers.removeAll()
+    }
+
+    public init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
         clock = options.clock
         executor = StoreExecutor()
@@ -46,42 +84,31 @@ actor StoreWorker {
         executor.shutdown()
     }
 
-    var siteID: SiteID { store.siteID }
+    public var siteID: SiteID { store.siteID }
     /// The site peers know this node by (its hello and membership name it).
-    var identitySiteID: SiteID { store.identitySiteID }
-
-    func hello(clusterID: String, nodeName: String?, listenPort: UInt16) throws(ShoalError) -> Hello {
-        let stored = try store.nodeName()
-        return Hello(
-            clusterID: clusterID,
-            siteID: store.identitySiteID,
-            nodeName: nodeName ?? stored ?? "shoal",
-            schemaFingerprint: try store.schemaFingerprint(),
-            listenPort: listenPort
-        )
-    }
+    public var identitySiteID: SiteID { store.identitySiteID }
 
     /// The wall clock the store stamps writes with, read now.
-    func wallClockMilliseconds() -> UInt64 { store.wallClockMilliseconds() }
+    package func wallClockMilliseconds() -> UInt64 { store.wallClockMilliseconds() }
 
     /// Notes a peer's wall clock reading (see ``Store/notePeerClock(_:from:)``); returns how far this node's clock is
     /// ahead of it, in milliseconds (negative: behind).
-    func notePeerClock(_ wallMilliseconds: UInt64, from peer: SiteID) -> Int64 {
+    package func notePeerClock(_ wallMilliseconds: UInt64, from peer: SiteID) -> Int64 {
         let ahead = store.notePeerClock(wallMilliseconds, from: peer)
         latestClockAhead.withLock { $0 = store.clockAheadOfPeersMilliseconds }
         return ahead
     }
 
     /// The site the store writes as now.
-    func writingSite() -> SiteID { store.siteID }
+    public func writingSite() -> SiteID { store.siteID }
 
     /// See ``Store/loggedHead(of:)``.
-    func loggedHead(of site: SiteID) throws(ShoalError) -> Stamp? { try store.loggedHead(of: site) }
+    package func loggedHead(of site: SiteID) throws(ShoalError) -> Stamp? { try store.loggedHead(of: site) }
 
     /// See ``Store/checkHead(_:)``.
-    func checkHead(_ head: Stamp) throws(ShoalError) { try store.checkHead(head) }
+    package func checkHead(_ head: Stamp) throws(ShoalError) { try store.checkHead(head) }
 
-    func versionVector() throws(ShoalError) -> VersionVector {
+    public func versionVector() throws(ShoalError) -> VersionVector {
         let vector = try store.versionVector()
         latestVersionVector.withLock { $0 = vector }
         return vector
@@ -91,14 +118,14 @@ actor StoreWorker {
     private var nextCursor = 0
 
     /// Starts answering a peer's request; batches then come one at a time from ``nextBatch(_:maxChanges:maxBytes:)``.
-    func openCursor(since: VersionVector) throws(ShoalError) -> Int {
+    public func openCursor(since: VersionVector) throws(ShoalError) -> Int {
         nextCursor += 1
         cursors[nextCursor] = try store.deltaCursor(since: since)
         return nextCursor
     }
 
     /// The next batch of an answer and whether it is the last; the cursor is dropped after the last one.
-    func nextBatch(
+    public func nextBatch(
         _ cursor: Int,
         maxChanges: Int,
         maxBytes: Int
@@ -113,7 +140,7 @@ actor StoreWorker {
         return (batch, delta.isFinished, delta.isFinished ? 0 : delta.estimatedRemaining)
     }
 
-    func closeCursor(_ cursor: Int) {
+    public func closeCursor(_ cursor: Int) {
         cursors[cursor] = nil
     }
 
@@ -124,25 +151,27 @@ actor StoreWorker {
     /// applied; see ``Store/apply(_:claim:since:)``).
     ///
     /// `received` holds the highest seq per site applied from earlier batches of the same answer; the result's
-    /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``).
-    func apply(
+    /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``). `origin` is what
+    /// ``commits()`` says of it.
+    public func apply(
         _ batch: ChangeBatch,
-        received: [SiteID: UInt64] = [:]
+        received: [SiteID: UInt64] = [:],
+        origin: StoreCommit.Origin = .peer
     ) throws(ShoalError) -> (
-        applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64]
+        applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64],
+        conflictsByTable: [String: Int]
     ) {
         let held = try store.versionVector()
-        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received) }
+        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:]) }
         let report = try store.apply(batch.changes, claim: batch.claim, received: received)
-        if report.applied > 0 { changed() }
-        if report.conflicts > 0 { NodeMetrics.countConflicts(report.conflictsByTable) }
+        if report.applied > 0 { changed(origin) }
         return (
             report.applied, try versionVector(), report.clockRefusals,
-            received.merging(report.acceptedHighest) { max($0, $1) }
+            received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable
         )
     }
 
-    func digest() throws(ShoalError) -> StateDigest {
+    public func digest() throws(ShoalError) -> StateDigest {
         try store.digest()
     }
 
@@ -150,7 +179,7 @@ actor StoreWorker {
     /// clients made to replicated tables are captured (given clocks and a dot) here, and at the first call.
     /// A capture that failed (the file busy beyond SQLite's timeout, say) is retried with backoff, and the
     /// error is thrown to the caller once per failure.
-    func changedElsewhere() throws(ShoalError) -> Bool {
+    package func changedElsewhere() throws(ShoalError) -> Bool {
         let version = try store.dataVersion()
         let changed = lastDataVersion != 0 && version != lastDataVersion
         let now = clock.nowMilliseconds()
@@ -168,7 +197,7 @@ actor StoreWorker {
             }
         }
         lastDataVersion = version
-        if changed || captured { self.changed() }
+        if changed || captured { self.changed(.otherConnection) }
         return changed || captured
     }
 
@@ -178,43 +207,46 @@ actor StoreWorker {
     private var captureBackoff = Backoff(initialMilliseconds: 200, maximumMilliseconds: 30_000)
 
     /// One slice of change-log compaction (replicated data is untouched: the digest stays valid).
-    func compactLog(maxEntries: Int) throws(ShoalError) -> CompactionReport {
+    package func compactLog(maxEntries: Int) throws(ShoalError) -> CompactionReport {
         try store.compactLog(maxEntries: maxEntries)
     }
 
-    /// Runs a closure against the store (for the node's own writes).
     /// Runs `body` on the store without counting it as a change of the data (reads, and Shoal's local tables).
-    func read<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
+    public func read<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
         try body(store)
     }
 
-    func withStore<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
-        changed()
-        defer { _ = try? versionVector() }
+    /// Runs `body` on the store as a write that may change replicated data.
+    public func withStore<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
+        markChanged()
+        defer {
+            _ = try? versionVector()
+            publish(.local)
+        }
         return try body(store)
     }
 
     /// Remembers a peer's address (not replicated data: the digest stays valid).
-    func rememberPeer(_ site: SiteID, host: String, port: Int) throws(ShoalError) {
+    package func rememberPeer(_ site: SiteID, host: String, port: Int) throws(ShoalError) {
         try store.rememberPeer(site, host: host, port: port)
     }
 
-    func forgetPeer(_ site: SiteID) throws(ShoalError) {
+    package func forgetPeer(_ site: SiteID) throws(ShoalError) {
         try store.forgetPeer(site)
     }
 
-    func knownPeers() throws(ShoalError) -> [KnownPeer] {
+    package func knownPeers() throws(ShoalError) -> [KnownPeer] {
         try store.knownPeers()
     }
 
     /// The digest, if the cached one is still current (cheap: for acknowledgements).
-    func currentDigest() -> StateDigest? {
+    package func currentDigest() -> StateDigest? {
         guard let cachedDigest, cachedDigest.version == stateVersion else { return nil }
         return cachedDigest.digest
     }
 
     /// What a call to ``refreshDigest(minimumIntervalMilliseconds:quietMilliseconds:now:)`` got to.
-    enum DigestRefresh {
+    package enum DigestRefresh {
         /// The digest, current.
         case ready(StateDigest)
         /// Not now: the data is not quiet yet, or the last refresh is too recent.
@@ -224,11 +256,11 @@ actor StoreWorker {
     }
 
     /// How many changed rows one refresh call folds into the digest at most.
-    static let digestSliceRows = 20_000
+    package static let digestSliceRows = 20_000
 
     /// Brings the digest up to date if it is stale, the last refresh is at least `interval` ms old, and the data
     /// has been quiet for `quiet` ms, folding in changed rows a slice at a time.
-    func refreshDigest(
+    package func refreshDigest(
         minimumIntervalMilliseconds interval: UInt64,
         quietMilliseconds quiet: UInt64,
         now: UInt64
