@@ -102,4 +102,43 @@ enum RelayEpochPlan {
         }
         return missing
     }
+
+    /// `contents` of `epoch` sealed to `recipient` and signed by `signer`, as the relay's mailbox keeps it.
+    static func grant(
+        _ epoch: UInt32,
+        _ contents: EpochGrant.Contents,
+        to recipient: (node: NodeID, key: [UInt8]),
+        cluster: String,
+        signer: NodeIdentity
+    ) throws(ShoalError) -> RelayGrant {
+        let grant = try EpochGrant.make(
+            cluster: cluster,
+            epoch: epoch,
+            contents: contents,
+            recipient: recipient.node,
+            recipientKey: recipient.key,
+            signer: signer
+        )
+        return RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
+    }
+
+    /// What starts `epoch` at the relay: a grant of `contents` for each member of `roster` but those `excluded`, the
+    /// epoch's upload key, and the hash of `token` (the token members use from then on).
+    static func rotation(
+        _ epoch: UInt32,
+        _ contents: EpochGrant.Contents,
+        token: String,
+        roster: Roster,
+        excluding excluded: Set<String>,
+        cluster: String,
+        signer: NodeIdentity
+    ) throws(ShoalError) -> RelayRotation {
+        var grants: [RelayGrant] = []
+        for recipient in recipients(roster, identity: signer, excluding: excluded) {
+            grants.append(try grant(epoch, contents, to: recipient, cluster: cluster, signer: signer))
+        }
+        let uploadKey = RelaySeal(secrets: [epoch: contents.secret], epoch: epoch).uploadKey(epoch)
+            .map { Data($0).base64EncodedString() }
+        return RelayRotation(epoch: epoch, tokenHash: RelayAPI.tokenHash(token), grants: grants, uploadKey: uploadKey)
+    }
 }

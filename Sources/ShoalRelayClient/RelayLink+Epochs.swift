@@ -1,32 +1,24 @@
-import AsyncHTTPClient
 import Foundation
 import Logging
-import Metrics
-import NIOCore
-import NIOHTTP1
-import NIOSSL
-import ServiceLifecycle
 import ShoalCore
-import ShoalProtocol
 import ShoalRelayProtocol
 import ShoalSecurity
 import ShoalTransport
-import Synchronization
 
 extension RelayLink {
     // MARK: Key epochs
 
-    func refreshGrantsIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+    func refreshGrantsIfNeeded(_ api: RelayAPIClient) async throws(RelayCallError) {
         guard let refused = state.withLock({ $0.grantsNeeded }) else { return }
         if state.withLock({ $0.credentials.token }) == refused {
-            try await refreshGrants(client, required: true)
+            try await refreshGrants(api, required: true)
         }
         state.withLock { if $0.grantsNeeded == refused { $0.grantsNeeded = nil } }
     }
 
     /// Fetches the grants of epochs after the newest held and adopts those made for this node by a member.
     /// `required`: the token was retired, so finding none means this node was left out.
-    func refreshGrants(_ client: HTTPClient, required: Bool) async throws(RelayCallError) {
+    func refreshGrants(_ api: RelayAPIClient, required: Bool) async throws(RelayCallError) {
         guard let identity = configuration.identity else {
             if required {
                 throw RelayCallError.unauthorized(
@@ -41,15 +33,7 @@ extension RelayLink {
         // When the token was retired, the grant may still be on its way (a member grants those it sees join): wait
         // for it at the relay rather than asking again and again.
         let wait = required ? configuration.waitMilliseconds : 0
-        let recipient = identity.nodeID.description.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
-        let (body, _) = try await call(
-            client,
-            .GET,
-            RelayAPI.grantsPath + "?after=\(newest)&recipient=\(recipient)&wait=\(wait)",
-            body: nil,
-            timeout: .milliseconds(Int64(wait) + 30_000)
-        )
-        let listed: RelayGrants = try decodeJSON(body)
+        let listed = try await api.grants(after: newest, recipient: identity.nodeID, waitMilliseconds: UInt64(wait))
         let adopted = RelayEpochPlan.adoptable(
             listed.grants,
             identity: identity,
@@ -92,23 +76,23 @@ extension RelayLink {
 
     /// Starts a new key epoch when the roster removed a node that no epoch held here excludes yet; and leaves grants
     /// for members that joined after the last rotation.
-    func rotateIfNeeded(_ client: HTTPClient) async throws(RelayCallError) {
+    func rotateIfNeeded(_ api: RelayAPIClient) async throws(RelayCallError) {
         guard let identity = configuration.identity, let roster = configuration.roster?(),
             roster.removed[identity.nodeID] == nil
         else { return }
-        try await reestablishIfNeeded(client, identity: identity, roster: roster)
+        try await reestablishIfNeeded(api, identity: identity, roster: roster)
         func next() -> RelayEpochPlan.Step {
             let (excluded, granted) = state.withLock { ($0.credentials.keyring.removed, $0.grantedMembers) }
             return RelayEpochPlan.next(roster: roster, identity: identity, excluded: excluded, granted: granted)
         }
         if next() == .rotate {
             // Another member may have rotated already.
-            try await refreshGrants(client, required: false)
+            try await refreshGrants(api, required: false)
         }
         switch next() {
         case .none: break
-        case .rotate: try await rotate(client, identity: identity, roster: roster)
-        case .grantMembers(let members): try await grantMembers(members, client, identity: identity, roster: roster)
+        case .rotate: try await rotate(api, identity: identity, roster: roster)
+        case .grantMembers(let members): try await grantMembers(members, api, identity: identity, roster: roster)
         }
     }
 
@@ -116,14 +100,13 @@ extension RelayLink {
     /// for the members and its upload key: a relay that lost its storage, or was restored from a copy older than a
     /// rotation, learns them back from the members instead of a member starting a different epoch under the same
     /// number. The newest comes with the token members hold for it. Checked when the relay's heads are read again.
-    func reestablishIfNeeded(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+    func reestablishIfNeeded(_ api: RelayAPIClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
         let now = configuration.clock.monotonicMilliseconds()
         // The newest epoch's token as the members hold it (the one a fallback to the configured token may have
         // replaced here): started again with another, the members' would be unknown to the relay.
         let (keyring, token) = state.withLock { ($0.credentials.keyring, $0.credentials.keyring.token ?? $0.credentials.token) }
         guard keyring.newest > 0, state.withLock({ $0.epochsCheckedMs.map { now - $0 >= 30_000 } ?? true }) else { return }
-        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=\(keyring.newest)", body: nil, timeout: .seconds(30))
-        let listed: RelayGrants = try decodeJSON(body)
+        let listed = try await api.grants(after: keyring.newest)
         state.withLock { $0.epochsCheckedMs = now }
         guard let relayNewest = listed.epoch, relayNewest < keyring.newest else { return }
         configuration.logger.info(
@@ -133,21 +116,15 @@ extension RelayLink {
         for epoch in keyring.epochs where epoch.epoch > relayNewest {
             let newest = epoch.epoch == keyring.newest
             guard let contents = RelayEpochPlan.contents(of: epoch, newest: newest, token: token) else { continue }
-            let secret = contents.secret
-            var grants: [RelayGrant] = []
-            for recipient in RelayEpochPlan.recipients(roster, identity: identity, excluding: keyring.removed) {
-                grants.append(try grant(epoch.epoch, contents, to: recipient, signer: identity))
-            }
-            let uploadKey = RelaySeal(secrets: [epoch.epoch: secret], epoch: epoch.epoch).uploadKey(epoch.epoch)
-                .map { Data($0).base64EncodedString() }
             // Only the newest epoch's token is one members use; an older epoch's is never handed out.
-            let tokenHash = RelayAPI.tokenHash(newest ? token : RelayAPI.makeToken())
-            let rotation = RelayRotation(epoch: epoch.epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
-            do {
-                _ = try await call(
-                    client, .POST, RelayAPI.rotatePath, body: Array((try? JSONEncoder().encode(rotation)) ?? Data()),
-                    timeout: .seconds(30)
+            let rotation = try localNow { () throws(ShoalError) in
+                try RelayEpochPlan.rotation(
+                    epoch.epoch, contents, token: newest ? token : RelayAPI.makeToken(), roster: roster,
+                    excluding: keyring.removed, cluster: configuration.clusterID, signer: identity
                 )
+            }
+            do {
+                try await api.rotate(rotation)
             } catch {
                 guard case .conflict = error else { throw error }
                 // Another member started it first (this node's, or one made afresh): the grants say which.
@@ -157,27 +134,25 @@ extension RelayLink {
         state.withLock { $0.grantedMembers = nil }
     }
 
-    func rotate(_ client: HTTPClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
+    func rotate(_ api: RelayAPIClient, identity: NodeIdentity, roster: Roster) async throws(RelayCallError) {
         let epoch = state.withLock { $0.credentials.keyring.newest } + 1
         var generator = SystemRandomNumberGenerator()
         let secret = (0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) }
         let token = RelayAPI.makeToken()
         let contents = EpochGrant.Contents(secret: secret, token: token, removed: roster.removed.keys.sorted())
-        var grants: [RelayGrant] = []
         let excluded = state.withLock { $0.credentials.keyring.removed }.union(contents.removed.map(\.description))
-        for recipient in RelayEpochPlan.recipients(roster, identity: identity, excluding: excluded) {
-            grants.append(try grant(epoch, contents, to: recipient, signer: identity))
+        let rotation = try localNow { () throws(ShoalError) in
+            try RelayEpochPlan.rotation(
+                epoch, contents, token: token, roster: roster, excluding: excluded, cluster: configuration.clusterID,
+                signer: identity
+            )
         }
-        let tokenHash = RelayAPI.tokenHash(token)
-        let uploadKey = RelaySeal(secrets: [epoch: secret], epoch: epoch).uploadKey(epoch).map { Data($0).base64EncodedString() }
-        let rotation = RelayRotation(epoch: epoch, tokenHash: tokenHash, grants: grants, uploadKey: uploadKey)
-        let body = Array((try? JSONEncoder().encode(rotation)) ?? Data())
         do {
-            _ = try await call(client, .POST, RelayAPI.rotatePath, body: body, timeout: .seconds(30))
+            try await api.rotate(rotation)
         } catch {
             if case .conflict = error {
                 // Another member started this epoch: adopt its grant; the next pass checks what it excludes.
-                try await refreshGrants(client, required: false)
+                try await refreshGrants(api, required: false)
                 return
             }
             throw error
@@ -186,30 +161,10 @@ extension RelayLink {
         configuration.logger.info("rotated the relay key", metadata: ["epoch": "\(epoch)"])
     }
 
-    /// `contents` of `epoch` sealed to `recipient` and signed by `signer`, as the relay's mailbox keeps it.
-    func grant(
-        _ epoch: UInt32,
-        _ contents: EpochGrant.Contents,
-        to recipient: (node: NodeID, key: [UInt8]),
-        signer: NodeIdentity
-    ) throws(RelayCallError) -> RelayGrant {
-        let grant = try localNow { () throws(ShoalError) in
-            try EpochGrant.make(
-                cluster: configuration.clusterID,
-                epoch: epoch,
-                contents: contents,
-                recipient: recipient.node,
-                recipientKey: recipient.key,
-                signer: signer
-            )
-        }
-        return RelayGrant(epoch: epoch, recipient: recipient.node.description, body: Data(grant.encoded).base64EncodedString())
-    }
-
     /// Leaves in the relay's mailbox the grants `members` lack, for every epoch held here.
     func grantMembers(
         _ members: Set<NodeID>,
-        _ client: HTTPClient,
+        _ api: RelayAPIClient,
         identity: NodeIdentity,
         roster: Roster
     ) async throws(RelayCallError) {
@@ -218,18 +173,21 @@ extension RelayLink {
             state.withLock { $0.grantedMembers = members }
             return
         }
-        let (body, _) = try await call(client, .GET, RelayAPI.grantsPath + "?after=0", body: nil, timeout: .seconds(30))
-        let listed: RelayGrants = try decodeJSON(body)
+        let listed = try await api.grants(after: 0)
         var grants: [RelayGrant] = []
         for missing in RelayEpochPlan.missing(
             keyring: keyring, token: token, roster: roster, identity: identity, listed: listed.grants
         ) {
-            grants.append(try grant(missing.epoch, missing.contents, to: missing.recipient, signer: identity))
+            grants.append(
+                try localNow { () throws(ShoalError) in
+                    try RelayEpochPlan.grant(
+                        missing.epoch, missing.contents, to: missing.recipient, cluster: configuration.clusterID,
+                        signer: identity
+                    )
+                }
+            )
         }
-        if !grants.isEmpty {
-            let posted = Array((try? JSONEncoder().encode(RelayGrants(grants: grants))) ?? Data())
-            _ = try await call(client, .POST, RelayAPI.grantsPath, body: posted, timeout: .seconds(30))
-        }
+        if !grants.isEmpty { try await api.post(grants) }
         state.withLock { $0.grantedMembers = members }
     }
 }

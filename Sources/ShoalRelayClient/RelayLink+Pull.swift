@@ -1,17 +1,8 @@
-import AsyncHTTPClient
 import Foundation
 import Logging
-import Metrics
-import NIOCore
-import NIOHTTP1
-import NIOSSL
-import ServiceLifecycle
 import ShoalCore
-import ShoalProtocol
 import ShoalRelayProtocol
-import ShoalSecurity
 import ShoalTransport
-import Synchronization
 
 extension RelayLink {
     // MARK: Pull
@@ -21,7 +12,7 @@ extension RelayLink {
 
     /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,
     /// the link opens it with the seal and applies what the session hands back.
-    func pullLoop(_ client: HTTPClient) async throws {
+    func pullLoop(_ api: RelayAPIClient) async throws {
         var session = RelayPullSession(
             site: node.siteID,
             cluster: configuration.clusterID,
@@ -42,9 +33,9 @@ extension RelayLink {
         var checkHeads = false
         while !Task.isCancelled {
             do throws(RelayCallError) {
-                try await refreshGrantsIfNeeded(client)
+                try await refreshGrantsIfNeeded(api)
                 if checkHeads {
-                    let heads = try await fetchHeads(client)
+                    let heads = try await fetchHeads(api)
                     let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
                     if held.entries.contains(where: { $0.value > heads[$0.key] }) {
                         state.withLock { $0.headsStale = true }
@@ -61,22 +52,8 @@ extension RelayLink {
                     wait: configuration.waitMilliseconds,
                     maximumBytes: configuration.pageBytes
                 )
-                let body = Array((try? JSONEncoder().encode(request)) ?? Data())
                 let asked = configuration.clock.monotonicMilliseconds()
-                let (answer, _) = try await call(
-                    client,
-                    .POST,
-                    RelayAPI.pullPath,
-                    body: body,
-                    contentType: "application/json",
-                    timeout: .milliseconds(Int64(configuration.waitMilliseconds) + 60_000)
-                )
-                let entries: [RelayEnvelopeList.Entry]
-                do {
-                    entries = try RelayEnvelopeList.decodeEntries(answer, maximumEnvelopeBytes: 64 * 1024 * 1024)
-                } catch {
-                    throw RelayCallError.malformed("a page from the relay: \(error.message)")
-                }
+                let entries = try await api.pull(request, waitMilliseconds: configuration.waitMilliseconds)
                 // An empty page long before the wait was up: the relay answered its waiting pulls as it shut down (it
                 // may come back restored from an older copy, with no request of ours failing), or woke for an upload
                 // with nothing for this node. Its heads are read before the next long-poll.
@@ -89,7 +66,7 @@ extension RelayLink {
                 for entry in entries {
                     switch entry {
                     case .envelope(let envelope):
-                        applied += try await receive(envelope, &session, client)
+                        applied += try await receive(envelope, &session, api)
                     case .undecodable(let site, let error):
                         session.undecodable(site: site, error, now: configuration.clock.nowMilliseconds())
                     }
@@ -132,7 +109,7 @@ extension RelayLink {
     func receive(
         _ envelope: RelayEnvelope,
         _ session: inout RelayPullSession,
-        _ client: HTTPClient
+        _ api: RelayAPIClient
     ) async throws(RelayCallError) -> Int {
         var verdict = session.check(envelope, now: configuration.clock.nowMilliseconds())
         if verdict == .readHeld {
@@ -144,7 +121,7 @@ extension RelayLink {
         guard verdict == .open else { return 0 }
         if !state.withLock({ $0.credentials.seal }).holds(envelope.epoch) {
             // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
-            try await refreshGrants(client, required: false)
+            try await refreshGrants(api, required: false)
         }
         let plaintext: Result<[UInt8], ShoalError>
         do {

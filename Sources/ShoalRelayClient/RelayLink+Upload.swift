@@ -1,24 +1,15 @@
-import AsyncHTTPClient
 import Foundation
 import Logging
-import Metrics
-import NIOCore
-import NIOHTTP1
-import NIOSSL
-import ServiceLifecycle
 import ShoalCore
-import ShoalProtocol
 import ShoalRelayProtocol
-import ShoalSecurity
 import ShoalTransport
-import Synchronization
 
 extension RelayLink {
     // MARK: Upload
 
     /// Uploads what the relay lacks whenever the node's data changes or the relay comes back, as the upload session
     /// (``RelayUploadSession``) decides.
-    func pushLoop(_ client: HTTPClient) async throws {
+    func pushLoop(_ api: RelayAPIClient) async throws {
         var signals = pushSignals.makeAsyncIterator()
         var session = RelayUploadSession(backoff: backoff())
         var backoff = backoff()
@@ -34,23 +25,23 @@ extension RelayLink {
                 return state.headsStale
             }
             do throws(RelayCallError) {
-                try await refreshGrantsIfNeeded(client)
-                try await rotateIfNeeded(client)
+                try await refreshGrantsIfNeeded(api)
+                try await rotateIfNeeded(api)
                 if session.next(now: configuration.clock.monotonicMilliseconds(), stale: stale) == .readHeads {
-                    session.read(try await fetchHeads(client), now: configuration.clock.monotonicMilliseconds())
+                    session.read(try await fetchHeads(api), now: configuration.clock.monotonicMilliseconds())
                 }
                 guard case .upload(var heads) = session.next(now: configuration.clock.monotonicMilliseconds(), stale: false)
                 else { continue }
-                let finished = try await pushOnce(client, heads: &heads)
+                let finished = try await pushOnce(api, heads: &heads)
                 switch session.uploaded(heads: heads, finished: finished, random: &random) {
                 case .done:
                     backoff.reset()
                     if snapshotDue(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: heads) {
                         // Read again first: another node may have just uploaded one.
-                        let fresh = try await fetchHeads(client)
+                        let fresh = try await fetchHeads(api)
                         session.read(fresh, now: configuration.clock.monotonicMilliseconds())
                         if snapshotDue(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: fresh) {
-                            try await uploadSnapshot(client)
+                            try await uploadSnapshot(api)
                         }
                     }
                 case .again(let wait):
@@ -78,24 +69,12 @@ extension RelayLink {
         )
     }
 
-    func fetchHeads(_ client: HTTPClient) async throws(RelayCallError) -> VersionVector {
-        let (body, _) = try await call(client, .GET, RelayAPI.headsPath, body: nil, timeout: .seconds(30))
-        let heads: RelayHeads = try decodeJSON(body)
+    /// The relay's heads, with what they say of its sizes noted.
+    func fetchHeads(_ api: RelayAPIClient) async throws(RelayCallError) -> VersionVector {
+        let (heads, vector) = try await api.heads(cluster: configuration.clusterID)
         state.withLock { state in
             state.uncoveredBytes = heads.uncoveredBytes ?? 0
             state.snapshotBytes = heads.snapshot?.bytes ?? 0
-        }
-        if let cluster = heads.cluster, cluster != configuration.clusterID {
-            throw RelayCallError.unauthorized(
-                "the token is for cluster \(cluster.prefix(64)), and this node belongs to \(configuration.clusterID)",
-                token: nil
-            )
-        }
-        let vector: VersionVector
-        do {
-            vector = try RelayAPI.vector(heads.heads)
-        } catch {
-            throw RelayCallError.malformed("the relay's heads: \(error.message)")
         }
         // Nobody holds more of this node's own site than the node itself: a head beyond it is a forged or corrupt
         // range, which hides this node's next transactions from the relay until its operator removes it.
@@ -112,12 +91,12 @@ extension RelayLink {
     }
 
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
-    func pushOnce(_ client: HTTPClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
+    func pushOnce(_ api: RelayAPIClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
         let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
         await noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let started = ContinuousClock.now
-        let (finished, _) = try await stream(client, since: heads, into: nil, heads: &heads)
+        let (finished, _) = try await stream(api, since: heads, into: nil, heads: &heads)
         await noteLacking(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: heads)
         metrics.pushOK.increment()
         metrics.pushTime.record(duration: ContinuousClock.now - started)
@@ -128,7 +107,7 @@ extension RelayLink {
     /// time, to the change log or to snapshot `snapshot`; returns whether all went up (`false`: the relay's heads moved
     /// and it refused some) and what the stream covered. `heads` follows the relay's answers.
     func stream(
-        _ client: HTTPClient,
+        _ api: RelayAPIClient,
         since: VersionVector,
         into snapshot: UInt64?,
         heads: inout VersionVector
@@ -147,14 +126,14 @@ extension RelayLink {
                     outgoingBytes += envelope.encodedCount
                     guard outgoingBytes >= requestBytes else { continue }
                     outgoingBytes = 0
-                    guard try await send(client, &outgoing, heads: &heads, snapshot: snapshot) else {
+                    guard try await send(api, &outgoing, heads: &heads, snapshot: snapshot) else {
                         await node.store.closeCursor(cursor)
                         return (false, chunker.covered)
                     }
                 }
             }
             await node.store.closeCursor(cursor)
-            let finished = outgoing.isEmpty ? true : try await send(client, &outgoing, heads: &heads, snapshot: snapshot)
+            let finished = outgoing.isEmpty ? true : try await send(api, &outgoing, heads: &heads, snapshot: snapshot)
             return (finished, chunker.covered)
         } catch {
             await node.store.closeCursor(cursor)
@@ -162,60 +141,22 @@ extension RelayLink {
         }
     }
 
-    /// Posts `body` to `path` authenticated with `epoch`'s upload key, so the relay stores only what a holder of the
-    /// secret sent; registers the key first when the relay does not know it yet.
-    func postAuthenticated(
-        _ client: HTTPClient,
-        _ path: String,
-        body: [UInt8],
-        contentType: String,
-        epoch: UInt32
-    ) async throws(RelayCallError) -> [UInt8] {
-        let seal = state.withLock { $0.credentials.seal }
-        guard let authentication = seal.authenticate(body, epoch: epoch), let uploadKey = seal.uploadKey(epoch) else {
-            throw RelayCallError.local(ShoalError(code: .sealBroken, message: "no upload key for epoch \(epoch)"))
-        }
-        let headers = [(RelayAPI.uploadEpochHeader, "\(epoch)"), (RelayAPI.uploadAuthHeader, authentication)]
-        do {
-            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
-        } catch {
-            guard case .noUploadKey = error else { throw error }
-            // The relay does not know this epoch's upload key yet (a new relay, or the cluster's first upload).
-            let key = RelayUploadKey(epoch: epoch, key: Data(uploadKey).base64EncodedString())
-            do {
-                _ = try await call(
-                    client, .POST, RelayAPI.keysPath, body: Array((try? JSONEncoder().encode(key)) ?? Data()), timeout: .seconds(30)
-                )
-            } catch {
-                guard case .conflict(_, let why) = error else { throw error }
-                // The relay holds another key for this epoch: see the 403 above.
-                throw RelayCallError.epochRetired(why, token: state.withLock { $0.credentials.token })
-            }
-            return try await call(client, .POST, path, body: body, contentType: contentType, headers: headers, timeout: .seconds(120)).body
-        }
-    }
-
     /// Sends `envelopes` (and empties it) to the change log, or to snapshot `snapshot`; `false` when some were refused
     /// because the relay's heads moved.
     func send(
-        _ client: HTTPClient,
+        _ api: RelayAPIClient,
         _ envelopes: inout [RelayEnvelope],
         heads: inout VersionVector,
         snapshot: UInt64? = nil
     ) async throws(RelayCallError) -> Bool {
-        let body = RelayEnvelopeList.encode(envelopes)
         let count = envelopes.count
-        let epoch = envelopes.first?.epoch ?? 0
+        let sending = envelopes
         envelopes = []
-        let path = snapshot.map { "\(RelayAPI.snapshotsPath)/\($0)" } ?? RelayAPI.changeSetsPath
-        let answer = try await postAuthenticated(client, path, body: body, contentType: RelayAPI.envelopeContentType, epoch: epoch)
-        let result: RelayUploadResult = try decodeJSON(answer)
-        if snapshot == nil { state.withLock { $0.uncoveredBytes += Int64(body.count) } }
-        do {
-            heads.merge(try RelayAPI.vector(result.heads))
-        } catch {
-            throw RelayCallError.malformed("the relay's heads: \(error.message)")
-        }
+        let (result, answered, bytes) = try await api.upload(
+            sending, snapshot: snapshot, seal: state.withLock { $0.credentials.seal }
+        )
+        if snapshot == nil { state.withLock { $0.uncoveredBytes += Int64(bytes) } }
+        heads.merge(answered)
         let now = configuration.clock.nowMilliseconds()
         state.withLock { state in
             state.status.lastPushMs = now
@@ -241,26 +182,19 @@ extension RelayLink {
 
     /// Uploads a snapshot: the node's whole merged state, as a change stream from the empty vector cut in ranges like
     /// any upload, into a snapshot of a new id; then tells the relay it is whole and what it covers.
-    func uploadSnapshot(_ client: HTTPClient) async throws(RelayCallError) {
+    func uploadSnapshot(_ api: RelayAPIClient) async throws(RelayCallError) {
         state.withLock { $0.snapshotTriedMs = configuration.clock.nowMilliseconds() }
         let id = UInt64.random(in: 1...UInt64(Int64.max))
         let seal = state.withLock { $0.credentials.seal }
         var uploaded = VersionVector()
-        let (finished, covered) = try await stream(client, since: VersionVector(), into: id, heads: &uploaded)
+        let (finished, covered) = try await stream(api, since: VersionVector(), into: id, heads: &uploaded)
         guard finished else { throw RelayCallError.refused("the relay refused part of a snapshot") }
         guard !covered.isEmpty else {
             state.withLock { $0.snapshotTriedMs = nil }
             return
         }
-        let completion = Array((try? JSONEncoder().encode(RelaySnapshotCompletion(vector: RelayAPI.json(covered)))) ?? Data())
         do throws(RelayCallError) {
-            _ = try await postAuthenticated(
-                client,
-                "\(RelayAPI.snapshotsPath)/\(id)/complete",
-                body: completion,
-                contentType: "application/json",
-                epoch: seal.epoch
-            )
+            try await api.completeSnapshot(id, covered: covered, seal: seal)
         } catch {
             if case .conflict = error {
                 // Another node's snapshot completed meanwhile and replaced this one: nothing failed, so the next

@@ -109,6 +109,13 @@ public final class RelayLink: Service, Sendable {
         )
         http.httpVersion = .http1Only
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
+        let api = RelayAPIClient(
+            http: client,
+            bases: bases,
+            uploaderID: uploaderID,
+            route: { self.state.withLock { ($0.instance, $0.credentials.token) } },
+            answered: { used, ok in self.markReachable(used, ok: ok) }
+        )
         do {
             try await cancelWhenGracefulShutdown {
                 try await withThrowingDiscardingTaskGroup { group in
@@ -116,8 +123,8 @@ public final class RelayLink: Service, Sendable {
                         for await _ in await self.node.changeSignals() { self.pushWake.yield() }
                         self.pushWake.finish()
                     }
-                    group.addTask { try await self.pushLoop(client) }
-                    group.addTask { try await self.pullLoop(client) }
+                    group.addTask { try await self.pushLoop(api) }
+                    group.addTask { try await self.pullLoop(api) }
                     group.addTask { try await self.sampleMetrics() }
                 }
             }
@@ -168,5 +175,22 @@ public final class RelayLink: Service, Sendable {
         if let event = failure.event { eventSink.yield(event) }
         if state.withLock({ $0.headsStale }) { pushWake.yield() }
         return failure.delay
+    }
+
+    /// Runs a step on the node's store; its failure is a local one, not the relay's.
+    func local<T>(_ body: () async throws(ShoalError) -> T) async throws(RelayCallError) -> T {
+        do {
+            return try await body()
+        } catch {
+            throw RelayCallError.local(error)
+        }
+    }
+
+    func localNow<T>(_ body: () throws(ShoalError) -> T) throws(RelayCallError) -> T {
+        do {
+            return try body()
+        } catch {
+            throw RelayCallError.local(error)
+        }
     }
 }

@@ -166,7 +166,8 @@ enum Output {
             }
         }
         text += "peers:\n"
-        if live.peers.isEmpty { text += "  none yet\n" }
+        if live.peers.isEmpty && live.relay == nil { text += "  none yet\n" }
+        if let relay = live.relay { text += relayPeerLine(relay) }
         let now = SystemWallClock().nowMilliseconds()
         for peer in live.peers {
             // A failing peer says so even while it reconnects: "live" only once its rounds succeed.
@@ -225,6 +226,28 @@ extension Output {
             + (plaintextCluster.map { " --insecure-plaintext --cluster \($0)" } ?? "")
             + (peer.listeningAddress == nil ? " (HOST:PORT: the peer's address)" : "")
         return (since, message, run)
+    }
+
+    /// The relay as one of the peers: its state, its last sync (the later of its last push and pull), what it moved
+    /// and what it acknowledged of this node's writes.
+    static func relayPeerLine(_ relay: RelayStatus) -> String {
+        let now = SystemWallClock().nowMilliseconds()
+        let state =
+            switch relay.reachable {
+            case nil: "not tried yet"
+            case true?: relay.unauthorized ? "failing: \(relay.lastError ?? "it refuses the token")" : "live"
+            case false?: "failing: \(relay.problem?.words ?? "unreachable")"
+            }
+        let synced = [relay.lastPushMs, relay.lastPullMs].compactMap { $0 }.max()
+        let last = synced.map { "\(now > $0 ? now - $0 : 0) ms ago" } ?? "never"
+        let acknowledged =
+            switch relay.lacking {
+            case nil: "acknowledgement not known yet"
+            case 0?: "holds every write of this node's"
+            case let lacking?: "lacks \(lacking) of this node's transactions"
+            }
+        return "  relay \(relay.url) (relay): \(state), last sync \(last), \(relay.uploaded) chunks uploaded, "
+            + "\(relay.applied) changes applied from it, \(acknowledged)\n"
     }
 
     /// The relay's state in a few lines: reachable or not and since when, last upload and pull, what it lacks.

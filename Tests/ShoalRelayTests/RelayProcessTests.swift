@@ -39,6 +39,10 @@ import Testing
         // The relay acknowledges like a peer: once it holds a's writes, a has nothing pending, though no peer ever
         // connected to it.
         #expect(try await waitUntil(within: 10) { (try await world.status("a"))["pending_local_changes"] as? Int == 0 })
+        // Status lists it among the peers, with what it acknowledged.
+        let text = try await offPool { try shoal("status", "--db", world.paths["a"]!) }.stdout
+        let peers = text.components(separatedBy: "peers:\n").last ?? ""
+        #expect(peers.contains("(relay): live, last sync ") && peers.contains("holds every write of this node's"), "\(text)")
         // The relay's files (database, WAL, shared memory) hold no byte of the marker.
         let needle = Data(marker.utf8)
         let files = try filesBytes(under: world.relayData)
