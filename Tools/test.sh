@@ -25,8 +25,9 @@ export SHOAL_DEMO_BUILT=1
 step "offline demo" env SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 step "live demo" "$root/.build/debug/shoal" demo --nodes 3 --writes 50
 step "chaos" "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
-# The relay path: the nodes never meet, and the relay is killed (-9) at random.
-step "chaos through a relay" "$root/.build/debug/shoal-chaos" --relay --nodes 4 --seconds 6
+# The relay path: the nodes never meet; the relay is killed (-9) at random, loses its storage, is restored from an
+# older copy (across a key rotation), and tampers with pull answers; a member is removed during the run.
+step "chaos through a hostile relay" "$root/.build/debug/shoal-chaos" --relay-hostile --nodes 4 --seconds 6
 # The same on PostgreSQL: two relay instances on one database, one of them killed (-9) at random.
 step "chaos through relays on PostgreSQL" \
     "$root/.build/debug/shoal-chaos" --postgres "$SHOAL_TEST_POSTGRES_URL" --nodes 4 --seconds 6
