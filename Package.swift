@@ -162,6 +162,8 @@ let package = Package(
             dependencies: [
                 "ShoalCore", "ShoalStore", "ShoalProtocol", "ShoalTransport", "ShoalSecurity", "ShoalDiscovery",
                 "ShoalRelayClient", "ShoalRelayProtocol",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict
         ),
@@ -209,6 +211,17 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tools/ShoalBench",
+            swiftSettings: strict
+        ),
+        // The README's embedding example, built and run by EmbeddingExampleTests.
+        .executableTarget(
+            name: "EmbeddingExample",
+            dependencies: [
+                "Shoal",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Tools/EmbeddingExample",
             swiftSettings: strict
         ),
         .executableTarget(

@@ -1,4 +1,5 @@
-// The public facade. Applications import `Shoal` and get all of Shoal's public API: the core types, the store,
+// The public facade. Applications import `Shoal`, hold a `ShoalNode` (ShoalNode.swift), and get all of Shoal's public
+// API beside it: the core types, the store,
 // the wire protocol, the node (SyncNode and its configuration) and mDNS discovery.
 @_exported import ShoalCore
 @_exported import ShoalDiscovery

@@ -195,9 +195,15 @@ public actor SyncNode: Service {
         try await worker.digest()
     }
 
-    /// Listens, dials, and syncs until cancelled, or until a graceful shutdown (run it in a `ServiceGroup`).
+    /// Listens, dials, and syncs until a graceful shutdown (run it in a `ServiceGroup`) or cancellation, and then
+    /// returns: a stop asked for is not an error (an app that stops on SIGTERM exits with status 0). It throws when
+    /// the node fails (it cannot listen, say).
     public func run() async throws {
-        try await cancelWhenGracefulShutdown { try await self.serve() }
+        do {
+            try await cancelWhenGracefulShutdown { try await self.serve() }
+        } catch is CancellationError {
+            // Asked to stop.
+        }
     }
 
     private func serve() async throws {

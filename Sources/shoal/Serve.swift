@@ -66,48 +66,28 @@ extension ShoalCommand {
             try database.requireExisting()
             let lock = try ServeLock.acquire(database: database.db)
             defer { withExtendedLifetime(lock) {} }
-            var configuration = NodeConfiguration(databasePath: database.db)
-            configuration.listenHost = address.host
-            configuration.listenPort = address.port
-            configuration.nodeName = name
-            configuration.roundIntervalMilliseconds = roundInterval
-            configuration.compactionIntervalMilliseconds = compactionInterval
-            configuration.mdns = !noMdns
-            configuration.rememberPeers = !noRemembered
-            configuration.staticPeers = try peers.map { text in
+            var options = ShoalNodeOptions(database: database.db)
+            options.listen = address
+            options.name = name
+            options.roundIntervalMilliseconds = roundInterval
+            options.compactionIntervalMilliseconds = compactionInterval
+            options.mdns = !noMdns
+            options.rememberPeers = !noRemembered
+            options.peers = try peers.map { text in
                 guard let peer = PeerAddress(parsing: text) else {
                     throw ShoalError(code: .invalidArgument, message: "--peer wants HOST:PORT, got \"\(text)\"")
                 }
                 return peer
             }
-            var security: NodeSecurity?
+            options.relay = try relayOptions()
             if insecurePlaintext {
-                configuration.insecurePlaintext = true
-                configuration.clusterID = cluster ?? "default"
+                options.insecurePlaintextCluster = cluster ?? "default"
                 log("WARNING: --insecure-plaintext: peer links are neither authenticated nor encrypted; anyone who can reach \(listen) can read and write this database")
-            } else {
-                guard cluster == nil else {
-                    throw ShoalError(
-                        code: .invalidArgument,
-                        message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in the node key (shoal invite / shoal join)"
-                    )
-                }
-                // A connection of its own for the set-up only, closed before the node opens its store.
-                var store: Store? = try database.open()
-                defer { store = nil }
-                if !KeyFile.exists(forDatabase: database.db) {
-                    // A database made before nodes had keys, or by an app through the library: it gets one now.
-                    let keyFile = try Membership.initialize(
-                        databasePath: database.db,
-                        store: store!,
-                        now: SystemWallClock().nowMilliseconds()
-                    )
-                    log("made a node key (\(KeyFile.path(forDatabase: database.db))): node \(keyFile.identity.nodeID.short), a cluster of one; add devices with `shoal invite`")
-                }
-                let secured = try NodeSecurity(databasePath: database.db, store: store!, name: name)
-                store = nil
-                try secured.configure(&configuration)
-                security = secured
+            } else if cluster != nil {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--cluster goes with --insecure-plaintext only: with TLS the cluster is the one in the node key (shoal invite / shoal join)"
+                )
             }
             // The registry first: the node and the relay link make their metrics' handles as they start.
             let metricsEndpoint = metricsAddress.map { address in
@@ -122,172 +102,53 @@ extension ShoalCommand {
                     FileHandle.standardOutput.write(Data("metrics listening on \(bound)\n".utf8))
                 }
             }
-            let node = try await SyncNode(configuration: configuration)
-            security?.attach(node)
-            let relayLink = try makeRelayLink(node: node, security: security)
-            let secured = security
-            let rosterWatcher = Task { await secured?.watchRoster() }
-            defer { rosterWatcher.cancel() }
+            let node = try await ShoalNode(options: options)
+            if node.madeKey, let keyFile = node.security?.keyFile {
+                // A database made before nodes had keys, or by an app through the library: it got one now.
+                log("made a node key (\(KeyFile.path(forDatabase: database.db))): node \(keyFile.identity.nodeID.short), a cluster of one; add devices with `shoal invite`")
+            }
+            let reporter = ServeReporter(
+                node: node,
+                database: database.db,
+                listenHost: address.host,
+                plaintextCluster: options.insecurePlaintextCluster
+            )
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
-                    services: [.init(service: node)] + (relayLink.map { [.init(service: $0)] } ?? [])
+                    services: [.init(service: node), .init(service: reporter)]
                         + (metricsEndpoint.map { [.init(service: $0)] } ?? []),
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
             )
-            let running = Task { try await services.run() }
-            let statusFile = StatusFile(path: LiveStatus.path(forDatabase: database.db))
-            let plaintextCluster = insecurePlaintext ? configuration.clusterID : nil
-            let statusWriter = Task {
-                while !Task.isCancelled {
-                    var status = LiveStatus(
-                        node: node.siteID,
-                        pendingLocalChanges: await node.pendingLocalChanges(),
-                        digest: try? await node.refreshDigest(waiting: false),
-                        peers: await node.peerStatuses(),
-                        unreached: await node.unreachedPeers()
-                    )
-                    status.clockAheadOfPeersMs = await node.clockAheadOfPeers()
-                    status.security = security == nil ? "insecure-plaintext" : "tls"
-                    status.cluster = plaintextCluster
-                    status.relay = relayLink?.status
-                    status.nodeID = security?.keyFile.identity.nodeID.description
-                    status.pending = security?.trust.pendingDevices.map { device in
-                        LiveStatus.PendingDevice(
-                            node: device.nodeID.description,
-                            name: device.name,
-                            site: device.siteID?.hex,
-                            address: device.address,
-                            attempts: device.attempts,
-                            lastSeenMs: device.lastSeenMilliseconds,
-                            publicKey: Data(device.publicKeyDER).base64EncodedString()
-                        )
-                    }
-                    statusFile.write(status)
-                    try? await Task.sleep(for: .milliseconds(250))
-                }
-            }
-            defer {
-                statusWriter.cancel()
-                statusFile.remove()
-            }
-            let relayReporter = Task {
-                guard let relayLink else { return }
-                for await event in relayLink.events {
-                    switch event {
-                    case .reachable: log("relay \(relayLink.status.url) reachable")
-                    case .failed(let reason): log(reason)
-                    case .unauthorized(let reason):
-                        let hint = reason.contains("unknown token") || reason.contains("was revoked")
-                            ? ": give the node a token of its cluster (shoal relay token create) and restart it" : ""
-                        log(reason + hint)
-                    case .applied(let changes): log("synced \(changes) changes from the relay")
-                    case .uploaded: break
-                    case .snapshotted: log("uploaded a snapshot to the relay")
-                    case .epoch(let epoch, let rotatedHere):
-                        log(
-                            rotatedHere
-                                ? "rotated the relay key to epoch \(epoch): removed nodes can no longer read what is sealed from now on, nor use the relay"
-                                : "the relay key moved to epoch \(epoch) (another member rotated it after a removal)"
-                        )
-                    }
-                }
-            }
-            defer { relayReporter.cancel() }
-            let listened = ListeningFlag()
-            let plaintextOption = insecurePlaintext ? " --insecure-plaintext --cluster \(configuration.clusterID)" : ""
-            let reporter = Task {
-                let terminal = isatty(STDERR_FILENO) != 0
-                var lastProgressLine = Date.distantPast
-                for await event in node.events {
-                    switch event {
-                    case .catchUpProgress(let peer, let changes, let remaining, let milliseconds):
-                        let rate = milliseconds > 0 ? Double(changes) * 1000 / Double(milliseconds) : 0
-                        let eta = rate > 0 ? " ETA \(Int((Double(remaining) / rate).rounded(.up))) s" : ""
-                        let line =
-                            "catching up from \(peer.hex.prefix(8)): \(changes) changes, \(Int(rate)) changes/s,"
-                            + " about \(remaining) to go\(eta)"
-                        if terminal {
-                            FileHandle.standardError.write(Data("\r\u{1B}[2K\(line)".utf8))
-                        } else if Date().timeIntervalSince(lastProgressLine) >= 5 {
-                            lastProgressLine = Date()
-                            log(line)
-                        }
-                    case .listening(let port):
-                        listened.value.store(true, ordering: .relaxed)
-                        // Written in one call, unbuffered, so a script reading the pipe sees it at once.
-                        FileHandle.standardOutput.write(
-                            Data("listening on \(PeerAddress(host: address.host, port: port))\n".utf8)
-                        )
-                    case .peerConnected(let site, let name, let peerAddress):
-                        log("peer connected: \(name.printable()) \(site.hex.prefix(8)) at \(peerAddress)")
-                    case .peerDisconnected(let site, let reason):
-                        log("peer disconnected: \(site.hex.prefix(8)): \(reason)")
-                    case .roundFinished(let peer, let applied) where applied > 0:
-                        if terminal { FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8)) }
-                        log("synced \(applied) changes from \(peer.hex.prefix(8))")
-                    case .connectionFailed(let peerAddress, let reason):
-                        log("connection to \(peerAddress) failed: \(reason)")
-                    case .inboundConnectionFailed(let peerAddress, let reason):
-                        log("connection from \(peerAddress) failed: \(reason)")
-                    case .roundFinished:
-                        break
-                    case .peerDiscovered(let site, let peerAddress):
-                        log("found \(site.hex.prefix(8)) at \(peerAddress) by mDNS")
-                    case .discoveryUnavailable(let reason):
-                        log("mDNS discovery is off: \(reason).")
-                    case .discoveryAvailable(let interface):
-                        log("mDNS discovery is on (announced and browsing on \(interface ?? "every interface"))")
-                    case .peerDiverged(let site, let name, let peerAddress, _):
-                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
-                        log(
-                            "ERROR: diverged from \(peer): it holds the same changes as this node but different rows "
-                                + "(different digests at the same version), and syncing between these two will not mend it; run `shoal "
-                                + "verify --db \(database.db) --peer \(peerAddress ?? "HOST:PORT")"
-                                + "\(plaintextOption)` to list the rows that differ"
-                        )
-                    case .peerConverged(let site, let name):
-                        let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
-                        log("converged again with \(peer): equal digests at the same version")
-                    }
-                }
-            }
             do {
-                try await running.value
-            } catch is CancellationError {
-                // Stopped by a signal.
+                try await services.run()
             } catch let error as ShoalError {
-                reporter.cancel()
                 throw error
             } catch let error as MetricsEndpointError {
-                reporter.cancel()
                 throw ShoalError(code: .invalidArgument, message: "--metrics: \(Output.failure(error.underlying, while: "could not listen on \(error.host):\(error.port)"))")
             } catch {
-                reporter.cancel()
                 // The listening socket is bound first: a failure before the node said where it listens is that.
-                let started = listened.value.load(ordering: .relaxed)
                 throw ShoalError(
                     code: .invalidArgument,
-                    message: started
+                    message: reporter.listened
                         ? "the node stopped: \(Output.failure(error, while: nil))"
                         : "could not start listening on \(listen): \(Output.failure(error, while: nil))"
                 )
             }
-            reporter.cancel()
             log("stopped")
         }
 
-        /// The relay link `--relay` asks for, if any.
-        private func makeRelayLink(node: SyncNode, security: NodeSecurity?) throws -> RelayLink? {
+        /// The relay `--relay` asks for, if any.
+        private func relayOptions() throws -> ShoalNodeOptions.Relay? {
             guard let url = relay.first else {
                 guard relayToken == nil, relayTokenFile == nil, relayCa == nil else {
                     throw ShoalError(code: .invalidArgument, message: "--relay-token, --relay-token-file and --relay-ca go with --relay URL")
                 }
                 return nil
             }
-            guard let security else {
+            if insecurePlaintext {
                 throw ShoalError(
                     code: .invalidArgument,
                     message: "--relay needs the cluster's secret to seal change sets: run without --insecure-plaintext"
@@ -306,23 +167,11 @@ extension ShoalCommand {
             if let relayCa, !FileManager.default.isReadableFile(atPath: relayCa) {
                 throw ShoalError(code: .invalidArgument, message: "cannot read the relay CA file \(relayCa)")
             }
-            var logger = Logger(label: "shoal.relay")
-            logger.logLevel = .critical
-            var configuration = RelayClientConfiguration(
-                url: url,
-                token: token,
-                clusterID: security.keyFile.cluster.idHex,
-                clusterSecret: security.keyFile.cluster.secret,
-                logger: logger
-            )
-            configuration.identity = security.keyFile.identity
-            let trust = security.trust
-            configuration.roster = { trust.roster }
-            configuration.keyringPath = RelayKeyring.path(forDatabase: database.db)
-            configuration.caCertificatePath = relayCa
-            configuration.otherURLs = Array(relay.dropFirst())
-            configuration.snapshotMinimumBytes = relaySnapshotBytes
-            return try RelayLink(node: node, configuration: configuration)
+            var options = ShoalNodeOptions.Relay(url: url, token: token)
+            options.otherURLs = Array(relay.dropFirst())
+            options.caCertificatePath = relayCa
+            options.snapshotMinimumBytes = relaySnapshotBytes
+            return options
         }
 
         private func log(_ line: String) {
@@ -419,7 +268,3 @@ final class StatusFile: Sendable {
     }
 }
 
-/// A flag set by one task and read by another.
-final class ListeningFlag: Sendable {
-    let value = Atomic<Bool>(false)
-}
