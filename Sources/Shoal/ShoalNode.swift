@@ -38,6 +38,12 @@ public final class ShoalNode: Service, Sendable {
     /// What happens on the node's peer links, as it happens.
     public var events: AsyncStream<NodeEvent> { node.events }
 
+    /// A live query on the node's database: its result now, then after every commit that writes a table it reads,
+    /// whoever made it (see ``SerializedStore/observe(_:_:)``).
+    public func observe(_ sql: String, _ arguments: [SQLValue] = []) -> AsyncThrowingStream<QueryResult, any Error> {
+        store.observe(sql, arguments)
+    }
+
     /// Opens the database at `options.database` (creating it when missing) and assembles the node; nothing runs
     /// until ``run()``.
     public init(options: ShoalNodeOptions) async throws(ShoalError) {

@@ -31,6 +31,9 @@ public actor SerializedStore {
     /// ``Store/clockAheadOfPeersMilliseconds``); readable at once, like ``latestVersionVector``.
     public nonisolated let latestClockAhead = Mutex<UInt64?>(nil)
 
+    /// Counts the commits (``StoreCommit/generation``): what was read now holds every commit up to it.
+    var generation: Int { stateVersion }
+
     /// Who is told of each commit (``commits()``).
     private var commitWatchers: [Int: AsyncStream<StoreCommit>.Continuation] = [:]
     private var nextCommitWatcher = 0
@@ -47,8 +50,11 @@ public actor SerializedStore {
     }
 
     private func publish(_ origin: StoreCommit.Origin) {
+        // What the store wrote through its door may be any table: observers look again whatever it was.
+        let tables = origin == .local ? nil : store.takeCommittedTables()
+        if origin == .local { _ = store.takeCommittedTables() }
         guard !commitWatchers.isEmpty else { return }
-        let commit = StoreCommit(origin: origin)
+        let commit = StoreCommit(origin: origin, tables: tables, generation: stateVersion)
         for watcher in commitWatchers.values { watcher.yield(commit) }
     }
 

@@ -305,6 +305,7 @@ extension Store {
         try gateFences(changes)
         let (unfenced, fenced) = try setAsideFenced(changes)
         let (changes, refusals) = setAsideFutureClocks(unfenced)
+        for change in changes { committedTables.insert(change.table) }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {

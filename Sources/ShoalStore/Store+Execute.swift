@@ -353,6 +353,7 @@ extension Store {
         var logKeys: [Int: [UInt8]] = [:]
         for (tableNumber, pendingTable) in pending.enumerated() where !pendingTable.isEmpty {
             let table = capture.tables[tableNumber]
+            committedTables.insert(table.name)
             var keys: [UInt8] = []
             // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
             var freshTemplate: [UInt8]?

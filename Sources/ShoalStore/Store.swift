@@ -119,6 +119,11 @@ public final class Store {
     /// Given every roster record held and arriving, the fences the roster requires (``StoreOptions/fenceGate``, which
     /// it starts as): an apply that brings roster records raises them before it merges anything.
     public var fenceGate: (([[UInt8]]) -> [SiteID: UInt64])?
+    /// Set while ``tablesRead(by:)`` prepares a statement: the authorizer collects the tables it reads.
+    var collectingReads = false
+    var tablesRead: Set<String> = []
+    /// The replicated tables written by what was committed since the last ``takeCommittedTables()``.
+    var committedTables: Set<String> = []
     /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
     var warnedSentRecord = false
 
@@ -316,6 +321,7 @@ public final class Store {
     }
 
     private func authorize(action: Int32, first: String?, second: String?, trigger: String?) -> Int32 {
+        if collectingReads, action == SQLITE_READ, let first { tablesRead.insert(first) }
         guard preparingUserStatement else { return SQLITE_OK }
         if action == SQLITE_FUNCTION || action == SQLITE_READ { userStatementComputesValues = true }
         // Shoal's capture triggers write the outbox (they are skipped on this connection, but still compiled).

@@ -14,9 +14,21 @@ public struct StoreCommit: Sendable, Hashable {
 
     /// What made it.
     public var origin: Origin
+    /// The replicated tables it wrote; nil when they are not known (a write through the store's door may have written
+    /// any table, replicated or not): then every observer looks again.
+    public var tables: Set<String>?
+    /// Counts the store's commits: a result read at generation N already holds every commit up to N.
+    public var generation: Int
 
-    /// A commit made by `origin`.
-    public init(origin: Origin) {
+    /// A commit made by `origin`, writing `tables`.
+    public init(origin: Origin, tables: Set<String>?, generation: Int) {
         self.origin = origin
+        self.tables = tables
+        self.generation = generation
+    }
+
+    /// Whether it may have changed what a query reading `read` returns.
+    public func touches(_ read: Set<String>) -> Bool {
+        tables.map { !$0.isDisjoint(with: read) } ?? true
     }
 }

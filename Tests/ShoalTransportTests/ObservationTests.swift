@@ -1,0 +1,88 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// Live queries over real nodes: the current result at once, then one per commit that touches what the query reads,
+/// whoever made it (the node's own connection, the `sqlite3` shell, a LAN peer), never the same result twice.
+@Suite struct ObservationTests {
+    /// Collects what `stream` yields, for the test to wait on; the task ends with the stream.
+    private static func collect(_ stream: AsyncThrowingStream<QueryResult, any Error>) -> (EventLog<QueryResult>, Task<Void, any Error>) {
+        let log = EventLog<QueryResult>()
+        let task = Task { for try await result in stream { await log.append(result) } }
+        return (log, task)
+    }
+
+    private static func keys(_ result: QueryResult?) -> [String] {
+        result?.rows.compactMap { if case .text(let k) = $0.first { k } else { nil } } ?? []
+    }
+
+    @Test func anObserverSeesLocalShellAndPeerWritesAndNothingElse() async throws {
+        let directory = try temporaryDirectory("observe")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // Both nodes replicate kv and a table the query does not read (whose writes wake nothing).
+        for name in ["a", "b"] {
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path)
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v, n INTEGER DEFAULT 0)")
+            try store.replicate(table: "kv", counters: ["n"])
+            try store.execute("CREATE TABLE other(k TEXT PRIMARY KEY)")
+            try store.replicate(table: "other")
+        }
+        let a = try await startNode(in: directory, name: "a")
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        let (results, task) = Self.collect(a.node.store.observe("SELECT k FROM kv WHERE v > ? ORDER BY k", [.integer(0)]))
+        defer { task.cancel() }
+        #expect(await results.seen(within: 30) { Self.keys($0) == [] }, "the current result at once")
+        // Through the node's own connection.
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('local', 1)")
+        #expect(await results.seen(within: 30) { Self.keys($0) == ["local"] })
+        // The sqlite3 shell, another process (the node captures its commit).
+        #expect(try sqlite3Shell(a.path, "INSERT INTO kv(k, v) VALUES ('shell', 2)").status == 0)
+        #expect(await results.seen(within: 30) { Self.keys($0) == ["local", "shell"] })
+        // A LAN peer's write, applied here.
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('peer', 3)")
+        #expect(await results.seen(within: 30) { Self.keys($0) == ["local", "peer", "shell"] })
+        // Writes that leave the result as it was (another table, a row the WHERE leaves out) yield nothing; the next
+        // result is the next change of it.
+        #expect(try sqlite3Shell(a.path, "INSERT INTO other VALUES ('x')").status == 0)
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('filtered', 0)")
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('last', 4)")
+        #expect(await results.seen(within: 30) { Self.keys($0) == ["last", "local", "peer", "shell"] })
+        let seen = await results.events.map(Self.keys)
+        #expect(seen == [[], ["local"], ["local", "shell"], ["local", "peer", "shell"], ["last", "local", "peer", "shell"]])
+        await b.stop()
+        await a.stop()
+    }
+
+    @Test func aSlowConsumerGetsTheNewestResultAndCancellingEndsTheObservation() async throws {
+        let directory = try temporaryDirectory("observe-slow")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        // A consumer that reads nothing while 200 commits land, then reads: the newest count, not a backlog.
+        var results = a.node.store.observe("SELECT count(*) FROM kv").makeAsyncIterator()
+        #expect(try await results.next()?.rows == [[.integer(0)]])
+        for index in 0..<200 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', 1)") }
+        var received: [QueryResult] = []
+        while received.last?.rows != [[.integer(200)]], let result = try await results.next() { received.append(result) }
+        #expect(received.last?.rows == [[.integer(200)]])
+        #expect(received.count < 20, "coalesced: \(received.count) results for 200 commits")
+        #expect(zip(received, received.dropFirst()).allSatisfy { $0 != $1 }, "never the same result twice in a row")
+        // A query that writes is refused.
+        var refused = a.node.store.observe("DELETE FROM kv").makeAsyncIterator()
+        await #expect(throws: ShoalError.self) { _ = try await refused.next() }
+        // Cancelled: the observing task ends, and the store stops telling it of commits.
+        let observer = Task {
+            var count = 0
+            for try await _ in a.node.store.observe("SELECT count(*) FROM kv") { count += 1 }
+            return count
+        }
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('more', 1)")
+        observer.cancel()
+        _ = try await observer.value
+        await a.stop()
+    }
+}
