@@ -51,8 +51,11 @@ public actor SerializedStore {
 
     private func publish(_ origin: StoreCommit.Origin) {
         // What the store wrote through its door may be any table: observers look again whatever it was.
-        let tables = origin == .local ? nil : store.takeCommittedTables()
-        if origin == .local { _ = store.takeCommittedTables() }
+        publish(origin, tables: origin == .local ? nil : store.takeCommittedTables())
+    }
+
+    private func publish(_ origin: StoreCommit.Origin, tables: Set<String>?) {
+        if tables == nil { _ = store.takeCommittedTables() }
         guard !commitWatchers.isEmpty else { return }
         let commit = StoreCommit(origin: origin, tables: tables, generation: stateVersion)
         for watcher in commitWatchers.values { watcher.yield(commit) }
@@ -203,7 +206,12 @@ public actor SerializedStore {
             }
         }
         lastDataVersion = version
-        if changed || captured { self.changed(.otherConnection) }
+        if changed || captured {
+            markChanged()
+            // Another connection committed: which tables it wrote is known only for what this store captured from
+            // the outbox (another Shoal process stamps its own writes, and a node's applies write directly).
+            publish(.otherConnection, tables: changed ? nil : store.takeCommittedTables())
+        }
         return changed || captured
     }
 
