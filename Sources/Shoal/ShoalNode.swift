@@ -44,6 +44,12 @@ public final class ShoalNode: Service, Sendable {
         store.observe(sql, arguments)
     }
 
+    /// The committed change sets of `tables` (nil: all) after `cursor`, waiting for new ones (see
+    /// ``SerializedStore/changes(in:after:)``).
+    public func changes(in tables: Set<String>? = nil, after cursor: ChangeFeedCursor = ChangeFeedCursor()) -> ChangeFeed {
+        store.changes(in: tables, after: cursor)
+    }
+
     /// Opens the database at `options.database` (creating it when missing) and assembles the node; nothing runs
     /// until ``run()``.
     public init(options: ShoalNodeOptions) async throws(ShoalError) {

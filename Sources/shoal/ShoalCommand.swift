@@ -42,7 +42,7 @@ struct ShoalCommand: AsyncParsableCommand {
         subcommands: [
             Init.self, SQL.self, Replicate.self, Changes.self, Apply.self, Digest.self, Status.self, Conflicts.self,
             Compact.self, Unreplicate.self, Serve.self, Demo.self, ID.self, Invite.self, Join.self, Trust.self,
-            Relay.self, Verify.self, Watch.self,
+            Relay.self, Verify.self, Watch.self, Feed.self,
         ]
     )
 }

@@ -46,4 +46,56 @@ import Testing
         let results = watch.output.split(separator: "\n").compactMap { Self.keys(String($0)) }
         #expect(zip(results, results.dropFirst()).allSatisfy { $0 != $1 }, "never the same result twice: \(results)")
     }
+
+    private static func feedLine(_ line: String) -> [String: Any]? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], object["dot"] != nil
+        else { return nil }
+        return object
+    }
+
+    private static func feedKeys(_ output: String) -> [String] {
+        output.split(separator: "\n").compactMap { feedLine(String($0)) }.flatMap { line in
+            (line["rows"] as? [[String: Any]] ?? []).compactMap { ($0["key"] as? [Any])?.first as? String }
+        }
+    }
+
+    @Test func feedPrintsEveryChangeSetBesideARunningServeAndResumesAfterItsCursor() async throws {
+        let directory = try temporaryDirectory("feed-cli")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b"], in: directory)
+        let (a, b) = (paths[0], paths[1])
+        let nodeA = try RunningProcess(try shoalExecutable(), ["serve", "--db", a, "--no-mdns", "--no-remembered"])
+        defer { nodeA.stop() }
+        let listening = try #require(await nodeA.line(within: 30) { $0.hasPrefix("listening on") })
+        let nodeB = try RunningProcess(
+            try shoalExecutable(),
+            ["serve", "--db", b, "--no-mdns", "--no-remembered", "--peer", String(listening.dropFirst("listening on ".count))]
+        )
+        defer { nodeB.stop() }
+        #expect(await nodeB.line(within: 30) { $0.contains("peer connected") } != nil, "\(nodeB.output)")
+        #expect(try sqlite3Shell(a, "INSERT INTO kv VALUES ('first', 1)").status == 0)
+        let feed = try RunningProcess(try shoalExecutable(), ["feed", "--db", a, "--tables", "kv"])
+        defer { feed.stop() }
+        let first = try #require(await feed.line(within: 30) { $0.contains("\"first\"") }, "\(feed.output)")
+        let cursor = try #require(Self.feedLine(first)?["cursor"] as? String)
+        #expect(Self.feedLine(first)?["local"] as? Bool == true)
+        // A peer's write, applied by a's serve, comes next, marked as not local.
+        #expect(try sqlite3Shell(b, "INSERT INTO kv VALUES ('from b', 2)").status == 0)
+        let fromB = try #require(await feed.line(within: 30) { $0.contains("\"from b\"") }, "\(feed.output)")
+        #expect(Self.feedLine(fromB)?["local"] as? Bool == false)
+        feed.process.interrupt()
+        feed.process.waitUntilExit()
+        #expect(feed.process.terminationStatus == 0, "\(feed.output)")
+        // Resumed after the first line's cursor: the rest, and what was written meanwhile, not the first again.
+        #expect(try sqlite3Shell(a, "INSERT INTO kv VALUES ('later', 3)").status == 0)
+        let resumed = try RunningProcess(try shoalExecutable(), ["feed", "--db", a, "--after", cursor])
+        defer { resumed.stop() }
+        #expect(await resumed.line(within: 30) { $0.contains("\"later\"") } != nil, "\(resumed.output)")
+        #expect(await resumed.line(within: 30) { $0.contains("\"from b\"") } != nil, "\(resumed.output)")
+        resumed.stop()
+        #expect(!Self.feedKeys(resumed.output).contains("first"), "\(resumed.output)")
+        // A cursor that is not one is refused in words.
+        let bad = try shoal("feed", "--db", a, "--after", "nonsense")
+        #expect(bad.status != 0 && bad.stderr.contains("--after wants a feed cursor"))
+    }
 }
