@@ -212,6 +212,7 @@ extension SyncNode: ConnectionDelegate {
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
         if directory.acknowledged(peer, ack) { failures.clear(peer.hex) }
+        wakeAcknowledgementWaiters()
         // Compared apart from the connection's loop: it reads the store.
         if ack.digest != nil { uncomparedDigests.insert(peer) }
         Task { await self.compareAcknowledgedDigests(refreshing: true) }

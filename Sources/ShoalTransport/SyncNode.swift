@@ -29,7 +29,12 @@ public actor SyncNode: Service {
     /// What the node knows about its peers.
     var directory = PeerDirectory()
     /// What a relay holds, as its link last read it (its heads): the relay acknowledges like a peer.
-    var relayHeads = VersionVector()
+    var relayHeads = VersionVector() {
+        didSet { wakeAcknowledgementWaiters() }
+    }
+    /// Who waits for an acknowledgement (``waitUntilAcknowledged(_:by:timeoutMilliseconds:)``).
+    var acknowledgementWaiters: [Int: AsyncStream<Void>.Continuation] = [:]
+    var nextAcknowledgementWaiter = 0
     /// The dialler of each peer found (by site) or configured address (site not known yet).
     var dialers: [DialerKey: Dialer] = [:]
     /// Repeating failures, logged once with a count.

@@ -30,6 +30,8 @@ struct LiveStatus: Codable {
         var divergedSinceMs: UInt64? = nil
         /// An address the peer listens at (for `shoal verify --peer`), when known.
         var listeningAddress: String? = nil
+        /// How many of this node's own transactions the peer has not acknowledged holding.
+        var lacking: UInt64? = nil
     }
 
     /// A device that connected with a key the roster does not hold.

@@ -198,7 +198,8 @@ enum Output {
                 "  \(peer.name.isEmpty ? "?" : peer.name) \(peer.site.prefix(8)) (\(peer.foundBy)) at \(addresses): \(state), "
                 + "last sync \(last), "
                 + "failures in a row \(peer.consecutiveFailures), \(rounds), \(durations), "
-                + "\(version), \(digest)\n"
+                + "\(version), \(digest)"
+                + (peer.everConnected ? peer.lacking.map { ", lacks \($0) of this node's transactions" } ?? "" : "") + "\n"
         }
         return text
     }

@@ -50,6 +50,10 @@ final class ServeReporter: Service, Sendable {
                 unreached: await sync.unreachedPeers()
             )
             status.clockAheadOfPeersMs = await sync.clockAheadOfPeers()
+            for index in status.peers.indices {
+                guard let site = SiteID(hex: status.peers[index].site) else { continue }
+                status.peers[index].lacking = await sync.lacking(by: .peer(site))
+            }
             status.security = security == nil ? "insecure-plaintext" : "tls"
             status.cluster = plaintextCluster
             status.relay = node.relay?.status

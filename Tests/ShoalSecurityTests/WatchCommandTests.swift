@@ -39,6 +39,12 @@ import Testing
         // Written on b, applied on a by its serve: the watch on a's file sees it.
         #expect(try sqlite3Shell(b, "INSERT INTO kv VALUES ('peer', 3)").status == 0)
         #expect(await watch.line(within: 30) { Self.keys($0) == ["peer", "shell", "sql"] } != nil, "\(watch.output)")
+        // Status says, per peer, how many of this node's transactions it lacks: b acknowledges a's writes.
+        let acknowledged = try await waitUntil(within: 30) {
+            try shoal("status", "--db", a).stdout.contains("lacks 0 of this node's transactions")
+        }
+        let statusText = try shoal("status", "--db", a).stdout
+        #expect(acknowledged, "\(statusText)")
         // Interrupted, it ends cleanly.
         watch.process.interrupt()
         watch.process.waitUntilExit()
