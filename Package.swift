@@ -8,6 +8,9 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "Shoal", targets: ["Shoal"]),
+        // GRDB interop: a GRDB ValueObservation on the node's file sees every change Shoal applies. The node library
+        // itself does not depend on GRDB.
+        .library(name: "ShoalGRDB", targets: ["ShoalGRDB"]),
         .executable(name: "shoal", targets: ["shoal"]),
         .executable(name: "shoal-bench", targets: ["ShoalBench"]),
         .executable(name: "shoal-chaos", targets: ["ShoalChaos"]),
@@ -16,6 +19,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
@@ -167,6 +171,11 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        .target(
+            name: "ShoalGRDB",
+            dependencies: ["Shoal", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: strict
+        ),
         // The processes' side of metrics: the Prometheus registry they bootstrap swift-metrics with, and a small
         // HTTP/1 endpoint (NIO only, no Hummingbird) that serves it to Prometheus.
         .target(
@@ -282,6 +291,11 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
             ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalGRDBTests",
+            dependencies: ["ShoalGRDB", "ShoalTestSupport", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict
         ),
         .testTarget(
