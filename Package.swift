@@ -328,7 +328,8 @@ let package = Package(
             name: "ShoalRelayTests",
             dependencies: [
                 "ShoalRelay", "ShoalRelayClient", "ShoalRelayProtocol", "ShoalCore", "ShoalProtocol", "ShoalStore",
-                "ShoalSecurity", "ShoalTestSupport",
+                "ShoalSecurity", "ShoalTestSupport", "Shoal",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -1,4 +1,6 @@
 import Foundation
+import ServiceLifecycle
+import Shoal
 import ShoalTestSupport
 import Testing
 
@@ -52,5 +54,36 @@ import Testing
         app.stop()
         #expect(app.process.terminationReason == .exit && app.process.terminationStatus == 0, "\(app.output)")
         #expect(!app.output.contains("Fatal error"), "\(app.output)")
+    }
+
+    /// The node an app holds, in process: a live query and the change feed see what a node it never meets wrote,
+    /// through the relay; the app's writes through the node reach that node; a peer acknowledges them.
+    @Test func anObserverAndTheFeedOfAShoalNodeSeeWritesThatCameThroughTheRelay() async throws {
+        let world = try await RelayWorld("shoal-node-relay", nodes: ["app", "b"])
+        defer { world.tearDown() }
+        try await world.serve("b")
+        var options = ShoalNodeOptions(database: world.paths["app"]!)
+        options.mdns = false
+        options.rememberPeers = false
+        options.relay = .init(url: world.relayURL, token: world.token)
+        let node = try await ShoalNode(options: options)
+        #expect(!node.madeKey)
+        let running = Task { try await node.run() }
+        defer { running.cancel() }
+        let results = EventLog<[[SQLValue]]>()
+        let observing = Task { for try await result in node.observe("SELECT k FROM kv ORDER BY k") { await results.append(result.rows) } }
+        defer { observing.cancel() }
+        #expect(await results.seen(within: 30) { $0.isEmpty })
+        let feed = Task {
+            for try await set in node.changes(in: ["kv"]) where !set.isLocal { return set.rows.first?.primaryKey }
+            return nil
+        }
+        try await world.write("b", "INSERT INTO kv VALUES ('from b', 1)")
+        #expect(await results.seen(within: 60) { $0 == [[.text("from b")]] })
+        #expect(try await feed.value == [.text("from b")])
+        // Written through the node: b gets it through the relay, and the relay acknowledges it.
+        try await node.node.execute("INSERT INTO kv VALUES ('from the app', 2)")
+        #expect(try await node.node.waitUntilAcknowledged(by: .relay, timeoutMilliseconds: 60_000))
+        #expect(try await world.converge(["app", "b"]))
     }
 }
