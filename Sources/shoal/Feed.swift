@@ -55,26 +55,10 @@ struct FeedPrinter: Service {
     let cursor: ChangeFeedCursor
 
     func run() async throws {
-        do {
-            try await cancelWhenGracefulShutdown {
-                try await withThrowingDiscardingTaskGroup { group in
-                    let store = store
-                    group.addTask {
-                        while true {
-                            try await Task.sleep(for: .milliseconds(50))
-                            _ = try? await store.changedElsewhere()
-                        }
-                    }
-                    group.addTask {
-                        for try await set in store.changes(in: tables, after: cursor) {
-                            FileHandle.standardOutput.write(Data((Self.line(set) + "\n").utf8))
-                        }
-                        throw CancellationError()
-                    }
-                }
+        try await followingOtherWriters(store) {
+            for try await set in store.changes(in: tables, after: cursor) {
+                FileHandle.standardOutput.write(Data((Self.line(set) + "\n").utf8))
             }
-        } catch is CancellationError {
-            // Interrupted.
         }
     }
 

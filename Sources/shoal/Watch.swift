@@ -40,26 +40,10 @@ struct QueryWatcher: Service {
     let json: Bool
 
     func run() async throws {
-        do {
-            try await cancelWhenGracefulShutdown {
-                try await withThrowingDiscardingTaskGroup { group in
-                    let store = store
-                    group.addTask {
-                        while true {
-                            try await Task.sleep(for: .milliseconds(50))
-                            _ = try? await store.changedElsewhere()
-                        }
-                    }
-                    group.addTask {
-                        for try await result in store.observe(sql) {
-                            FileHandle.standardOutput.write(Data((render(result) + "\n").utf8))
-                        }
-                        throw CancellationError()  // the observation ended: so does the watch
-                    }
-                }
+        try await followingOtherWriters(store) {
+            for try await result in store.observe(sql) {
+                FileHandle.standardOutput.write(Data((render(result) + "\n").utf8))
             }
-        } catch is CancellationError {
-            // Interrupted.
         }
     }
 
@@ -71,5 +55,31 @@ struct QueryWatcher: Service {
             Dictionary(uniqueKeysWithValues: zip(result.columns, row.map(Output.jsonValue)))
         }
         return Output.serialize(["at_ms": SystemWallClock().nowMilliseconds(), "rows": rows])
+    }
+}
+
+/// Runs `body` until the service group stops it (then returns) while noticing other processes' commits to `store`'s
+/// file (a running node's applies, the app's writes) by looking at SQLite's `data_version` every 50 ms, as a node does.
+func followingOtherWriters(
+    _ store: SerializedStore,
+    _ body: @escaping @Sendable () async throws -> Void
+) async throws {
+    do {
+        try await cancelWhenGracefulShutdown {
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask {
+                    while true {
+                        try await Task.sleep(for: .milliseconds(50))
+                        _ = try? await store.changedElsewhere()
+                    }
+                }
+                group.addTask {
+                    try await body()
+                    throw CancellationError()  // the sequence ended: so does the command
+                }
+            }
+        }
+    } catch is CancellationError {
+        // Interrupted.
     }
 }

@@ -8,6 +8,26 @@ import Testing
 /// `shoal watch` beside a running `shoal serve` on the same file: the query's result now, then after every change to
 /// what it reads, whoever made it (the sqlite3 shell, `shoal sql`, a peer), as JSON lines.
 @Suite struct WatchCommandTests {
+    /// Databases a and b of one cluster in `directory`, each served by `shoal serve`, b dialling a, connected.
+    private static func twoServes(in directory: URL) async throws -> (String, String, [RunningProcess]) {
+        let paths = try makeCluster(["a", "b"], in: directory)
+        let nodeA = try RunningProcess(try shoalExecutable(), ["serve", "--db", paths[0], "--no-mdns", "--no-remembered"])
+        guard let listening = await nodeA.line(within: 30, { $0.hasPrefix("listening on") }) else {
+            nodeA.stop()
+            throw TestSetupError("a did not start: \(nodeA.output)")
+        }
+        let nodeB = try RunningProcess(
+            try shoalExecutable(),
+            ["serve", "--db", paths[1], "--no-mdns", "--no-remembered", "--peer", String(listening.dropFirst("listening on ".count))]
+        )
+        guard await nodeB.line(within: 30, { $0.contains("peer connected") }) != nil else {
+            nodeA.stop()
+            nodeB.stop()
+            throw TestSetupError("b did not connect: \(nodeB.output)")
+        }
+        return (paths[0], paths[1], [nodeA, nodeB])
+    }
+
     private static func keys(_ line: String) -> [String]? {
         guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
             let rows = object["rows"] as? [[String: Any]]
@@ -18,17 +38,8 @@ import Testing
     @Test func watchPrintsTheResultAfterEveryChangeBesideARunningServe() async throws {
         let directory = try temporaryDirectory("watch")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let paths = try makeCluster(["a", "b"], in: directory)
-        let (a, b) = (paths[0], paths[1])
-        let nodeA = try RunningProcess(try shoalExecutable(), ["serve", "--db", a, "--no-mdns", "--no-remembered"])
-        defer { nodeA.stop() }
-        let listening = try #require(await nodeA.line(within: 30) { $0.hasPrefix("listening on") })
-        let nodeB = try RunningProcess(
-            try shoalExecutable(),
-            ["serve", "--db", b, "--no-mdns", "--no-remembered", "--peer", String(listening.dropFirst("listening on ".count))]
-        )
-        defer { nodeB.stop() }
-        #expect(await nodeB.line(within: 30) { $0.contains("peer connected") } != nil, "\(nodeB.output)")
+        let (a, b, nodes) = try await Self.twoServes(in: directory)
+        defer { for node in nodes { node.stop() } }
         let watch = try RunningProcess(try shoalExecutable(), ["watch", "--db", a, "--json", "SELECT k FROM kv ORDER BY k"])
         defer { watch.stop() }
         #expect(await watch.line(within: 30) { Self.keys($0) == [] } != nil, "\(watch.output)")
@@ -68,17 +79,8 @@ import Testing
     @Test func feedPrintsEveryChangeSetBesideARunningServeAndResumesAfterItsCursor() async throws {
         let directory = try temporaryDirectory("feed-cli")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let paths = try makeCluster(["a", "b"], in: directory)
-        let (a, b) = (paths[0], paths[1])
-        let nodeA = try RunningProcess(try shoalExecutable(), ["serve", "--db", a, "--no-mdns", "--no-remembered"])
-        defer { nodeA.stop() }
-        let listening = try #require(await nodeA.line(within: 30) { $0.hasPrefix("listening on") })
-        let nodeB = try RunningProcess(
-            try shoalExecutable(),
-            ["serve", "--db", b, "--no-mdns", "--no-remembered", "--peer", String(listening.dropFirst("listening on ".count))]
-        )
-        defer { nodeB.stop() }
-        #expect(await nodeB.line(within: 30) { $0.contains("peer connected") } != nil, "\(nodeB.output)")
+        let (a, b, nodes) = try await Self.twoServes(in: directory)
+        defer { for node in nodes { node.stop() } }
         #expect(try sqlite3Shell(a, "INSERT INTO kv VALUES ('first', 1)").status == 0)
         let feed = try RunningProcess(try shoalExecutable(), ["feed", "--db", a, "--tables", "kv"])
         defer { feed.stop() }
