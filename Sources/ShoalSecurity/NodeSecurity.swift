@@ -91,18 +91,35 @@ public final class NodeSecurity: PeerAuthorizer {
         self.node.withLock { $0 = node }
     }
 
-    /// Reads the roster every `intervalMilliseconds` until cancelled; when a member is removed, closes its
-    /// connections at once.
+    /// Reads the roster now, then again after every commit that may have changed it (a record from a peer or the
+    /// relay, `shoal trust` in another process), until cancelled; when a member is removed, closes its connections at
+    /// once. Before a node is attached (``attach(_:)``) it reads the roster every `intervalMilliseconds` instead.
     public func watchRoster(intervalMilliseconds: UInt64 = 500) async {
-        while !Task.isCancelled {
-            await refreshRoster()
+        guard let node = node.withLock({ $0 }) else {
+            while !Task.isCancelled {
+                await refreshRoster()
+                try? await Task.sleep(for: .milliseconds(intervalMilliseconds))
+            }
+            return
+        }
+        let commits = await node.store.commits()
+        await refreshUntilDone(intervalMilliseconds)
+        for await commit in commits where commit.touches([Store.rosterTable]) {
+            await refreshUntilDone(intervalMilliseconds)
+        }
+    }
+
+    /// Reads the roster, again every `intervalMilliseconds` while it cannot (a busy file), until cancelled.
+    private func refreshUntilDone(_ intervalMilliseconds: UInt64) async {
+        while await !refreshRoster(), !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(intervalMilliseconds))
         }
     }
 
-    /// Reads the roster now and acts on removals.
-    public func refreshRoster() async {
-        guard let node = node.withLock({ $0 }) else { return }
+    /// Reads the roster now and acts on removals; returns whether it could (it is tried again otherwise).
+    @discardableResult
+    public func refreshRoster() async -> Bool {
+        guard let node = node.withLock({ $0 }) else { return false }
         let cluster = keyFile.cluster.id
         do throws(ShoalError) {
             let records = try await node.store.read { store throws(ShoalError) in try store.rosterRecords() }
@@ -111,7 +128,7 @@ public final class NodeSecurity: PeerAuthorizer {
                 defer { last = records }
                 return last != records
             }
-            guard changed else { return }
+            guard changed else { return true }
             let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
             if !roster.removedSites.isEmpty {
                 do throws(ShoalError) {
@@ -145,8 +162,10 @@ public final class NodeSecurity: PeerAuthorizer {
                     metadata: ["nodes": "\(gone.map(\.short).sorted())", "connections": "\(closed)"]
                 )
             }
+            return true
         } catch {
             logger.warning("cannot read the roster", metadata: ["error": "\(error.message)"])
+            return false
         }
     }
 
