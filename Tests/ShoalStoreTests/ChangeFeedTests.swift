@@ -89,3 +89,36 @@ import Testing
         #expect(dots.map(\.seq).sorted() == Array(1...6_000))
     }
 }
+
+/// A query's rows as Decodable values, matched by column name.
+@Suite struct QueryResultDecodingTests {
+    struct Todo: Decodable, Equatable {
+        var title: String
+        var done: Bool
+        var weight: Double
+        var rank: Int32?
+        var note: [UInt8]?
+    }
+
+    @Test func rowsDecodeByColumnNameAndAMismatchNamesItsColumn() throws {
+        let result = QueryResult(
+            columns: ["title", "done", "weight", "rank", "note"],
+            rows: [
+                [.text("write"), .integer(0), .real(1.5), .integer(3), .blob([0, 255])],
+                [.text("read"), .integer(1), .integer(2), .null, .null],
+            ]
+        )
+        #expect(
+            try result.decode(Todo.self) == [
+                Todo(title: "write", done: false, weight: 1.5, rank: 3, note: [0, 255]),
+                Todo(title: "read", done: true, weight: 2, rank: nil, note: nil),
+            ]
+        )
+        let wrong = QueryResult(columns: ["title", "done", "weight"], rows: [[.integer(1), .integer(0), .real(1)]])
+        #expect { try wrong.decode(Todo.self) } throws: { ($0 as? ShoalError)?.message.contains("column title") == true }
+        let overflow = QueryResult(
+            columns: ["title", "done", "weight", "rank"], rows: [[.text("x"), .integer(0), .real(1), .integer(1 << 40)]]
+        )
+        #expect { try overflow.decode(Todo.self) } throws: { ($0 as? ShoalError)?.message.contains("rank") == true }
+    }
+}
