@@ -51,13 +51,13 @@ public actor SerializedStore {
 
     private func publish(_ origin: StoreCommit.Origin) {
         // What the store wrote through its door may be any table: observers look again whatever it was.
-        publish(origin, tables: origin == .local ? nil : store.takeCommittedTables())
+        publish(origin, tablesKnown: origin != .local)
     }
 
-    private func publish(_ origin: StoreCommit.Origin, tables: Set<String>?) {
-        if tables == nil { _ = store.takeCommittedTables() }
+    private func publish(_ origin: StoreCommit.Origin, tablesKnown: Bool) {
+        let (tables, dots) = store.takeCommitted()
         guard !commitWatchers.isEmpty else { return }
-        let commit = StoreCommit(origin: origin, tables: tables, generation: stateVersion)
+        let commit = StoreCommit(origin: origin, tables: tablesKnown ? tables : nil, dots: dots, generation: stateVersion)
         for watcher in commitWatchers.values { watcher.yield(commit) }
     }
 
@@ -210,7 +210,7 @@ public actor SerializedStore {
             markChanged()
             // Another connection committed: which tables it wrote is known only for what this store captured from
             // the outbox (another Shoal process stamps its own writes, and a node's applies write directly).
-            publish(.otherConnection, tables: changed ? nil : store.takeCommittedTables())
+            publish(.otherConnection, tablesKnown: !changed)
         }
         return changed || captured
     }

@@ -305,7 +305,14 @@ extension Store {
         try gateFences(changes)
         let (unfenced, fenced) = try setAsideFenced(changes)
         let (changes, refusals) = setAsideFutureClocks(unfenced)
-        for change in changes { committedTables.insert(change.table) }
+        var lastDot: Dot?
+        for change in changes {
+            committedTables.insert(change.table)
+            if change.stamp.dot != lastDot {
+                lastDot = change.stamp.dot
+                committedDots.insert(change.stamp.dot)
+            }
+        }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {

@@ -421,6 +421,7 @@ extension Store {
         for (number, keys) in logKeys {
             try appendLog(dot: stamp.dot, table: capture.tables[number].id, hlc: stamp.hlc, keys: keys)
         }
+        if !logKeys.isEmpty { committedDots.insert(stamp.dot) }
     }
 
     /// Whether table `table` holds a data row with primary key `key`.

@@ -30,9 +30,12 @@ extension Store {
     }
 
     /// The replicated tables written by what this store committed (its own writes, other connections' writes it
-    /// captured, applied changes) since the last call.
-    public func takeCommittedTables() -> Set<String> {
-        defer { committedTables = [] }
-        return committedTables
+    /// captured, applied changes) since the last call, and those transactions' dots.
+    public func takeCommitted() -> (tables: Set<String>, dots: Set<Dot>) {
+        defer {
+            committedTables = []
+            committedDots = []
+        }
+        return (committedTables, committedDots)
     }
 }

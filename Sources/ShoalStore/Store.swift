@@ -124,6 +124,8 @@ public final class Store {
     var tablesRead: Set<String> = []
     /// The replicated tables written by what was committed since the last ``takeCommittedTables()``.
     var committedTables: Set<String> = []
+    /// The transactions (dots) committed since the last ``takeCommittedTables()``, alongside their tables.
+    var committedDots: Set<Dot> = []
     /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
     var warnedSentRecord = false
 

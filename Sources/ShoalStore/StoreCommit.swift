@@ -1,3 +1,5 @@
+import ShoalCore
+
 /// A commit that may have changed a database's data, as ``SerializedStore/commits()`` reports it.
 public struct StoreCommit: Sendable, Hashable {
     /// What made a commit.
@@ -17,13 +19,17 @@ public struct StoreCommit: Sendable, Hashable {
     /// The replicated tables it wrote; nil when they are not known (a write through the store's door may have written
     /// any table, replicated or not): then every observer looks again.
     public var tables: Set<String>?
+    /// The transactions it committed, as far as this store stamped or applied them (another process's own writes
+    /// are not known here). Their rows and columns are in the change feed (``SerializedStore/changes(in:after:)``).
+    public var dots: Set<Dot>
     /// Counts the store's commits: a result read at generation N already holds every commit up to N.
     public var generation: Int
 
-    /// A commit made by `origin`, writing `tables`.
-    public init(origin: Origin, tables: Set<String>?, generation: Int) {
+    /// A commit made by `origin`, writing `tables` in transactions `dots`.
+    public init(origin: Origin, tables: Set<String>?, dots: Set<Dot> = [], generation: Int) {
         self.origin = origin
         self.tables = tables
+        self.dots = dots
         self.generation = generation
     }
 

@@ -85,4 +85,29 @@ import Testing
         _ = try await observer.value
         await a.stop()
     }
+
+    @Test func everyCommitIsPublishedOnceWithItsOriginTablesAndDots() async throws {
+        let directory = try temporaryDirectory("commits")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a")
+        let b = try await startNode(in: directory, name: "b", peers: [a.port])
+        #expect(await b.log.seen(within: 30) { if case .peerConnected = $0 { true } else { false } })
+        let commits = EventLog<StoreCommit>()
+        let following = Task { for await commit in await a.node.store.commits() { await commits.append(commit) } }
+        defer { following.cancel() }
+        _ = try await a.node.store.read { _ in 0 }  // subscribed
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('local', 1)")
+        let local = Dot(site: a.node.siteID, seq: try await a.node.versionVector()[a.node.siteID])
+        #expect(await commits.seen(within: 30) { $0.origin == .local && $0.dots == [local] && $0.tables == nil })
+        #expect(try sqlite3Shell(a.path, "INSERT INTO kv(k, v) VALUES ('shell', 2)").status == 0)
+        #expect(await commits.seen(within: 30) { $0.origin == .otherConnection && $0.dots.count == 1 })
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('peer', 3)")
+        let remote = Dot(site: b.node.siteID, seq: try await b.node.versionVector()[b.node.siteID])
+        #expect(await commits.seen(within: 30) { $0.origin == .peer && $0.dots == [remote] && $0.tables == ["kv"] })
+        // Once each: no dot is published twice.
+        let dots = await commits.events.flatMap(\.dots)
+        #expect(dots.count == Set(dots).count, "\(dots)")
+        await b.stop()
+        await a.stop()
+    }
 }
