@@ -71,7 +71,7 @@ extension RelayLink {
         if let path = configuration.keyringPath {
             try localNow { () throws(ShoalError) in try keyring.save(path) }
         }
-        eventSink.yield(.epoch(newest, rotatedHere: rotatedHere))
+        report(.epoch(newest, rotatedHere: rotatedHere))
     }
 
     /// Starts a new key epoch when the roster removed a node that no epoch held here excludes yet; and leaves grants

@@ -84,7 +84,7 @@ extension RelayLink {
                     state.status.received += UInt64(entries.count)
                     state.status.applied += UInt64(applied)
                 }
-                if applied > 0 { eventSink.yield(.applied(changes: applied)) }
+                if applied > 0 { report(.applied(changes: applied)) }
                 metrics.pullOK.increment()
                 metrics.applied.increment(by: applied)
                 backoff.reset()

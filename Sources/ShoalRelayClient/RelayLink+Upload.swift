@@ -162,7 +162,7 @@ extension RelayLink {
             state.status.lastPushMs = now
             state.status.uploaded += UInt64(result.stored)
         }
-        if result.stored > 0 { eventSink.yield(.uploaded(chunks: result.stored)) }
+        if result.stored > 0 { report(.uploaded(chunks: result.stored)) }
         configuration.logger.debug(
             "uploaded to the relay",
             metadata: ["sent": "\(count)", "stored": "\(result.stored)", "gaps": "\(result.gaps)"]
@@ -211,7 +211,7 @@ extension RelayLink {
             state.snapshotTriedMs = nil
         }
         configuration.logger.info("uploaded a snapshot", metadata: ["snapshot": "\(id)"])
-        eventSink.yield(.snapshotted)
+        report(.snapshotted)
     }
 
     func noteLacking(held: VersionVector, heads: VersionVector) async {

@@ -137,12 +137,18 @@ public final class RelayLink: Service, Sendable {
 
     // MARK: Status
 
+    /// Reports `event` on the link's own stream and among the node's events.
+    func report(_ event: RelayEvent) {
+        eventSink.yield(event)
+        node.relayDid(event)
+    }
+
     /// Records that instance `used` answered (`ok`: with success).
     func markReachable(_ used: Int, ok: Bool) {
         let now = configuration.clock.nowMilliseconds()
         if state.withLock({ $0.answered(used, ok: ok, now: now) }) {
             configuration.logger.info("relay reachable", metadata: ["url": "\(bases[used])"])
-            eventSink.yield(.reachable)
+            report(.reachable)
         }
     }
 
@@ -151,7 +157,7 @@ public final class RelayLink: Service, Sendable {
         let now = configuration.clock.nowMilliseconds()
         if state.withLock({ $0.note(reason, now: now) }) {
             configuration.logger.warning("\(reason)")
-            eventSink.yield(.failed(reason))
+            report(.failed(reason))
         }
     }
 
@@ -172,7 +178,7 @@ public final class RelayLink: Service, Sendable {
             configuration.logger.info("relay instance did not answer; trying the next", metadata: ["next": "\(next)"])
         }
         if let report = failure.report { configuration.logger.warning("\(report)") }
-        if let event = failure.event { eventSink.yield(event) }
+        if let event = failure.event { report(event) }
         if state.withLock({ $0.headsStale }) { pushWake.yield() }
         return failure.delay
     }

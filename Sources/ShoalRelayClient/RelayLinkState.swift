@@ -2,6 +2,7 @@ import Foundation
 import ShoalCore
 import ShoalRelayProtocol
 import ShoalSecurity
+import ShoalTransport
 
 /// Everything a node's relay link decides outside the pull itself, with no I/O: which instance a request goes to, what
 /// a failure means (how long to wait, what status says, whether the token falls back, whether sizes shrink), what the

@@ -151,6 +151,9 @@ public enum NodeEvent: Sendable, Hashable {
     case peerDiverged(SiteID, name: String, address: String?, Divergence)
     /// A diverged peer holds the same rows as this node again (equal digests at equal versions).
     case peerConverged(SiteID, name: String)
+    /// What the node's relay link did (it reached the relay, applied changes from it, uploaded, failed, moved to a
+    /// new key epoch): the relay is reported like a peer.
+    case relay(RelayEvent)
 }
 
 /// One peer as the node sees it.

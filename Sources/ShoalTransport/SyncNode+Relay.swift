@@ -4,6 +4,11 @@ import ShoalStore
 /// What another transport (the relay client) needs from a node beside its store (``SyncNode/store``): count what the
 /// relay holds as acknowledged, and hear when the node's data may have changed.
 extension SyncNode {
+    /// Reports what the node's relay link did among the node's events (``NodeEvent/relay(_:)``).
+    public nonisolated func relayDid(_ event: RelayEvent) {
+        eventSink.yield(.relay(event))
+    }
+
     /// What a relay holds (its heads, as the relay link last read them): it acknowledges this node's writes like a
     /// peer, in ``pendingLocalChanges()`` and the queue-depth metric. A relay that lost its storage reports less.
     public func relayHolds(_ heads: VersionVector) {

@@ -30,9 +30,6 @@ final class ServeReporter: Service, Sendable {
             await withDiscardingTaskGroup { group in
                 group.addTask { await self.writeStatus(to: statusFile) }
                 group.addTask { await self.reportNodeEvents() }
-                if let relay = self.node.relay {
-                    group.addTask { await self.reportRelayEvents(relay) }
-                }
             }
         }
     }
@@ -71,28 +68,6 @@ final class ServeReporter: Service, Sendable {
             }
             statusFile.write(status)
             try? await Task.sleep(for: .milliseconds(250))
-        }
-    }
-
-    private func reportRelayEvents(_ relay: RelayLink) async {
-        for await event in relay.events {
-            switch event {
-            case .reachable: log("relay \(relay.status.url) reachable")
-            case .failed(let reason): log(reason)
-            case .unauthorized(let reason):
-                let hint = reason.contains("unknown token") || reason.contains("was revoked")
-                    ? ": give the node a token of its cluster (shoal relay token create) and restart it" : ""
-                log(reason + hint)
-            case .applied(let changes): log("synced \(changes) changes from the relay")
-            case .uploaded: break
-            case .snapshotted: log("uploaded a snapshot to the relay")
-            case .epoch(let epoch, let rotatedHere):
-                log(
-                    rotatedHere
-                        ? "rotated the relay key to epoch \(epoch): removed nodes can no longer read what is sealed from now on, nor use the relay"
-                        : "the relay key moved to epoch \(epoch) (another member rotated it after a removal)"
-                )
-            }
         }
     }
 
@@ -148,7 +123,30 @@ final class ServeReporter: Service, Sendable {
             case .peerConverged(let site, let name):
                 let peer = "\(name.isEmpty ? "" : name.printable() + " ")\(site.hex.prefix(8))"
                 log("converged again with \(peer): equal digests at the same version")
+            case .relay(let event):
+                report(event)
             }
+        }
+    }
+
+    private func report(_ event: RelayEvent) {
+        let url = node.relay?.status.url ?? "the relay"
+        switch event {
+        case .reachable: log("relay \(url) reachable")
+        case .failed(let reason): log(reason)
+        case .unauthorized(let reason):
+            let hint = reason.contains("unknown token") || reason.contains("was revoked")
+                ? ": give the node a token of its cluster (shoal relay token create) and restart it" : ""
+            log(reason + hint)
+        case .applied(let changes): log("synced \(changes) changes from the relay")
+        case .uploaded: break
+        case .snapshotted: log("uploaded a snapshot to the relay")
+        case .epoch(let epoch, let rotatedHere):
+            log(
+                rotatedHere
+                    ? "rotated the relay key to epoch \(epoch): removed nodes can no longer read what is sealed from now on, nor use the relay"
+                    : "the relay key moved to epoch \(epoch) (another member rotated it after a removal)"
+            )
         }
     }
 

@@ -68,6 +68,9 @@ import Testing
         options.relay = .init(url: world.relayURL, token: world.token)
         let node = try await ShoalNode(options: options)
         #expect(!node.madeKey)
+        let events = EventLog<NodeEvent>()
+        let listening = Task { for await event in node.events { await events.append(event) } }
+        defer { listening.cancel() }
         let running = Task { try await node.run() }
         defer { running.cancel() }
         let results = EventLog<[[SQLValue]]>()
@@ -81,6 +84,9 @@ import Testing
         try await world.write("b", "INSERT INTO kv VALUES ('from b', 1)")
         #expect(await results.seen(within: 60) { $0 == [[.text("from b")]] })
         #expect(try await feed.value == [.text("from b")])
+        // The relay is reported among the node's events like a peer: reached, and changes applied from it.
+        #expect(await events.seen(within: 30) { $0 == .relay(.reachable) })
+        #expect(await events.seen(within: 30) { if case .relay(.applied) = $0 { true } else { false } })
         // Written through the node: b gets it through the relay, and the relay acknowledges it.
         try await node.node.execute("INSERT INTO kv VALUES ('from the app', 2)")
         #expect(try await node.node.waitUntilAcknowledged(by: .relay, timeoutMilliseconds: 60_000))
