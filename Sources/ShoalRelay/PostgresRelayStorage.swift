@@ -13,7 +13,7 @@ import ShoalRelayProtocol
 /// Its tables live in the schema `shoal_relay`, which the relay creates and migrates itself (``schemaVersion``),
 /// holding an advisory lock while it does, so instances that start together migrate once. Uploads and rotations of
 /// one cluster are serialised by a transaction-scoped advisory lock on the cluster; pulls take no lock.
-public final class PostgresRelayStorage: RelayStorage {
+public final class PostgresRelayStorage: RulesRelayStorage {
     /// The schema version this build creates and reads.
     public static let schemaVersion: Int64 = PostgresRelaySchema.version
 

@@ -11,7 +11,7 @@ import Synchronization
 /// Durability: WAL with `synchronous=NORMAL`: a killed relay process loses nothing it answered for; a power cut may
 /// lose the last transactions, which nodes upload again (uploads are idempotent, and a node uploads whatever the
 /// relay's heads lack).
-public final class SQLiteRelayStorage: RelayStorage {
+public final class SQLiteRelayStorage: RulesRelayStorage {
     /// The schema version this build creates and reads (``RelaySQLiteSchema``).
     public static let schemaVersion: Int64 = RelaySQLiteSchema.version
 

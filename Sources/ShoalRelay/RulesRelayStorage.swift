@@ -1,8 +1,15 @@
 import ShoalCore
 import ShoalRelayProtocol
 
-/// The storage's rules are ``RelayRules``; this only hands each request to them.
-extension PostgresRelayStorage {
+/// A storage whose rules are ``RelayRules``: SQLite and PostgreSQL differ only in the database the rules run on.
+protocol RulesRelayStorage: RelayStorage {
+    associatedtype Database: RelayDatabase
+    /// The rules, over this storage's database.
+    var rules: RelayRules<Database> { get }
+}
+
+/// Every request of a ``RulesRelayStorage`` is handed to its rules.
+extension RulesRelayStorage {
     /// See ``RelayStorage``.
     public func createToken(cluster: String, label: String) async throws(ShoalError) -> String {
         try await rules.createToken(cluster: cluster, label: label)
