@@ -46,12 +46,15 @@ extension RowState {
     }
 
     /// Decodes the stored form; `columnCount` is the table's current number of non-key columns.
+    ///
+    /// Metadata written before columns were added to the table (they come last) has fewer cells: the added columns
+    /// read as never written (``Cell/empty``), so adding a column rewrites no row's metadata.
     public init(encoded bytes: [UInt8], columnCount: Int, sites: some SiteIndexing) throws(ShoalError) {
         var reader = ByteReader(bytes)
         let causalLength = try reader.readVarint()
         let lengthStamp: Stamp? = try reader.readByte() == 1 ? try Self.decodeStamp(&reader, sites: sites) : nil
         let count = Int(try reader.readVarint())
-        guard count == columnCount else {
+        guard count <= columnCount else {
             throw ShoalError.corruptMetadata("row metadata has \(count) columns, the table has \(columnCount)")
         }
         var cells = [Cell]()
@@ -84,6 +87,7 @@ extension RowState {
                 throw ShoalError.corruptMetadata("unknown cell tag \(tag)")
             }
         }
+        while cells.count < columnCount { cells.append(.empty) }
         self.init(causalLength: causalLength, lengthStamp: lengthStamp, cells: cells)
     }
 

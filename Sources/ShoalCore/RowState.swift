@@ -136,6 +136,15 @@ extension RowState {
         for index in cells.indices { cells[index] = .empty }
     }
 
+    /// Merges only the row's life that a change carries: for a change to a column this node does not have yet (it
+    /// is held until the column appears), the row still lives the life the change was made in, as the columns this
+    /// node has would show it. Returns whether the row moved to a later life.
+    public mutating func mergeLife(of change: Change) -> Bool {
+        guard change.causalLength > causalLength else { return false }
+        adopt(causalLength: change.causalLength, stamp: nil)
+        return true
+    }
+
     /// Merges one remote change. `column` is the payload's column index (nil for a row change); the caller
     /// has checked that the payload kind matches the column's kind.
     public mutating func merge(_ change: Change, column: Int?) -> MergeOutcome {

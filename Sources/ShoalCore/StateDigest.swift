@@ -85,12 +85,17 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
     /// row for the key: both are hashed apart from any row with metadata, and from a row whose values are all
     /// NULL, so that two files whose rows differ in any way never share a digest. A deleted row's values are
     /// hashed too when its data row is (wrongly) there.
+    ///
+    /// A column never written in the row's life (an empty cell) that holds its declared default (`defaults`, `nil`
+    /// where it is not a constant) adds nothing: adding a column to a table leaves every row's hash as it was, and
+    /// a node that has not added it yet hashes its rows the same.
     public static func rowHash(
         table: String,
         primaryKey: [SQLValue],
         state: RowState?,
         columns: [String],
-        values: [SQLValue]?
+        values: [SQLValue]?,
+        defaults: [SQLValue?] = []
     ) -> [UInt8] {
         var bytes = [UInt8]()
         bytes.reserveCapacity(64 + (values?.count ?? 0) * 24)
@@ -102,10 +107,11 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
             bytes.appendVarint(state.causalLength)
             Self.encode(state.lengthStamp, into: &bytes)
             for (index, cell) in state.cells.enumerated() where state.isAlive {
+                if case .empty = cell { continue }
                 SQLValue.text(columns[index]).encode(into: &bytes)
                 switch cell {
                 case .empty:
-                    bytes.append(0)
+                    break
                 case .value(let stamp, _):
                     bytes.append(1)
                     Self.encode(stamp, into: &bytes)
@@ -125,8 +131,15 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         }
         if let values {
             bytes.append(1)
-            bytes.appendVarint(UInt64(values.count))
-            for value in values { value.encode(into: &bytes) }
+            for (index, value) in values.enumerated() {
+                let written: Bool =
+                    if let state, state.isAlive, index < state.cells.count, state.cells[index] != .empty { true } else { false }
+                if !written, index < defaults.count, let declared = defaults[index], declared == value {
+                    continue
+                }
+                SQLValue.text(index < columns.count ? columns[index] : "").encode(into: &bytes)
+                value.encode(into: &bytes)
+            }
         } else {
             bytes.append(0)
         }

@@ -209,6 +209,36 @@ extension Store {
                 if cursor.dotStartedInBatch == false { dotStart = changes.count }
                 while cursor.rowPosition < cursor.dotRows.count {
                     let row = cursor.dotRows[cursor.rowPosition]
+                    if row.table == Self.heldLogTable {
+                        // Changes held here for a table or column this node does not have: sent as they came.
+                        var reader = ByteReader(row.keys)
+                        _ = try reader.readBytes(cursor.keyOffset)
+                        while !reader.isAtEnd {
+                            let keyStart = reader.offset
+                            rowChanges.removeAll(keepingCapacity: true)
+                            try collectHeld(try Self.readHeldLogKey(&reader), dot: dot, cursor: cursor, into: &rowChanges)
+                            let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
+                            if !changes.isEmpty
+                                && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
+                            {
+                                if dotStart > 0 && cursor.dotStartedInBatch {
+                                    changes.removeSubrange(dotStart...)
+                                    restart(cursor)
+                                    return ChangeBatch(changes: changes, claim: cursor.batchClaim())
+                                }
+                                cursor.keyOffset = keyStart
+                                cursor.dotStartedInBatch = false
+                                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
+                            }
+                            cursor.keyOffset = reader.offset
+                            changes.append(contentsOf: rowChanges)
+                            bytes += rowBytes
+                        }
+                        cursor.rowPosition += 1
+                        cursor.keyOffset = 0
+                        cursor.seenKeys.removeAll()
+                        continue
+                    }
                     guard let table = tablesByID[row.table] else {
                         cursor.rowPosition += 1
                         cursor.keyOffset = 0

@@ -31,6 +31,8 @@ final class ReplicatedTable {
     /// The type affinity of each key column and of each other column (see ``ColumnAffinity``).
     let keyAffinities: [ColumnAffinity]
     let affinities: [ColumnAffinity]
+    /// Each non-key column's declared default when it is a constant (what a row never written there holds).
+    let defaults: [SQLValue?]
 
     init(
         id: Int64,
@@ -42,8 +44,10 @@ final class ReplicatedTable {
         isCounter: [Bool],
         keyIsRowid: Bool,
         keyAffinities: [ColumnAffinity],
-        affinities: [ColumnAffinity]
+        affinities: [ColumnAffinity],
+        defaults: [SQLValue?] = []
     ) {
+        self.defaults = defaults
         self.keyAffinities = keyAffinities
         self.affinities = affinities
         self.id = id

@@ -81,6 +81,7 @@ extension Store {
             setTriggers(enabled: triggersWereOn)
         }
         do throws(ShoalError) {
+            try replayHeldInTransaction()
             let report = try applyInTransaction(changes, claim: claim, since: since, carried: received)
             try connection.exec("COMMIT")
             return report
@@ -110,6 +111,7 @@ extension Store {
             setTriggers(enabled: triggersWereOn)
         }
         do throws(ShoalError) {
+            try replayHeldInTransaction()
             var total = ApplyReport()
             var carried: [SiteID: UInt64] = [:]
             while let chunk = try next() {
@@ -169,11 +171,10 @@ extension Store {
         for (position, change) in changes.enumerated() {
             let number = position + 1
             guard let tableNumber = capture.tableNumbers[change.table] else {
-                throw ShoalError(
-                    code: .unknownTable,
-                    message: "change \(number) is for table \(change.table), which this database does not "
-                        + "replicate; replicate it (shoal replicate) and apply again. Nothing was applied"
-                )
+                // A table this database does not have (yet): the change is held (see ``hold(_:)``).
+                try validateHeld(change, number: number, localSeq: localSeq)
+                if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
+                continue
             }
             let table = capture.tables[tableNumber]
             guard change.primaryKey.count == table.keyColumns.count else {
@@ -202,14 +203,10 @@ extension Store {
                         + "rowid. Nothing was applied"
                 )
             }
-            if let column = change.columnName {
-                guard let index = table.columnIndex[column] else {
-                    throw ShoalError(
-                        code: .unknownColumn,
-                        message: "change \(number) is for column \(table.name).\(column), which this database does "
-                            + "not have. Nothing was applied"
-                    )
-                }
+            if let column = change.columnName, table.columnIndex[column] == nil {
+                // A column this database does not have (yet): the value is held, the row's life merged.
+                try validateHeld(change, number: number, localSeq: localSeq)
+            } else if let column = change.columnName, let index = table.columnIndex[column] {
                 let isCounterPayload = if case .counter = change.payload { true } else { false }
                 guard isCounterPayload == table.isCounter[index] else {
                     throw ShoalError(
@@ -225,10 +222,7 @@ extension Store {
                         message: "change \(number) writes a column of a deleted row. Nothing was applied"
                     )
                 }
-                // The same maximum as for local writes: a value no node would accept is not stored here either.
-                if case .column(_, let value) = change.payload, table.affinities[index].converts(value) {
-                    throw Self.convertedValue(number, value, table: table, column: column)
-                }
+                // (A value the column would store as another is held: see ``mustHold(_:)``.)
                 if case .column(_, let value) = change.payload, let bytes = value.storedByteCount,
                     bytes > SQLValue.maximumBytes
                 {
@@ -294,17 +288,26 @@ extension Store {
     }
 
     /// `carried`: the highest seq per site of changes applied earlier in the same transaction.
-    private func applyInTransaction(
+    /// `replaying`: the changes were held here (``replayHeldInTransaction()``), so they passed fences and the clock
+    /// bound when they arrived, and are merged now whatever the clock says.
+    func applyInTransaction(
         _ changes: [Change],
         claim: VersionVector,
         since: VersionVector?,
-        carried: [SiteID: UInt64] = [:]
+        carried: [SiteID: UInt64] = [:],
+        replaying: Bool = false
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
-        // A removal, or a removed node's binding of a fresh site, among these changes fences before any is merged.
-        try gateFences(changes)
-        let (unfenced, fenced) = try setAsideFenced(changes)
-        let (changes, refusals) = setAsideFutureClocks(unfenced)
+        var changes = changes
+        var fenced: [SiteID: Int] = [:]
+        var refusals: [SiteID: HLC] = [:]
+        if !replaying {
+            // A removal, or a removed node's binding of a fresh site, among these changes fences before any is merged.
+            try gateFences(changes)
+            let unfenced: [Change]
+            (unfenced, fenced) = try setAsideFenced(changes)
+            (changes, refusals) = setAsideFutureClocks(unfenced)
+        }
         var lastDot: Dot?
         for change in changes {
             committedTables.insert(change.table)
@@ -312,6 +315,10 @@ extension Store {
                 lastDot = change.stamp.dot
                 committedDots.insert(change.stamp.dot)
             }
+        }
+        // The first schema change to arrive here brings the table that records them.
+        if capture.tableNumbers[Self.schemaTable] == nil, changes.contains(where: { $0.table == Self.schemaTable }) {
+            try prepareSchemaTableInTransaction()
         }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
@@ -323,6 +330,9 @@ extension Store {
             )
         }
         var report = ApplyReport()
+        let accepted = changes
+        let toHold = changes.filter(mustHold)
+        if !toHold.isEmpty { changes = changes.filter { capture.tableNumbers[$0.table] != nil } }
         // At most one row per run of changes with the same key: reserve once instead of growing step by step.
         var runs = changes.isEmpty ? 0 : 1
         for index in changes.indices.dropFirst()
@@ -380,6 +390,16 @@ extension Store {
                 currentKey = rowKey
             }
             let column = change.columnName.flatMap { table.columnIndex[$0] }
+            if change.columnName != nil, column == nil || mustHold(change) {
+                // A column this database does not have yet (or declares otherwise): the value is held (below); the
+                // row lives on here.
+                if row.state.mergeLife(of: change) {
+                    row.lifeChanged = true
+                    row.values = Array(repeating: nil, count: table.columns.count)
+                    row.countersChanged = Array(repeating: false, count: table.columns.count)
+                }
+                continue
+            }
             let outcome = row.state.merge(change, column: column)
             switch outcome {
             case .known:
@@ -450,12 +470,19 @@ extension Store {
             try write(row)
         }
         for (slot, keys) in logKeys { try appendLog(dot: slot.dot, table: slot.table, hlc: slot.hlc, keys: keys) }
+        let (kept, known) = try hold(toHold, logging: !replaying)
+        report.applied += kept
+        report.alreadyKnown += known
+        // A peer's schema change among them is made here now, and the values held for it merged.
+        if !replaying, changes.contains(where: { $0.table == Self.schemaTable }), try executeSchemaRecords() {
+            try replayHeldInTransaction()
+        }
         if since != nil || !claim.isEmpty {
             let upsert = try statement(
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
                     + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
             )
-            let highest = Self.highestSeqs(changes).merging(carried) { max($0, $1) }
+            let highest = Self.highestSeqs(accepted).merging(carried) { max($0, $1) }
             for (site, seq) in Self.provenClaim(claim, highest: highest, held: held).entries
             where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
@@ -469,7 +496,7 @@ extension Store {
         try? hybridClock.observe(HLC(rawValue: UInt64(bitPattern: maxHLC)), now: options.clock.nowMilliseconds())
         report.clockRefusals = refusals
         report.fenced = fenced
-        report.acceptedHighest = Self.highestSeqs(changes)
+        report.acceptedHighest = Self.highestSeqs(accepted)
         if !conflicts.isEmpty {
             try record(conflicts)
             report.conflicts = conflicts.count

@@ -327,7 +327,8 @@ extension Store {
                 primaryKey: key,
                 state: state,
                 columns: table.columns,
-                values: values
+                values: values,
+                defaults: table.defaults
             )
         }
         guard oldHash != newHash else { return }
@@ -485,7 +486,8 @@ extension Store {
                 primaryKey: key,
                 state: state,
                 columns: table.columns,
-                values: hasData ? Array(row[(keyCount + 2)...]) : nil
+                values: hasData ? Array(row[(keyCount + 2)...]) : nil,
+                defaults: table.defaults
             )
             try body(hash, key, state, hasData)
         }

@@ -81,10 +81,20 @@ extension Store {
             preparingUserStatement = true
             userStatementComputesValues = false
             authorizerDenial = nil
+            addingColumn = Self.addsColumn(remaining[offset..<min(offset + 512, remaining.count - 1)])
+            defer { addingColumn = false }
             let code = remaining.withUnsafeBufferPointer { buffer in
                 sqlite3_prepare_v2(connection.handle, buffer.baseAddress! + offset, -1, &handle, &tail)
             }
             preparingUserStatement = false
+            if addingColumn, code == SQLITE_OK, !connection.isAutocommit {
+                sqlite3_finalize(handle)
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "add columns to a replicated table outside of an explicit transaction (the change "
+                        + "replicates as a transaction of its own); nothing was changed"
+                )
+            }
             if code != SQLITE_OK {
                 if let denial = authorizerDenial { throw ShoalError(code: .unsupportedSchema, message: denial) }
                 // The statement that failed is what follows the last one prepared (SQLite cannot say where it ends).
@@ -106,11 +116,29 @@ extension Store {
                 try statement.bind(arguments)
             }
             let checkSizes = !valueSizesBounded(copiesInputs(statement), arguments: arguments)
+            let altered = addingColumn
             let rows = try run(statement, control: TransactionControl(sql: statement.sql), checkSizes: checkSizes)
             result = QueryResult(columns: (0..<statement.columnCount).map(statement.columnName), rows: rows)
+            // A column added: replicated now, and the statements after it capture it.
+            if altered { try adoptSchemaChanges() }
         }
         remaining.removeAll()
         return result
+    }
+
+    /// Whether a statement's start reads `ALTER TABLE name ADD`.
+    static func addsColumn(_ start: ArraySlice<CChar>) -> Bool {
+        let text = String(decoding: start.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let words = SQLText.tokenize(text).prefix(6).compactMap { token -> String? in
+            switch token.kind {
+            case .word(let word): word.uppercased()
+            case .quotedIdentifier, .string: "NAME"
+            case .symbol(let symbol): symbol == "." ? "." : nil
+            }
+        }
+        guard words.count >= 4, words[0] == "ALTER", words[1] == "TABLE" else { return false }
+        // ALTER TABLE name ADD, or ALTER TABLE schema . name ADD
+        return words[3] == "ADD" || (words.count >= 6 && words[3] == "." && words[5] == "ADD")
     }
 
     private func isSpaceOrSemicolon(_ character: CChar) -> Bool {

@@ -294,6 +294,20 @@ extension Store {
         try refreshSchema()
     }
 
+    /// Adds the outbox columns a table's added columns need (their zero signs), if missing.
+    func extendOutbox(of table: ReplicatedTable) throws(ShoalError) {
+        let outbox = Self.outboxTable(table.id)
+        let existing = Set(
+            try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
+                if case .text(let name) = row.first { name } else { nil }
+            }
+        )
+        guard !existing.isEmpty else { return }
+        for column in Self.zeroSignColumns(table) where !existing.contains(column.name) {
+            try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column.name)")
+        }
+    }
+
     /// Whether table `tableID`'s capture triggers exist.
     func hasCaptureTriggers(tableID: Int64) throws(ShoalError) -> Bool {
         try connection.scalar(
@@ -373,6 +387,8 @@ extension Store {
             )
         }
         try refreshSchema()
+        // A column another tool added: adopted (and its writes stamped) first.
+        if !schemaAdditions.isEmpty, try !adoptSchemaChanges().isEmpty { return true }
         guard try outboxMayHoldRows() else { return false }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
@@ -429,6 +445,8 @@ extension Store {
             let outbox = Self.outboxTable(table.id)
             let counters = table.columns.indices.filter { table.isCounter[$0] }
             let zeroColumns = Self.zeroSignColumns(table)
+            // A table with columns added since its outbox was made (not adopted yet): the outbox follows first.
+            if schemaAdditions.contains(where: { $0.tableID == table.id }) { try extendOutbox(of: table) }
             let keyCount = table.keyColumns.count
             let select = try statement(
                 "SELECT "
@@ -493,6 +511,13 @@ extension Store {
                         switch select.column(keyCount + 1) {
                         case .text(let mask) where mask.utf8.count == table.columns.count:
                             changed = mask.utf8.map { $0 == UInt8(ascii: "1") }
+                        case .text(let mask) where mask.utf8.count < table.columns.count:
+                            // Recorded before columns were added (by the trigger of the table's earlier shape): the
+                            // added columns count as written, so a value the writer put there is not missed.
+                            changed = mask.utf8.map { $0 == UInt8(ascii: "1") }
+                                + Array(repeating: true, count: table.columns.count - mask.utf8.count)
+                        case .integer(let flag) where table.columns.count > 1:
+                            changed = [flag != 0] + Array(repeating: true, count: table.columns.count - 1)
                         case .integer(let flag) where table.columns.count == 1:
                             changed = [flag != 0]
                         case .null where table.columns.isEmpty, .text("") where table.columns.isEmpty:

@@ -10,6 +10,7 @@ extension Store {
         }
         var keys: [(order: Int64, name: String, position: Int32, type: String)] = []
         var columns: [(name: String, position: Int32, type: String)] = []
+        var defaults: [SQLValue?] = []
         for row in info {
             guard case .integer(let cid) = row[0], case .text(let column) = row[1] else {
                 throw ShoalError.corruptMetadata("unexpected table_xinfo row for \(name)")
@@ -26,6 +27,7 @@ extension Store {
                 keys.append((order, column, Int32(cid), type))
             } else {
                 columns.append((column, Int32(cid), type))
+                defaults.append(try constantDefault(row[4]))
             }
         }
         guard !keys.isEmpty else {
@@ -63,8 +65,26 @@ extension Store {
             isCounter: isCounter,
             keyIsRowid: keyIsRowid,
             keyAffinities: keys.map { ColumnAffinity(declaredType: $0.type) },
-            affinities: columns.map { ColumnAffinity(declaredType: $0.type) }
+            affinities: columns.map { ColumnAffinity(declaredType: $0.type) },
+            defaults: defaults
         )
+    }
+
+    /// The value of a column's declared default (`PRAGMA table_xinfo`'s text) when it is a literal: a number, a
+    /// string, a blob, NULL, TRUE or FALSE. `nil` for an expression such as `CURRENT_TIMESTAMP`, or no default.
+    func constantDefault(_ declared: SQLValue) throws(ShoalError) -> SQLValue? {
+        guard case .text(let text) = declared else { return .null }
+        let literal = SQLText.tokenize(text).allSatisfy { token in
+            switch token.kind {
+            case .string: true
+            case .symbol(let symbol): "+-().".contains(symbol)
+            case .word(let word):
+                word.first?.isNumber == true || ["NULL", "TRUE", "FALSE", "X"].contains(word.uppercased())
+            case .quotedIdentifier: false
+            }
+        }
+        guard literal else { return nil }
+        return try? connection.scalar("SELECT \(text)")
     }
 
     /// The tables this database replicates, by name.
@@ -120,9 +140,27 @@ extension Store {
         }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            let warnings = try replicateInTransaction(table, counters: counters)
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+            // Changes held for it (a peer replicated it first, or it was paused) are merged now.
+            try replayHeldValues()
+            return warnings
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            transactionStamp = nil
+            schemaVersion = -1
+            throw error
+        }
+    }
+
+    /// ``replicate(table:counters:)`` inside the caller's write transaction (the caller commits).
+    func replicateInTransaction(_ table: String, counters: [String]) throws(ShoalError) -> [String] {
+        do {
             let described = try describeTable(table, id: 0, counters: counters)
             try validateReplicable(described)
-            var warnings = replicationWarnings(described)
+            let warnings = replicationWarnings(described)
             try validateCounters(described)
             try connection.rows(
                 "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
@@ -176,15 +214,7 @@ extension Store {
             try flushCaptured()
             try recordCounterSeeds(seeds, table: replicated)
             try dropClockArchive(of: table)
-            try connection.exec("COMMIT")
-            transactionStamp = nil
             return warnings
-        } catch {
-            capture.discardPending()
-            try? connection.exec("ROLLBACK")
-            transactionStamp = nil
-            schemaVersion = -1
-            throw error
         }
     }
 

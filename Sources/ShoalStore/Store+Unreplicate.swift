@@ -88,6 +88,19 @@ struct TableShape: Equatable {
         return "\(table)(\(keys.joined(separator: ","))|\(cells.joined(separator: ",")))\(constraints)"
     }
 
+    /// The columns `current` adds at the end of this shape, when that is all that changed and each added column
+    /// can be added on every node with the same result (nullable, or with a default; no key, no hidden column).
+    func addedColumns(in current: TableShape) -> [Column]? {
+        guard current.columns.count > columns.count, Array(current.columns.prefix(columns.count)) == columns else {
+            return nil
+        }
+        let added = Array(current.columns.dropFirst(columns.count))
+        guard added.allSatisfy({ $0.keyOrder == 0 && $0.hidden == 0 && (!$0.notNull || $0.defaultValue != nil) }) else {
+            return nil
+        }
+        return added
+    }
+
     /// What turned `self` into `current`, in words ("column note was added; …").
     func changes(to current: TableShape) -> String {
         var changes: [String] = []
@@ -161,6 +174,8 @@ extension Store {
         }
         var active: [ReplicatedTable] = []
         var paused: [PausedTable] = []
+        var additions: [SchemaAddition] = []
+        defer { schemaAdditions = additions }
         for row in try connection.rows("SELECT id, name, counters FROM shoal_tables ORDER BY name") {
             guard case .integer(let id) = row[0], case .text(let name) = row[1], case .text(let counters) = row[2]
             else { throw ShoalError.corruptMetadata("bad shoal_tables row") }
@@ -183,7 +198,13 @@ extension Store {
                 )
                 continue
             }
-            if let shape = recorded[id] {
+            if let shape = recorded[id], let before = TableShape(encoded: shape), before != current,
+                let added = before.addedColumns(in: current)
+            {
+                // Columns added at the end, each nullable or with a default: a schema change this node adopts
+                // (``adoptSchemaChanges()``) and replicates, not a reason to pause.
+                additions.append(SchemaAddition(tableID: id, table: name, columns: added, shape: current))
+            } else if let shape = recorded[id] {
                 let before = TableShape(encoded: shape)
                 guard before == current else {
                     let change = before.map { $0.changes(to: current) } ?? "its recorded shape is unreadable"

@@ -122,8 +122,9 @@ extension Store {
 
 extension Store {
     /// The row hash's format (``StateDigest/rowHash(table:primaryKey:state:columns:values:)``): 2 hashes the data
-    /// row's presence and every stored value.
-    static let digestFormat: Int64 = 2
+    /// row's presence and every stored value; 3 leaves out columns never written that hold their default (so that
+    /// adding a column changes no row's hash).
+    static let digestFormat: Int64 = 3
 
     /// Drops a maintained digest of an older format (its row hashes no longer match what a scan computes): the
     /// next ``digest()`` or ``settleDigest(maxRows:)`` scans each table once.

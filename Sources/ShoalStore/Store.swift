@@ -29,6 +29,8 @@ public struct StoreOptions: Sendable {
     /// held and arriving, the fences the roster requires (``Store/raiseFences(_:)``). An apply that brings roster
     /// records raises these fences before it merges anything, in the same transaction (``Store/fenceGate``).
     public var fenceGate: (@Sendable ([[UInt8]]) -> [SiteID: UInt64])?
+    /// How this node follows its peers' schema changes (see ``SchemaChangeFollowing``).
+    public var schemaChanges = SchemaChangeFollowing.apply
 
     /// The defaults.
     public init() {}
@@ -104,6 +106,8 @@ public final class Store {
     var dataStatements: [DataStatementKey: SQLiteStatement] = [:]
     /// Set while a user statement is prepared, so the authorizer can guard Shoal's tables.
     var preparingUserStatement = false
+    /// Set while a user `ALTER TABLE … ADD COLUMN` is prepared: the one change of a replicated table it allows.
+    var addingColumn = false
     /// Set by the authorizer while a user statement is prepared: it calls a function or reads a column, so
     /// it could make a value larger than any of its inputs (see ``valueSizesBounded(_:arguments:)``).
     var userStatementComputesValues = false
@@ -126,6 +130,10 @@ public final class Store {
     var committedTables: Set<String> = []
     /// The transactions (dots) committed since the last ``takeCommittedTables()``, alongside their tables.
     var committedDots: Set<Dot> = []
+    /// Columns added to replicated tables that this node has not adopted yet (see ``adoptSchemaChanges()``).
+    var schemaAdditions: [SchemaAddition] = []
+    /// Whether held changes may have become mergeable (the schema changed since they were last looked at).
+    var heldMayReplay = true
     /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
     var warnedSentRecord = false
 
@@ -188,6 +196,10 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_digest_pending(id INTEGER PRIMARY KEY, tbl INTEGER NOT NULL, keys BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_fences(site BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS shoal_held(
+                    tbl TEXT NOT NULL, col TEXT NOT NULL, pk BLOB NOT NULL, part INTEGER NOT NULL,
+                    site INTEGER NOT NULL, seq INTEGER NOT NULL, hlc INTEGER NOT NULL, cl INTEGER NOT NULL,
+                    change BLOB NOT NULL, PRIMARY KEY(tbl, col, pk, part)) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_log(
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
                     keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
@@ -349,12 +361,22 @@ public final class Store {
                 authorizerDenial = "\(paused.message). Writes to it are refused meanwhile, so none is lost"
                 return SQLITE_DENY
             }
+            if action == SQLITE_ALTER_TABLE, capture.tableNumbers[table] != nil, addingColumn {
+                // ADD COLUMN: a schema change replicated like any change (see ``adoptSchemaChanges()``).
+                return SQLITE_OK
+            }
             if action != SQLITE_INSERT && action != SQLITE_UPDATE && action != SQLITE_DELETE,
                 capture.tableNumbers[table] != nil
             {
                 authorizerDenial =
-                    "table \(table) is replicated; dropping or altering it would break replication "
-                    + "(schema changes of replicated tables are not supported yet)"
+                    action == SQLITE_ALTER_TABLE
+                    ? "table \(table) is replicated: renaming it or a column, dropping a column or changing a type "
+                        + "would leave the other nodes unable to apply its changes. Change it in steps every node "
+                        + "can follow (expand, then contract): add a new column (ALTER TABLE \(table) ADD COLUMN …, "
+                        + "which replicates), write to the new column from the app, copy the old values over "
+                        + "(UPDATE), and stop using the old column; it can stay"
+                    : "table \(table) is replicated; dropping it would break replication. Stop replicating it first "
+                        + "(shoal unreplicate \(table)) on every node"
                 return SQLITE_DENY
             }
             return SQLITE_OK
@@ -400,6 +422,7 @@ public final class Store {
         }
         pausedTableList = paused
         capture.setTables(tables)
+        heldMayReplay = true
         schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
         try updateTriggerSwitch()
     }

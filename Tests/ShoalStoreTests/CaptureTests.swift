@@ -207,7 +207,8 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         let store = try makeStore()
         try makeItems(store)
         for sql in [
-            "DROP TABLE items", "ALTER TABLE items ADD COLUMN z", "DELETE FROM shoal_log", "DROP TABLE shoal_meta",
+            "DROP TABLE items", "ALTER TABLE items RENAME COLUMN name TO label", "ALTER TABLE items DROP COLUMN qty",
+            "DELETE FROM shoal_log", "DROP TABLE shoal_meta",
         ] {
             #expect {
                 try store.execute(sql)

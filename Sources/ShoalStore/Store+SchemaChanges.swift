@@ -1,0 +1,209 @@
+import ShoalCore
+
+/// Columns added at the end of a replicated table, found when the schema changed (see ``Store/adoptSchemaChanges()``).
+struct SchemaAddition {
+    let tableID: Int64
+    let table: String
+    let columns: [TableShape.Column]
+    let shape: TableShape
+}
+
+/// How a node follows the schema changes its peers make.
+public enum SchemaChangeFollowing: Sendable, Hashable {
+    /// Peers' additive changes (a new column, a new replicated table) are applied here in the transaction that
+    /// brings them (the default).
+    case apply
+    /// The app migrates itself: a peer's change is recorded and its values held until the app makes the same change
+    /// (recognised as the same change, not a conflict).
+    case manual
+}
+
+/// A schema change that met a different one: the same column added with two definitions on two nodes. One
+/// definition wins everywhere (the replicated record's ordinary merge); a node that made the other keeps its column
+/// (and every value in it) and reports this.
+public struct SchemaConflict: Sendable, Hashable, CustomStringConvertible {
+    /// The table and the column.
+    public var table: String
+    public var column: String
+    /// The column's definition here, and the one the cluster settled on.
+    public var local: String
+    public var winner: String
+
+    /// What happened and what to run.
+    public var description: String {
+        "column \(table).\(column) is \(local) here, but the cluster settled on \(winner): its values are kept here "
+            + "as they are; to resolve, add a new column with the agreed definition and move the values "
+            + "(shoal sql \"ALTER TABLE \(quote(table)) ADD COLUMN …\"), then stop using \(column)"
+    }
+}
+
+/// Schema changes as change sets. A replicated table's additive change (a column added at the end, nullable or with
+/// a default; a new replicated table) made here through any connection is adopted (``adoptSchemaChanges()``) and
+/// recorded in the replicated table ``schemaTable``, one row per column or table, as a change of this node: it
+/// travels like any change (ordered with the data, through LAN and relay, sealed on the relay), and peers run the same
+/// DDL in the transaction that applies it. Values for a column a node does not have yet are held meanwhile (see
+/// ``hold(_:)``) and replayed once it does.
+extension Store {
+    /// The replicated table of schema changes: `(tbl, col)` names a column (`col` empty: the table itself), and
+    /// `definition` is its SQL (a column's definition, or the table's `CREATE TABLE` statement).
+    public static let schemaTable = "shoal_schema"
+
+    /// Creates and replicates ``schemaTable`` inside the caller's write transaction, if it is missing.
+    func prepareSchemaTableInTransaction() throws(ShoalError) {
+        guard capture.tableNumbers[Self.schemaTable] == nil else { return }
+        try connection.exec(
+            "CREATE TABLE IF NOT EXISTS \(Self.schemaTable)(tbl TEXT NOT NULL, col TEXT NOT NULL, "
+                + "definition TEXT NOT NULL DEFAULT '', PRIMARY KEY(tbl, col))"
+        )
+        _ = try replicateInTransaction(Self.schemaTable, counters: [])
+        try refreshSchema()
+    }
+
+    /// The SQL that defines a column, as `ALTER TABLE … ADD COLUMN` takes it.
+    static func columnDefinition(_ column: TableShape.Column) -> String {
+        var text = quote(column.name)
+        if !column.type.isEmpty { text += " " + column.type }
+        if column.notNull { text += " NOT NULL" }
+        if let value = column.defaultValue { text += " DEFAULT " + value }
+        return text
+    }
+
+    /// Adopts the additive schema changes made to replicated tables since the last call (by this connection or any
+    /// other tool): each added column is recorded as a change of this node, the table's capture follows the new
+    /// shape, and values held for the column are merged. Returns the columns adopted, as `table.column`. Does
+    /// nothing while a transaction is open on this connection (the next call adopts them).
+    @discardableResult
+    public func adoptSchemaChanges() throws(ShoalError) -> [String] {
+        try refreshSchema()
+        guard !schemaAdditions.isEmpty, connection.isAutocommit, !capture.hasUncommittedWork else { return [] }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            // Writes other connections made before the change was seen are stamped first, with the new shape.
+            try stampForeignWrites()
+            let adopted = try adoptInTransaction(schemaAdditions)
+            try flushCaptured()
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+            schemaVersion = -1
+            try replayHeldValues()
+            for name in adopted { options.logger.info("schema change adopted and replicated", metadata: ["column": "\(name)"]) }
+            return adopted
+        } catch {
+            capture.discardPending()
+            try? connection.exec("ROLLBACK")
+            transactionStamp = nil
+            schemaVersion = -1
+            throw error
+        }
+    }
+
+    /// Records `additions` as the tables' shapes, follows them with the capture triggers, and records each column not
+    /// recorded yet with the same definition in ``schemaTable`` (a change of this node). Inside the caller's write
+    /// transaction.
+    func adoptInTransaction(_ additions: [SchemaAddition]) throws(ShoalError) -> [String] {
+        guard !additions.isEmpty else { return [] }
+        try prepareSchemaTableInTransaction()
+        var adopted: [String] = []
+        for addition in additions {
+            try connection.rows(
+                "INSERT OR REPLACE INTO shoal_shapes(tbl, shape) VALUES (?, ?)",
+                [.integer(addition.tableID), .text(addition.shape.encoded)]
+            )
+            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text("fingerprint_\(addition.tableID)")])
+            try forgetDigest(ofTable: addition.tableID)
+            if try hasCaptureTriggers(tableID: addition.tableID), let number = capture.tableNumbers[addition.table] {
+                let table = capture.tables[number]
+                try extendOutbox(of: table)
+                for kind in ["insert", "update", "delete"] {
+                    try connection.exec("DROP TRIGGER IF EXISTS \(quote("shoal_capture_\(table.id)_\(kind)"))")
+                }
+                for sql in captureSchema(table) { try connection.exec(sql) }
+            }
+            let recorded = try statement("SELECT definition FROM \(Self.schemaTable) WHERE tbl = ? AND col = ?")
+            for column in addition.columns {
+                let definition = Self.columnDefinition(column)
+                try recorded.bind([.text(addition.table), .text(column.name)])
+                let same = try recorded.step() && recorded.column(0) == .text(definition)
+                recorded.reset()
+                adopted.append("\(addition.table).\(column.name)")
+                // The same change made here by the app after a peer made it (manual following) is that change.
+                if same { continue }
+                let insert = try statement(
+                    "INSERT OR REPLACE INTO \(Self.schemaTable)(tbl, col, definition) VALUES (?, ?, ?)"
+                )
+                try insert.bind([.text(addition.table), .text(column.name), .text(definition)])
+                _ = try run(insert, control: nil)
+            }
+        }
+        schemaAdditions.removeAll()
+        heldMayReplay = true
+        return adopted
+    }
+
+    /// Runs the schema changes recorded in ``schemaTable`` that this database has not made yet (a peer's new column),
+    /// inside the caller's apply transaction; in manual following, only records what is pending. Returns whether the
+    /// schema changed.
+    func executeSchemaRecords() throws(ShoalError) -> Bool {
+        guard options.schemaChanges == .apply, capture.tableNumbers[Self.schemaTable] != nil else { return false }
+        var executed = false
+        for row in try connection.rows("SELECT tbl, col, definition FROM \(Self.schemaTable) ORDER BY tbl, col") {
+            guard case .text(let table) = row[0], case .text(let column) = row[1], case .text(let definition) = row[2],
+                !column.isEmpty, let number = capture.tableNumbers[table],
+                capture.tables[number].columnIndex[column] == nil,
+                capture.tables[number].keyColumns.contains(column) == false
+            else { continue }
+            do throws(ShoalError) {
+                try connection.exec("ALTER TABLE \(quote(table)) ADD COLUMN \(definition)")
+                executed = true
+                options.logger.info(
+                    "applied a peer's schema change", metadata: ["table": "\(table)", "column": "\(column)"]
+                )
+            } catch {
+                // Not a definition this database can take (SQLite refused it): its values stay held, status says so.
+                options.logger.warning(
+                    "cannot apply a peer's schema change; its values are held",
+                    metadata: ["table": "\(table)", "column": "\(column)", "error": "\(error.message)"]
+                )
+            }
+        }
+        guard executed else { return false }
+        try refreshSchema()
+        _ = try adoptInTransaction(schemaAdditions)
+        try refreshSchema()
+        return true
+    }
+
+    /// Columns added with different definitions on different nodes, where this node's lost (see ``SchemaConflict``).
+    public func schemaConflicts() throws(ShoalError) -> [SchemaConflict] {
+        try refreshSchema()
+        guard capture.tableNumbers[Self.schemaTable] != nil else { return [] }
+        var conflicts: [SchemaConflict] = []
+        for row in try connection.rows("SELECT tbl, col, definition FROM \(Self.schemaTable) WHERE col <> ''") {
+            guard case .text(let table) = row[0], case .text(let column) = row[1], case .text(let winner) = row[2],
+                let shape = try currentShape(of: table),
+                let local = shape.columns.first(where: { $0.name == column })
+            else { continue }
+            let definition = Self.columnDefinition(local)
+            if definition != winner {
+                conflicts.append(SchemaConflict(table: table, column: column, local: definition, winner: winner))
+            }
+        }
+        return conflicts
+    }
+
+    /// This node's schema position: how many schema changes it holds, and those recorded but not made here.
+    public func schemaPosition() throws(ShoalError) -> (changes: Int, pending: [String]) {
+        try refreshSchema()
+        guard capture.tableNumbers[Self.schemaTable] != nil else { return (0, []) }
+        var count = 0
+        var pending: [String] = []
+        for row in try connection.rows("SELECT tbl, col FROM \(Self.schemaTable)") {
+            guard case .text(let table) = row[0], case .text(let column) = row[1] else { continue }
+            count += 1
+            guard !column.isEmpty else { continue }
+            if let number = capture.tableNumbers[table], capture.tables[number].columnIndex[column] != nil { continue }
+            pending.append("\(table).\(column)")
+        }
+        return (count, pending.sorted())
+    }
+}

@@ -1,0 +1,148 @@
+import Foundation
+import Testing
+import ShoalTestSupport
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+/// Schema changes as change sets: a column added on one node reaches the others in order with the data; a node
+/// that has not added it yet keeps syncing, holds and forwards its values, and replays them when it appears.
+@Suite struct SchemaEvolutionTests {
+    /// Three stores on files (so that their rows can be compared outside Shoal), each with `items` replicated.
+    private func threeStores(_ directory: URL, manual: Set<String> = []) throws -> [String: Store] {
+        var stores: [String: Store] = [:]
+        for name in ["a", "b", "c"] {
+            var options = StoreOptions()
+            options.clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+            if manual.contains(name) { options.schemaChanges = .manual }
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path, options: options)
+            try store.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0)")
+            try store.replicate(table: "items")
+            stores[name] = store
+        }
+        return stores
+    }
+
+    private func contents(_ directory: URL, _ name: String) throws -> [String: [String]] {
+        try SQLiteConnection(path: directory.appendingPathComponent("\(name).db").path).applicationTableContents()
+    }
+
+    @Test func aColumnAddedOnOneNodeIsHeldForwardedAndReplayedWhereItIsMissing() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory, manual: ["b"])
+        let (a, b, c) = (stores["a"]!, stores["b"]!, stores["c"]!)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        try sync(a, b)
+        try sync(a, c)
+
+        // A adds a column through Shoal and writes it; B keeps writing the columns it has.
+        #expect(try a.execute("ALTER TABLE items ADD COLUMN colour TEXT DEFAULT 'grey'").rows.isEmpty)
+        try a.execute("UPDATE items SET colour = 'red' WHERE id = 1")
+        try a.execute("INSERT INTO items(id, name, colour) VALUES (4, 'four', 'blue')")
+        try b.execute("UPDATE items SET qty = 7 WHERE id = 2")
+
+        // B follows schema changes by hand: it keeps syncing, holds A's values for the column it lacks.
+        try sync(a, b)
+        try sync(b, a)
+        #expect(try b.execute("SELECT id, name FROM items WHERE id = 4").rows == [[.integer(4), .text("four")]])
+        #expect(try b.heldChanges()["items"] ?? 0 >= 2)
+        #expect(try b.schemaPosition().pending == ["items.colour"])
+        #expect(try a.execute("SELECT qty FROM items WHERE id = 2").rows == [[.integer(7)]])
+
+        // C syncs only through B: it gets the schema change and the values B holds, verbatim.
+        try sync(b, c)
+        #expect(try c.execute("SELECT id, colour FROM items ORDER BY id").rows == [
+            [.integer(1), .text("red")], [.integer(2), .text("grey")], [.integer(3), .text("grey")],
+            [.integer(4), .text("blue")],
+        ])
+        #expect(try c.heldChanges().isEmpty)
+
+        // B's app migrates: its identical ALTER is the same change, and the held values are replayed.
+        let before = try b.versionVector()[b.siteID]
+        try b.execute("ALTER TABLE items ADD COLUMN colour TEXT DEFAULT 'grey'")
+        #expect(try b.versionVector()[b.siteID] == before)
+        #expect(try b.heldChanges().isEmpty)
+        #expect(try b.schemaConflicts().isEmpty)
+
+        for (from, to) in [(a, b), (b, c), (c, a), (a, c)] { try sync(from, to) }
+        #expect(try a.digest() == b.digest())
+        #expect(try b.digest() == c.digest())
+        #expect(try a.fullScanDigest() == a.digest())
+        #expect(try b.fullScanDigest() == b.digest())
+        #expect(try contents(directory, "a") == contents(directory, "b"))
+        #expect(try contents(directory, "b") == contents(directory, "c"))
+    }
+
+    @Test func aDeleteMadeWhileAValueWasHeldWinsAtReplay() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory, manual: ["b"])
+        let (a, b) = (stores["a"]!, stores["b"]!)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        try sync(a, b)
+        try a.execute("ALTER TABLE items ADD COLUMN colour TEXT")
+        try a.execute("UPDATE items SET colour = 'red'")
+        try sync(a, b)
+        // B deletes row 1 while it holds A's colour for it; A writes row 2's colour again, later.
+        try b.execute("DELETE FROM items WHERE id = 1")
+        try a.execute("UPDATE items SET colour = 'green' WHERE id = 2")
+        try sync(a, b)
+        try b.execute("ALTER TABLE items ADD COLUMN colour TEXT")
+        for (from, to) in [(a, b), (b, a)] { try sync(from, to) }
+        #expect(try b.execute("SELECT id, colour FROM items ORDER BY id").rows == [[.integer(2), .text("green")]])
+        #expect(try a.digest() == b.digest())
+        #expect(try contents(directory, "a") == contents(directory, "b"))
+    }
+
+    @Test func aColumnAddedByAnotherToolIsAdoptedAndReplicated() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory)
+        let (a, b) = (stores["a"]!, stores["b"]!)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        // Another connection (the app's, the sqlite3 shell) adds the column and writes it before Shoal looks.
+        let other = try SQLiteConnection(path: directory.appendingPathComponent("a.db").path)
+        try other.exec("ALTER TABLE items ADD COLUMN note TEXT")
+        try other.exec("UPDATE items SET note = 'written by the app' WHERE id = 1")
+        try other.exec("INSERT INTO items(id, name, note) VALUES (2, 'two', 'new')")
+        #expect(try a.captureForeignWrites())
+        #expect(try a.pausedTables().isEmpty)
+        try sync(a, b)
+        #expect(try b.execute("SELECT id, note FROM items ORDER BY id").rows == [
+            [.integer(1), .text("written by the app")], [.integer(2), .text("new")],
+        ])
+        #expect(try a.digest() == b.digest())
+        #expect(try contents(directory, "a") == contents(directory, "b"))
+    }
+
+    @Test func destructiveChangesThroughShoalAreRefusedWithTheWayToDoThem() throws {
+        let store = try makeStore()
+        try makeItems(store)
+        for sql in ["ALTER TABLE items DROP COLUMN name", "ALTER TABLE items RENAME COLUMN name TO label"] {
+            #expect {
+                try store.execute(sql)
+            } throws: { error in
+                (error as? ShoalError)?.message.contains("add a new column") == true
+            }
+        }
+        #expect(try store.execute("SELECT name FROM items").columns == ["name"])
+    }
+
+    @Test func theSameColumnAddedWithTwoDefinitionsSettlesOnOneAndReportsIt() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory)
+        let (a, b) = (stores["a"]!, stores["b"]!)
+        try a.execute("ALTER TABLE items ADD COLUMN size TEXT")
+        try b.execute("ALTER TABLE items ADD COLUMN size INTEGER DEFAULT 0")
+        try b.execute("INSERT INTO items(id, name, size) VALUES (1, 'one', 5)")
+        for (from, to) in [(a, b), (b, a)] { try sync(from, to) }
+        let conflicts = try a.schemaConflicts() + b.schemaConflicts()
+        #expect(conflicts.count == 1)
+        #expect(conflicts.first?.description.contains("ADD COLUMN") == true)
+        // The loser's values are kept where they were written, and reached the other node too.
+        #expect(try b.execute("SELECT size FROM items WHERE id = 1").rows == [[.integer(5)]])
+        #expect(try a.execute("SELECT size FROM items WHERE id = 1").rows.count == 1)
+    }
+}
