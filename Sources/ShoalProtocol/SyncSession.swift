@@ -185,10 +185,12 @@ public struct SyncSession: Sendable {
                 code: .selfConnection
             )
         }
-        guard hello.schemaFingerprint == local.schemaFingerprint else {
+        guard hello.schemaFingerprint == local.schemaFingerprint || version >= WireProtocol.schemaChangeVersion else {
             return refuse(
                 .schemaMismatch,
-                "replicated schemas differ: here \"\(local.schemaFingerprint)\", there \"\(hello.schemaFingerprint)\"",
+                "replicated schemas differ (here \"\(local.schemaFingerprint)\", there \"\(hello.schemaFingerprint)\") "
+                    + "and one side's Shoal is too old to carry schema changes (protocol \(version)): upgrade Shoal on "
+                    + "\(hello.nodeName.isEmpty ? "the peer" : hello.nodeName)",
                 code: .unsupportedSchema
             )
         }

@@ -9,8 +9,12 @@ public enum WireProtocol {
     /// (``WireMessage/inspect(_:)``, ``InspectionRequest``, ``InspectionAnswer``), which `shoal verify --peer` runs;
     /// version 4 adds to a ``SyncRequest`` the requester's wall clock, so a node can tell that its clock runs ahead, and
     /// the site it writes as with what it holds of the answerer's, so a node restored from an older copy can tell that
-    /// it wrote transactions its peers hold with other content.
-    public static let maximumVersion: UInt16 = 4
+    /// it wrote transactions its peers hold with other content; version 5 carries schema changes as change sets (a
+    /// replicated `shoal_schema` table) and holds changes for tables and columns a node lacks, so the hello's schema
+    /// fingerprint is a position peers may differ in, no longer a condition.
+    public static let maximumVersion: UInt16 = 5
+    /// The first version whose nodes keep syncing across different schemas.
+    public static let schemaChangeVersion: UInt16 = 5
     /// The first version in which a ``SyncRequest`` carries the requester's wall clock.
     public static let clockVersion: UInt16 = 4
     /// The first version in which values may travel in pieces.
@@ -96,7 +100,8 @@ public struct Hello: Hashable, Sendable {
     public var siteID: SiteID
     /// The sender's human-readable name, for status and logs.
     public var nodeName: String
-    /// A fingerprint of the replicated tables' schema.
+    /// A fingerprint of the replicated tables' schema: the sender's schema position. From protocol version 5 on,
+    /// peers whose fingerprints differ keep syncing (each holds what it cannot merge yet); an older peer cannot.
     public var schemaFingerprint: String
     /// The port the sender accepts connections on (0: none), so a peer can dial back later.
     public var listenPort: UInt16

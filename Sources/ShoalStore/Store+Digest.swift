@@ -31,6 +31,14 @@ public struct StoreStatus: Sendable, Hashable {
     /// Set when the database moved to a fresh site (its file was restored from an older copy, or copied): what
     /// happened, in plain words.
     public var identityChange: IdentityChange?
+    /// The schema changes this node holds (see ``Store/schemaTable``), and those recorded but not made here yet
+    /// (`table.column`: a peer's column this node follows by hand, or one SQLite refused).
+    public var schemaChanges = 0
+    public var schemaPending: [String] = []
+    /// Columns added with different definitions, where this node's lost (see ``SchemaConflict``).
+    public var schemaConflicts: [SchemaConflict] = []
+    /// Changes held for tables and columns this node does not have (yet), per table (see ``Store/heldChanges()``).
+    public var heldChanges: [String: Int] = [:]
 }
 
 // The digest is kept incrementally, per table: `shoal_digest` holds each table's sum and row count,
@@ -510,15 +518,19 @@ extension Store {
                 )
             )
         }
-        return StoreStatus(
+        var status = StoreStatus(
             siteID: siteID,
             nodeName: try nodeName(),
             versionVector: try versionVector(),
-            tables: tables,
+            tables: tables.filter { $0.name != Self.schemaTable },
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
             digest: try digest(),
             identityChange: try identityChange()
         )
+        (status.schemaChanges, status.schemaPending) = try schemaPosition()
+        status.schemaConflicts = try schemaConflicts()
+        status.heldChanges = try heldChanges()
+        return status
     }
 }

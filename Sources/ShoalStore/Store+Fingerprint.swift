@@ -24,35 +24,6 @@ extension Store {
         return text
     }
 
-    /// Refuses a change stream written by a database whose replicated tables would store other rows for the same
-    /// changes (``schemaFingerprint()``): a column NOT NULL with a DEFAULT on one side and nullable on the other,
-    /// another type affinity, another CHECK. A stream without a fingerprint (from an older Shoal) is taken as is.
-    public func checkStreamSchema(_ schema: String?) throws(ShoalError) {
-        guard let schema else { return }
-        let local = try schemaFingerprint()
-        guard schema != local else { return }
-        func byTable(_ text: String) -> [String: String] {
-            var parts: [String: String] = [:]
-            for part in text.split(separator: ";") {
-                let name = String(part.prefix { $0 != "(" })
-                parts[name] = String(part)
-            }
-            return parts
-        }
-        let theirs = byTable(schema)
-        let ours = byTable(local)
-        let differing = Set(theirs.keys).union(ours.keys).filter { theirs[$0] != ours[$0] }.sorted()
-        let described = differing.map { name in
-            "\(name): here \(ours[name] ?? "not replicated"), in the stream \(theirs[name] ?? "not replicated")"
-        }
-        throw ShoalError(
-            code: .unsupportedSchema,
-            message: "the stream's replicated tables differ from this database's, so the same changes would leave "
-                + "different rows: \(described.joined(separator: "; ")). Give both the same tables (columns, types, "
-                + "NOT NULL, DEFAULT, CHECK), then apply again. Nothing was applied"
-        )
-    }
-
     /// One active table's part of ``schemaFingerprint()``.
     func fingerprintPart(of table: ReplicatedTable) throws(ShoalError) -> String? {
         guard let shape = try currentShape(of: table.name) else { return nil }

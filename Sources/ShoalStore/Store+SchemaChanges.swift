@@ -110,7 +110,8 @@ extension Store {
                 [.integer(addition.tableID), .text(addition.shape.encoded)]
             )
             try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text("fingerprint_\(addition.tableID)")])
-            try forgetDigest(ofTable: addition.tableID)
+            // No row's metadata or hash changes: cells of the new columns read as never written, and a column never
+            // written that holds its default adds nothing to a row's hash.
             if try hasCaptureTriggers(tableID: addition.tableID), let number = capture.tableNumbers[addition.table] {
                 let table = capture.tables[number]
                 try extendOutbox(of: table)

@@ -112,11 +112,38 @@ enum Output {
                 ["name": table.name, "change": table.change, "message": table.message] as [String: Any]
             },
             "conflicts": status.conflicts,
+            "schema": [
+                "changes": status.schemaChanges, "pending": status.schemaPending,
+                "conflicts": status.schemaConflicts.map { conflict in
+                    [
+                        "table": conflict.table, "column": conflict.column, "local": conflict.local,
+                        "winner": conflict.winner, "message": conflict.description,
+                    ]
+                },
+                "held_changes": status.heldChanges,
+            ] as [String: Any],
             "digest": status.digest.hex,
             "identity_change": status.identityChange.map {
                 ["reason": $0.reason.rawValue, "previous_site": $0.previousSite.hex, "message": $0.description] as Any
             } ?? NSNull(),
         ])
+    }
+
+    /// The schema position, what is held for columns and tables not here yet, and schema conflicts.
+    static func schemaLines(_ status: StoreStatus) -> String {
+        var text = "schema:     \(status.schemaChanges) schema change\(status.schemaChanges == 1 ? "" : "s")"
+        if !status.schemaPending.isEmpty {
+            text += "; not made here yet: \(status.schemaPending.joined(separator: ", ")) (their values are held)"
+        }
+        text += "\n"
+        let held = status.heldChanges.filter { $0.value > 0 }.sorted { $0.key < $1.key }
+        if !held.isEmpty {
+            text += "held:       "
+                + held.map { "\($0.value) change\($0.value == 1 ? "" : "s") for \($0.key)" }.joined(separator: ", ")
+                + " (for tables or columns this node does not have yet; merged when they appear)\n"
+        }
+        for conflict in status.schemaConflicts { text += "ERROR:      schema conflict: \(conflict)\n" }
+        return text
     }
 
     static func text(
@@ -146,6 +173,7 @@ enum Output {
             text += "paused (changed by another tool; not replicated until resolved):\n"
             for table in status.pausedTables { text += "  \(table.name): \(table.message)\n" }
         }
+        text += schemaLines(status)
         guard let live else { return text + "node:       not running (no shoal serve on this database)\n" }
         for peer in live.peers {
             guard let error = divergence(of: peer, database: database, plaintextCluster: live.cluster) else { continue }

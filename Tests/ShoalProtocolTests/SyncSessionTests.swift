@@ -33,11 +33,26 @@ private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, Shoa
         #expect(session.phase == .established)
     }
 
+    @Test func peersThatCarrySchemaChangesKeepSyncingAcrossSchemas() {
+        let current = 1...WireProtocol.maximumVersion
+        var session = SyncSession(local: hello(siteA, versions: current), now: 0)
+        _ = session.start()
+        let peer = hello(siteB, versions: current, schema: "u")
+        #expect(session.receive(.hello(peer), now: 1).first == .established(peer, version: WireProtocol.maximumVersion))
+        // A peer whose Shoal is older is told to upgrade, by name.
+        var old = SyncSession(local: hello(siteA, versions: current), now: 0)
+        _ = old.start()
+        let actions = old.receive(.hello(hello(siteB, versions: 1...4, schema: "u")), now: 1)
+        #expect(refusal(actions)?.0 == .schemaMismatch)
+        if case .send(.reject(let rejection)) = actions.first { #expect(rejection.message.contains("upgrade Shoal on n")) }
+    }
+
     @Test func badHellosAreRefusedWithTheirReason() {
         let cases: [(Hello, Rejection.Reason, ShoalError.Code)] = [
             (hello(siteB, versions: 2...3), .versionMismatch, .versionMismatch),
             (hello(siteB, cluster: "other"), .clusterMismatch, .clusterMismatch),
             (hello(siteA), .selfConnection, .selfConnection),
+            // Different schemas only with a peer too old to carry schema changes (these hellos speak version 1).
             (hello(siteB, schema: "u"), .schemaMismatch, .unsupportedSchema),
         ]
         for (peer, reason, code) in cases {
