@@ -212,7 +212,7 @@ let package = Package(
         .executableTarget(
             name: "ShoalBench",
             dependencies: [
-                "Shoal", "ShoalStore", "ShoalProcesses", "CSQLite",
+                "Shoal", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalProcesses", "CSQLite",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -114,6 +114,15 @@ say "hilltop comes back"
 serve hilltop1 --relay "$url" --relay-token-file "$dir/relay.token"
 serve hilltop2 --peer "127.0.0.1:$port_hilltop1"
 converged "${nodes[@]}"
+
+say "harbour updates its till app: a new column (payment); hilltop's app is not updated yet and keeps selling"
+sql harbour1 "ALTER TABLE sales ADD COLUMN payment TEXT DEFAULT 'cash'"
+sql harbour1 "INSERT INTO sales(id, till, item, amount, payment) VALUES ('harbour1-4', 'harbour1', 'compass', 80, 'card')"
+sql hilltop2 "INSERT INTO sales(id, till, item, amount) VALUES ('hilltop2-4', 'hilltop2', 'bucket', 6)"
+converged "${nodes[@]}"
+echo "the column reached every till (through the relay too), in order with the sales; old and new sales alike:"
+sql hilltop2 "SELECT id, payment FROM sales WHERE id IN ('harbour1-4', 'hilltop2-4') ORDER BY id"
+"$shoal" status --db "$dir/hilltop2.db" | grep '^schema:'
 echo
 "$shoal" status --db "$dir/harbour1.db" | grep -A2 '^relay:'
 echo

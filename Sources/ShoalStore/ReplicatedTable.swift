@@ -33,6 +33,8 @@ final class ReplicatedTable {
     let affinities: [ColumnAffinity]
     /// Each non-key column's declared default when it is a constant (what a row never written there holds).
     let defaults: [SQLValue?]
+    /// Whether each non-key column is declared NOT NULL.
+    let notNull: [Bool]
 
     init(
         id: Int64,
@@ -45,9 +47,11 @@ final class ReplicatedTable {
         keyIsRowid: Bool,
         keyAffinities: [ColumnAffinity],
         affinities: [ColumnAffinity],
-        defaults: [SQLValue?] = []
+        defaults: [SQLValue?] = [],
+        notNull: [Bool] = []
     ) {
         self.defaults = defaults
+        self.notNull = notNull
         self.keyAffinities = keyAffinities
         self.affinities = affinities
         self.id = id

@@ -31,9 +31,10 @@ public struct StoreStatus: Sendable, Hashable {
     /// Set when the database moved to a fresh site (its file was restored from an older copy, or copied): what
     /// happened, in plain words.
     public var identityChange: IdentityChange?
-    /// The schema changes this node holds (see ``Store/schemaTable``), and those recorded but not made here yet
-    /// (`table.column`: a peer's column this node follows by hand, or one SQLite refused).
+    /// How many schema changes this node holds (see ``Store/schemaTable``): its schema position.
     public var schemaChanges = 0
+    /// Schema changes recorded but not made here yet (`table.column`, or a table's name): a peer's change this node
+    /// follows by hand, or one SQLite refused.
     public var schemaPending: [String] = []
     /// Columns added with different definitions, where this node's lost (see ``SchemaConflict``).
     public var schemaConflicts: [SchemaConflict] = []

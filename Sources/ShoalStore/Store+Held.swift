@@ -18,14 +18,19 @@ extension Store {
 
     /// Whether `change` must be held: its table or its column is not (yet) replicated here.
     ///
-    /// A value the column here would store as another value (the same column was added with another type on the
-    /// node that wrote it: a schema conflict, see ``schemaConflicts()``) is held too, kept as it was written.
+    /// A value the column here would store as another value (the same column was added with another type or NOT
+    /// NULL on the node that wrote it: a schema conflict, see ``schemaConflicts()``) is held too, kept as it was
+    /// written.
     func mustHold(_ change: Change) -> Bool {
         guard let number = capture.tableNumbers[change.table] else { return true }
         guard let column = change.columnName else { return false }
         let table = capture.tables[number]
         guard let index = table.columnIndex[column] else { return true }
-        if case .column(_, let value) = change.payload, table.affinities[index].converts(value) { return true }
+        if case .column(_, let value) = change.payload {
+            if table.affinities[index].converts(value) { return true }
+            // NULL in a column declared NOT NULL here would be stored as its default.
+            if value == .null, index < table.notNull.count, table.notNull[index] { return true }
+        }
         return false
     }
 

@@ -11,6 +11,7 @@ extension Store {
         var keys: [(order: Int64, name: String, position: Int32, type: String)] = []
         var columns: [(name: String, position: Int32, type: String)] = []
         var defaults: [SQLValue?] = []
+        var notNull: [Bool] = []
         for row in info {
             guard case .integer(let cid) = row[0], case .text(let column) = row[1] else {
                 throw ShoalError.corruptMetadata("unexpected table_xinfo row for \(name)")
@@ -28,6 +29,7 @@ extension Store {
             } else {
                 columns.append((column, Int32(cid), type))
                 defaults.append(try constantDefault(row[4]))
+                notNull.append(row[3].integerValue.map { $0 != 0 } ?? false)
             }
         }
         guard !keys.isEmpty else {
@@ -66,7 +68,8 @@ extension Store {
             keyIsRowid: keyIsRowid,
             keyAffinities: keys.map { ColumnAffinity(declaredType: $0.type) },
             affinities: columns.map { ColumnAffinity(declaredType: $0.type) },
-            defaults: defaults
+            defaults: defaults,
+            notNull: notNull
         )
     }
 
@@ -141,6 +144,8 @@ extension Store {
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             let warnings = try replicateInTransaction(table, counters: counters)
+            // A schema change of this node: peers create and replicate the table too.
+            try recordTableCreation(table, counters: counters)
             try connection.exec("COMMIT")
             transactionStamp = nil
             // Changes held for it (a peer replicated it first, or it was paused) are merged now.

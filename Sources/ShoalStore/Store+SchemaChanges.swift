@@ -22,11 +22,13 @@ public enum SchemaChangeFollowing: Sendable, Hashable {
 /// definition wins everywhere (the replicated record's ordinary merge); a node that made the other keeps its column
 /// (and every value in it) and reports this.
 public struct SchemaConflict: Sendable, Hashable, CustomStringConvertible {
-    /// The table and the column.
+    /// The table.
     public var table: String
+    /// The column, added on two nodes with different definitions.
     public var column: String
-    /// The column's definition here, and the one the cluster settled on.
+    /// The column's definition here.
     public var local: String
+    /// The definition the cluster settled on (the replicated record's winner).
     public var winner: String
 
     /// What happened and what to run.
@@ -120,25 +122,60 @@ extension Store {
                 }
                 for sql in captureSchema(table) { try connection.exec(sql) }
             }
-            let recorded = try statement("SELECT definition FROM \(Self.schemaTable) WHERE tbl = ? AND col = ?")
             for column in addition.columns {
-                let definition = Self.columnDefinition(column)
-                try recorded.bind([.text(addition.table), .text(column.name)])
-                let same = try recorded.step() && recorded.column(0) == .text(definition)
-                recorded.reset()
                 adopted.append("\(addition.table).\(column.name)")
-                // The same change made here by the app after a peer made it (manual following) is that change.
-                if same { continue }
-                let insert = try statement(
-                    "INSERT OR REPLACE INTO \(Self.schemaTable)(tbl, col, definition) VALUES (?, ?, ?)"
-                )
-                try insert.bind([.text(addition.table), .text(column.name), .text(definition)])
-                _ = try run(insert, control: nil)
+                try recordSchemaChange(table: addition.table, column: column.name, definition: Self.columnDefinition(column))
             }
         }
         schemaAdditions.removeAll()
         heldMayReplay = true
         return adopted
+    }
+
+    /// The marker that ends a table's recorded `CREATE TABLE` with its counter columns (an SQL comment).
+    static let countersMarker = "\n-- shoal counters: "
+
+    /// Records that this node replicated `table` (inside the caller's write transaction): its `CREATE TABLE`
+    /// statement and counters, so that peers create and replicate it too. A table already recorded with the same
+    /// definition (a peer replicated it first) is that change.
+    ///
+    /// Only once this database syncs with others (it holds a change another node made): the tables an app creates
+    /// on each device before its first sync are that device's starting schema, not a change to a cluster.
+    func recordTableCreation(_ table: String, counters: [String]) throws(ShoalError) {
+        let synced = try statement("SELECT 1 FROM shoal_log WHERE site <> ? AND hlc > 65536 LIMIT 1")
+        try synced.bind([.integer(ownSiteIndex)])
+        let hasPeers = try synced.step()
+        synced.reset()
+        guard hasPeers, !table.lowercased().hasPrefix("shoal_"),
+            case .text(let sql) = try connection.scalar(
+                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?", [.text(table)]
+            )
+        else { return }
+        let definition = sql + (counters.isEmpty ? "" : Self.countersMarker + counters.joined(separator: ","))
+        try recordSchemaChange(table: table, column: "", definition: definition)
+    }
+
+    /// Records one schema change in ``schemaTable`` (inside the caller's write transaction), as the one transaction
+    /// of a site derived from the change itself, like a counter seed (see ``recordCounterSeeds(_:table:)``): every
+    /// node that makes the same change (replicates the same table, adds the same column with the same definition:
+    /// a peer first, then the app following by hand) writes the very same transaction, which is one change however
+    /// many make it; different definitions of one column are different transactions, and one wins everywhere. Its
+    /// clock is the earliest there is.
+    func recordSchemaChange(table: String, column: String, definition: String) throws(ShoalError) {
+        try prepareSchemaTableInTransaction()
+        let content = Array("shoal schema change\0\(table)\0\(column)\0\(definition)".utf8)
+        let dot = Dot(site: SiteID.derived(from: content), seq: 1)
+        let change = Change(
+            table: Self.schemaTable,
+            primaryKey: [.text(table), .text(column)],
+            payload: .column("definition", .text(definition)),
+            causalLength: 1,
+            stamp: Stamp(hlc: HLC(milliseconds: 0, logical: 1), site: dot.site, seq: dot.seq)
+        )
+        let wasSuspended = capture.isSuspended
+        capture.isSuspended = true
+        defer { capture.isSuspended = wasSuspended }
+        _ = try applyInTransaction([change], claim: VersionVector([dot.site: dot.seq]), since: nil, replaying: true)
     }
 
     /// Runs the schema changes recorded in ``schemaTable`` that this database has not made yet (a peer's new column),
@@ -147,6 +184,37 @@ extension Store {
     func executeSchemaRecords() throws(ShoalError) -> Bool {
         guard options.schemaChanges == .apply, capture.tableNumbers[Self.schemaTable] != nil else { return false }
         var executed = false
+        for row in try connection.rows("SELECT tbl, definition FROM \(Self.schemaTable) WHERE col = '' ORDER BY tbl") {
+            // A peer's new table: created and replicated here, unless a table of that name exists (then the app
+            // decides: status lists it as not made here).
+            guard case .text(let table) = row[0], case .text(let definition) = row[1],
+                capture.tableNumbers[table] == nil, try currentShape(of: table) == nil
+            else { continue }
+            let parts = definition.components(separatedBy: Self.countersMarker)
+            let counters = parts.count > 1 ? parts[1].split(separator: ",").map(String.init) : []
+            do throws(ShoalError) {
+                try connection.exec("SAVEPOINT shoal_new_table")
+                do throws(ShoalError) {
+                    try connection.exec(parts[0])
+                    _ = try replicateInTransaction(table, counters: counters)
+                    try connection.exec("RELEASE shoal_new_table")
+                } catch {
+                    try? connection.exec("ROLLBACK TO shoal_new_table")
+                    try? connection.exec("RELEASE shoal_new_table")
+                    schemaVersion = -1
+                    try refreshSchema()
+                    throw error
+                }
+                executed = true
+                options.logger.info("created and replicated a peer's new table", metadata: ["table": "\(table)"])
+            } catch {
+                options.logger.warning(
+                    "cannot create a peer's new table; its changes are held",
+                    metadata: ["table": "\(table)", "error": "\(error.message)"]
+                )
+            }
+        }
+        try refreshSchema()
         for row in try connection.rows("SELECT tbl, col, definition FROM \(Self.schemaTable) ORDER BY tbl, col") {
             guard case .text(let table) = row[0], case .text(let column) = row[1], case .text(let definition) = row[2],
                 !column.isEmpty, let number = capture.tableNumbers[table],
@@ -201,7 +269,10 @@ extension Store {
         for row in try connection.rows("SELECT tbl, col FROM \(Self.schemaTable)") {
             guard case .text(let table) = row[0], case .text(let column) = row[1] else { continue }
             count += 1
-            guard !column.isEmpty else { continue }
+            guard !column.isEmpty else {
+                if capture.tableNumbers[table] == nil { pending.append(table) }
+                continue
+            }
             if let number = capture.tableNumbers[table], capture.tables[number].columnIndex[column] != nil { continue }
             pending.append("\(table).\(column)")
         }

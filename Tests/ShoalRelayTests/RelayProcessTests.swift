@@ -53,6 +53,37 @@ import Testing
         }
     }
 
+    @Test func schemaChangesCrossTheRelayInOrderWithTheDataAndANodeOfflineThroughThreeCatchesUp() async throws {
+        let world = try await RelayWorld("relay-schema", nodes: ["a", "b"])
+        defer { world.tearDown() }
+        try await world.serve("a")
+        try await world.serve("b")
+        try await world.write("a", "INSERT INTO kv VALUES ('one', 1)")
+        #expect(try await world.converge(["a", "b"]))
+        // a's app update adds a column (the sqlite3 shell, behind Shoal's back) and writes it.
+        try await world.write("a", "ALTER TABLE kv ADD COLUMN colour TEXT DEFAULT 'grey'; UPDATE kv SET colour = 'red'")
+        try await world.write("b", "INSERT INTO kv(k, v) VALUES ('two', 2)")
+        #expect(try await world.converge(["a", "b"]))
+        let b = world.paths["b"]!
+        #expect(try await offPool { try sqlite3Shell(b, "SELECT k, colour FROM kv ORDER BY k") }.stdout == "one|red\ntwo|grey\n")
+        // b is away while a makes three more schema changes (two columns and a new replicated table) with data.
+        try await world.stop("b")
+        try await world.write("a", "ALTER TABLE kv ADD COLUMN size INTEGER DEFAULT 0; UPDATE kv SET size = 3")
+        try await world.write("a", "ALTER TABLE kv ADD COLUMN note TEXT; UPDATE kv SET note = 'n' WHERE k = 'two'")
+        let a = world.paths["a"]!
+        #expect(try await offPool { try shoal("sql", "--db", a, "CREATE TABLE tags(id INTEGER PRIMARY KEY, name TEXT)") }.status == 0)
+        #expect(try await offPool { try shoal("replicate", "--db", a, "tags") }.status == 0)
+        try await world.write("a", "INSERT INTO tags VALUES (1, 'fresh')")
+        try await world.serve("b")
+        #expect(try await world.converge(["a", "b"]))
+        #expect(try await offPool { try sqlite3Shell(b, "SELECT k, colour, size, note FROM kv ORDER BY k") }.stdout
+            == "one|red|3|\ntwo|grey|3|n\n")
+        #expect(try await offPool { try sqlite3Shell(b, "SELECT name FROM tags") }.stdout == "fresh\n")
+        let status = try await world.status("b")
+        // colour, size, note and tags (kv was each node's starting schema, replicated before any sync).
+        #expect((status["schema"] as? [String: Any])?["changes"] as? Int == 4, "\(status)")
+    }
+
     @Test func aWriterThatStopsBeforeTheReaderFirstStartsStillReachesIt() async throws {
         let world = try await RelayWorld("relay-offline", nodes: ["a", "b"])
         defer { world.tearDown() }

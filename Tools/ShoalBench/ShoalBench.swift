@@ -8,7 +8,7 @@ struct ShoalBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "shoal-bench",
         abstract: "Shoal's benchmarks. Figures are medians of several runs, measured side by side in one process.",
-        subcommands: [StoreBenchmark.self, SyncBenchmark.self, RelayBenchmark.self, ObserveBenchmark.self]
+        subcommands: [StoreBenchmark.self, SyncBenchmark.self, RelayBenchmark.self, ObserveBenchmark.self, SchemaBenchmark.self]
     )
 }
 
