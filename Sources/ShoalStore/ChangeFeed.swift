@@ -27,6 +27,7 @@ public struct ChangeFeedCursor: Hashable, Sendable, CustomStringConvertible {
         self.init(VersionVector(entries))
     }
 
+    /// The cursor as text (``text``), to store and pass back.
     public var description: String { text }
 }
 
@@ -64,12 +65,14 @@ public struct FeedChangeSet: Sendable, Hashable {
 /// Change sets are read from the database's change log: a row overwritten since the cursor is delivered with the
 /// change set that last wrote it (earlier change sets of it are not repeated), as a peer catching up receives it.
 public struct ChangeFeed: AsyncSequence, Sendable {
+    /// Each element is one change set.
     public typealias Element = FeedChangeSet
 
     let store: SerializedStore
     let tables: Set<String>?
     let cursor: ChangeFeedCursor
 
+    /// An iterator that delivers the change sets after the cursor, then each new one as it commits.
     public func makeAsyncIterator() -> Iterator {
         Iterator(store: store, tables: tables, cursor: cursor)
     }
@@ -89,6 +92,7 @@ public struct ChangeFeed: AsyncSequence, Sendable {
             self.cursor = cursor
         }
 
+        /// The next change set, waiting for one to commit when none is left.
         public mutating func next() async throws -> FeedChangeSet? {
             if commits == nil { commits = await store.commits().makeAsyncIterator() }
             while pending.isEmpty {

@@ -83,6 +83,7 @@ public actor SerializedStore {
         commitWatchers.removeAll()
     }
 
+    /// Opens the database at `path` (see ``Store/init(path:options:)``) behind one serial executor.
     public init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
         clock = options.clock
@@ -93,6 +94,7 @@ public actor SerializedStore {
         executor.shutdown()
     }
 
+    /// The site this database writes as.
     public var siteID: SiteID { store.siteID }
     /// The site peers know this node by (its hello and membership name it).
     public var identitySiteID: SiteID { store.identitySiteID }
@@ -117,6 +119,7 @@ public actor SerializedStore {
     /// See ``Store/checkHead(_:)``.
     package func checkHead(_ head: Stamp) throws(ShoalError) { try store.checkHead(head) }
 
+    /// The database's version vector (see ``Store/versionVector()``).
     public func versionVector() throws(ShoalError) -> VersionVector {
         let vector = try store.versionVector()
         latestVersionVector.withLock { $0 = vector }
@@ -149,6 +152,7 @@ public actor SerializedStore {
         return (batch, delta.isFinished, delta.isFinished ? 0 : delta.estimatedRemaining)
     }
 
+    /// Forgets an answer's cursor (its peer went away or the answer ended).
     public func closeCursor(_ cursor: Int) {
         cursors[cursor] = nil
     }
@@ -180,6 +184,7 @@ public actor SerializedStore {
         )
     }
 
+    /// The state digest (see ``Store/digest()``).
     public func digest() throws(ShoalError) -> StateDigest {
         try store.digest()
     }

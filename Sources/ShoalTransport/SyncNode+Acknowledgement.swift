@@ -11,6 +11,7 @@ extension SyncNode {
         /// Any peer or the relay: one copy beyond this node.
         case anyone
 
+        /// Who, in words.
         public var description: String {
             switch self {
             case .peer(let site): "peer \(site.hex.prefix(8))"
