@@ -91,7 +91,9 @@ extension Store {
         )
         defer { count.reset() }
         try count.step()
-        setTriggers(enabled: count.columnInt64(0) > 0)
+        // (While remote changes are merged, the app's triggers stay off: see ``suspendAppTriggers()``. A schema
+        // change applied in the middle of that reloads the schema, which must not turn them back on.)
+        setTriggers(enabled: count.columnInt64(0) > 0 && !capture.isSuspended)
         // A default computed by an expression (`DEFAULT (randomblob(16))`) can be of any size.
         let defaults = try statement("SELECT count(*) FROM pragma_table_info(?) WHERE dflt_value LIKE '%(%'")
         var expressionDefaults: Set<Int> = []

@@ -46,6 +46,8 @@ private func runScenario(seed: UInt64) throws {
         let clock = ManualWallClock(milliseconds: base + UInt64.random(in: 0...240_000, using: &random))
         var options = StoreOptions()
         options.clock = clock
+        // Some replicas' apps follow schema changes by hand: they hold a peer's new column until they add it.
+        if Int.random(in: 0..<3, using: &random) == 0 { options.schemaChanges = .manual }
         let file = index == 0 ? foreignDirectory?.appendingPathComponent("replica.db").path : nil
         let store = try Store(path: file ?? ":memory:", options: options)
         for sql in schema { try store.execute(sql) }
@@ -110,6 +112,13 @@ private func runScenario(seed: UInt64) throws {
         }
     }
 
+    /// The app update that adds column x to u (through Shoal or the other connection), on one replica at a time.
+    let addColumn = "ALTER TABLE u ADD COLUMN x TEXT DEFAULT 'd'"
+    var columnAdded = false
+    func hasColumnX(_ store: Store) throws -> Bool {
+        try !store.connection.rows("SELECT 1 FROM pragma_table_info('u') WHERE name = 'x'").isEmpty
+    }
+
     func localWrite(_ replica: Replica) throws {
         let key = Int64.random(in: 0..<4, using: &random)
         let exists = try !replica.store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(key)]).rows.isEmpty
@@ -135,6 +144,15 @@ private func runScenario(seed: UInt64) throws {
             try store.execute(
                 "UPDATE t SET n = n + ? WHERE k = ?",
                 [.integer(Int64.random(in: -2...3, using: &random)), .integer(key)]
+            )
+        case 5 where try hasColumnX(replica.store) && Bool.random(using: &random):
+            // The new version of the app writes the added column.
+            try store.execute(
+                "INSERT OR REPLACE INTO u(name, part, v, x) VALUES (?, ?, ?, ?)",
+                [
+                    [.text("p"), .text("q")].randomElement(using: &random)!,
+                    .integer(Int64.random(in: 0...1, using: &random)), randomValue(), randomValue(),
+                ]
             )
         case 5:
             try store.execute(
@@ -240,7 +258,14 @@ private func runScenario(seed: UInt64) throws {
         let replica = replicas.randomElement(using: &random)!
         replica.clock.advance(by: Int64.random(in: -50...200, using: &random))
         let roll = Int.random(in: 0..<12, using: &random)
-        if roll < 8 {
+        if Int.random(in: 0..<15, using: &random) == 0, try !hasColumnX(replica.store) {
+            // An app update: the column is added on this replica (a peer's record of it may be here already).
+            let before = try replica.store.versionVector()
+            try Writer(store: replica.store, foreign: replica.foreign.flatMap { Bool.random(using: &random) ? $0 : nil })
+                .execute(addColumn)
+            columnAdded = true
+            produced += try replica.store.changes(since: before).flatMap(\.changes)
+        } else if roll < 8 {
             let before = try replica.store.versionVector()
             do {
                 try localWrite(replica)
@@ -265,6 +290,11 @@ private func runScenario(seed: UInt64) throws {
         while try !replica.store.compactLog(maxEntries: 7).reachedEnd {}
     }
 
+    // Every app is updated in the end: each replica still without the column adds it (the same change as its peers').
+    for replica in replicas where columnAdded {
+        if try !hasColumnX(replica.store) { try replica.store.execute(addColumn) }
+    }
+
     // Heal over a random topology: a random spanning order, there and back, again as long as a version moves, as
     // nodes' rounds repeat. (A transaction overwritten by a write its sender holds without a claim travels unclaimed,
     // and the next hop forwards it once the claim came; one pass may not be enough.)
@@ -284,13 +314,14 @@ private func runScenario(seed: UInt64) throws {
 
     // The model: every produced change merged, in one order, into pure row states.
     let tables = [
-        "t": (columns: ["a", "b", "n"], counters: [false, false, true]), "u": (columns: ["v"], counters: [false]),
+        "t": (columns: ["a", "b", "n"], counters: [false, false, true]),
+        "u": columnAdded ? (columns: ["v", "x"], counters: [false, false]) : (columns: ["v"], counters: [false]),
         "w": (columns: ["k", "what"], counters: [false, false]),
     ]
     let tableNames = ["t", "u", "w"]
     var model: [RowKey: RowState] = [:]
     var winningValue: [String: SQLValue] = [:]
-    for change in produced.shuffled(using: &random) {
+    for change in produced.shuffled(using: &random) where change.table != Store.schemaTable {
         let table = tables[change.table]!
         let tableNumber = tableNames.firstIndex(of: change.table)!
         let rowKey = RowKey(table: tableNumber, key: change.primaryKey)
