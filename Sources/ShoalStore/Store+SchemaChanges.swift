@@ -52,6 +52,8 @@ extension Store {
 
     /// Creates and replicates ``schemaTable`` inside the caller's write transaction, if it is missing.
     func prepareSchemaTableInTransaction() throws(ShoalError) {
+        // Another process on the file (the node beside the app) may have made it since this connection looked.
+        try refreshSchema()
         guard capture.tableNumbers[Self.schemaTable] == nil else { return }
         try connection.exec(
             "CREATE TABLE IF NOT EXISTS \(Self.schemaTable)(tbl TEXT NOT NULL, col TEXT NOT NULL, "

@@ -184,8 +184,19 @@ struct ShoalChaos: AsyncParsableCommand {
         var relayRestart: Date?
         var counts = [String: Int]()
         let deadline = Date().addingTimeInterval(seconds)
+        // An app update halfway through: one node adds a column to t (through its file, as the app would) and
+        // writes it; the change must reach every node with the data while they all keep writing.
+        var schemaChangeAt: Date? = Date().addingTimeInterval(seconds / 2)
         while Date() < deadline {
             let now = Date()
+            if let at = schemaChangeAt, at <= now {
+                let node = Int.random(in: 0..<nodes, using: &random)
+                try foreignWriters[node].run("ALTER TABLE t ADD COLUMN note TEXT DEFAULT 'none'", [])
+                try foreignWriters[node].run("UPDATE t SET note = 'updated app' WHERE k % 3 = 0", [])
+                _ = try stores[node].captureForeignWrites()
+                schemaChangeAt = nil
+                counts["schema changes", default: 0] += 1
+            }
             for restart in restarts where restart.at <= now { try await cluster.start(restart.node) }
             restarts.removeAll { $0.at <= now }
             if let at = relayRestart, at <= now {
