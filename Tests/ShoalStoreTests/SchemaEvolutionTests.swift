@@ -166,6 +166,23 @@ import ShoalTestSupport
         #expect(try contents(directory, "a") == contents(directory, "b"))
     }
 
+    @Test func nonUniqueIndexesStayLocalAndNeverPauseATable() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory)
+        let (a, b) = (stores["a"]!, stores["b"]!)
+        try a.execute("CREATE INDEX items_name ON items(name)")
+        let other = try SQLiteConnection(path: directory.appendingPathComponent("b.db").path)
+        try other.exec("CREATE INDEX items_qty ON items(qty, name)")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        try b.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
+        for (from, to) in [(a, b), (b, a)] { try sync(from, to) }
+        #expect(try a.pausedTables().isEmpty && b.pausedTables().isEmpty)
+        #expect(try a.schemaPosition().changes == 0)
+        #expect(try a.digest() == b.digest())
+        #expect(try contents(directory, "a") == contents(directory, "b"))
+    }
+
     @Test func destructiveChangesThroughShoalAreRefusedWithTheWayToDoThem() throws {
         let store = try makeStore()
         try makeItems(store)
