@@ -203,6 +203,32 @@ extension Store {
         var bytes = 0
         var dotStart = 0
         var rowChanges: [Change] = []
+        /// Adds one row's changes (a log key's, starting at `keyStart` in the entry and ending at `keyEnd`) to the
+        /// batch, or, when they do not fit, returns the batch to hand out, with the cursor set to go on from there.
+        func add(_ rowChanges: [Change], resumingAt keyStart: Int, after keyEnd: Int, key: [SQLValue]? = nil)
+            -> ChangeBatch?
+        {
+            let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
+            if !changes.isEmpty && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes) {
+                if dotStart > 0 && cursor.dotStartedInBatch {
+                    // The batch holds whole transactions before this one: end it there, and send this transaction
+                    // from its start next time.
+                    changes.removeSubrange(dotStart...)
+                    restart(cursor)
+                    return ChangeBatch(changes: changes, claim: cursor.batchClaim())
+                }
+                // This transaction alone exceeds a batch: send a part, claiming nothing for it, and go on from this
+                // row next time.
+                if let key { cursor.seenKeys.remove(key) }
+                cursor.keyOffset = keyStart
+                cursor.dotStartedInBatch = false
+                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
+            }
+            cursor.keyOffset = keyEnd
+            changes.append(contentsOf: rowChanges)
+            bytes += rowBytes
+            return nil
+        }
         nextTransaction: while true {
             if let dot = cursor.dot {
                 // Continue the transaction in progress.
@@ -217,22 +243,7 @@ extension Store {
                             let keyStart = reader.offset
                             rowChanges.removeAll(keepingCapacity: true)
                             try collectHeld(try Self.readHeldLogKey(&reader), dot: dot, cursor: cursor, into: &rowChanges)
-                            let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
-                            if !changes.isEmpty
-                                && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
-                            {
-                                if dotStart > 0 && cursor.dotStartedInBatch {
-                                    changes.removeSubrange(dotStart...)
-                                    restart(cursor)
-                                    return ChangeBatch(changes: changes, claim: cursor.batchClaim())
-                                }
-                                cursor.keyOffset = keyStart
-                                cursor.dotStartedInBatch = false
-                                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
-                            }
-                            cursor.keyOffset = reader.offset
-                            changes.append(contentsOf: rowChanges)
-                            bytes += rowBytes
+                            if let full = add(rowChanges, resumingAt: keyStart, after: reader.offset) { return full }
                         }
                         cursor.rowPosition += 1
                         cursor.keyOffset = 0
@@ -294,27 +305,7 @@ extension Store {
                                 }
                             }
                         }
-                        let rowBytes = rowChanges.reduce(0) { $0 + $1.estimatedEncodedBytes }
-                        if !changes.isEmpty
-                            && (changes.count + rowChanges.count > maxChanges || bytes + rowBytes > maxBytes)
-                        {
-                            if dotStart > 0 && cursor.dotStartedInBatch {
-                                // The batch holds whole transactions before this one: end it there, and send
-                                // this transaction from its start next time.
-                                changes.removeSubrange(dotStart...)
-                                restart(cursor)
-                                return ChangeBatch(changes: changes, claim: cursor.batchClaim())
-                            }
-                            // This transaction alone exceeds a batch: send a part, claiming nothing for it, and
-                            // go on from this row next time.
-                            cursor.seenKeys.remove(key)
-                            cursor.keyOffset = keyStart
-                            cursor.dotStartedInBatch = false
-                            return ChangeBatch(changes: changes, claim: cursor.batchClaim())
-                        }
-                        cursor.keyOffset = reader.offset
-                        changes.append(contentsOf: rowChanges)
-                        bytes += rowBytes
+                        if let full = add(rowChanges, resumingAt: keyStart, after: reader.offset, key: key) { return full }
                     }
                     cursor.rowPosition += 1
                     cursor.keyOffset = 0
