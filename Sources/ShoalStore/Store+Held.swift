@@ -226,6 +226,7 @@ extension Store {
     func replayHeldInTransaction() throws(ShoalError) -> Int {
         let pairs = try replayableHeld()
         guard !pairs.isEmpty else { return 0 }
+        try refreshSites()
         var keyed: [(key: [UInt8], change: Change)] = []
         let select = try statement(
             "SELECT pk, site, seq, hlc, change FROM shoal_held WHERE tbl = ? AND col = ? ORDER BY pk"

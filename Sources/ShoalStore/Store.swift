@@ -168,6 +168,10 @@ public final class Store {
         try refreshSchema()
         try installMissingCaptureTriggers()
         try upgradeCaptureTriggers()
+        // A column added but not adopted, or values held for one that is here now (a process killed between the
+        // steps): adopted and replayed now. (A read-only file only delays this.)
+        _ = try? adoptSchemaChanges()
+        _ = try? replayHeldValues()
     }
 
     deinit {

@@ -213,3 +213,64 @@ import ShoalTestSupport
         #expect(try a.execute("SELECT size FROM items WHERE id = 1").rows.count == 1)
     }
 }
+
+/// A node killed (SIGKILL) while it adds a column and replays the values it held for it: afterwards the column is
+/// either not there with every value still held, or there with every value merged, never half of them.
+@Suite struct SchemaReplayCrashTests {
+    @Test func aReplayKilledAtRandomPointsIsAllOrNothing() throws {
+        let directory = try temporaryDirectory("replay-crash")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let rowCount = 5_000
+        let source = try Store(path: directory.appendingPathComponent("source.db").path)
+        try source.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, extra TEXT)")
+        try source.replicate(table: "items")
+        try source.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(rowCount)) "
+                + "INSERT INTO items SELECT i, 'item ' || i, printf('%.200c', 'e') || i FROM n"
+        )
+        let template = directory.appendingPathComponent("template.db")
+        do {
+            let target = try Store(path: template.path)
+            try target.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT)")
+            try target.replicate(table: "items")
+            try sync(source, target)
+            #expect(try target.heldChanges() == ["items": rowCount])
+        }
+        let executable = try shoalExecutable()
+        var outcomes: [String: Int] = [:]
+        for round in 0..<6 {
+            let database = directory.appendingPathComponent("target\(round).db")
+            for suffix in ["", "-wal", "-shm"] {
+                let from = template.path + suffix
+                if FileManager.default.fileExists(atPath: from) { try FileManager.default.copyItem(atPath: from, toPath: database.path + suffix) }
+            }
+            let process = Process()
+            process.executableURL = executable
+            process.arguments = ["sql", "--db", database.path, "ALTER TABLE items ADD COLUMN extra TEXT"]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            // Killed at a point spread over the command's life (opening, the ALTER, adoption, replay, after).
+            usleep(useconds_t(round * 35_000))
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            let connection = try SQLiteConnection(path: database.path)
+            let hasColumn = try !connection.rows("SELECT 1 FROM pragma_table_info('items') WHERE name = 'extra'").isEmpty
+            let merged = hasColumn
+                ? try connection.rows("SELECT count(*) FROM items WHERE extra IS NOT NULL").first?.first?.integerValue ?? 0 : 0
+            #expect(merged == 0 || merged == Int64(rowCount), "round \(round): \(merged) of \(rowCount) values merged")
+            // Opened again (as the next command or node start does), it finishes what was begun.
+            let reopened = try Store(path: database.path)
+            let held = try reopened.heldChanges()["items"] ?? 0
+            if hasColumn {
+                #expect(held == 0, "round \(round): the column is here, yet \(held) values are still held")
+                #expect(try reopened.execute("SELECT count(*) FROM items WHERE extra IS NOT NULL").rows == [[.integer(Int64(rowCount))]])
+            } else {
+                #expect(held == rowCount, "round \(round): no column, and \(held) of \(rowCount) held")
+            }
+            #expect(try reopened.verify().isConsistent, "round \(round)")
+            outcomes[hasColumn ? "column" : "no column", default: 0] += 1
+        }
+        #expect(outcomes.count >= 1)
+    }
+}
