@@ -4,10 +4,10 @@ import ShoalRelayProtocol
 import ShoalSecurity
 
 /// One pass of what a node does about the relay's key epochs, with no I/O: it adopts the grants made for this node,
-/// resumes the keyring's token after a fallback, starts again at a relay that lost or rolled back its storage the epochs
-/// it lacks, rotates after a removal, and leaves grants for members that joined. ``RelayLink`` starts one per pass,
-/// carries out each ``Action`` through the relay's API and reports the answer; the session reads and writes the link's
-/// ``RelayLinkState`` (given `inout` under the link's lock at every event), and decides with ``RelayEpochPlan``.
+/// resumes the keyring's token after a fallback, starts again at a relay that lost or rolled back its storage the
+/// epochs it lacks, rotates after a removal, and leaves grants for members that joined. ``RelayLink`` starts one per
+/// pass, carries out each ``Action`` through the relay's API and reports the answer; the session reads and writes the
+/// link's ``RelayLinkState`` (given `inout` under the link's lock at every event), and decides with ``RelayEpochPlan``.
 ///
 /// The rules, in one place:
 /// - Only a current member's grant for this node counts, and no epoch is granted to a node any epoch held here was made
@@ -140,7 +140,9 @@ struct RelayEpochSession {
         case .grantsIfNeeded:
             guard let refused = state.grantsNeeded else { return .done }
             // A token no longer in use was refused (the other loop moved on meanwhile): nothing to fetch.
-            guard state.credentials.token == refused else { return finish(.clear(refused: refused), state: &state, random: &random) }
+            guard state.credentials.token == refused else {
+                return finish(.clear(refused: refused), state: &state, random: &random)
+            }
             return fetchOwnGrants(required: true, then: .clear(refused: refused), state: &state, random: &random)
         case .newerGrants:
             return fetchOwnGrants(required: false, then: .done, state: &state, random: &random)
@@ -293,9 +295,9 @@ struct RelayEpochSession {
                 }
                 return fail(
                     .ungranted(
-                        "the token was retired when the cluster's key moved to epoch \(listed.epoch ?? 0), and no grant "
-                            + "for this node was found: it was removed from the cluster, or the member who rotated did "
-                            + "not know it yet (members add grants for newer members as they see them)"
+                        "the token was retired when the cluster's key moved to epoch \(listed.epoch ?? 0), and no "
+                            + "grant for this node was found: it was removed from the cluster, or the member who "
+                            + "rotated did not know it yet (members add grants for newer members as they see them)"
                     )
                 )
             }
@@ -306,9 +308,9 @@ struct RelayEpochSession {
     }
 
     /// Starts again at the relay the held epochs after `after`, in order, each with its grants for the members and its
-    /// upload key, each under the members' `token`: a fresh token for an older epoch would retire the one this pass uses
-    /// and, its answer lost, leave every member without a token the relay accepts. Only the newest epoch's grants carry
-    /// the token; an older epoch's hand none out.
+    /// upload key, each under the members' `token`: a fresh token for an older epoch would retire the one this pass
+    /// uses and, its answer lost, leave every member without a token the relay accepts. Only the newest epoch's grants
+    /// carry the token; an older epoch's hand none out.
     private mutating func restart(
         after: UInt32,
         keyring: RelayKeyring,
@@ -418,7 +420,8 @@ struct RelayEpochSession {
 
     /// A fresh relay token, as ``RelayAPI/makeToken()`` makes them.
     private static func token(using random: inout some RandomNumberGenerator) -> String {
-        RelayAPI.tokenPrefix + (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &random)) }.joined()
+        let bytes = (0..<32).map { _ in UInt8.random(in: 0...255, using: &random) }
+        return RelayAPI.tokenPrefix + bytes.map { String(format: "%02x", $0) }.joined()
     }
 
     private mutating func finished() -> Action {

@@ -75,7 +75,10 @@ extension RelayLink {
                 report(.epoch(newest, rotatedHere: rotatedHere))
             case .restarting(let relay, let held):
                 configuration.logger.info(
-                    "the relay lacks key epochs this node holds (it lost or rolled back its storage): starting them again there",
+                    """
+                    the relay lacks key epochs this node holds (it lost or rolled back its storage): \
+                    starting them again there
+                    """,
                     metadata: ["relay": "\(relay)", "held": "\(held)"]
                 )
             case .rotated(let epoch):
