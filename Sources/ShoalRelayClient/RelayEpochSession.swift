@@ -14,11 +14,14 @@ import ShoalSecurity
 ///   without (a removed node is never granted a newer epoch, even by a member whose roster lags).
 /// - A refused token (retired by a rotation) makes this node read every grant for it again; finding none that is new,
 ///   it goes back to the keyring's token if the relay's newest epoch is held here already (a fallback to the configured
-///   token, refused while the relay had lost that epoch, left it), and otherwise fails: no grant for this node.
-/// - Every 30 s at most (at once after a failure), the relay's newest epoch is compared with the newest held: epochs it
-///   lacks are started again there, in order, each with its grants and upload key, under the token the members hold
-///   for the newest (never a fresh one: the members' would then be unknown to the relay), which this node then uses. A
-///   409 means another member started them first: its grants say which.
+///   token, refused while the relay had lost that epoch, left it; if the relay lacks newer ones, its epochs are checked
+///   at once), and otherwise fails: no grant for this node.
+/// - Every 30 s at most (at once after a failure), this node's grants of every epoch are read: an epoch held here with
+///   another secret than the relay's (started again there by a member that never held this one, after the relay lost
+///   it) takes the relay's, the one its envelopes are sealed with. Then the relay's newest epoch is compared with the
+///   newest held: epochs it lacks are started again there, in order, each with its grants and upload key, under the
+///   token the members hold for the newest (never a fresh one: the members' would then be unknown to the relay), which
+///   this node then uses. A 409 means another member started them first: its grants say which.
 /// - A removal no held epoch excludes makes this node read the grants first (another member may have rotated), then
 ///   rotate past the newest epoch held and the relay's; a 409 on the rotation means another member started that epoch:
 ///   its grant is adopted instead.
@@ -153,8 +156,11 @@ struct RelayEpochSession {
             guard keyring.newest > 0, state.epochsCheckedMs.map({ now - $0 >= 30_000 }) ?? true else {
                 return decide(again: false, state: &state, random: &random)
             }
+            // This node's grants of every epoch, not only newer ones: an epoch held here may have been started again
+            // with another secret at a relay that lost it (by a member that never held this one), and the relay's is
+            // the one its envelopes are sealed with.
             awaiting = .relayEpochs
-            return .fetchGrants(after: keyring.newest, recipient: nil, waitMilliseconds: 0)
+            return .fetchGrants(after: 0, recipient: identity.nodeID, waitMilliseconds: 0)
         }
     }
 
@@ -170,6 +176,13 @@ struct RelayEpochSession {
             return ownGrants(listed, required: required, then: then, state: &state, random: &random)
         case .relayEpochs:
             state.epochsCheckedMs = now
+            if let identity {
+                let adopted = RelayEpochPlan.adoptable(
+                    listed.grants, identity: identity, cluster: cluster, roster: roster,
+                    keyring: state.credentials.keyring
+                )
+                if !adopted.isEmpty { adopt(adopted, rotatedHere: false, state: &state) }
+            }
             let held = state.credentials.keyring
             guard let relayNewest = listed.epoch, relayNewest < held.newest else {
                 return decide(again: false, state: &state, random: &random)
@@ -178,6 +191,14 @@ struct RelayEpochSession {
             // The newest epoch's token as the members hold it (the one a fallback to the configured token may have
             // replaced here): started again with another, the members' would be unknown to the relay.
             let token = held.token ?? state.credentials.token
+            // The relay's newest epoch may have been started there afresh by a member that never held the later ones
+            // here: its rotation retired every other token, and the token its grant to this node carries is the one the
+            // relay accepts, so the restart goes under it.
+            if let identity, let accepted = RelayEpochPlan.token(
+                of: relayNewest, in: listed.grants, identity: identity, cluster: cluster, roster: roster
+            ) {
+                state.credentials.token = accepted
+            }
             return restart(after: relayNewest, keyring: held, token: token, state: &state, random: &random)
         case .mailbox(let members):
             guard let identity, let roster else { return .done }
@@ -285,11 +306,15 @@ struct RelayEpochSession {
         guard !adopted.isEmpty else {
             if required {
                 // The relay's newest epoch is held here already, with its token: a fallback to the configured token
-                // (refused while the relay had lost that epoch) left it. Back to it, rather than "no grant".
+                // (refused while the relay had lost that epoch) left it. Back to it, rather than "no grant". When the
+                // relay lacks epochs held here (it lost or rolled back its storage, and a member may have started some
+                // again there under the keyring's token), its epochs are checked at once: if it does not know that
+                // token either, the fallback that follows leaves the configured one for the check, which starts them.
                 let keyring = state.credentials.keyring
                 if let token = keyring.token, let epoch = listed.epoch, epoch <= keyring.newest,
                     token != state.credentials.token
                 {
+                    if epoch < keyring.newest { state.epochsCheckedMs = nil }
                     state.credentials.token = token
                     return finish(then, state: &state, random: &random)
                 }
