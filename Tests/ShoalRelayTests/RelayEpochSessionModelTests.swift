@@ -20,7 +20,9 @@ import Testing
     /// Raise to search longer (`swift test --filter RelayEpochSessionModel`).
     static let seeds: Range<UInt64> = 0..<300
 
-    @Test(arguments: seeds)
+    /// One seed at a time: each is seconds of computation with no suspension point, and run side by side they would
+    /// hold every thread of the concurrency pool and starve the suite's timed tests.
+    @Test(.serialized, arguments: seeds)
     func membersNeverForkNorGrantRemovedNodesAndConvergeOnceTheRelayBehaves(seed: UInt64) throws {
         var world = EpochWorld(seed: seed)
         try world.hostile()
