@@ -60,6 +60,29 @@ enum RelayEpochPlan {
         return adopted
     }
 
+    /// The token that this node's grant of `epoch` among `listed` carries, if one signed by a current member opens with
+    /// its key and carries one (a grant of the newest epoch when it was made): the token the relay registered then.
+    static func token(
+        of epoch: UInt32,
+        in listed: [RelayGrant],
+        identity: NodeIdentity,
+        cluster: String,
+        roster: Roster?
+    ) -> String? {
+        let me = identity.nodeID.description
+        for grant in listed where grant.recipient == me && grant.epoch == epoch {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == epoch
+            else { continue }
+            if let roster, roster.members[decoded.signer] == nil || roster.removed[decoded.signer] != nil { continue }
+            guard let contents = try? decoded.open(with: identity, cluster: cluster), !contents.token.isEmpty else {
+                continue
+            }
+            return contents.token
+        }
+        return nil
+    }
+
     /// The members of `roster` and this node, with their keys, minus every node an epoch held here was made without: a
     /// member whose roster has not caught up with a removal yet must not grant the removed node what excluded it.
     static func recipients(_ roster: Roster, identity: NodeIdentity, excluding removed: Set<String>)

@@ -121,7 +121,7 @@ extension RelayLink {
         guard verdict == .open else { return 0 }
         if !state.withLock({ $0.credentials.seal }).holds(envelope.epoch) {
             // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
-            try await refreshGrants(api, required: false)
+            try await refreshGrants(api)
         }
         let plaintext: Result<[UInt8], ShoalError>
         do {

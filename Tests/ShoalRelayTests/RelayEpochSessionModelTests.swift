@@ -1,0 +1,301 @@
+import Foundation
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalSecurity
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalRelayClient
+
+/// The epoch session, the one ``RelayLink`` runs, against a model relay with epochs, grants, tokens and upload keys and
+/// several members (each with its own link state and sessions, real keys, a roster of real signed records), while at
+/// random steps a member is removed, the relay forgets its storage or is put back to an earlier copy (before a rotation
+/// too; its operator then makes the members' configured token valid again), and answers are lost (before or after the
+/// relay acted). The test only answers the session's actions and does what the link does with a failure.
+///
+/// At every step: no grant of an epoch made after a node's removal is for that node. Once the relay behaves a while:
+/// no two members hold different secrets for one epoch, and every current member holds the relay's newest epoch (the
+/// relay's upload key is its) with a token the relay accepts, and that epoch excludes every removed node.
+@Suite struct RelayEpochSessionModelTests {
+    /// Raise to search longer (`swift test --filter RelayEpochSessionModel`).
+    static let seeds: Range<UInt64> = 0..<300
+
+    /// One seed at a time: each is seconds of computation with no suspension point, and run side by side they would
+    /// hold every thread of the concurrency pool and starve the suite's timed tests.
+    @Test(.serialized, arguments: seeds)
+    func membersNeverForkNorGrantRemovedNodesAndConvergeOnceTheRelayBehaves(seed: UInt64) throws {
+        var world = EpochWorld(seed: seed)
+        try world.hostile()
+        try world.settle()
+    }
+}
+
+/// One member: its identity and the link's state.
+struct EpochMember {
+    let identity: NodeIdentity
+    var state: RelayLinkState
+    var backoff = Backoff(initialMilliseconds: 250, maximumMilliseconds: 30_000)
+}
+
+struct EpochWorld {
+    static let cluster = "model-cluster"
+    static let clusterSecret = [UInt8](repeating: 7, count: 32)
+    static let configuredToken = RelayAPI.tokenPrefix + String(repeating: "c", count: 64)
+
+    var random: SplitMix
+    let founder: NodeIdentity
+    var members: [EpochMember]
+    var records: [RosterRecord]
+    var relay = ModelEpochRelay(token: Self.configuredToken)
+    var copies: [ModelEpochRelay] = []
+    var now: UInt64 = 1_000_000
+    var clock: UInt64 = 10
+    /// Each epoch made (number and secret, base64), with the nodes removed when the relay first saw it.
+    var made: [String: Set<NodeID>] = [:]
+    var log: [String] = []
+    /// The members whose rotations the relay took.
+    var rotators: Set<NodeID> = []
+
+    init(seed: UInt64) {
+        random = SplitMix(state: seed)
+        let identities = (0..<Int.random(in: 3...5, using: &random)).map { _ in NodeIdentity.generate() }
+        founder = identities[0]
+        var records: [RosterRecord] = []
+        for identity in identities.dropFirst() {
+            records.append(
+                try! RosterRecord.make(
+                    .add, cluster: Array(identities[0].nodeID.bytes.prefix(16)), subject: identity.nodeID,
+                    subjectKey: identity.publicKeyDER, siteID: .random(), name: "m", signer: identities[0],
+                    signerSite: .random(), at: 1
+                )
+            )
+        }
+        self.records = records
+        members = identities.map { identity in
+            EpochMember(
+                identity: identity,
+                state: RelayLinkState(
+                    bases: ["http://127.0.0.1:1"],
+                    configuredToken: Self.configuredToken,
+                    credentials: RelayLinkState.Credentials(
+                        keyring: RelayKeyring(),
+                        seal: RelaySeal(secrets: [0: Self.clusterSecret], epoch: 0),
+                        token: Self.configuredToken
+                    ),
+                    pieceBytes: 1024,
+                    requestBytes: 4096
+                )
+            )
+        }
+    }
+
+    var roster: Roster { Roster(records: records, clusterID: Array(founder.nodeID.bytes.prefix(16))) }
+
+    /// Steps with removals, relay losses and restores, and lost answers.
+    mutating func hostile() throws {
+        for _ in 0..<Int.random(in: 40...90, using: &random) {
+            try step(hostile: true)
+        }
+    }
+
+    /// The relay behaves: every member runs its loops a while, 31 s apart; then the checks.
+    mutating func settle() throws {
+        for _ in 0..<25 {
+            now += 31_000
+            for index in members.indices { try loops(index, lossy: false) }
+        }
+        try checkSettled()
+    }
+
+    // MARK: Steps
+
+    mutating func step(hostile: Bool) throws {
+        now += UInt64.random(in: 0...20_000, using: &random)
+        let roll = Int.random(in: 0..<100, using: &random)
+        switch roll {
+        case 0..<6 where roster.removed.count < members.count - 2:
+            // Not a member whose rotation the relay took: its grants stop counting at its removal, and members that had
+            // not adopted its epoch yet would be left with no token the relay accepts (a known gap, outside the
+            // session).
+            let candidates = members.indices.dropFirst().filter {
+                roster.removed[members[$0].identity.nodeID] == nil && !rotators.contains(members[$0].identity.nodeID)
+            }
+            guard let index = candidates.randomElement(using: &random) else { break }
+            clock += 1
+            records.append(
+                try RosterRecord.make(
+                    .remove, cluster: Array(founder.nodeID.bytes.prefix(16)), subject: members[index].identity.nodeID,
+                    name: "m", signer: founder, signerSite: .random(), at: clock
+                )
+            )
+            log.append("remove \(index)")
+        case 6..<10:
+            relay = ModelEpochRelay(token: Self.configuredToken)
+            log.append("relay forgets")
+        case 10..<14 where !copies.isEmpty:
+            relay = copies.randomElement(using: &random)!
+            relay.activate(Self.configuredToken)
+            log.append("relay restored to epoch \(relay.newest)")
+        case 14..<24:
+            copies.append(relay)
+        default:
+            try loops(Int.random(in: 0..<members.count, using: &random), lossy: hostile)
+        }
+    }
+
+    /// What a member's link does: the upload loop (grants if needed, the epochs pass, an upload), and the pull loop
+    /// (grants if needed, newer grants when the relay's newest epoch is not held). As in ``RelayLink``, a failed step
+    /// ends its loop's turn: the next turn starts again from the grants.
+    mutating func loops(_ index: Int, lossy: Bool) throws {
+        if try pass(.grantsIfNeeded, index, lossy: lossy), try pass(.epochs, index, lossy: lossy) {
+            upload(index, lossy: lossy)
+        }
+        if try pass(.grantsIfNeeded, index, lossy: lossy),
+            relay.newest > members[index].state.credentials.keyring.newest
+        {
+            try pass(.newerGrants, index, lossy: lossy)
+        }
+    }
+
+    /// Runs one pass of the session, answering its actions from the model relay; false when it failed.
+    @discardableResult
+    mutating func pass(_ kind: RelayEpochSession.Pass, _ index: Int, lossy: Bool) throws -> Bool {
+        var session = RelayEpochSession(
+            kind, identity: members[index].identity, cluster: Self.cluster, clusterSecret: Self.clusterSecret,
+            waitMilliseconds: 0, roster: roster, now: now
+        )
+        var action = session.start(state: &members[index].state, random: &random)
+        for _ in 0..<64 {
+            _ = session.takeEffects()
+            let token = members[index].state.credentials.token
+            switch action {
+            case .done:
+                return true
+            case .fail(let error):
+                return failed(index, error)
+            case .fetchGrants(let after, let recipient, _):
+                if lost(lossy) { return failed(index, unreachable) }
+                do {
+                    let listed = try relay.grants(after: after, recipient: recipient, token: token)
+                    action = session.listed(listed, state: &members[index].state, random: &random)
+                } catch {
+                    return failed(index, error)
+                }
+            case .postRotation(let rotation):
+                if lost(lossy) { return failed(index, unreachable) }
+                let outcome: RelayEpochSession.RotationOutcome
+                var stored: [RelayGrant] = []
+                do {
+                    stored = try relay.rotate(rotation, token: token)
+                    rotators.insert(members[index].identity.nodeID)
+                    outcome = .rotated
+                } catch {
+                    guard case .conflict = error else { return failed(index, error) }
+                    outcome = .conflict
+                }
+                try record(stored)
+                if lost(lossy) { return failed(index, unreachable) }
+                action = session.rotation(outcome, state: &members[index].state, random: &random)
+            case .postGrants(let grants):
+                if lost(lossy) { return failed(index, unreachable) }
+                let stored: [RelayGrant]
+                do {
+                    stored = try relay.post(grants, token: token)
+                } catch {
+                    return failed(index, error)
+                }
+                try record(stored)
+                if lost(lossy) { return failed(index, unreachable) }
+                action = session.posted(state: &members[index].state)
+            }
+        }
+        Issue.record("a pass of \(kind) did not end")
+        return false
+    }
+
+    /// An upload sealed with the member's newest epoch.
+    mutating func upload(_ index: Int, lossy: Bool) {
+        let seal = members[index].state.credentials.seal
+        let key = seal.uploadKey(seal.epoch).map { Data($0).base64EncodedString() }
+        if lost(lossy) {
+            failed(index, unreachable)
+            return
+        }
+        do {
+            try relay.upload(epoch: seal.epoch, key: key, token: members[index].state.credentials.token)
+        } catch {
+            failed(index, error)
+        }
+    }
+
+    var unreachable: RelayCallError { .unreachable("lost", instance: 0, problem: .unreachable) }
+
+    mutating func lost(_ lossy: Bool) -> Bool { lossy && Int.random(in: 0..<100, using: &random) < 12 }
+
+    /// What the link does with a failed call; false, for a failed pass to return.
+    @discardableResult
+    mutating func failed(_ index: Int, _ error: RelayCallError) -> Bool {
+        var member = members[index]
+        _ = member.state.failed(
+            error, backoff: &member.backoff, unauthorizedBackoffMilliseconds: 60_000, now: now, random: &random
+        )
+        members[index] = member
+        return false
+    }
+
+    // MARK: Invariants
+
+    /// Every grant the relay stored: the epoch it opens to was made before its recipient's removal.
+    mutating func record(_ stored: [RelayGrant]) throws {
+        let removed = Set(roster.removed.keys)
+        for grant in stored {
+            let recipient = try #require(members.first { $0.identity.nodeID.description == grant.recipient })
+            let decoded = try EpochGrant(decoding: Array(try #require(Data(base64Encoded: grant.body))))
+            let contents = try decoded.open(with: recipient.identity, cluster: Self.cluster)
+            let made = "\(grant.epoch) \(Data(contents.secret).base64EncodedString())"
+            if self.made[made] == nil { self.made[made] = removed }
+            #expect(
+                self.made[made]?.contains(recipient.identity.nodeID) == false,
+                "epoch \(grant.epoch), made after the removal of \(grant.recipient.prefix(8)), granted to it: \(log)"
+            )
+        }
+    }
+
+    func checkSettled() throws {
+        let roster = roster
+        var secrets: [UInt32: String] = [:]
+        for member in members where roster.removed[member.identity.nodeID] == nil {
+            for epoch in member.state.credentials.keyring.epochs {
+                let held = secrets[epoch.epoch, default: epoch.secret]
+                #expect(held == epoch.secret, "two secrets for epoch \(epoch.epoch) held by members: \(log)")
+                secrets[epoch.epoch] = held
+            }
+        }
+        let newest = relay.newest
+        let removed = Set(roster.removed.keys.map(\.description))
+        if !removed.isEmpty { #expect(newest > 0, "a node was removed and the key never moved: \(log)") }
+        for grant in relay.grants.values where grant.epoch == newest {
+            #expect(!removed.contains(grant.recipient), "the newest epoch is granted to a removed node: \(log)")
+        }
+        for (index, member) in members.enumerated() {
+            let keyring = member.state.credentials.keyring
+            let key = member.state.credentials.seal.uploadKey(newest).map { Data($0).base64EncodedString() }
+            if roster.removed[member.identity.nodeID] != nil {
+                let excluded = newest == 0 || key != relay.uploadKeys[newest]
+                #expect(excluded, "removed member \(index) holds the newest epoch: \(log)")
+                continue
+            }
+            #expect(
+                keyring.newest == newest, "member \(index) holds epoch \(keyring.newest), the relay \(newest): \(log)"
+            )
+            if newest > 0 {
+                let same = key != nil && key == relay.uploadKeys[newest]
+                #expect(same, "member \(index) holds another secret for the newest epoch: \(log)")
+                let excluded = Set(keyring.epochs.last?.removed ?? [])
+                #expect(removed.isSubset(of: excluded), "member \(index)'s newest excludes too few: \(log)")
+            }
+            let accepted = relay.isActive(member.state.credentials.token)
+            #expect(accepted, "member \(index)'s token is refused: \(log)")
+        }
+    }
+}
