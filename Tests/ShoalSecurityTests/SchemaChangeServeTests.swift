@@ -40,7 +40,11 @@ import Testing
         #expect(try shoal("sql", "--db", a, "INSERT INTO kv VALUES ('from-a', 1, 'red')").status == 0)
         #expect(try shoal("sql", "--db", b, "INSERT INTO kv(k, v) VALUES ('from-b', 2)").status == 0)
         #expect(try shoal("sql", "--db", c, "UPDATE kv SET v = 30 WHERE k = 'before-0'").status == 0)
-        // c's column comes from the sqlite3 shell, behind Shoal's back.
+        // c's column comes from the sqlite3 shell, behind Shoal's back, once b's row reached c (through b).
+        let reached = try await waitUntil(within: 30, checkingEvery: 100) {
+            try sqlite3Shell(c, "SELECT count(*) FROM kv WHERE k = 'from-b'").stdout == "1\n"
+        }
+        #expect(reached)
         #expect(try sqlite3Shell(c, "ALTER TABLE kv ADD COLUMN note TEXT").status == 0)
         #expect(try sqlite3Shell(c, "UPDATE kv SET note = 'checked' WHERE k = 'from-b'").status == 0)
 
