@@ -140,6 +140,9 @@ extension Store {
     private func beginApply() throws(ShoalError) -> Bool {
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            // Holding the write lock, no other process can change the schema now: merge by its current shape (a
+            // column another process added since the last look has cells in the metadata it wrote).
+            try refreshSchema()
             try stampForeignWrites()
         } catch {
             capture.discardPending()

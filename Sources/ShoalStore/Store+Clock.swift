@@ -55,7 +55,7 @@ extension Store {
         let sent = Self.readSent(path)[siteID] ?? 0
         guard sent != Self.forkedMarker else { return }
         let limit = HLC(milliseconds: peerNow + options.maximumClockDriftMilliseconds, logical: .max)
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         do throws(ShoalError) {
             try refreshSchema()
             // The first unsent transaction stamped ahead, and every later one (a site's clock only goes forward).

@@ -45,7 +45,7 @@ extension Store {
         }
         try refreshSchema()
         let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         do throws(ShoalError) {
             // Inside the transaction: another process may have added sites that the log entries name.
             try refreshSites()

@@ -82,7 +82,7 @@ extension Store {
     /// Runs `body` in the open transaction, or in an immediate one of its own.
     private func inWriteTransaction(_ body: () throws(ShoalError) -> Void) throws(ShoalError) {
         guard connection.isAutocommit else { return try body() }
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         do throws(ShoalError) {
             // Another process may have added sites since they were last read, and the rows to settle may name them.
             try refreshSites()

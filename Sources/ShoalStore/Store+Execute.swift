@@ -210,7 +210,11 @@ extension Store {
             break
         }
         let wrap = control == nil && connection.isAutocommit && !statement.isReadOnly
-        if wrap { try connection.exec("BEGIN IMMEDIATE") }
+        if wrap {
+            try connection.exec("BEGIN IMMEDIATE")
+            // Holding the write lock, no other process can change the schema now: capture by its current shape.
+            try refreshSchema()
+        }
         var rows: [[SQLValue]] = []
         do throws(ShoalError) {
             defer { statement.reset() }

@@ -190,7 +190,7 @@ extension Store {
         }
         try refreshSchema()
         guard try !replayableHeld().isEmpty else { return 0 }
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         let triggersWereOn = suspendAppTriggers()
         capture.isSuspended = true
         defer {

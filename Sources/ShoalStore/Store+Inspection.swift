@@ -12,6 +12,7 @@ extension Store {
     public func rowState(table: String, primaryKey: [SQLValue]) throws(ShoalError) -> RowState? {
         try refreshSchema()
         return try inReadSnapshot { () throws(ShoalError) in
+            try refreshSchema()
             try refreshSites()
             guard let number = capture.tableNumbers[table] else {
                 throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")

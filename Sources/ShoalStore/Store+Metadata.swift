@@ -188,6 +188,9 @@ extension Store {
         guard connection.isAutocommit else { return try body() }
         try connection.exec("BEGIN")
         defer { try? connection.exec("COMMIT") }
+        // The schema as this snapshot sees it: another process may have added a column since it was last read, and
+        // row metadata it wrote since has the cells of that column.
+        try refreshSchema()
         return try body()
     }
 

@@ -392,7 +392,7 @@ extension Store {
         // A column another tool added: adopted (and its writes stamped) first.
         if !schemaAdditions.isEmpty, try !adoptSchemaChanges().isEmpty { return true }
         guard try outboxMayHoldRows() else { return false }
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         do throws(ShoalError) {
             let found = try stampForeignWrites()
             try connection.exec("COMMIT")

@@ -80,7 +80,7 @@ extension Store {
     public func adoptSchemaChanges() throws(ShoalError) -> [String] {
         try refreshSchema()
         guard !schemaAdditions.isEmpty, connection.isAutocommit, !capture.hasUncommittedWork else { return [] }
-        try connection.exec("BEGIN IMMEDIATE")
+        try beginWriting()
         do throws(ShoalError) {
             // Writes other connections made before the change was seen are stamped first, with the new shape.
             try stampForeignWrites()

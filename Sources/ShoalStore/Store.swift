@@ -413,6 +413,19 @@ public final class Store {
         }
     }
 
+    /// Opens a write transaction and reads the schema inside it: holding the write lock, no other process can change
+    /// the schema, so what the transaction reads and writes (row metadata with a cell per column) follows the tables'
+    /// current shape, even if another process added a column since this connection last looked.
+    func beginWriting() throws(ShoalError) {
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            try refreshSchema()
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
+    }
+
     /// Reloads the replicated tables if the schema changed (another process may have replicated a table).
     func refreshSchema() throws(ShoalError) {
         let version = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
