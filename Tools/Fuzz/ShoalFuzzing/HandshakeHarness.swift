@@ -16,7 +16,8 @@ extension ShoalFuzzing {
 
     /// A connection's first frame (held to the hello limit) through the frame decoder, then the session's handshake
     /// with whatever it decodes to. The session must end established (and only with a hello it may accept: a
-    /// shared version, the same cluster and schema, another site) or closed with a typed refusal, never otherwise.
+    /// shared version, the same cluster, another site, and the same schema unless both carry schema changes) or closed
+    /// with a typed refusal, never otherwise.
     public static func fuzzHello(_ bytes: UnsafeRawBufferPointer) {
         var buffer = ByteBuffer(bytes: bytes)
         let message: WireMessage
@@ -39,8 +40,10 @@ extension ShoalFuzzing {
         switch session.phase {
         case .established:
             guard case .hello(let hello) = message, hello.clusterID == handshakeLocal.clusterID,
-                hello.siteID != handshakeLocal.siteID, hello.schemaFingerprint == handshakeLocal.schemaFingerprint,
-                WireProtocol.negotiate(handshakeLocal.versions, hello.versions) != nil
+                hello.siteID != handshakeLocal.siteID,
+                let version = WireProtocol.negotiate(handshakeLocal.versions, hello.versions),
+                // Peers that carry schema changes keep syncing across schemas; older ones need the same schema.
+                hello.schemaFingerprint == handshakeLocal.schemaFingerprint || version >= WireProtocol.schemaChangeVersion
             else { fatalError("the session accepted a first message it must refuse: \(message)") }
         case .closed, .lingering:
             let refused = actions.contains { action in
