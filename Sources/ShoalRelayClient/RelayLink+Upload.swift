@@ -92,12 +92,12 @@ extension RelayLink {
 
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
     func pushOnce(_ api: RelayAPIClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
-        let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
+        let held = try await local { () throws(ShoalError) in try await node.store.servableVector() }
         await noteLacking(held: held, heads: heads)
         guard held.entries.contains(where: { $0.value > heads[$0.key] }) else { return true }
         let started = ContinuousClock.now
         let (finished, _) = try await stream(api, since: heads, into: nil, heads: &heads)
-        await noteLacking(held: try await local { () throws(ShoalError) in try await node.store.versionVector() }, heads: heads)
+        await noteLacking(held: try await local { () throws(ShoalError) in try await node.store.servableVector() }, heads: heads)
         metrics.pushOK.increment()
         metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished

@@ -118,7 +118,7 @@ extension Store {
     public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
         try captureForeignWritesIfIdle()
-        let held = try versionVector()
+        let held = try readServableVector()
         if since[siteID] > held[siteID] {
             // The asker holds more of this database's own history than this database does: this file was restored
             // from an older copy (in a way its opening did not see: under a running node, or without the file that

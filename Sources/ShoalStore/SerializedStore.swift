@@ -119,6 +119,9 @@ public actor SerializedStore {
     /// See ``Store/checkHead(_:)``.
     package func checkHead(_ head: Stamp) throws(ShoalError) { try store.checkHead(head) }
 
+    /// What the database can send (see ``Store/servableVector()``).
+    public func servableVector() throws(ShoalError) -> VersionVector { try store.servableVector() }
+
     /// The database's version vector (see ``Store/versionVector()``).
     public func versionVector() throws(ShoalError) -> VersionVector {
         let vector = try store.versionVector()

@@ -187,14 +187,9 @@ extension Store {
                         + "\(table.keyColumns.count) key columns. Nothing was applied"
                 )
             }
-            // No node can write such a key (a key column of the clock table is never NULL, and a rowid is an
-            // integer): refuse it here, before SQLite refuses it mid-transaction or, for a NULL rowid, picks one.
-            if change.primaryKey.contains(.null) {
-                throw ShoalError(
-                    code: .malformedStream,
-                    message: "change \(number) has a NULL in its primary key (table \(table.name)). Nothing was applied"
-                )
-            }
+            // The bounds every change meets, whatever its table (a NULL key part, a value over the maximum, a
+            // sequence number no node issues, this database's own site beyond what it wrote): see `validateHeld`.
+            try validateHeld(change, number: number, localSeq: localSeq)
             for (position, value) in change.primaryKey.enumerated() where table.keyAffinities[position].converts(value) {
                 throw Self.convertedValue(number, value, table: table, column: table.keyColumns[position])
             }
@@ -206,10 +201,9 @@ extension Store {
                         + "rowid. Nothing was applied"
                 )
             }
-            if let column = change.columnName, table.columnIndex[column] == nil {
-                // A column this database does not have (yet): the value is held, the row's life merged.
-                try validateHeld(change, number: number, localSeq: localSeq)
-            } else if let column = change.columnName, let index = table.columnIndex[column] {
+            // A column this database does not have (yet): the value is held, the row's life merged. A value the
+            // column would store as another is held too (see ``mustHold(_:)``).
+            if let column = change.columnName, let index = table.columnIndex[column] {
                 let isCounterPayload = if case .counter = change.payload { true } else { false }
                 guard isCounterPayload == table.isCounter[index] else {
                     throw ShoalError(
@@ -219,42 +213,6 @@ extension Store {
                             + "\(table.isCounter[index] ? "a counter" : "a plain column"). Nothing was applied"
                     )
                 }
-                guard change.causalLength % 2 == 1 else {
-                    throw ShoalError(
-                        code: .malformedStream,
-                        message: "change \(number) writes a column of a deleted row. Nothing was applied"
-                    )
-                }
-                // (A value the column would store as another is held: see ``mustHold(_:)``.)
-                if case .column(_, let value) = change.payload, let bytes = value.storedByteCount,
-                    bytes > SQLValue.maximumBytes
-                {
-                    throw ShoalError(
-                        code: .valueTooLarge,
-                        message: "change \(number) stores \(bytes) bytes in \(table.name).\(column), more than the "
-                            + "maximum of \(SQLValue.maximumBytes) bytes (256 MiB) a replicated table accepts. Nothing "
-                            + "was applied"
-                    )
-                }
-            }
-            guard change.causalLength > 0, change.stamp.seq > 0 else {
-                throw ShoalError(code: .malformedStream, message: "change \(number) has a zero causal length or seq")
-            }
-            // Sequence numbers are stored as SQLite integers (signed 64 bits); no node issues one beyond.
-            guard change.stamp.seq <= UInt64(Int64.max) else {
-                throw ShoalError(
-                    code: .malformedStream,
-                    message: "change \(number) has seq \(change.stamp.seq), beyond any a node issues. Nothing was applied"
-                )
-            }
-            if change.stamp.site == siteID && change.stamp.seq > localSeq {
-                noteOwnSiteEvidence(change.stamp.seq)
-                throw ShoalError(
-                    code: .siteConflict,
-                    message: "change \(number) names this database's own site with seq \(change.stamp.seq), but "
-                        + "this database has only written up to \(localSeq): it was restored from an older copy or "
-                        + "lost commits it had sent. \(Self.restartToMove)"
-                )
             }
             // (Clocks beyond the drift bound were set aside before: see `setAsideFutureClocks`.)
             if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
@@ -334,8 +292,14 @@ extension Store {
         }
         var report = ApplyReport()
         let accepted = changes
-        let toHold = changes.filter(mustHold)
-        if !toHold.isEmpty { changes = changes.filter { capture.tableNumbers[$0.table] != nil } }
+        // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.
+        var holding = changes.map(mustHold)
+        let toHold = zip(changes, holding).compactMap { $1 ? $0 : nil }
+        if !toHold.isEmpty {
+            let known = changes.indices.filter { capture.tableNumbers[changes[$0].table] != nil }
+            changes = known.map { changes[$0] }
+            holding = known.map { holding[$0] }
+        }
         // At most one row per run of changes with the same key: reserve once instead of growing step by step.
         var runs = changes.isEmpty ? 0 : 1
         for index in changes.indices.dropFirst()
@@ -367,7 +331,7 @@ extension Store {
         var slot: LogSlot?
         var slotKeys: [UInt8] = []
         var slotLastKey: [SQLValue] = []
-        for change in changes {
+        for (position, change) in changes.enumerated() {
             if change.table != tableName {
                 tableName = change.table
                 tableNumber = capture.tableNumbers[change.table]!
@@ -393,7 +357,7 @@ extension Store {
                 currentKey = rowKey
             }
             let column = change.columnName.flatMap { table.columnIndex[$0] }
-            if change.columnName != nil, column == nil || mustHold(change) {
+            if change.columnName != nil, holding[position] {
                 // A column this database does not have yet (or declares otherwise): the value is held (below); the
                 // row lives on here.
                 if row.state.mergeLife(of: change) {

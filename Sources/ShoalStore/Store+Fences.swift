@@ -20,6 +20,32 @@ extension Store {
         return fences
     }
 
+    /// What this database can send: its version vector, with each fenced site taken up to what is logged of it
+    /// within its fence.
+    ///
+    /// A removed node's transactions up to its fence are all there will ever be of it, and a member may hold one it
+    /// cannot claim: the range it came in was cut off (the relay lost its storage before the rest came, the link
+    /// broke), and the removed node can no longer send it again. Kept unsendable, it would stay on this member
+    /// alone. Answers and uploads therefore send it (with what the member holds of it) and claim it; the member's
+    /// own claim stays where its holdings prove, so a member that holds more of it still sends it here.
+    public func servableVector() throws(ShoalError) -> VersionVector {
+        try inReadSnapshot { () throws(ShoalError) in try readServableVector() }
+    }
+
+    func readServableVector() throws(ShoalError) -> VersionVector {
+        var vector = try versionVector()
+        let fences = try fences()
+        guard !fences.isEmpty else { return vector }
+        let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ? AND seq <= ?")
+        for (site, fence) in fences where vector[site] < fence {
+            guard let index = sites.existingIndex(of: site) else { continue }
+            try logged.bind([.integer(Int64(index)), .integer(Int64(bitPattern: fence))])
+            if try logged.step(), case .integer(let seq) = logged.column(0) { vector.advance(site, to: UInt64(seq)) }
+            logged.reset()
+        }
+        return vector
+    }
+
     /// Fences each site of `cuts` at the highest of its cut, its fence so far and what this database holds of it (a
     /// fence never leaves out what is already here); all in one transaction, so no apply slips in between. Returns,
     /// for each site of which this database holds more than its cut, what it holds: the membership layer signs that

@@ -34,15 +34,16 @@ extension Store {
         return false
     }
 
-    /// Checks what can be checked of a change to a table this database does not know: the same bounds as for any
-    /// change, the schema aside.
+    /// Checks the bounds every change meets, whatever its table: all that can be checked of a change to a table or
+    /// column this database does not know, and what ``validate`` checks of any change besides its table's shape.
     func validateHeld(_ change: Change, number: Int, localSeq: UInt64) throws(ShoalError) {
         guard !change.table.isEmpty, change.table.utf8.count <= 1024, !change.primaryKey.isEmpty,
             !change.primaryKey.contains(.null)
         else {
             throw ShoalError(
                 code: .malformedStream,
-                message: "change \(number) has no table name or a key with no value or a NULL. Nothing was applied"
+                message: "change \(number) has no table name, or a key with no value or a NULL in it (table "
+                    + "\(change.table.prefix(64))). Nothing was applied"
             )
         }
         guard change.causalLength > 0, change.stamp.seq > 0, change.stamp.seq <= UInt64(Int64.max) else {

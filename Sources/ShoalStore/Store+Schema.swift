@@ -142,85 +142,82 @@ extension Store {
             throw ShoalError(code: .invalidArgument, message: "replicate a table outside of any open transaction")
         }
         try connection.exec("BEGIN IMMEDIATE")
+        let warnings: [String]
         do throws(ShoalError) {
-            let warnings = try replicateInTransaction(table, counters: counters)
+            warnings = try replicateInTransaction(table, counters: counters)
             // A schema change of this node: peers create and replicate the table too.
             try recordTableCreation(table, counters: counters)
             try connection.exec("COMMIT")
             transactionStamp = nil
-            // Changes held for it (a peer replicated it first, or it was paused) are merged now.
-            try replayHeldValues()
-            return warnings
         } catch {
-            capture.discardPending()
-            try? connection.exec("ROLLBACK")
-            transactionStamp = nil
-            schemaVersion = -1
+            abandonWrite()
             throw error
         }
+        // Changes held for it (a peer replicated it first, or it was paused) are merged now, in a transaction of their
+        // own: the table is replicated whether or not that goes through (what is not merged stays held).
+        try replayHeldValues()
+        return warnings
     }
 
     /// ``replicate(table:counters:)`` inside the caller's write transaction (the caller commits).
     func replicateInTransaction(_ table: String, counters: [String]) throws(ShoalError) -> [String] {
-        do {
-            let described = try describeTable(table, id: 0, counters: counters)
-            try validateReplicable(described)
-            let warnings = replicationWarnings(described)
-            try validateCounters(described)
-            try connection.rows(
-                "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
-                [.text(table), .text(counters.joined(separator: ","))]
-            )
-            let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue!
-            try connection.exec(try clockTableDefinition(described, id: id))
-            for sql in captureSchema(try describeTable(table, id: id, counters: counters)) { try connection.exec(sql) }
-            try refreshSchema()
-            guard let number = capture.tableNumbers[table] else {
-                throw ShoalError.corruptMetadata("table \(table) vanished while it was being replicated")
-            }
-            let replicated = capture.tables[number]
-            let keys = replicated.keyColumns.map(quote).joined(separator: ", ")
-            let columns = replicated.columns.map(quote)
-            let select = try connection.prepare(
-                "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))"
-            )
-            let names = replicated.keyColumns + replicated.columns
-            // A table replicated before continues its history: counters add only what moved meanwhile.
-            let archive = try clockArchive(of: table)
-            if let archive, Set(archive.counters) != Set(counters) {
-                let before = archive.counters.isEmpty ? "no counter" : "counters [\(archive.counters.joined(separator: ", "))]"
-                throw ShoalError(
-                    code: .unsupportedSchema,
-                    message: "table \(table) was replicated before with \(before), and its history was kept: replicate it "
-                        + "with the same counters to continue it (\(archive.counters.map { "--counter \($0)" }.joined(separator: " ")))"
-                        + ", or forget that history first (shoal unreplicate \(table) --forget), after which its rows "
-                        + "count as this node's writes and its counter values as this node's increments"
-                )
-            }
-            let restored = try archive.map { archive throws(ShoalError) in
-                try restoreArchivedRows(archive, table: number)
-            } ?? [:]
-            var seeds: [CounterSeed] = []
-            while try select.step() {
-                let row = select.row()
-                let key = Array(row[0..<replicated.keyColumns.count])
-                let values = row[replicated.keyColumns.count...]
-                try refuseUnreplicable(row, names: names, table: replicated)
-                if let (existed, delta) = restored[key] {
-                    capture.addExistingRow(table: number, key: key, existed: existed, counterDelta: delta)
-                } else {
-                    // Counter values found here are the table's seed (see ``recordCounterSeeds(_:table:)``), not
-                    // this node's increments: stamped as ours first, then moved to the seed's site.
-                    let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
-                    if counterValues.contains(where: { $0 != 0 }) { seeds.append(CounterSeed(key: key, values: counterValues)) }
-                    capture.addExistingRow(table: number, key: key, counterDelta: counterValues)
-                }
-            }
-            try flushCaptured()
-            try recordCounterSeeds(seeds, table: replicated)
-            try dropClockArchive(of: table)
-            return warnings
+        let described = try describeTable(table, id: 0, counters: counters)
+        try validateReplicable(described)
+        let warnings = replicationWarnings(described)
+        try validateCounters(described)
+        try connection.rows(
+            "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
+            [.text(table), .text(counters.joined(separator: ","))]
+        )
+        let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue!
+        try connection.exec(try clockTableDefinition(described, id: id))
+        for sql in captureSchema(try describeTable(table, id: id, counters: counters)) { try connection.exec(sql) }
+        try refreshSchema()
+        guard let number = capture.tableNumbers[table] else {
+            throw ShoalError.corruptMetadata("table \(table) vanished while it was being replicated")
         }
+        let replicated = capture.tables[number]
+        let keys = replicated.keyColumns.map(quote).joined(separator: ", ")
+        let columns = replicated.columns.map(quote)
+        let select = try connection.prepare(
+            "SELECT \(([keys] + columns).joined(separator: ", ")) FROM \(quote(table))"
+        )
+        let names = replicated.keyColumns + replicated.columns
+        // A table replicated before continues its history: counters add only what moved meanwhile.
+        let archive = try clockArchive(of: table)
+        if let archive, Set(archive.counters) != Set(counters) {
+            let before = archive.counters.isEmpty ? "no counter" : "counters [\(archive.counters.joined(separator: ", "))]"
+            throw ShoalError(
+                code: .unsupportedSchema,
+                message: "table \(table) was replicated before with \(before), and its history was kept: replicate it "
+                    + "with the same counters to continue it (\(archive.counters.map { "--counter \($0)" }.joined(separator: " ")))"
+                    + ", or forget that history first (shoal unreplicate \(table) --forget), after which its rows "
+                    + "count as this node's writes and its counter values as this node's increments"
+            )
+        }
+        let restored = try archive.map { archive throws(ShoalError) in
+            try restoreArchivedRows(archive, table: number)
+        } ?? [:]
+        var seeds: [CounterSeed] = []
+        while try select.step() {
+            let row = select.row()
+            let key = Array(row[0..<replicated.keyColumns.count])
+            let values = row[replicated.keyColumns.count...]
+            try refuseUnreplicable(row, names: names, table: replicated)
+            if let (existed, delta) = restored[key] {
+                capture.addExistingRow(table: number, key: key, existed: existed, counterDelta: delta)
+            } else {
+                // Counter values found here are the table's seed (see ``recordCounterSeeds(_:table:)``), not
+                // this node's increments: stamped as ours first, then moved to the seed's site.
+                let counterValues = zip(values, replicated.isCounter).map { $1 ? ($0.integerValue ?? 0) : 0 }
+                if counterValues.contains(where: { $0 != 0 }) { seeds.append(CounterSeed(key: key, values: counterValues)) }
+                capture.addExistingRow(table: number, key: key, counterDelta: counterValues)
+            }
+        }
+        try flushCaptured()
+        try recordCounterSeeds(seeds, table: replicated)
+        try dropClockArchive(of: table)
+        return warnings
     }
 
     private func clockTableDefinition(_ table: ReplicatedTable, id: Int64) throws(ShoalError) -> String {

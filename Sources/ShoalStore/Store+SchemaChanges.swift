@@ -81,24 +81,23 @@ extension Store {
         try refreshSchema()
         guard !schemaAdditions.isEmpty, connection.isAutocommit, !capture.hasUncommittedWork else { return [] }
         try beginWriting()
+        let adopted: [String]
         do throws(ShoalError) {
             // Writes other connections made before the change was seen are stamped first, with the new shape.
             try stampForeignWrites()
-            let adopted = try adoptInTransaction(schemaAdditions)
+            adopted = try adoptInTransaction(schemaAdditions)
             try flushCaptured()
             try connection.exec("COMMIT")
             transactionStamp = nil
             schemaVersion = -1
-            try replayHeldValues()
-            for name in adopted { options.logger.info("schema change adopted and replicated", metadata: ["column": "\(name)"]) }
-            return adopted
         } catch {
-            capture.discardPending()
-            try? connection.exec("ROLLBACK")
-            transactionStamp = nil
-            schemaVersion = -1
+            abandonWrite()
             throw error
         }
+        for name in adopted { options.logger.info("schema change adopted and replicated", metadata: ["column": "\(name)"]) }
+        // Values held for the new columns are merged in a transaction of their own (what is not stays held).
+        try replayHeldValues()
+        return adopted
     }
 
     /// Records `additions` as the tables' shapes, follows them with the capture triggers, and records each column not

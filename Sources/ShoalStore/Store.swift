@@ -426,10 +426,27 @@ public final class Store {
         }
     }
 
+    /// Undoes the write transaction open on this connection after a failure: what capture gathered is dropped, and the
+    /// schema is read again at the next use (the transaction may have changed it before it was undone).
+    func abandonWrite() {
+        capture.discardPending()
+        try? connection.exec("ROLLBACK")
+        transactionStamp = nil
+        schemaVersion = -1
+    }
+
     /// Reloads the replicated tables if the schema changed (another process may have replicated a table).
+    ///
+    /// Every write transaction and read snapshot begins here, so the check is one prepared statement reading the
+    /// database header's cookie (no parse, no table read).
     func refreshSchema() throws(ShoalError) {
-        let version = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+        let cookie = try statement("PRAGMA schema_version")
+        defer { cookie.reset() }
+        guard try cookie.step(), case .integer(let version) = cookie.column(0) else {
+            throw ShoalError.corruptMetadata("PRAGMA schema_version returned no number")
+        }
         guard version != schemaVersion else { return }
+        cookie.reset()
         statements.removeAll()
         clockStatements.removeAll()
         dataStatements.removeAll()

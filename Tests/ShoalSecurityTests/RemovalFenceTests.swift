@@ -154,6 +154,50 @@ import Testing
         #expect(try reader.versionVector()[writer.siteID] == 4)
         #expect(try reader.digest() == (try writer.digest()))
     }
+
+    /// A member may hold a removed node's transaction it could not claim (the range it came in was cut off, and the
+    /// relay that had the rest lost its storage): its fence covers it, so it must still reach every member, or that
+    /// member alone keeps it for good.
+    @Test func aFencedTransactionOneMemberHoldsWithoutItsClaimStillReachesEveryMember() throws {
+        let directory = try temporaryDirectory("fence-stranded")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let removed = try Store(path: directory.appendingPathComponent("removed.db").path)
+        let holder = try Store(path: directory.appendingPathComponent("holder.db").path)
+        let other = try Store(path: directory.appendingPathComponent("other.db").path)
+        for store in [removed, holder, other] {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+        }
+        try removed.execute("INSERT INTO kv VALUES ('a', 1)")
+        try removed.execute("INSERT INTO kv VALUES ('b', 2)")
+        let first = try removed.changes(since: VersionVector())
+        for store in [holder, other] {
+            for batch in first { try store.apply(batch.changes, claim: batch.claim, since: VersionVector()) }
+        }
+        try removed.execute("UPDATE kv SET v = 3 WHERE k = 'a'")
+        // Transaction 3 reaches the holder without its claim: the rest of its range never came.
+        let third = try removed.changes(since: try holder.versionVector()).flatMap(\.changes)
+        try holder.apply(third, claim: VersionVector(), since: try holder.versionVector())
+        #expect(try holder.versionVector()[removed.siteID] == 2)
+        // The removal: the holder signs what it holds, every member fences there.
+        #expect(try holder.raiseFences([removed.siteID: 2]) == [removed.siteID: 3])
+        #expect(try other.raiseFences([removed.siteID: 3]).isEmpty)
+        #expect(try holder.servableVector()[removed.siteID] == 3)
+        #expect(try other.servableVector()[removed.siteID] == 2)
+        // The other member's next exchange with the holder brings it, claimed; then the holder's own with the other.
+        for batch in try holder.changes(since: try other.versionVector()) {
+            try other.apply(batch.changes, claim: batch.claim, since: try other.versionVector())
+        }
+        #expect(try other.versionVector()[removed.siteID] == 3)
+        for batch in try other.changes(since: try holder.versionVector()) {
+            try holder.apply(batch.changes, claim: batch.claim, since: try holder.versionVector())
+        }
+        #expect(try holder.versionVector()[removed.siteID] == 3)
+        #expect(try other.digest() == (try holder.digest()))
+        let rows = "SELECT k, v, typeof(v) FROM kv ORDER BY k"
+        #expect(try other.execute(rows).rows == (try holder.execute(rows).rows))
+        #expect(try other.execute(rows).rows == [[.text("a"), .integer(3), .text("integer")], [.text("b"), .integer(2), .text("integer")]])
+    }
 }
 
 /// The same over real files and the `shoal` binary: the offline path (`shoal changes | shoal apply`).
