@@ -134,7 +134,9 @@ public struct RelayPullSession: Sendable {
                 : resume.sorted { $0.key < $1.key }.map {
                     RelayPullRequest.Resume(site: RelayAPI.key($0.key), from: $0.value.from, index: $0.value.index)
                 },
-            waitMilliseconds: wait,
+            // A site left aside comes back when its time is up: the pull waits no longer than that, or what the relay
+            // holds of it would wait for the wait to end (up to a long-poll's length) with nothing else to wake it.
+            waitMilliseconds: blocked.values.min().map { Swift.min(wait, Int(clamping: $0 - now)) } ?? wait,
             maximumBytes: maximumBytes
         )
     }

@@ -62,6 +62,14 @@ import Testing
         _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
         try world.deliver([.envelope(next)])
         #expect(world.session.blocked[site]! - world.now == 2_000)
+        // While the site is aside, a long-poll waits no longer than its time aside: the relay would not wake it for
+        // that site's ranges, which the pull leaves out.
+        world.now += 500
+        let waiting = world.session.request(held: world.node.vector, now: world.now, wait: 25_000, maximumBytes: 1 << 20)
+        #expect(waiting.waitMilliseconds == 1_500)
+        world.now += 1_500
+        let back = world.session.request(held: world.node.vector, now: world.now, wait: 25_000, maximumBytes: 1 << 20)
+        #expect(back.waitMilliseconds == 25_000 && world.session.blocked.isEmpty)
     }
 
     /// Changes a removal fence set aside moved the cursor on with their range; once the fence rises, the site is asked
