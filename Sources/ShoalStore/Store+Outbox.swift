@@ -296,7 +296,8 @@ extension Store {
         try refreshSchema()
     }
 
-    /// Adds the outbox columns a table's added columns need (their zero signs), if missing.
+    /// Adds the outbox columns a table's added columns need (a counter's old and new values, the others' zero signs),
+    /// if missing.
     func extendOutbox(of table: ReplicatedTable) throws(ShoalError) {
         let outbox = Self.outboxTable(table.id)
         let existing = Set(
@@ -305,8 +306,10 @@ extension Store {
             }
         )
         guard !existing.isEmpty else { return }
-        for column in Self.zeroSignColumns(table) where !existing.contains(column.name) {
-            try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column.name)")
+        // A counter column added has its old and new values; any other, the sign of its zeros.
+        let counterColumns = table.columns.indices.filter { table.isCounter[$0] }.flatMap { ["o\($0)", "n\($0)"] }
+        for column in counterColumns + Self.zeroSignColumns(table).map(\.name) where !existing.contains(column) {
+            try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column)")
         }
     }
 

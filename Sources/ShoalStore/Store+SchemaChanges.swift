@@ -125,7 +125,9 @@ extension Store {
             }
             for column in addition.columns {
                 adopted.append("\(addition.table).\(column.name)")
-                try recordSchemaChange(table: addition.table, column: column.name, definition: Self.columnDefinition(column))
+                try recordSchemaChange(
+                    table: addition.table, column: column.name, definition: recordedDefinition(column, of: addition.table)
+                )
             }
         }
         schemaAdditions.removeAll()
@@ -135,6 +137,65 @@ extension Store {
 
     /// The marker that ends a table's recorded `CREATE TABLE` with its counter columns (an SQL comment).
     static let countersMarker = "\n-- shoal counters: "
+
+    /// The marker that ends a counter column's recorded definition (an SQL comment): peers add it as a counter.
+    static let counterMarker = "\n-- shoal counter"
+
+    /// A column's definition as recorded in ``schemaTable``: its SQL, and the counter marker if it is a counter.
+    func recordedDefinition(_ column: TableShape.Column, of table: String) -> String {
+        let counter = capture.tableNumbers[table].map { number in
+            capture.tables[number].columnIndex[column.name].map { capture.tables[number].isCounter[$0] } ?? false
+        } ?? false
+        return Self.columnDefinition(column) + (counter ? Self.counterMarker : "")
+    }
+
+    /// Adds a counter column to replicated `table`: `ALTER TABLE … ADD COLUMN column INTEGER NOT NULL DEFAULT 0`,
+    /// merging as a PN-counter, recorded as a schema change so that every peer adds it as a counter too (peers that
+    /// follow schema changes by hand make the same call). Every row's value starts at 0; no row is written.
+    public func addCounterColumn(_ column: String, to table: String) throws(ShoalError) {
+        try refreshSchema()
+        guard let number = capture.tableNumbers[table] else {
+            throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated: replicate it first")
+        }
+        let existing = capture.tables[number]
+        guard existing.columnIndex[column] == nil, !existing.keyColumns.contains(column) else {
+            throw ShoalError(code: .invalidArgument, message: "table \(table) already has a column named \(column)")
+        }
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "add a counter column outside of any open transaction")
+        }
+        try beginWriting()
+        do throws(ShoalError) {
+            // Writes other connections made before are stamped first, with the shape they were made in.
+            try stampForeignWrites()
+            try connection.exec("ALTER TABLE \(quote(table)) ADD COLUMN \(quote(column)) INTEGER NOT NULL DEFAULT 0")
+            try markCounter(column, of: table)
+            try refreshSchema()
+            _ = try adoptInTransaction(schemaAdditions)
+            try flushCaptured()
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+            schemaVersion = -1
+        } catch {
+            abandonWrite()
+            throw error
+        }
+        options.logger.info("counter column added and replicated", metadata: ["column": "\(table).\(column)"])
+        try replayHeldValues()
+    }
+
+    /// Adds `column` to the counters of replicated `table` (inside the caller's write transaction).
+    private func markCounter(_ column: String, of table: String) throws(ShoalError) {
+        guard case .text(let counters) = try connection.scalar(
+            "SELECT counters FROM shoal_tables WHERE name = ?", [.text(table)]
+        ) else { throw ShoalError.corruptMetadata("table \(table) has no counters entry") }
+        let names = counters.split(separator: ",").map(String.init) + [column]
+        try connection.rows(
+            "UPDATE shoal_tables SET counters = ? WHERE name = ?", [.text(names.joined(separator: ",")), .text(table)]
+        )
+        // The schema cookie does not move for a metadata row: the tables are read again at the next refresh.
+        schemaVersion = -1
+    }
 
     /// Records that this node replicated `table` (inside the caller's write transaction): its `CREATE TABLE`
     /// statement and counters, so that peers create and replicate it too. A table already recorded with the same
@@ -222,8 +283,18 @@ extension Store {
                 capture.tables[number].columnIndex[column] == nil,
                 capture.tables[number].keyColumns.contains(column) == false
             else { continue }
+            let parts = definition.components(separatedBy: Self.counterMarker)
             do throws(ShoalError) {
-                try connection.exec("ALTER TABLE \(quote(table)) ADD COLUMN \(definition)")
+                try connection.exec("SAVEPOINT shoal_new_column")
+                do throws(ShoalError) {
+                    try connection.exec("ALTER TABLE \(quote(table)) ADD COLUMN \(parts[0])")
+                    if parts.count > 1 { try markCounter(column, of: table) }
+                    try connection.exec("RELEASE shoal_new_column")
+                } catch {
+                    try? connection.exec("ROLLBACK TO shoal_new_column")
+                    try? connection.exec("RELEASE shoal_new_column")
+                    throw error
+                }
                 executed = true
                 options.logger.info(
                     "applied a peer's schema change", metadata: ["table": "\(table)", "column": "\(column)"]
@@ -253,9 +324,12 @@ extension Store {
                 let shape = try currentShape(of: table),
                 let local = shape.columns.first(where: { $0.name == column })
             else { continue }
-            let definition = Self.columnDefinition(local)
+            let definition = recordedDefinition(local, of: table)
             if definition != winner {
-                conflicts.append(SchemaConflict(table: table, column: column, local: definition, winner: winner))
+                let readable = { (text: String) in text.replacingOccurrences(of: Self.counterMarker, with: " (a counter)") }
+                conflicts.append(
+                    SchemaConflict(table: table, column: column, local: readable(definition), winner: readable(winner))
+                )
             }
         }
         return conflicts

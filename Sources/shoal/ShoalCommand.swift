@@ -205,9 +205,22 @@ extension ShoalCommand {
         @Argument(help: "The table (it must have a PRIMARY KEY).") var table: String
         @Option(name: .customLong("counter"), help: "A column that merges as a PN-counter (repeatable).")
         var counters: [String] = []
+        @Option(
+            name: .customLong("add-counter"),
+            help: ArgumentHelp(
+                "Add a counter column to the replicated table (INTEGER NOT NULL DEFAULT 0); every peer adds it too.",
+                valueName: "column"
+            )
+        )
+        var addCounter: String?
 
         func run() throws {
             let store = try database.open()
+            if let addCounter {
+                try store.addCounterColumn(addCounter, to: table)
+                print("added counter column \(table).\(addCounter)")
+                return
+            }
             let warnings = try store.replicate(table: table, counters: counters)
             print("replicating \(table)" + (counters.isEmpty ? "" : " (counters: \(counters.joined(separator: ", ")))"))
             for warning in warnings { FileHandle.standardError.write(Data("warning: \(warning)\n".utf8)) }

@@ -196,6 +196,49 @@ import ShoalTestSupport
         #expect(try store.execute("SELECT name FROM items").columns == ["name"])
     }
 
+    @Test func aCounterColumnAddedOnOneNodeIsACounterEverywhereAndIncrementsAddUp() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory, manual: ["c"])
+        let (a, b, c) = (stores["a"]!, stores["b"]!, stores["c"]!)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        for (from, to) in [(a, b), (b, c)] { try sync(from, to) }
+        try a.addCounterColumn("likes", to: "items")
+        #expect(throws: ShoalError.self) { try a.addCounterColumn("likes", to: "items") }
+        #expect(throws: ShoalError.self) { try a.addCounterColumn("x", to: "nowhere") }
+        try a.execute("UPDATE items SET likes = likes + 1 WHERE id = 1")
+        // The app's own connection increments it too (captured by the triggers, which follow the new column).
+        let app = try SQLiteConnection(path: directory.appendingPathComponent("a.db").path)
+        try app.exec("UPDATE items SET likes = likes + 2 WHERE id = 1")
+        #expect(try a.captureForeignWrites())
+        // B takes the change with A's increments; then both increment the same row concurrently.
+        try sync(a, b)
+        #expect(try b.execute("SELECT likes FROM items WHERE id = 1").rows == [[.integer(3)]])
+        try a.execute("UPDATE items SET likes = likes + 2 WHERE id = 1")
+        try b.execute("UPDATE items SET likes = likes + 5 WHERE id = 1")
+        try b.execute("UPDATE items SET likes = likes - 1 WHERE id = 2")
+        for (from, to) in [(a, b), (b, a), (b, c)] { try sync(from, to) }
+        for store in [a, b] {
+            #expect(try store.execute("SELECT id, likes FROM items ORDER BY id").rows == [
+                [.integer(1), .integer(10)], [.integer(2), .integer(-1)],
+            ])
+        }
+        // C follows by hand: the increments (forwarded by B) wait for its own call, then add up the same way.
+        #expect(try c.schemaPosition().pending == ["items.likes"])
+        #expect(try c.heldChanges()["items"] ?? 0 > 0)
+        try c.addCounterColumn("likes", to: "items")
+        #expect(try c.schemaPosition().pending.isEmpty && c.schemaConflicts().isEmpty)
+        #expect(try c.execute("SELECT id, likes FROM items ORDER BY id").rows == [
+            [.integer(1), .integer(10)], [.integer(2), .integer(-1)],
+        ])
+        try c.execute("UPDATE items SET likes = likes + 100 WHERE id = 2")
+        for (from, to) in [(c, b), (b, a), (a, c)] { try sync(from, to) }
+        #expect(try a.digest() == (try b.digest()) && (try b.digest()) == (try c.digest()))
+        let (contentsA, contentsB, contentsC) = (try contents(directory, "a"), try contents(directory, "b"), try contents(directory, "c"))
+        #expect(contentsA == contentsB && contentsB == contentsC)
+        #expect(try a.execute("SELECT likes FROM items WHERE id = 2").rows == [[.integer(99)]])
+    }
+
     @Test func theSameColumnAddedWithTwoDefinitionsSettlesOnOneAndReportsIt() throws {
         let directory = try temporaryDirectory("schema")
         defer { try? FileManager.default.removeItem(at: directory) }
