@@ -66,4 +66,86 @@ import Testing
             #expect(!status.stdout.contains("held:"), "\(status.stdout)")
         }
     }
+
+    /// A node that was off while its peers went through three app updates (a column, a new table with rows, a counter
+    /// column) catches up on all three, with the data written meanwhile, when it comes back.
+    @Test func aNodeOfflineThroughThreeSchemaChangesCatchesUpOnAll() async throws {
+        let directory = try temporaryDirectory("schema-offline")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        var nodes: [RunningProcess] = []
+        defer { for node in nodes { node.stop() } }
+        func start(_ path: String, dialing peer: String?) async throws -> String {
+            let node = try RunningProcess(
+                try shoalExecutable(),
+                ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+                    + (peer.map { ["--peer", $0] } ?? [])
+            )
+            nodes.append(node)
+            guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
+                throw TestSetupError("\(path) did not start: \(node.output)")
+            }
+            if peer != nil {
+                #expect(await node.line(within: 30) { $0.contains("peer connected") } != nil, "\(node.output)")
+            }
+            return String(listening.dropFirst("listening on ".count))
+        }
+        // c writes a row while it is still off; a and b run.
+        #expect(try shoal("sql", "--db", c, "INSERT INTO kv VALUES ('from-c', 3)").status == 0)
+        let addressB = try await start(b, dialing: nil)
+        _ = try await start(a, dialing: addressB)
+        for step in [
+            ["sql", "--db", a, "ALTER TABLE kv ADD COLUMN colour TEXT DEFAULT 'grey'"],
+            ["sql", "--db", a, "INSERT INTO kv(k, v, colour) VALUES ('first-a', 0, 'red')"],
+        ] {
+            let result = try shoal(arguments: step)
+            #expect(result.status == 0, "\(step): \(result.stderr)")
+        }
+        // b replicates its new table once it syncs with a (a database that never synced has no schema history).
+        let bSynced = try await waitUntil(within: 30, checkingEvery: 100) {
+            try sqlite3Shell(b, "SELECT colour FROM kv WHERE k = 'first-a'").stdout == "red\n"
+        }
+        #expect(bSynced)
+        let steps: [[String]] = [
+            ["sql", "--db", b, "CREATE TABLE notes(id TEXT PRIMARY KEY, body TEXT)"],
+            ["replicate", "--db", b, "notes"],
+            ["sql", "--db", b, "INSERT INTO notes VALUES ('n1', 'first'), ('n2', 'second')"],
+            ["replicate", "--db", a, "kv", "--add-counter", "hits"],
+            ["sql", "--db", a, "INSERT INTO kv(k, v, colour) VALUES ('from-a', 1, 'blue')"],
+            ["sql", "--db", a, "UPDATE kv SET hits = hits + 4 WHERE k = 'from-a'"],
+        ]
+        for step in steps {
+            let result = try shoal(arguments: step)
+            #expect(result.status == 0, "\(step): \(result.stderr)")
+        }
+        let bHasAll = try await waitUntil(within: 30, checkingEvery: 100) {
+            try sqlite3Shell(b, "SELECT hits FROM kv WHERE k = 'from-a'").stdout == "4\n"
+        }
+        #expect(bHasAll)
+        // c comes back, reaching a only through b, and increments the counter it did not have when it went off.
+        _ = try await start(c, dialing: addressB)
+        let caughtUp = try await waitUntil(within: 60, checkingEvery: 200) {
+            try sqlite3Shell(c, "SELECT hits FROM kv WHERE k = 'from-a'").stdout == "4\n"
+        }
+        #expect(caughtUp, "\(nodes.map(\.output))")
+        #expect(try shoal("sql", "--db", c, "UPDATE kv SET hits = hits + 1 WHERE k = 'from-a'").status == 0)
+        func contents(_ path: String) throws -> [String: [String]] {
+            try SQLiteConnection(path: path).applicationTableContents()
+        }
+        let converged = try await waitUntil(within: 60, checkingEvery: 200) {
+            let all = try paths.map(contents)
+            let hits = try sqlite3Shell(a, "SELECT hits FROM kv WHERE k = 'from-a'").stdout
+            return all.allSatisfy { $0 == all[0] } && hits == "5\n"
+        }
+        let described = try paths.map { "\($0): \(try contents($0))" }.joined(separator: "\n")
+        #expect(converged, "\(described)\n\(nodes.map(\.output))")
+        #expect(try sqlite3Shell(c, "SELECT k, colour FROM kv WHERE k = 'from-c'").stdout == "from-c|grey\n")
+        #expect(try sqlite3Shell(c, "SELECT count(*) FROM notes").stdout == "2\n")
+        for path in paths {
+            let status = try shoal("status", "--db", path)
+            #expect(status.stdout.contains("schema:     3 schema changes"), "\(status.stdout)")
+            #expect(!status.stdout.contains("held:"), "\(status.stdout)")
+        }
+    }
 }
