@@ -28,13 +28,24 @@ public struct SchemaConflict: Sendable, Hashable, CustomStringConvertible {
     public var column: String
     /// The column's definition here.
     public var local: String
-    /// The definition the cluster settled on (the replicated record's winner).
+    /// The definition the cluster settled on (the replicated record's winner); empty when the column was declared
+    /// on each device from the start, never recorded as a change.
     public var winner: String
+    /// Values peers wrote to the column that it would store as other values here (another type, or NULL into NOT
+    /// NULL), held and not applied.
+    public var heldValues: Int = 0
 
     /// What happened and what to run.
     public var description: String {
-        "column \(table).\(column) is \(local) here, but the cluster settled on \(winner): its values are kept here "
-            + "as they are; to resolve, add a new column with the agreed definition and move the values "
+        guard !winner.isEmpty else {
+            return "column \(table).\(column) is \(local) here, and \(heldValues) values peers wrote to it would be "
+                + "stored as other values here (another type, or NULL into NOT NULL): another device declared it "
+                + "differently from the start. They are held, not applied; to resolve, add a new column with one "
+                + "definition on every device and move the values (shoal sql \"ALTER TABLE \(quote(table)) ADD COLUMN "
+                + "…\"), then stop using \(column)"
+        }
+        return "column \(table).\(column) is \(local) here, but the cluster settled on \(winner): its values are kept "
+            + "here as they are; to resolve, add a new column with the agreed definition and move the values "
             + "(shoal sql \"ALTER TABLE \(quote(table)) ADD COLUMN …\"), then stop using \(column)"
     }
 }
@@ -314,18 +325,31 @@ extension Store {
         return true
     }
 
-    /// Columns added with different definitions on different nodes, where this node's lost (see ``SchemaConflict``).
+    /// Columns added with different definitions on different nodes, where this node's lost, and columns declared
+    /// differently from the start whose peers' values are held here (see ``SchemaConflict``).
     public func schemaConflicts() throws(ShoalError) -> [SchemaConflict] {
         try refreshSchema()
-        guard capture.tableNumbers[Self.schemaTable] != nil else { return [] }
         var conflicts: [SchemaConflict] = []
+        // Values held for a column this node has: it would store them as other values.
+        for row in try connection.rows("SELECT tbl, col, count(*) FROM shoal_held WHERE col <> '' GROUP BY tbl, col") {
+            guard case .text(let table) = row[0], case .text(let column) = row[1], case .integer(let count) = row[2],
+                let number = capture.tableNumbers[table], capture.tables[number].columnIndex[column] != nil,
+                let local = try currentShape(of: table)?.columns.first(where: { $0.name == column })
+            else { continue }
+            conflicts.append(
+                SchemaConflict(
+                    table: table, column: column, local: Self.columnDefinition(local), winner: "", heldValues: Int(count)
+                )
+            )
+        }
+        guard capture.tableNumbers[Self.schemaTable] != nil else { return conflicts }
         for row in try connection.rows("SELECT tbl, col, definition FROM \(Self.schemaTable) WHERE col <> ''") {
             guard case .text(let table) = row[0], case .text(let column) = row[1], case .text(let winner) = row[2],
                 let shape = try currentShape(of: table),
                 let local = shape.columns.first(where: { $0.name == column })
             else { continue }
             let definition = recordedDefinition(local, of: table)
-            if definition != winner {
+            if definition != winner, !conflicts.contains(where: { $0.table == table && $0.column == column }) {
                 let readable = { (text: String) in text.replacingOccurrences(of: Self.counterMarker, with: " (a counter)") }
                 conflicts.append(
                     SchemaConflict(table: table, column: column, local: readable(definition), winner: readable(winner))

@@ -239,6 +239,27 @@ import ShoalTestSupport
         #expect(try a.execute("SELECT likes FROM items WHERE id = 2").rows == [[.integer(99)]])
     }
 
+    @Test func aColumnDeclaredDifferentlyFromTheStartHoldsWhatItWouldStoreOtherwiseAndSaysSo() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Store(path: directory.appendingPathComponent("a.db").path)
+        let b = try Store(path: directory.appendingPathComponent("b.db").path)
+        try a.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, code TEXT, name TEXT)")
+        try b.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, code INTEGER, name TEXT)")
+        for store in [a, b] { try store.replicate(table: "items") }
+        // '0042' is TEXT on a; b's INTEGER column would store it as 42, another value: it is held there.
+        try a.execute("INSERT INTO items VALUES (1, '0042', 'one'), (2, 'x7', 'two')")
+        try sync(a, b)
+        #expect(try b.execute("SELECT id, code, name FROM items ORDER BY id").rows == [
+            [.integer(1), .null, .text("one")], [.integer(2), .text("x7"), .text("two")],
+        ])
+        let conflicts = try b.schemaConflicts()
+        #expect(conflicts.count == 1)
+        #expect(conflicts.first?.column == "code" && conflicts.first?.heldValues == 1)
+        #expect(conflicts.first?.description.contains("differently from the start") == true)
+        #expect(try a.schemaConflicts().isEmpty)
+    }
+
     @Test func theSameColumnAddedWithTwoDefinitionsSettlesOnOneAndReportsIt() throws {
         let directory = try temporaryDirectory("schema")
         defer { try? FileManager.default.removeItem(at: directory) }
