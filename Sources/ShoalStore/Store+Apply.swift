@@ -294,7 +294,7 @@ extension Store {
         let accepted = changes
         // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.
         var holding = changes.map(mustHold)
-        let toHold = zip(changes, holding).compactMap { $1 ? $0 : nil }
+        var toHold = zip(changes, holding).compactMap { $1 ? $0 : nil }
         if !toHold.isEmpty {
             let known = changes.indices.filter { capture.tableNumbers[changes[$0].table] != nil }
             changes = known.map { changes[$0] }
@@ -432,9 +432,26 @@ extension Store {
         if let currentKey { work[currentKey] = row }
         if let slot { logKeys[slot, default: []].append(contentsOf: slotKeys) }
 
+        var refused: Set<RowKey> = []
         for rowKey in order {
             guard let row = work[rowKey], row.original != row.state else { continue }
-            try write(row)
+            if try !write(row) { refused.insert(rowKey) }
+        }
+        if !refused.isEmpty {
+            // Rows a CHECK here refuses (declared differently on the device that wrote them): their changes are held
+            // like values this database would store otherwise, and the row stays as it was.
+            let refusedChanges = changes.filter { change in
+                capture.tableNumbers[change.table].map { refused.contains(RowKey(table: $0, key: change.primaryKey)) }
+                    ?? false
+            }
+            toHold += refusedChanges
+            report.applied = max(0, report.applied - refusedChanges.count)
+            for rowKey in refused {
+                options.logger.warning(
+                    "a CHECK constraint here refuses a row a peer wrote: its changes are held",
+                    metadata: ["table": "\(capture.tables[rowKey.table].name)"]
+                )
+            }
         }
         for (slot, keys) in logKeys { try appendLog(dot: slot.dot, table: slot.table, hlc: slot.hlc, keys: keys) }
         let (kept, known) = try hold(toHold, logging: !replaying)
@@ -591,9 +608,22 @@ extension Store {
     }
 
     /// Writes a merged row: its metadata, and the data row as the merge left it.
-    private func write(_ row: RowWork) throws(ShoalError) {
+    /// Writes `row`'s merged values and metadata; `false` (and nothing written) when a CHECK constraint of this
+    /// database refuses its values.
+    private func write(_ row: RowWork) throws(ShoalError) -> Bool {
         let table = capture.tables[row.table]
+        do throws(ShoalError) {
+            try writeValues(row, table: table)
+        } catch {
+            // SQLITE_CONSTRAINT_CHECK: the statement failed whole, and left the row as it was.
+            guard error.sqlite?.extendedResultCode == 19 | (1 << 8) else { throw error }
+            return false
+        }
         try saveState(row.state, table: table, key: row.key)
+        return true
+    }
+
+    private func writeValues(_ row: RowWork, table: ReplicatedTable) throws(ShoalError) {
         let wasAlive = row.original?.isAlive ?? false
         let deleteSQL = "DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)"
         if !row.state.isAlive {
@@ -628,18 +658,31 @@ extension Store {
             try update.run()
             return
         }
-        if wasAlive {
-            let delete = try statement(deleteSQL)
-            try delete.bind(row.key)
-            try delete.run()
-        }
         let insert = try dataStatement(table: table, names: names, update: false) {
             let columns = table.keyColumns.map(quote) + names
             let marks = Array(repeating: "?", count: columns.count).joined(separator: ", ")
             return "INSERT OR REPLACE INTO \(quote(table.name))(\(columns.joined(separator: ", "))) VALUES (\(marks))"
         }
-        try insert.bind(row.key + values)
-        try insert.run()
+        guard wasAlive else {
+            try insert.bind(row.key + values)
+            try insert.run()
+            return
+        }
+        // A row revived over a live one: deleted first (the columns not written go back to their defaults), in a
+        // savepoint, so that an insert a CHECK refuses leaves the row as it was.
+        try connection.exec("SAVEPOINT shoal_revive")
+        do throws(ShoalError) {
+            let delete = try statement(deleteSQL)
+            try delete.bind(row.key)
+            try delete.run()
+            try insert.bind(row.key + values)
+            try insert.run()
+            try connection.exec("RELEASE shoal_revive")
+        } catch {
+            try? connection.exec("ROLLBACK TO shoal_revive")
+            try? connection.exec("RELEASE shoal_revive")
+            throw error
+        }
     }
 
     /// The INSERT or UPDATE of a table for one set of columns, prepared once.

@@ -32,15 +32,16 @@ public struct SchemaConflict: Sendable, Hashable, CustomStringConvertible {
     /// on each device from the start, never recorded as a change.
     public var winner: String
     /// Values peers wrote to the column that it would store as other values here (another type, or NULL into NOT
-    /// NULL), held and not applied.
+    /// NULL), or whose rows a CHECK here refuses: held and not applied.
     public var heldValues: Int = 0
 
     /// What happened and what to run.
     public var description: String {
         guard !winner.isEmpty else {
-            return "column \(table).\(column) is \(local) here, and \(heldValues) values peers wrote to it would be "
-                + "stored as other values here (another type, or NULL into NOT NULL): another device declared it "
-                + "differently from the start. They are held, not applied; to resolve, add a new column with one "
+            return "column \(table).\(column) is \(local) here, and \(heldValues) values peers wrote to it are held, "
+                + "not applied: this node would store them as other values (another type, or NULL into NOT NULL), or "
+                + "a CHECK here refuses their rows; another device declared the table differently from the start. To "
+                + "resolve, add a new column with one "
                 + "definition on every device and move the values (shoal sql \"ALTER TABLE \(quote(table)) ADD COLUMN "
                 + "…\"), then stop using \(column)"
         }

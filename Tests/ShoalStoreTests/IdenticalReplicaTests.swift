@@ -1085,13 +1085,15 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("a.db").path
         let a = try Store(path: path)
-        try a.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER CHECK (v >= 0))")
+        // (A row a CHECK refuses is held; a CHECK that fails to evaluate, here on an integer overflow, fails the
+        // apply, which rolls back.)
+        try a.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER CHECK (abs(v) >= 0))")
         try a.replicate(table: "t")
-        // A peer whose table lacks the CHECK sends a value this one refuses: the apply rolls back.
+        // A peer whose table lacks the CHECK sends a value this one cannot check: the apply rolls back.
         let x = try makeStore()
         try x.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER)")
         try x.replicate(table: "t")
-        try x.execute("INSERT INTO t VALUES (1, -1)")
+        try x.execute("INSERT INTO t VALUES (1, -9223372036854775808)")
         #expect(throws: ShoalError.self) { try sync(x, a) }
         // Meanwhile another process on the same file learns of a different site.
         let y = try makeStore()

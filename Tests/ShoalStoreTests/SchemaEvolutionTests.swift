@@ -260,6 +260,37 @@ import ShoalTestSupport
         #expect(try a.schemaConflicts().isEmpty)
     }
 
+    @Test func aRowACheckHereRefusesIsHeldWhileEverythingElseApplies() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Store(path: directory.appendingPathComponent("a.db").path)
+        let b = try Store(path: directory.appendingPathComponent("b.db").path)
+        let c = try Store(path: directory.appendingPathComponent("c.db").path)
+        try a.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, qty INTEGER CHECK (qty >= 0), name TEXT)")
+        try b.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, qty INTEGER CHECK (qty >= 0 AND qty < 100), name TEXT)")
+        try c.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, qty INTEGER CHECK (qty >= 0), name TEXT)")
+        for store in [a, b, c] { try store.replicate(table: "items") }
+        try a.execute("INSERT INTO items VALUES (1, 5, 'one'), (2, 500, 'two'), (3, 7, 'three')")
+        try sync(a, b)
+        // b's stricter CHECK refuses row 2: it is held, and the rest applied; nothing failed.
+        #expect(try b.execute("SELECT id, qty FROM items ORDER BY id").rows == [
+            [.integer(1), .integer(5)], [.integer(3), .integer(7)],
+        ])
+        #expect(try b.heldChanges()["items"] ?? 0 > 0)
+        #expect(try b.schemaConflicts().contains { $0.table == "items" && $0.heldValues > 0 })
+        // An update to a row b has, which its CHECK refuses, leaves the row as it was.
+        try a.execute("UPDATE items SET qty = 250 WHERE id = 1")
+        try a.execute("UPDATE items SET name = 'three!' WHERE id = 3")
+        try sync(a, b)
+        #expect(try b.execute("SELECT id, qty, name FROM items ORDER BY id").rows == [
+            [.integer(1), .integer(5), .text("one")], [.integer(3), .integer(7), .text("three!")],
+        ])
+        // What b holds is forwarded verbatim: c, syncing only with b, gets every row as a wrote it.
+        try sync(b, c)
+        #expect(try c.execute("SELECT id, qty, name FROM items ORDER BY id").rows == (try a.execute("SELECT id, qty, name FROM items ORDER BY id").rows))
+        #expect(try c.digest() == (try a.digest()))
+    }
+
     @Test func theSameColumnAddedWithTwoDefinitionsSettlesOnOneAndReportsIt() throws {
         let directory = try temporaryDirectory("schema")
         defer { try? FileManager.default.removeItem(at: directory) }
