@@ -19,7 +19,7 @@ public actor SerializedStore {
     private var lastDataVersion: Int64 = 0
     /// Bumped whenever the data may have changed; the cached digest is valid for one value of it.
     private var stateVersion = 0
-    private var cachedDigest: (version: Int, digest: StateDigest)?
+    private var cachedDigest: (version: Int, digest: StateDigest, holdsChanges: Bool)?
     private var digestComputedAt: UInt64 = 0
     /// When the data last changed (wall milliseconds); the digest is only recomputed once it is quiet.
     private var lastChangeAt: UInt64 = 0
@@ -267,6 +267,14 @@ public actor SerializedStore {
         return cachedDigest.digest
     }
 
+    /// The current digest, if it can be compared with a peer's: not while this database holds changes it cannot
+    /// apply yet (for a column or table it lacks, see ``Store/heldChanges()``), since its rows then differ from a
+    /// peer's that applied them, by design, until it makes the schema change.
+    package func comparableDigest() -> StateDigest? {
+        guard let cachedDigest, cachedDigest.version == stateVersion, !cachedDigest.holdsChanges else { return nil }
+        return cachedDigest.digest
+    }
+
     /// What a call to ``refreshDigest(minimumIntervalMilliseconds:quietMilliseconds:now:)`` got to.
     package enum DigestRefresh {
         /// The digest, current.
@@ -292,7 +300,7 @@ public actor SerializedStore {
         let version = stateVersion
         guard try store.settleDigest(maxRows: Self.digestSliceRows) else { return .inProgress }
         let digest = try store.digest()
-        cachedDigest = (version, digest)
+        cachedDigest = (version, digest, try store.holdsChanges())
         digestComputedAt = now
         return .ready(digest)
     }

@@ -171,6 +171,11 @@ extension Store {
         changes.append(try Self.decodeHeld(&reader, table: table, column: column, key: key, stamp: stamp))
     }
 
+    /// Whether this database holds any change it cannot apply yet (one read, however many it holds).
+    public func holdsChanges() throws(ShoalError) -> Bool {
+        try !connection.rows("SELECT 1 FROM shoal_held LIMIT 1").isEmpty
+    }
+
     /// How many changes are held, per table (for status).
     public func heldChanges() throws(ShoalError) -> [String: Int] {
         var counts: [String: Int] = [:]

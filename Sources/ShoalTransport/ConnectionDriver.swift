@@ -395,7 +395,7 @@ struct ConnectionDriver {
         return session.applied(
             message,
             versionVector: result.versionVector,
-            digest: message.isLast ? await worker.currentDigest()?.bytes : nil,
+            digest: message.isLast ? await worker.comparableDigest()?.bytes : nil,
             now: now
         )
     }

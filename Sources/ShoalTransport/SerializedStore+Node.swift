@@ -56,7 +56,7 @@ extension SerializedStore {
     /// The version vector and, if the cached digest is current, the digest, read together: what a peer's
     /// acknowledgement (its vector and digest) is compared with.
     func comparableState() throws(ShoalError) -> (versionVector: VersionVector, digest: StateDigest?) {
-        guard let digest = currentDigest() else { return (latestVersionVector.withLock { $0 }, nil) }
+        guard let digest = comparableDigest() else { return (latestVersionVector.withLock { $0 }, nil) }
         return (try versionVector(), digest)
     }
 }
