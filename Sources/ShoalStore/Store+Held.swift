@@ -188,7 +188,8 @@ extension Store {
 
     /// Merges the held changes whose table and column this database now has, in one transaction: each change as if
     /// it arrived now, with the ordinary rules (a delete made meanwhile wins, and so does a later write). Returns how
-    /// many held changes were replayed. Does nothing (and writes nothing) when none can be.
+    /// many held changes were merged. Does nothing (and writes nothing) when none can be, or when they were tried in
+    /// this schema already.
     @discardableResult
     public func replayHeldValues() throws(ShoalError) -> Int {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
@@ -216,6 +217,14 @@ extension Store {
     /// The (table, column) pairs held that this database now has (column `""`: a row's life).
     private func replayableHeld() throws(ShoalError) -> [(table: String, column: String)] {
         guard heldMayReplay else { return [] }
+        // Tried already in this schema (values this database would store otherwise, rows its CHECK refuses, stay
+        // held until the schema changes): every open of the file would try them again, taking the write lock.
+        if try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'held_replay_schema'").integerValue
+            == schemaVersion
+        {
+            heldMayReplay = false
+            return []
+        }
         var pairs: [(table: String, column: String)] = []
         for row in try connection.rows("SELECT DISTINCT tbl, col FROM shoal_held") {
             guard case .text(let table) = row[0], case .text(let column) = row[1],
@@ -261,8 +270,21 @@ extension Store {
         let changes = keyed.map(\.change)
         _ = try applyInTransaction(changes, claim: VersionVector(), since: nil, replaying: true)
         heldMayReplay = false
-        options.logger.info("replayed held changes", metadata: ["changes": "\(changes.count)"])
-        return changes.count
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES ('held_replay_schema', ?)", [.integer(schemaVersion)]
+        )
+        // What is held again (values this database would still store otherwise) was not merged.
+        var stillHeld = 0
+        for (table, column) in pairs {
+            stillHeld += Int(
+                try connection.scalar(
+                    "SELECT count(*) FROM shoal_held WHERE tbl = ? AND col = ?", [.text(table), .text(column)]
+                ).integerValue ?? 0
+            )
+        }
+        let merged = max(0, changes.count - stillHeld)
+        if merged > 0 { options.logger.info("replayed held changes", metadata: ["changes": "\(merged)"]) }
+        return merged
     }
 
     /// The stored form of a held change: what its row in `shoal_held` does not say (the payload and `previous`).

@@ -38,7 +38,7 @@ public struct SchemaConflict: Sendable, Hashable, CustomStringConvertible {
     /// What happened and what to run.
     public var description: String {
         guard !winner.isEmpty else {
-            return "column \(table).\(column) is \(local) here, and \(heldValues) values peers wrote to it are held, "
+            return "column \(table).\(column) is \(local) here, and \(heldValues) \(heldValues == 1 ? "value" : "values") peers wrote to it are held, "
                 + "not applied: this node would store them as other values (another type, or NULL into NOT NULL), or "
                 + "a CHECK here refuses their rows; another device declared the table differently from the start. To "
                 + "resolve, add a new column with one "

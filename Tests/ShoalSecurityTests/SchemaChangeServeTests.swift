@@ -148,4 +148,67 @@ import Testing
             #expect(!status.stdout.contains("held:"), "\(status.stdout)")
         }
     }
+
+    /// Two devices make schema changes of their own while apart, then sync live: the same column with the same definition (one
+    /// change), the same column with two definitions (one wins everywhere, the loser says what to run), and a rename
+    /// by the sqlite3 shell of a second table on one of them (that table pauses there; the other keeps flowing both
+    /// ways).
+    @Test func concurrentSchemaChangesOnTwoLiveNodesSettleAndARenameElsewherePausesOnlyItsTable() async throws {
+        let directory = try temporaryDirectory("schema-concurrent")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b"], in: directory)
+        let (a, b) = (paths[0], paths[1])
+        for path in paths {
+            #expect(try shoal("sql", "--db", path, "CREATE TABLE notes(id TEXT PRIMARY KEY, body TEXT)").status == 0)
+            #expect(try shoal("replicate", "--db", path, "notes").status == 0)
+        }
+        // Both devices update their app while apart (each then holds the other's change as a peer's).
+        for (path, size) in [(a, "TEXT"), (b, "INTEGER DEFAULT 0")] {
+            #expect(try shoal("sql", "--db", path, "ALTER TABLE kv ADD COLUMN colour TEXT DEFAULT 'grey'").status == 0)
+            #expect(try shoal("sql", "--db", path, "ALTER TABLE kv ADD COLUMN size \(size)").status == 0)
+        }
+        #expect(try shoal("sql", "--db", a, "INSERT INTO kv VALUES ('from-a', 1, 'red', 'large')").status == 0)
+        #expect(try shoal("sql", "--db", b, "INSERT INTO kv VALUES ('from-b', 2, 'blue', 5)").status == 0)
+        var nodes: [RunningProcess] = []
+        defer { for node in nodes { node.stop() } }
+        var dial: [String] = []
+        for path in paths {
+            let node = try RunningProcess(
+                try shoalExecutable(),
+                ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"] + dial
+            )
+            nodes.append(node)
+            guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
+                throw TestSetupError("\(path) did not start: \(node.output)")
+            }
+            dial = ["--peer", String(listening.dropFirst("listening on ".count))]
+        }
+        #expect(await nodes[1].line(within: 30) { $0.contains("peer connected") } != nil, "\(nodes[1].output)")
+        // Each side's status ends up with 2 schema changes in all, and size is reported as a conflict: by the side
+        // whose definition lost, and by a side that holds a value of the other's it would store as another.
+        let settled = try await waitUntil(within: 60, checkingEvery: 200) {
+            let statuses = try paths.map { try shoal("status", "--db", $0).stdout }
+            let conflicts = statuses.filter { $0.contains("schema conflict") && $0.contains("kv.size") }
+            let counts = try paths.map { try sqlite3Shell($0, "SELECT count(*) FROM kv").stdout }
+            return statuses.allSatisfy { $0.contains("schema:     2 schema changes") } && !conflicts.isEmpty
+                && counts == ["2\n", "2\n"]
+        }
+        let statuses = try paths.map { try shoal("status", "--db", $0).stdout }.joined(separator: "\n---\n")
+        #expect(settled, "\(statuses)")
+        #expect(try sqlite3Shell(b, "SELECT colour FROM kv WHERE k = 'from-a'").stdout == "red\n")
+
+        // The sqlite3 shell renames notes on b: notes pauses there; kv keeps flowing both ways.
+        #expect(try sqlite3Shell(b, "ALTER TABLE notes RENAME TO notes_old").status == 0)
+        #expect(try shoal("sql", "--db", a, "INSERT INTO kv(k, v) VALUES ('after-a', 3)").status == 0)
+        #expect(try shoal("sql", "--db", b, "INSERT INTO kv(k, v) VALUES ('after-b', 4)").status == 0)
+        #expect(try shoal("sql", "--db", a, "INSERT INTO notes VALUES ('n1', 'kept for b')").status == 0)
+        let flowing = try await waitUntil(within: 60, checkingEvery: 200) {
+            let counts = try paths.map { try sqlite3Shell($0, "SELECT count(*) FROM kv WHERE k LIKE 'after-%'").stdout }
+            return counts == ["2\n", "2\n"]
+        }
+        #expect(flowing, "\(nodes.map(\.output))")
+        let status = try shoal("status", "--db", b)
+        #expect(status.stdout.contains("paused") && status.stdout.contains("notes"), "\(status.stdout)")
+    }
 }
+
