@@ -1,32 +1,18 @@
-import Foundation
 import Logging
 import ShoalCore
 import ShoalRelayProtocol
-import ShoalSecurity
 import ShoalTransport
 
 extension RelayLink {
     // MARK: Key epochs
 
-    /// Fetches this node's grants when the relay retired the token in use (``RelayEpochSession/Pass/grantsIfNeeded``).
-    func refreshGrantsIfNeeded(_ api: RelayAPIClient) async throws(RelayCallError) {
-        guard state.withLock({ $0.grantsNeeded }) != nil else { return }
-        try await runEpochs(.grantsIfNeeded, api)
-    }
-
-    /// Fetches the grants of epochs after the newest held and adopts those made for this node by a member.
-    func refreshGrants(_ api: RelayAPIClient) async throws(RelayCallError) {
-        try await runEpochs(.newerGrants, api)
-    }
-
-    /// Checks the relay's epochs, rotates when the roster removed a node that no epoch held here excludes yet, and
-    /// leaves grants for members that joined after the last rotation (``RelayEpochSession/Pass/epochs``).
-    func rotateIfNeeded(_ api: RelayAPIClient) async throws(RelayCallError) {
-        try await runEpochs(.epochs, api)
-    }
-
-    /// Carries out one pass of the epoch session: its actions through the relay's API, its effects here.
-    private func runEpochs(_ pass: RelayEpochSession.Pass, _ api: RelayAPIClient) async throws(RelayCallError) {
+    /// Carries out one pass of the epoch session (``RelayEpochSession/Pass``): its actions through the relay's API,
+    /// its effects here. ``RelayEpochSession/Pass/grantsIfNeeded`` fetches this node's grants only when the relay
+    /// retired the token in use; ``RelayEpochSession/Pass/newerGrants`` fetches those of epochs after the newest held;
+    /// ``RelayEpochSession/Pass/epochs`` checks the relay's epochs, rotates when the roster removed a node that no
+    /// epoch held here excludes yet, and leaves grants for members that joined after the last rotation.
+    func epochs(_ pass: RelayEpochSession.Pass, _ api: RelayAPIClient) async throws(RelayCallError) {
+        if pass == .grantsIfNeeded, state.withLock({ $0.grantsNeeded }) == nil { return }
         var session = RelayEpochSession(
             pass,
             identity: configuration.identity,
@@ -39,7 +25,7 @@ extension RelayLink {
         var random = SystemRandomNumberGenerator()
         var action = state.withLock { session.start(state: &$0, random: &random) }
         while true {
-            try carryOut(session.takeEffects())
+            try await carryOut(session.takeEffects())
             switch action {
             case .done:
                 return
@@ -65,12 +51,12 @@ extension RelayLink {
         }
     }
 
-    private func carryOut(_ effects: [RelayEpochSession.Effect]) throws(RelayCallError) {
+    private func carryOut(_ effects: [RelayEpochSession.Effect]) async throws(RelayCallError) {
         for effect in effects {
             switch effect {
             case .adopted(let keyring, let newest, let rotatedHere):
                 if let path = configuration.keyringPath {
-                    try localNow { () throws(ShoalError) in try keyring.save(path) }
+                    try await local { () throws(ShoalError) in try keyring.save(path) }
                 }
                 report(.epoch(newest, rotatedHere: rotatedHere))
             case .restarting(let relay, let held):

@@ -1,4 +1,3 @@
-import Foundation
 import Logging
 import ShoalCore
 import ShoalRelayProtocol
@@ -13,77 +12,53 @@ extension RelayLink {
     /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,
     /// the link opens it with the seal and applies what the session hands back.
     func pullLoop(_ api: RelayAPIClient) async throws {
+        let clock = configuration.clock
         var session = RelayPullSession(
             site: node.siteID,
             cluster: configuration.clusterID,
-            backoff: Backoff(
-                initialMilliseconds: configuration.initialBackoffMilliseconds,
-                maximumMilliseconds: configuration.maximumBackoffMilliseconds
-            ),
+            backoff: configuration.backoff,
             blockMilliseconds: Self.blockedSiteMilliseconds
         )
-        var backoff = Backoff(
-            initialMilliseconds: configuration.initialBackoffMilliseconds,
-            maximumMilliseconds: configuration.maximumBackoffMilliseconds
-        )
-        // After a failure the relay may come back having lost or rolled back its storage. Its heads are read before the
-        // next long-poll (which would hide its return for the whole wait): if it lacks what this node holds, the
-        // uploader is woken. Every failure is followed by this read, so the last one reaches the relay that serves the
-        // pulls that follow.
-        var checkHeads = false
+        var backoff = configuration.backoff
         while !Task.isCancelled {
             do throws(RelayCallError) {
-                try await refreshGrantsIfNeeded(api)
-                if checkHeads {
+                try await epochs(.grantsIfNeeded, api)
+                if session.headsDue {
                     let heads = try await fetchHeads(api)
-                    let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
-                    if held.entries.contains(where: { $0.value > heads[$0.key] }) {
+                    if session.headsRead(heads, held: try await held()) {
                         state.withLock { $0.headsStale = true }
                         pushWake.yield()
                     }
-                    checkHeads = false
                 }
-                let held = try await local { () throws(ShoalError) in try await node.store.versionVector() }
+                let held = try await held()
                 session.held(held)
-                session.fences(try await local { () throws(ShoalError) in try await node.store.read { store throws(ShoalError) in try store.fences() } })
-                let request = session.request(
-                    held: held,
-                    now: configuration.clock.nowMilliseconds(),
-                    wait: configuration.waitMilliseconds,
-                    maximumBytes: configuration.pageBytes
-                )
-                let asked = configuration.clock.monotonicMilliseconds()
-                let entries = try await api.pull(request, waitMilliseconds: configuration.waitMilliseconds)
-                // An empty page long before the wait was up: the relay answered its waiting pulls as it shut down (it
-                // may come back restored from an older copy, with no request of ours failing), or woke for an upload
-                // with nothing for this node. Its heads are read before the next long-poll.
-                if entries.isEmpty,
-                    configuration.clock.monotonicMilliseconds() &- asked < UInt64(configuration.waitMilliseconds / 2)
-                {
-                    checkHeads = true
+                let fences = try await local { () throws(ShoalError) in
+                    try await node.store.read { store throws(ShoalError) in try store.fences() }
                 }
+                session.fences(fences)
+                let wait = configuration.waitMilliseconds
+                let request = session.request(
+                    held: held, now: clock.nowMilliseconds(), wait: wait, maximumBytes: configuration.pageBytes
+                )
+                let asked = clock.monotonicMilliseconds()
+                let entries = try await api.pull(request, waitMilliseconds: wait)
+                session.answered(chunks: entries.count, after: clock.monotonicMilliseconds() &- asked)
                 var applied = 0
                 for entry in entries {
                     switch entry {
                     case .envelope(let envelope):
                         applied += try await receive(envelope, &session, api)
                     case .undecodable(let site, let error):
-                        session.undecodable(site: site, error, now: configuration.clock.nowMilliseconds())
+                        session.undecodable(site: site, error, now: clock.nowMilliseconds())
                     }
                 }
                 if let (claims, proof) = session.readyClaims() {
-                    let result = try await local { () throws(ShoalError) in
-                        try await apply(claims, received: proof)
-                    }
-                    session.held(result.versionVector)
+                    let result = try await local { () throws(ShoalError) in try await apply(claims, received: proof) }
+                    session.held(result.held)
                 }
                 for problem in session.problems { note(problem) }
-                let pulled = configuration.clock.nowMilliseconds()
-                state.withLock { state in
-                    state.status.lastPullMs = pulled
-                    state.status.received += UInt64(entries.count)
-                    state.status.applied += UInt64(applied)
-                }
+                let now = clock.nowMilliseconds()
+                state.withLock { $0.pulled(chunks: entries.count, applied: applied, now: now) }
                 if applied > 0 { report(.applied(changes: applied)) }
                 metrics.pullOK.increment()
                 metrics.applied.increment(by: applied)
@@ -99,7 +74,6 @@ extension RelayLink {
                 if case .cancelled = error {} else { metrics.pullFailed.increment() }
                 for problem in session.problems { note(problem) }
                 session.failed()
-                checkHeads = true
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }
@@ -115,27 +89,22 @@ extension RelayLink {
         if verdict == .readHeld {
             // The ranges this process uploaded are not sent back: the node holds them, so its own version vector,
             // read now, covers what the page skipped.
-            session.held(try await local { () throws(ShoalError) in try await node.store.versionVector() })
+            session.held(try await held())
             verdict = session.recheck(envelope, now: configuration.clock.nowMilliseconds())
         }
         guard verdict == .open else { return 0 }
         if !state.withLock({ $0.credentials.seal }).holds(envelope.epoch) {
             // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
-            try await refreshGrants(api)
+            try await epochs(.newerGrants, api)
         }
-        let plaintext: Result<[UInt8], ShoalError>
-        do {
-            plaintext = .success(try state.withLock { $0.credentials.seal }.open(envelope))
-        } catch {
-            plaintext = .failure(error)
+        let seal = state.withLock { $0.credentials.seal }
+        let plaintext = Result { () throws(ShoalError) in try seal.open(envelope) }
+        let now = configuration.clock.nowMilliseconds()
+        guard case .apply(let batch, let received) = session.opened(envelope, plaintext: plaintext, now: now) else {
+            return 0
         }
-        guard case .apply(let batch, let received) = session.opened(
-            envelope, plaintext: plaintext, now: configuration.clock.nowMilliseconds()
-        ) else { return 0 }
-        let result = try await local { () throws(ShoalError) in
-            try await apply(batch, received: received)
-        }
-        session.applied(envelope, received: result.received, held: result.versionVector)
+        let result = try await local { () throws(ShoalError) in try await apply(batch, received: received) }
+        session.applied(envelope, received: result.received, held: result.held)
         return result.applied
     }
 
@@ -145,18 +114,17 @@ extension RelayLink {
     func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
-    ) async throws(ShoalError) -> (applied: Int, versionVector: VersionVector, received: [SiteID: UInt64]) {
+    ) async throws(ShoalError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
         let result = try await node.store.apply(batch, received: received, origin: .relay)
         if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
         if let (site, hlc) = result.clockRefusals.first {
             // What else the batch held is applied; the refused site's changes come again once time catches up.
-            let now = configuration.clock.nowMilliseconds()
+            let ahead = Int64(hlc.milliseconds) - Int64(configuration.clock.nowMilliseconds())
             let allowed = await node.configuration.storeOptions.maximumClockDriftMilliseconds
             throw ShoalError(
                 code: .clockTooFarAhead,
-                message: "changes of site \(site.hex.prefix(8)) carry a clock \(Int64(hlc.milliseconds) - Int64(now)) ms "
-                    + "ahead of this node's (more than the \(allowed) ms allowed): they were left out, everything else "
-                    + "was applied"
+                message: "changes of site \(site.hex.prefix(8)) carry a clock \(ahead) ms ahead of this node's (more "
+                    + "than the \(allowed) ms allowed): they were left out, everything else was applied"
             )
         }
         return (result.applied, result.versionVector, result.received)

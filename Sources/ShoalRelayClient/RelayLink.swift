@@ -1,15 +1,7 @@
 import AsyncHTTPClient
-import Foundation
 import Logging
-import Metrics
-import NIOCore
-import NIOHTTP1
-import NIOSSL
 import ServiceLifecycle
 import ShoalCore
-import ShoalProtocol
-import ShoalRelayProtocol
-import ShoalSecurity
 import ShoalTransport
 import Synchronization
 
@@ -34,63 +26,16 @@ public final class RelayLink: Service, Sendable {
     let pushSignals: AsyncStream<Void>
     let pushWake: AsyncStream<Void>.Continuation
 
-    /// A link for `node`; the URL is checked here (an `http://` URL must name a loopback address: the token would
-    /// otherwise cross the network in clear).
+    /// A link for `node`; the configuration is checked here (``RelayClientConfiguration/checkedBases()``: an `http://`
+    /// URL must name a loopback address, the token would otherwise cross the network in clear).
     public init(node: SyncNode, configuration: RelayClientConfiguration) throws(ShoalError) {
-        bases = try ([configuration.url] + configuration.otherURLs).map { url throws(ShoalError) in try Self.checked(url) }
-        guard !configuration.token.isEmpty else {
-            throw ShoalError(code: .invalidArgument, message: "a relay needs a token (--relay-token; `shoal relay token create` makes one)")
-        }
-        if let ca = configuration.caCertificatePath {
-            let roots: [NIOSSLCertificate]
-            do {
-                roots = try NIOSSLCertificate.fromPEMFile(ca)
-            } catch {
-                throw ShoalError(code: .invalidArgument, message: "--relay-ca \(ca): cannot read it as PEM certificates (\(error))")
-            }
-            guard !roots.isEmpty else {
-                throw ShoalError(code: .invalidArgument, message: "--relay-ca \(ca) holds no PEM certificate")
-            }
-        }
+        bases = try configuration.checkedBases()
         self.node = node
         self.configuration = configuration
-        let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) } ?? RelayKeyring()
-        state = Mutex(
-            RelayLinkState(
-                bases: bases,
-                configuredToken: configuration.token,
-                credentials: RelayLinkState.Credentials(
-                    keyring: keyring,
-                    seal: RelaySeal(secrets: keyring.secrets(clusterSecret: configuration.clusterSecret), epoch: keyring.newest),
-                    token: keyring.token ?? configuration.token
-                ),
-                pieceBytes: configuration.pieceBytes,
-                requestBytes: configuration.requestBytes
-            )
-        )
+        let keyring = try configuration.keyringPath.map { path throws(ShoalError) in try RelayKeyring.load(path) }
+        state = Mutex(RelayLinkState(bases: bases, configuration: configuration, keyring: keyring ?? RelayKeyring()))
         (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
         (pushSignals, pushWake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-    }
-
-    /// `url` without trailing slashes, if it is an `https://` URL or an `http://` one to a loopback address.
-    private static func checked(_ url: String) throws(ShoalError) -> String {
-        var url = url
-        while url.hasSuffix("/") { url.removeLast() }
-        let lowered = url.lowercased()
-        guard lowered.hasPrefix("https://") || lowered.hasPrefix("http://"),
-            let components = URLComponents(string: url), let host = components.host, !host.isEmpty
-        else {
-            throw ShoalError(code: .invalidArgument, message: "--relay wants an https:// (or loopback http://) URL, got \"\(url)\"")
-        }
-        if lowered.hasPrefix("http://") {
-            guard RelayAPI.isLoopback(host) else {
-                throw ShoalError(
-                    code: .invalidArgument,
-                    message: "plain http:// to \(host) would send the token in clear: use https:// (http:// only to loopback)"
-                )
-            }
-        }
-        return url
     }
 
     /// The relay as this node sees it now.
@@ -98,16 +43,7 @@ public final class RelayLink: Service, Sendable {
 
     /// Uploads and pulls until cancelled or shut down gracefully.
     public func run() async throws {
-        var tls = TLSConfiguration.makeClientConfiguration()
-        tls.minimumTLSVersion = .tlsv12
-        if let ca = configuration.caCertificatePath { tls.trustRoots = .file(ca) }
-        var http = HTTPClient.Configuration(
-            tlsConfiguration: tls,
-            // A connection refused is retried by the client until the connect timeout: kept short, so a node whose
-            // relay instance died goes on with the next within seconds.
-            timeout: HTTPClient.Configuration.Timeout(connect: .seconds(3), read: .seconds(90))
-        )
-        http.httpVersion = .http1Only
+        let http = configuration.httpConfiguration
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
         let api = RelayAPIClient(
             http: client,
@@ -161,40 +97,52 @@ public final class RelayLink: Service, Sendable {
         }
     }
 
-    /// Records a failure and returns how long to wait before the next try.
+    /// Records a failure, wakes the uploader when the relay's heads must be read again, and returns how long to wait
+    /// before the next try.
     func failed(_ error: RelayCallError, backoff: inout Backoff) -> UInt64 {
         let now = configuration.clock.nowMilliseconds()
+        let unauthorized = configuration.unauthorizedBackoffMilliseconds
         var random = SystemRandomNumberGenerator()
-        let failure = state.withLock { state in
-            state.failed(
-                error,
-                backoff: &backoff,
-                unauthorizedBackoffMilliseconds: configuration.unauthorizedBackoffMilliseconds,
-                now: now,
-                random: &random
+        let (failure, stale) = state.withLock { state in
+            let failure = state.failed(
+                error, backoff: &backoff, unauthorizedBackoffMilliseconds: unauthorized, now: now, random: &random
             )
+            return (failure, state.headsStale)
         }
         if let next = failure.nextInstance {
             configuration.logger.info("relay instance did not answer; trying the next", metadata: ["next": "\(next)"])
         }
         if let report = failure.report { configuration.logger.warning("\(report)") }
         if let event = failure.event { report(event) }
-        if state.withLock({ $0.headsStale }) { pushWake.yield() }
+        if stale { pushWake.yield() }
         return failure.delay
+    }
+
+    /// Updates the relay's lacking and staleness gauges as often as the node samples its own (neither is known
+    /// before the relay's heads were first read).
+    func sampleMetrics() async throws {
+        let interval = await node.configuration.metricsIntervalMilliseconds
+        guard interval > 0 else { return }
+        while !Task.isCancelled {
+            if let heads = state.withLock({ $0.knownHeads }) {
+                metrics.lackingGauge.record(status.lacking ?? 0)
+                metrics.stalenessGauge.record(Double(await node.ageOfOldestChangeLacking(in: heads)) / 1000)
+            }
+            try await Task.sleep(for: .milliseconds(interval))
+        }
+    }
+
+    // MARK: The node's store
+
+    /// What the node holds: its version vector, read through its store.
+    func held() async throws(RelayCallError) -> VersionVector {
+        try await local { () throws(ShoalError) in try await node.store.versionVector() }
     }
 
     /// Runs a step on the node's store; its failure is a local one, not the relay's.
     func local<T>(_ body: () async throws(ShoalError) -> T) async throws(RelayCallError) -> T {
         do {
             return try await body()
-        } catch {
-            throw RelayCallError.local(error)
-        }
-    }
-
-    func localNow<T>(_ body: () throws(ShoalError) -> T) throws(RelayCallError) -> T {
-        do {
-            return try body()
         } catch {
             throw RelayCallError.local(error)
         }

@@ -5,9 +5,10 @@ import ShoalSecurity
 import ShoalTransport
 
 /// Everything a node's relay link decides outside the pull itself, with no I/O: which instance a request goes to, what
-/// a failure means (how long to wait, what status says, whether the token falls back, whether sizes shrink), what the
-/// relay lacks and whether a snapshot is due, and the keys and token in use. ``RelayLink`` keeps one of these under
-/// one lock and carries out what its methods return; time comes in as `now` (Unix milliseconds).
+/// a failure means (how long to wait, what status says, whether the token falls back, whether sizes shrink), what
+/// status counts of pages and uploads, what the relay lacks, whether a snapshot is due and when one is tried again,
+/// and the keys and token in use. ``RelayLink`` keeps one of these under one lock and carries out what its methods
+/// return; time comes in as `now` (Unix milliseconds).
 struct RelayLinkState: Sendable {
     /// The keys and the token in use: they change when the key rotates.
     struct Credentials: Sendable {
@@ -45,11 +46,13 @@ struct RelayLinkState: Sendable {
     /// The token the relay said a rotation retired: until another is in use, the grants are fetched before the next
     /// request (a request that left with the old token may come back refused after the new one was adopted).
     var grantsNeeded: String?
-    /// What the relay's snapshot leaves uncovered (as last read, plus what this node uploaded since), the snapshot's
-    /// size, and when this node last tried to upload one.
+    /// What the relay's snapshot leaves uncovered (as last read, plus what this node uploaded since), and the
+    /// snapshot's size.
     var uncoveredBytes: Int64 = 0
     var snapshotBytes: Int64 = 0
-    var snapshotTriedMs: UInt64?
+    /// No snapshot is tried before then (Unix milliseconds): a minute after an attempt began, 10 s after another
+    /// node's snapshot completed first.
+    private(set) var snapshotRetryMs: UInt64?
     /// The roster members whose grants were last checked (members that join after a rotation get grants).
     var grantedMembers: Set<NodeID>?
     /// When this node last checked that the relay holds every key epoch it holds (monotonic milliseconds).
@@ -68,6 +71,25 @@ struct RelayLinkState: Sendable {
         self.requestBytes = requestBytes
         status = RelayStatus(url: bases[0])
         status.epoch = credentials.keyring.newest
+    }
+
+    /// The state a link to `bases` starts from: `keyring`'s newest epoch seals, and its token, if it holds one (a
+    /// rotation's), is used rather than the configured one.
+    init(bases: [String], configuration: RelayClientConfiguration, keyring: RelayKeyring) {
+        self.init(
+            bases: bases,
+            configuredToken: configuration.token,
+            credentials: Credentials(
+                keyring: keyring,
+                seal: RelaySeal(
+                    secrets: keyring.secrets(clusterSecret: configuration.clusterSecret),
+                    epoch: keyring.newest
+                ),
+                token: keyring.token ?? configuration.token
+            ),
+            pieceBytes: configuration.pieceBytes,
+            requestBytes: configuration.requestBytes
+        )
     }
 
     // MARK: Answers
@@ -95,6 +117,45 @@ struct RelayLinkState: Sendable {
         return lastReported != reason
     }
 
+    /// A page of `chunks` chunks was pulled, `applied` changes of them applied.
+    mutating func pulled(chunks: Int, applied: Int, now: UInt64) {
+        status.lastPullMs = now
+        status.received += UInt64(chunks)
+        status.applied += UInt64(applied)
+    }
+
+    /// An upload request went through: the relay stored `stored` chunks of `bytes` bytes, to its change log or (when
+    /// `toSnapshot`) to a snapshot, which leaves nothing new uncovered.
+    mutating func uploaded(stored: Int, bytes: Int, toSnapshot: Bool, now: UInt64) {
+        if !toSnapshot { uncoveredBytes += Int64(bytes) }
+        status.lastPushMs = now
+        status.uploaded += UInt64(stored)
+    }
+
+    /// Takes ``headsStale``: true once after the relay failed to answer, for the uploader to read its heads again.
+    mutating func takeHeadsStale() -> Bool {
+        defer { headsStale = false }
+        return headsStale
+    }
+
+    // MARK: Heads and snapshots
+
+    /// The relay's heads were read: what they say of its sizes is kept.
+    mutating func read(_ heads: RelayHeads) {
+        uncoveredBytes = heads.uncoveredBytes ?? 0
+        snapshotBytes = heads.snapshot?.bytes ?? 0
+    }
+
+    /// What to say when the relay's `heads` claim more of this node's own `site` than it `held`: nobody holds more of
+    /// it than the node itself, so such a head is a forged or corrupt range, which hides this node's next
+    /// transactions from the relay until its operator removes it.
+    static func forgedRange(heads: VersionVector, held: VersionVector, site: SiteID) -> String? {
+        guard heads[site] > held[site] else { return nil }
+        return "the relay claims transactions \(held[site] + 1)...\(heads[site]) of this node's own site, which it "
+            + "never made: a forged or corrupt range; this node's later writes cannot reach the relay until its "
+            + "operator removes that range"
+    }
+
     /// What the relay lacks of what this node holds, given the relay's `heads`.
     mutating func lacking(held: VersionVector, heads: VersionVector, site: SiteID, now: UInt64) {
         knownHeads = heads
@@ -114,11 +175,40 @@ struct RelayLinkState: Sendable {
     /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
     /// both that snapshot and `minimumBytes`, and no attempt of its failed in the last minute.
     func snapshotDue(held: VersionVector, heads: VersionVector, minimumBytes: Int64, now: UInt64) -> Bool {
-        guard held.entries.allSatisfy({ $0.value <= heads[$0.key] }), heads.entries.allSatisfy({ $0.value <= held[$0.key] })
-        else { return false }
+        guard held.compare(heads) == .equal else { return false }
         guard uncoveredBytes >= max(minimumBytes, snapshotBytes) else { return false }
-        if let tried = snapshotTriedMs, now < tried + 60_000 { return false }
+        if let retry = snapshotRetryMs, now < retry { return false }
         return true
+    }
+
+    /// How a snapshot upload ended.
+    enum SnapshotEnd: Sendable, Equatable {
+        /// The relay holds it whole: it covers everything uploaded so far.
+        case completed
+        /// The node had nothing to put in it.
+        case empty
+        /// Another node's snapshot completed meanwhile and replaced it: nothing failed, so the next attempt comes in
+        /// about 10 s rather than a minute.
+        case replaced
+    }
+
+    /// A snapshot upload begins: were it to fail, the next waits a minute.
+    mutating func snapshotStarted(now: UInt64) {
+        snapshotRetryMs = now + 60_000
+    }
+
+    /// A snapshot upload ended with `end` (any other failure leaves the minute's wait).
+    mutating func snapshotEnded(_ end: SnapshotEnd, now: UInt64) {
+        switch end {
+        case .completed:
+            status.lastSnapshotMs = now
+            uncoveredBytes = 0
+            snapshotRetryMs = nil
+        case .empty:
+            snapshotRetryMs = nil
+        case .replaced:
+            snapshotRetryMs = now + 10_000
+        }
     }
 
     // MARK: Key epochs

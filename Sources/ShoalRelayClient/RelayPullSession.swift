@@ -102,6 +102,12 @@ public struct RelayPullSession: Sendable {
     private var backoff: Backoff
     /// Problems to say (each once, by the shell): a site left aside and why.
     public private(set) var problems: [String] = []
+    /// Whether the shell reads the relay's heads before the next pull (and hands them to ``headsRead(_:held:)``): after
+    /// a failure, or a page that came back empty long before its wait was up, the relay may be back having lost or
+    /// rolled back its storage, and a long-poll would hide its return for the whole wait.
+    public private(set) var headsDue = false
+    /// The wait the page being read was asked with, as configured.
+    private var wait = 0
 
     /// A session for `site` of `cluster`; `backoff` paces pulls after pages that moved nothing.
     public init(site: SiteID, cluster: String, backoff: Backoff, blockMilliseconds: UInt64 = 60_000) {
@@ -122,6 +128,7 @@ public struct RelayPullSession: Sendable {
         var asked = cursor
         for site in blocked.keys { asked.advance(site, to: UInt64(Int64.max)) }
         self.asked = asked
+        self.wait = wait
         skipped = []
         pageMoved = false
         pageEntries = 0
@@ -139,6 +146,20 @@ public struct RelayPullSession: Sendable {
             waitMilliseconds: blocked.values.min().map { Swift.min(wait, Int(clamping: $0 - now)) } ?? wait,
             maximumBytes: maximumBytes
         )
+    }
+
+    /// The page came back `elapsed` milliseconds after it was asked for, holding `chunks` chunks. Empty long before
+    /// its wait was up, the relay answered its waiting pulls as it shut down (it may come back restored from an older
+    /// copy, with no request failing) or woke for an upload with nothing for this node: its heads are read first.
+    public mutating func answered(chunks: Int, after elapsed: UInt64) {
+        if chunks == 0, elapsed < UInt64(wait / 2) { headsDue = true }
+    }
+
+    /// The relay's heads, read because ``headsDue``, and what the node holds: true when the relay lacks some of it
+    /// (the shell has the uploader read the heads again and send what they lack).
+    public mutating func headsRead(_ heads: VersionVector, held: VersionVector) -> Bool {
+        headsDue = false
+        return held.advances(heads)
     }
 
     /// The removal fences the node keeps (site → the last seq of a removed node's site it accepts). Changes beyond a
@@ -357,8 +378,11 @@ public struct RelayPullSession: Sendable {
         return nil
     }
 
-    /// A pull failed: ranges under way start again from their first chunk.
+    /// A pull failed: ranges under way start again from their first chunk, and the relay's heads are read first (the
+    /// failure may have been the relay going down; the last read after failures reaches the instance that serves the
+    /// pulls that follow).
     public mutating func failed() {
+        headsDue = true
         ending = [:]
         resume = [:]
         buffers = [:]

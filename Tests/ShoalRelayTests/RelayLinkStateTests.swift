@@ -1,3 +1,5 @@
+import Foundation
+import Logging
 import ShoalCore
 import ShoalRelayProtocol
 import ShoalTestSupport
@@ -96,7 +98,7 @@ import Testing
         #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000))
         #expect(!link.snapshotDue(held: VersionVector([site: 4]), heads: heads, minimumBytes: 8_000, now: 100_000))
         #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 20_000, now: 100_000))
-        link.snapshotTriedMs = 90_000
+        link.snapshotStarted(now: 90_000)
         #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000))
         #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 150_001))
         // What the relay lacks counts from when it began; a head beyond this node's own site is counted as suspect.
@@ -126,5 +128,81 @@ import Testing
         #expect(session.next(now: 40_002, stale: false) == .upload(since: VersionVector([site: 6])))
         session.failed()
         #expect(session.next(now: 40_003, stale: false) == .readHeads && session.lastHeads == VersionVector([site: 6]))
+    }
+
+    @Test func aSnapshotIsTriedAgainAMinuteAfterAFailureTenSecondsAfterAnotherNodesAndAtOnceWhenEmpty() {
+        var link = state()
+        let site = SiteID.random()
+        let heads = VersionVector([site: 5])
+        link.read(RelayHeads(heads: [:], snapshot: RelaySnapshotInfo(id: "1", vector: [:], bytes: 4_000, createdMs: 0)))
+        #expect(link.snapshotBytes == 4_000 && link.uncoveredBytes == 0)
+        link.uploaded(stored: 2, bytes: 10_000, toSnapshot: false, now: 5)
+        link.uploaded(stored: 3, bytes: 50_000, toSnapshot: true, now: 6)
+        // What went into a snapshot leaves nothing new uncovered; status counts both.
+        #expect(link.uncoveredBytes == 10_000 && link.status.uploaded == 5 && link.status.lastPushMs == 6)
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000))
+        // An attempt that fails holds the next for a minute.
+        link.snapshotStarted(now: 100_000)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 159_999))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 160_000))
+        // Another node's snapshot completed first: nothing failed, the next comes in 10 s.
+        link.snapshotStarted(now: 200_000)
+        link.snapshotEnded(.replaced, now: 200_500)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 210_499))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 210_500))
+        // Nothing to put in one: the next may come at once.
+        link.snapshotStarted(now: 300_000)
+        link.snapshotEnded(.empty, now: 300_001)
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 300_002))
+        // A whole snapshot covers everything uploaded so far.
+        link.snapshotStarted(now: 400_000)
+        link.snapshotEnded(.completed, now: 400_100)
+        #expect(link.uncoveredBytes == 0 && link.status.lastSnapshotMs == 400_100)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 400_200))
+    }
+
+    @Test func pagesCountInStatusAndAStaleRelayIsTakenOnce() {
+        var link = state()
+        var backoff = backoff()
+        var random = SplitMix(state: 5)
+        link.pulled(chunks: 4, applied: 3, now: 10)
+        link.pulled(chunks: 0, applied: 0, now: 20)
+        #expect(link.status.received == 4 && link.status.applied == 3 && link.status.lastPullMs == 20)
+        let before = link.takeHeadsStale()
+        #expect(!before)
+        _ = link.failed(
+            .unreachable("refused", instance: 0, problem: .unreachable), backoff: &backoff,
+            unauthorizedBackoffMilliseconds: 60_000, now: 30, random: &random
+        )
+        let first = link.takeHeadsStale()
+        let second = link.takeHeadsStale()
+        #expect(first && !second)
+    }
+
+    @Test func aHeadBeyondWhatThisNodeMadeOfItsOwnSiteIsSaid() {
+        let own = SiteID.random()
+        let other = SiteID.random()
+        let held = VersionVector([own: 4, other: 1])
+        #expect(RelayLinkState.forgedRange(heads: VersionVector([own: 4, other: 9]), held: held, site: own) == nil)
+        let said = RelayLinkState.forgedRange(heads: VersionVector([own: 7]), held: held, site: own)
+        #expect(said?.contains("transactions 5...7 of this node's own site") == true)
+    }
+
+    @Test func aLinkStartsWithItsKeyringsNewestEpochAndTokenOrTheConfiguredOne() throws {
+        var configuration = RelayClientConfiguration(
+            url: "https://relay.example", token: "configured", clusterID: "c",
+            clusterSecret: Array(repeating: 1, count: 32), logger: Logger(label: "test")
+        )
+        configuration.pieceBytes = 4_096
+        let bases = ["https://relay.example"]
+        let fresh = RelayLinkState(bases: bases, configuration: configuration, keyring: RelayKeyring())
+        #expect(fresh.credentials.token == "configured" && fresh.pieceBytes == 4_096 && fresh.status.epoch == 0)
+        var keyring = RelayKeyring()
+        let secret = Data(repeating: 2, count: 32).base64EncodedString()
+        keyring.epochs = [RelayKeyring.Epoch(epoch: 3, secret: secret, removed: [])]
+        keyring.token = "rotated"
+        let rotated = RelayLinkState(bases: bases, configuration: configuration, keyring: keyring)
+        #expect(rotated.credentials.token == "rotated" && rotated.configuredToken == "configured")
+        #expect(rotated.credentials.seal.epoch == 3 && rotated.status.epoch == 3)
     }
 }
