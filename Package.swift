@@ -205,6 +205,7 @@ let package = Package(
                 "Shoal", "ShoalProcesses", "ShoalRelay", "ShoalMetricsEndpoint",
                 .target(name: "CMalloc", condition: .when(platforms: [.linux])),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict

@@ -34,7 +34,8 @@ public struct NodeConfiguration: Sendable {
     /// How often the node updates the metrics it samples rather than counts (queue depth, each peer's staleness and
     /// gap, connected peers: see ``SyncNode``); 0 turns that off. Cheap: no database access.
     public var metricsIntervalMilliseconds: UInt64 = 1_000
-    /// How often the node looks for commits made by other processes.
+    /// How often the node looks for commits made by other processes where it cannot watch the database's files
+    /// (on Linux it is woken by each write to them instead, and looks once a second besides).
     public var localChangePollMilliseconds: UInt64 = 20
     /// A change batch holds at most this many changes.
     public var maxChangesPerBatch = 5_000

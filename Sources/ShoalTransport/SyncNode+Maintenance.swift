@@ -3,11 +3,18 @@ import ShoalStore
 
 /// What the node does on its own, besides connections: noticing commits, periodic rounds, log compaction.
 extension SyncNode {
+    /// Notices other processes' commits: at each write to the database's files (``DatabaseFileWatcher``), asks
+    /// whether another connection committed, and captures what it wrote. An idle database costs nothing but one look
+    /// a second.
     func watchLocalChanges() async throws {
         // A failed first capture is retried with backoff by the worker, like any later one.
         _ = try? await worker.changedElsewhere()
-        while !Task.isCancelled {
-            try await Task.sleep(for: .milliseconds(configuration.localChangePollMilliseconds))
+        let watcher = DatabaseFileWatcher(
+            path: configuration.databasePath,
+            fallbackMilliseconds: Int32(clamping: configuration.localChangePollMilliseconds)
+        )
+        for await _ in watcher.changes() {
+            guard !Task.isCancelled else { return }
             do {
                 _ = try await worker.changedElsewhere()  // a capture is a commit: followCommits starts rounds
             } catch {
@@ -20,16 +27,14 @@ extension SyncNode {
         }
     }
 
-    /// Acts on every commit to the database, whatever made it: a local write (through the node, or another
-    /// connection's, captured) or changes from the relay start rounds with every connected peer at once; changes
-    /// from a peer wake the node's change watchers (the relay uploader).
+    /// Acts on every commit to the database, whatever made it (a local write through the node or another
+    /// connection's, captured; changes from a peer or from the relay): rounds start with every connected peer at
+    /// once, and the node's change watchers (the relay uploader) wake. So a change applied from one peer is pushed on
+    /// to the others at once, not at their next periodic round: each hop of a chain costs a round trip or two. The
+    /// peer it came from answers that round with nothing (one small exchange), and a round that brings nothing new
+    /// commits nothing, so this never loops.
     func followCommits() async {
-        for await commit in await worker.commits() {
-            switch commit.origin {
-            case .local, .otherConnection, .relay: broadcast(.localChange)
-            case .peer: signalChangeWatchers()
-            }
-        }
+        for await _ in await worker.commits() { broadcast(.localChange) }
     }
 
     func periodicRounds() async throws {

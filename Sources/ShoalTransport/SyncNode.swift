@@ -7,8 +7,9 @@ import ShoalStore
 
 /// A Shoal node: listens for peers, dials the ones its peer sources find, and keeps every connected peer in sync.
 ///
-/// ``run()`` does the work until its task is cancelled. Every commit to the database, by this node or by
-/// another process, starts a round with every connected peer within ``NodeConfiguration/localChangePollMilliseconds``.
+/// ``run()`` does the work until its task is cancelled. Every commit to the database, by this node, by another
+/// process (noticed when it writes the file: ``DatabaseFileWatcher``) or from a peer, starts a round with every
+/// connected peer at once.
 /// The node itself only wires parts together: each connection runs the one ``ConnectionDriver``, peers are
 /// plain data in a ``PeerDirectory``, peers are found by ``PeerSource``s, connections are admitted by a
 /// ``ConnectionRegistry``, and how a connection's pipeline is built is the configured ``ChannelSetup``.

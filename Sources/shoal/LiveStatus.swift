@@ -138,16 +138,28 @@ struct LiveStatus: Codable {
         try encoder.encode(self).write(to: URL(fileURLWithPath: path), options: .atomic)
     }
 
-    /// The status of a node running on `database`: one published in the last few seconds, or an older one
-    /// whose process still runs (a node busy with a long catch-up may publish late; it is running all the same).
+    /// The status of a node running on `database`, fresh: the process serving it is asked to write it now, and
+    /// answers within milliseconds; one too busy to answer within 250 ms gives its last status (it is running all
+    /// the same). Nil when no node serves the database.
     static func read(forDatabase database: String) -> LiveStatus? {
-        guard let data = FileManager.default.contents(atPath: path(forDatabase: database)),
-            let status = try? JSONDecoder().decode(LiveStatus.self, from: data)
+        guard let stored = load(forDatabase: database), let pid = stored.pid, isServing(pid: pid, database: database)
         else { return nil }
-        let now = SystemWallClock().nowMilliseconds()
-        if now < status.writtenAtMs + 5_000 { return status }
-        guard let pid = status.pid, isServing(pid: pid, database: database) else { return nil }
-        return status
+        // Served on demand: the node writes its status when asked (SIGUSR1), within milliseconds; a node too busy
+        // to answer in time is still running, and its last status is what there is.
+        let asked = SystemWallClock().nowMilliseconds()
+        guard kill(pid, SIGUSR1) == 0 else { return stored }
+        let deadline = ContinuousClock.now + .milliseconds(250)
+        while ContinuousClock.now < deadline {
+            if let fresh = load(forDatabase: database), fresh.writtenAtMs >= asked { return fresh }
+            usleep(2_000)  // the answer is a file: looked at every 2 ms, for at most the deadline
+        }
+        return load(forDatabase: database) ?? stored
+    }
+
+    /// The status file as it is.
+    private static func load(forDatabase database: String) -> LiveStatus? {
+        guard let data = FileManager.default.contents(atPath: path(forDatabase: database)) else { return nil }
+        return try? JSONDecoder().decode(LiveStatus.self, from: data)
     }
 
     /// Whether process `pid` is alive and a `shoal serve` of `database` (not another process that got the

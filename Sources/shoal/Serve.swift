@@ -54,6 +54,9 @@ extension ShoalCommand {
         var metrics: String?
 
         func run() async throws {
+            // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
+            // action (ending the process), even before the reporter listens for it.
+            signal(SIGUSR1, SIG_IGN)
             guard let address = PeerAddress(parsing: listen) else {
                 throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
             }

@@ -2,10 +2,11 @@ import Foundation
 import ServiceLifecycle
 import Shoal
 import Synchronization
+import UnixSignals
 
-/// What `shoal serve` shows of a running node: the status file `shoal status` reads, and a line on stderr for each
-/// thing a person wants to know (a peer came or went, changes synced, the relay's state). One `Service` beside the
-/// node in the serve's service group; it stops with it.
+/// What `shoal serve` shows of a running node: the status file `shoal status` reads (written when asked for), and a
+/// line on stderr for each thing a person wants to know (a peer came or went, changes synced, the relay's state).
+/// One `Service` beside the node in the serve's service group; it stops with it.
 final class ServeReporter: Service, Sendable {
     private let node: ShoalNode
     private let database: String
@@ -34,11 +35,14 @@ final class ServeReporter: Service, Sendable {
         }
     }
 
-    /// Writes the status file every 250 ms until cancelled.
+    /// Writes the status file when the node starts, and again each time a reader asks for it (``LiveStatus/read(
+    /// forDatabase:)`` sends SIGUSR1 to the process that serves): status is served on demand, so an idle node
+    /// writes nothing to disk and wakes for nothing.
     private func writeStatus(to statusFile: StatusFile) async {
         let sync = node.node
         let security = node.security
-        while !Task.isCancelled {
+        var requests = await UnixSignalsSequence(trapping: .sigusr1).makeAsyncIterator()
+        repeat {
             var status = LiveStatus(
                 node: sync.siteID,
                 pendingLocalChanges: await sync.pendingLocalChanges(),
@@ -67,8 +71,7 @@ final class ServeReporter: Service, Sendable {
                 )
             }
             statusFile.write(status)
-            try? await Task.sleep(for: .milliseconds(250))
-        }
+        } while await requests.next() != nil && !Task.isCancelled
     }
 
     private func reportNodeEvents() async {

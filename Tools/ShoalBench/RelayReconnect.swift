@@ -112,10 +112,18 @@ struct RelayReconnect {
         ]
     }
 
-    /// The relay instance a running node uses, from the status it publishes beside its database every 250 ms.
+    /// The relay instance a running node uses, as `shoal status --json` says (the node writes its status when asked).
     static func relayURL(statusOf database: String) -> String? {
-        guard let data = FileManager.default.contents(atPath: database + ".shoal-status.json"),
-            let status = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+        let status = Process()
+        status.executableURL = ServeProcess.executable()
+        status.arguments = ["status", "--json", "--db", database]
+        let output = Pipe()
+        status.standardOutput = output
+        status.standardError = FileHandle.nullDevice
+        guard (try? status.run()) != nil else { return nil }
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        status.waitUntilExit()
+        guard let status = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
             let relay = status["relay"] as? [String: Any]
         else { return nil }
         return relay["url"] as? String

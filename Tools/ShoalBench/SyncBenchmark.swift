@@ -16,6 +16,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Nodes for the propagation figure.") var propagationNodes = 8
     @Option(help: "Writes per second on one node, for propagation.") var writeRate = 200
     @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
+    @Option(help: "Nodes in the chain for the relayed-hops figure (each dials only the one before).") var chainNodes = 10
     @Option(help: "Nodes for the convergence figure.") var convergeNodes = 16
     @Option(help: "Concurrent writes per node for convergence.") var convergeWrites = 1_000
     @Option(help: "Rows already in the table for the big-table propagation figure.") var bigRows = 2_000_000
@@ -26,7 +27,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(
         help: """
             Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, idle or converge.
+            propagation-big, chain, idle or converge.
             """
     )
     var only: String?
@@ -50,6 +51,14 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "propagation-big" {
             figures += try await propagation(directory + "/propagation-big", nodeCount: bigNodes, preload: bigRows)
                 .map { ($0.0.replacingOccurrences(of: "propagation_", with: "propagation_big_"), $0.1) }
+        }
+        if only == nil || only == "chain" {
+            // A write reaches the end of a chain only through every node in between: each hop must push it on.
+            let figures_ = try await propagation(directory + "/chain", nodeCount: chainNodes, chain: true)
+            figures += figures_.map { ($0.0.replacingOccurrences(of: "propagation_", with: "chain_last_"), $0.1) }
+            if let p50 = figures_.first(where: { $0.0 == "propagation_p50_ms" })?.1 {
+                figures.append(("chain_per_hop_p50_ms", p50 / Double(chainNodes - 1)))
+            }
         }
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
@@ -209,6 +218,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         nodeCount: Int? = nil,
         preload: Int = 0,
         plaintext: Bool = false,
+        chain: Bool = false,
         relay: ((String) throws -> BenchRelay)? = nil
     ) async throws -> [(String, Double)] {
         let propagationNodes = nodeCount ?? self.propagationNodes
@@ -244,7 +254,7 @@ struct SyncBenchmark: AsyncParsableCommand {
                 try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
                     name: "n\(index)",
-                    peers: viaRelay == nil ? nodes.map(\.port) : [],
+                    peers: viaRelay != nil ? [] : chain ? nodes.suffix(1).map(\.port) : nodes.map(\.port),
                     extra: ["--round-interval", "1000"] + (plaintext ? ["--insecure-plaintext"] : [])
                         + (viaRelay.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? [])
                 )
@@ -299,7 +309,8 @@ struct SyncBenchmark: AsyncParsableCommand {
         }
         stop.set(0, 1)
         var latencies: [Double] = []
-        for node in seen {
+        // In a chain, what counts is the time to its far end.
+        for node in chain ? Array(seen.suffix(1)) : seen {
             for id in 0..<total where node.get(id) > 0 { latencies.append((node.get(id) - written.get(id)) * 1000) }
         }
         latencies.sort()
@@ -307,7 +318,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         func percentile(_ fraction: Double) -> Double {
             latencies[min(latencies.count - 1, Int(Double(latencies.count) * fraction))]
         }
-        let missing = (propagationNodes - 1) * total - latencies.count
+        let missing = (chain ? 1 : propagationNodes - 1) * total - latencies.count
         guard missing == 0 else { throw ServeError(message: "\(missing) writes never arrived") }
         return [("propagation_p50_ms", percentile(0.5)), ("propagation_p99_ms", percentile(0.99))]
     }
