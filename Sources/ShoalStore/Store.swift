@@ -150,9 +150,11 @@ public final class Store {
         if path != ":memory:" && !path.isEmpty {
             _ = try connection.rows("PRAGMA journal_mode = WAL")
         }
+        // The write-ahead log grows with the largest transaction (a catch-up, a bulk import); once checkpointed and
+        // reset, SQLite cuts it back to 16 MiB (journal_size_limit), so it does not stay large after a burst.
         try connection.exec(
             "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -\(options.cacheSizeKiB); "
-                + "PRAGMA mmap_size = \(options.mmapSize)"
+                + "PRAGMA mmap_size = \(options.mmapSize); PRAGMA journal_size_limit = \(Self.walSizeLimit)"
         )
         let created = try Self.createMetadata(connection, nodeName: options.nodeName)
         let identity = try Self.checkIdentity(
@@ -392,6 +394,9 @@ public final class Store {
     // MARK: - Statements
 
     /// A cached internal statement.
+    /// The size the write-ahead log is cut back to once checkpointed (bytes).
+    static let walSizeLimit = 16 << 20
+
     func statement(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         if let cached = statements[sql] { return cached }
         let statement = try connection.prepare(sql)
