@@ -201,6 +201,24 @@ public struct PeerStatus: Sendable, Hashable {
     /// An address the peer listens at, for `shoal verify --peer` (nil when none is known: a peer that dialled in and
     /// listens nowhere).
     public var listeningAddress: String?
+    /// While a round brings many changes from the peer (a catch-up): how far it got.
+    public var catchUp: CatchUpProgress?
+}
+
+/// How far a catch-up from a peer got: the changes applied so far in the round, how many the peer estimates are left,
+/// and for how long it has run.
+public struct CatchUpProgress: Sendable, Hashable {
+    /// Changes applied so far in this round.
+    public var changes: Int
+    /// Changes the peer estimates are left to send.
+    public var remaining: UInt64
+    /// Milliseconds since the round began.
+    public var milliseconds: UInt64
+
+    /// Changes applied per second so far.
+    public var rate: Double { milliseconds > 0 ? Double(changes) * 1_000 / Double(milliseconds) : 0 }
+    /// Seconds left at the rate so far (nil before there is a rate).
+    public var secondsLeft: Double? { rate > 0 ? Double(remaining) / rate : nil }
 }
 
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.

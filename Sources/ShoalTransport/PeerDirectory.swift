@@ -184,7 +184,13 @@ struct PeerDirectory {
 
     /// Records a finished pull from `site` that took `milliseconds`, at wall time `now`. Returns whether a failure
     /// ended with it.
+    /// Records how far a catch-up from `site` got.
+    mutating func progress(_ site: SiteID, _ progress: CatchUpProgress) {
+        peers[site]?.catchUp = progress
+    }
+
     mutating func roundFinished(_ site: SiteID, milliseconds: UInt64, now: UInt64) -> Bool {
+        peers[site]?.catchUp = nil
         peers[site]?.lastSuccessfulSync = now
         let recovered = !refusedBy.contains(site) && failureOver(site)
         peers[site]?.roundsFinished += 1

@@ -205,6 +205,7 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) {
+        directory.progress(peer, CatchUpProgress(changes: changes, remaining: remaining, milliseconds: milliseconds))
         eventSink.yield(
             .catchUpProgress(peer: peer, changes: changes, remaining: remaining, milliseconds: milliseconds)
         )

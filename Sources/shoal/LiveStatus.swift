@@ -30,6 +30,11 @@ struct LiveStatus: Codable {
         var divergedSinceMs: UInt64? = nil
         /// An address the peer listens at (for `shoal verify --peer`), when known.
         var listeningAddress: String? = nil
+        /// While catching up from the peer: changes applied so far in the round, estimated left, rate, seconds left.
+        var catchUpChanges: Int? = nil
+        var catchUpRemaining: UInt64? = nil
+        var catchUpRate: Double? = nil
+        var catchUpSecondsLeft: Double? = nil
         /// How many of this node's own transactions the peer has not acknowledged holding.
         var lacking: UInt64? = nil
     }
@@ -109,7 +114,11 @@ struct LiveStatus: Codable {
                 lastError: peer.lastError,
                 everConnected: peer.everConnected,
                 divergedSinceMs: peer.divergence?.since,
-                listeningAddress: peer.listeningAddress
+                listeningAddress: peer.listeningAddress,
+                catchUpChanges: peer.catchUp?.changes,
+                catchUpRemaining: peer.catchUp?.remaining,
+                catchUpRate: peer.catchUp?.rate,
+                catchUpSecondsLeft: peer.catchUp?.secondsLeft
             )
         }
         // Configured peers never reached have no site id yet, but are listed all the same, with why.

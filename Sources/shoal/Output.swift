@@ -227,7 +227,12 @@ enum Output {
                 + "last sync \(last), "
                 + "failures in a row \(peer.consecutiveFailures), \(rounds), \(durations), "
                 + "\(version), \(digest)"
-                + (peer.everConnected ? peer.lacking.map { ", lacks \($0) of this node's transactions" } ?? "" : "") + "\n"
+                + (peer.everConnected ? peer.lacking.map { ", lacks \($0) of this node's transactions" } ?? "" : "")
+                + (peer.catchUpChanges.map { changes in
+                    ", catching up: \(changes) changes done, \(Int(peer.catchUpRate ?? 0)) changes/s, about "
+                        + "\(peer.catchUpRemaining ?? 0) to go"
+                        + (peer.catchUpSecondsLeft.map { ", ETA \(Int($0.rounded(.up))) s" } ?? "")
+                } ?? "") + "\n"
         }
         return text
     }

@@ -72,4 +72,48 @@ private func status(_ path: String) throws -> [String: Any] {
         serve.waitUntilExit()
         #expect(try status(path)["running"] as? Bool == false)
     }
+
+    /// While a node catches up from a peer, `shoal status` shows how far it got (changes done, rate, what is left),
+    /// and the status answers at once, from the node, while it applies.
+    @Test func statusShowsACatchUpInProgress() async throws {
+        let directory = try temporaryDirectory("status-catchup")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (source, fresh) = (directory.appendingPathComponent("a.db").path, directory.appendingPathComponent("b.db").path)
+        for path in [source, fresh] {
+            let store = try Store(path: path)
+            try store.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT, b INTEGER, c REAL)")
+            try store.replicate(table: "t")
+        }
+        let rows = 100_000
+        try Store(path: source).execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(rows)) "
+                + "INSERT INTO t SELECT i, 'row ' || i, i * 7, i / 3.0 FROM n"
+        )
+        let plaintext = ["--no-mdns", "--no-remembered", "--insecure-plaintext", "--cluster", "catchup"]
+        let a = try RunningProcess(try shoalExecutable(), ["serve", "--db", source, "--listen", "127.0.0.1:0"] + plaintext)
+        defer { a.stop() }
+        guard let listening = await a.line(within: 90, { $0.hasPrefix("listening on") }) else {
+            throw TestSetupError("a did not start: \(a.output)")
+        }
+        let b = try RunningProcess(
+            try shoalExecutable(),
+            ["serve", "--db", fresh, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
+                + plaintext
+        )
+        defer { b.stop() }
+        var seen: [String: Any]?
+        let deadline = Date().addingTimeInterval(120)
+        while Date() < deadline && seen == nil {
+            let peers = try status(fresh)["peers"] as? [[String: Any]] ?? []
+            seen = peers.first { $0["catchUpChanges"] != nil }
+            let done = try SQLiteConnection(path: fresh).rows("SELECT count(*) FROM t") == [[.integer(Int64(rows))]]
+            if done && seen == nil { break }
+        }
+        let progress = try #require(seen, "no status showed the catch-up in progress: \(b.output)")
+        #expect((progress["catchUpChanges"] as? Int ?? 0) > 0)
+        #expect((progress["catchUpRemaining"] as? Int ?? 0) > 0)
+        let text = try shoal(["status", "--db", fresh])
+        #expect(text.contains("catching up") || text.contains("same version"), "\(text)")
+    }
 }
+
