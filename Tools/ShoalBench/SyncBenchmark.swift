@@ -27,7 +27,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(
         help: """
             Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, chain, idle or converge.
+            propagation-big, chain, idle, idle-cost or converge.
             """
     )
     var only: String?
@@ -61,6 +61,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             }
         }
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
+        if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
         printFigures(figures, json: json)
     }
@@ -327,13 +328,10 @@ struct SyncBenchmark: AsyncParsableCommand {
     private func idleRound(_ directory: String) async throws -> [(String, Double)] {
         _ = try makeDatabase(directory + "/a.db", name: "a")
         let b = try makeDatabase(directory + "/b.db", name: "b")
-        try Membership.formLocally([directory + "/a.db", directory + "/b.db"], now: SystemWallClock().nowMilliseconds())
-        let a = try ServeProcess.startIsolated(
-            database: directory + "/a.db",
-            name: "a",
-            peers: [],
-            extra: ["--round-interval", "200"]
-        )
+        // Plaintext: the proxy counts the frames of each round, which TLS would hide (the links' own encoding
+        // is the same under TLS, plus the records' overhead).
+        let plaintext = ["--round-interval", "200", "--insecure-plaintext", "--cluster", "bench-idle"]
+        let a = try ServeProcess.startIsolated(database: directory + "/a.db", name: "a", peers: [], extra: plaintext)
         defer { a.stop() }
         let counter = ByteCounter()
         let proxy = try await CountingProxy.start(to: a.port, counter: counter)
@@ -341,7 +339,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             database: directory + "/b.db",
             name: "b",
             peers: [proxy],
-            extra: ["--round-interval", "200"]
+            extra: plaintext
         )
         defer { node.stop() }
         try b.execute("INSERT INTO t(id, a) VALUES (1, 'x')")
@@ -354,6 +352,51 @@ struct SyncBenchmark: AsyncParsableCommand {
         guard pulls > 0 else { throw ServeError(message: "no idle rounds happened") }
         // A round in both directions is two pulls: request, (empty) answer and acknowledgement each way.
         return [("idle_round_bytes", 2 * bytes / pulls), ("idle_pulls_per_s", pulls / 5)]
+    }
+
+    /// Idle, converged TLS nodes (a full mesh of `propagationNodes`): the CPU each uses and the bytes each writes to
+    /// disk, over 10 s, from /proc.
+    private func idleCost(_ directory: String) async throws -> [(String, Double)] {
+        let count = propagationNodes
+        let paths = (0..<count).map { directory + "/n\($0).db" }
+        for (index, path) in paths.enumerated() { _ = try makeDatabase(path, name: "n\(index)") }
+        try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
+        var nodes: [ServeProcess] = []
+        defer { for node in nodes { node.stop() } }
+        for (index, path) in paths.enumerated() {
+            nodes.append(try ServeProcess.startIsolated(database: path, name: "n\(index)", peers: nodes.map(\.port)))
+        }
+        try Store(path: paths[0]).execute("INSERT INTO t(id, a) VALUES (1, 'x')")
+        let readers = try paths.map { try Store(path: $0) }
+        let deadline = Date().addingTimeInterval(120)
+        while try readers.contains(where: { try $0.execute("SELECT count(*) FROM t").rows != [[.integer(1)]] }) {
+            guard Date() < deadline else { throw ServeError(message: "the idle nodes did not converge") }
+            try await Task.sleep(for: .milliseconds(100))  // polling a condition with a deadline
+        }
+        // Settled: the first digest and the work after a write are done.
+        try await Task.sleep(for: .seconds(5))
+        func sample(_ pid: Int32) -> (ticks: Double, written: Double) {
+            let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+            // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+            let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
+            let ticks = fields.count > 12 ? (Double(fields[11]) ?? 0) + (Double(fields[12]) ?? 0) : 0
+            let io = (try? String(contentsOfFile: "/proc/\(pid)/io", encoding: .utf8)) ?? ""
+            let written = io.split(separator: "\n").first { $0.hasPrefix("write_bytes:") }
+                .flatMap { Double($0.dropFirst("write_bytes:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+            return (ticks, written)
+        }
+        let seconds = 10.0
+        let before = nodes.map { sample($0.process.processIdentifier) }
+        try await Task.sleep(for: .seconds(seconds))
+        let after = nodes.map { sample($0.process.processIdentifier) }
+        let ticksPerSecond = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let cpu = zip(before, after).map { ($1.ticks - $0.ticks) / ticksPerSecond / seconds * 100 }
+        let written = zip(before, after).map { ($1.written - $0.written) / seconds }
+        return [
+            ("idle_cpu_percent_mean", cpu.reduce(0, +) / Double(cpu.count)),
+            ("idle_cpu_percent_max", cpu.max() ?? 0),
+            ("idle_disk_bytes_per_s_mean", written.reduce(0, +) / Double(written.count)),
+        ]
     }
 
     /// Many nodes write at once; the time from the last write until every digest matches.
