@@ -92,20 +92,7 @@ extension Store {
     public func adoptSchemaChanges() throws(ShoalError) -> [String] {
         try refreshSchema()
         guard !schemaAdditions.isEmpty, connection.isAutocommit, !capture.hasUncommittedWork else { return [] }
-        try beginWriting()
-        let adopted: [String]
-        do throws(ShoalError) {
-            // Writes other connections made before the change was seen are stamped first, with the new shape.
-            try stampForeignWrites()
-            adopted = try adoptInTransaction(schemaAdditions)
-            try flushCaptured()
-            try connection.exec("COMMIT")
-            transactionStamp = nil
-            schemaVersion = -1
-        } catch {
-            abandonWrite()
-            throw error
-        }
+        let adopted = try adoptInWriteTransaction {}
         for name in adopted { options.logger.info("schema change adopted and replicated", metadata: ["column": "\(name)"]) }
         // Values held for the new columns are merged in a transaction of their own (what is not stays held).
         try replayHeldValues()
@@ -176,24 +163,33 @@ extension Store {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "add a counter column outside of any open transaction")
         }
-        try beginWriting()
-        do throws(ShoalError) {
-            // Writes other connections made before are stamped first, with the shape they were made in.
-            try stampForeignWrites()
+        _ = try adoptInWriteTransaction { () throws(ShoalError) in
             try connection.exec("ALTER TABLE \(quote(table)) ADD COLUMN \(quote(column)) INTEGER NOT NULL DEFAULT 0")
             try markCounter(column, of: table)
+        }
+        options.logger.info("counter column added and replicated", metadata: ["column": "\(table).\(column)"])
+        try replayHeldValues()
+    }
+
+    /// In one write transaction: stamps what other connections wrote (with the shape they wrote in), runs `change`
+    /// (a schema change of this node's, or nothing when another tool made it), adopts what the tables gained, and
+    /// commits. Returns the columns adopted.
+    private func adoptInWriteTransaction(_ change: () throws(ShoalError) -> Void) throws(ShoalError) -> [String] {
+        try beginWriting()
+        do throws(ShoalError) {
+            try stampForeignWrites()
+            try change()
             try refreshSchema()
-            _ = try adoptInTransaction(schemaAdditions)
+            let adopted = try adoptInTransaction(schemaAdditions)
             try flushCaptured()
             try connection.exec("COMMIT")
             transactionStamp = nil
             schemaVersion = -1
+            return adopted
         } catch {
             abandonWrite()
             throw error
         }
-        options.logger.info("counter column added and replicated", metadata: ["column": "\(table).\(column)"])
-        try replayHeldValues()
     }
 
     /// Adds `column` to the counters of replicated `table` (inside the caller's write transaction).
