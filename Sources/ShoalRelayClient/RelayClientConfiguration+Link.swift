@@ -4,8 +4,8 @@ import NIOSSL
 import ShoalCore
 import ShoalRelayProtocol
 
-/// What a relay link derives from its configuration: its checked instances, its backoff, and how its HTTP client
-/// connects. Nothing here talks to the relay.
+/// What a relay link derives from its configuration: its checked instances, its backoff, how its HTTP client
+/// connects, and its sessions. Nothing here talks to the relay.
 extension RelayClientConfiguration {
     /// The relay's instances (``url`` first, then ``otherURLs``) without trailing slashes, once each is checked to be
     /// an `https://` URL or an `http://` one to a loopback address (the token would otherwise cross the network in
@@ -38,6 +38,32 @@ extension RelayClientConfiguration {
     /// Retries after failures, between the configured bounds.
     var backoff: Backoff {
         Backoff(initialMilliseconds: initialBackoffMilliseconds, maximumMilliseconds: maximumBackoffMilliseconds)
+    }
+
+    /// The longest a site whose ranges keep failing is left aside before it is tried again.
+    static let blockedSiteMilliseconds: UInt64 = 60_000
+
+    /// The pull session of the link of this node's `site`.
+    func pullSession(site: SiteID) -> RelayPullSession {
+        RelayPullSession(
+            site: site,
+            cluster: clusterID,
+            backoff: backoff,
+            blockMilliseconds: Self.blockedSiteMilliseconds
+        )
+    }
+
+    /// One pass of the epoch session, with the roster as it stands now (`now`: the monotonic clock).
+    func epochSession(_ pass: RelayEpochSession.Pass, now: UInt64) -> RelayEpochSession {
+        RelayEpochSession(
+            pass,
+            identity: identity,
+            cluster: clusterID,
+            clusterSecret: clusterSecret,
+            waitMilliseconds: waitMilliseconds,
+            roster: roster?(),
+            now: now
+        )
     }
 
     /// How the link's HTTP client connects: HTTP/1.1 over TLS 1.2 or later, trusting ``caCertificatePath`` (when

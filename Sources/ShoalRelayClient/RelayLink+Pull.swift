@@ -6,20 +6,13 @@ import ShoalTransport
 extension RelayLink {
     // MARK: Pull
 
-    /// The longest a site whose ranges keep failing is left aside before it is tried again.
-    static let blockedSiteMilliseconds: UInt64 = 60_000
-
-    /// Pulls pages and carries out what the pull session decides (``RelayPullSession``): the session checks each chunk,
-    /// the link opens it with the seal and applies what the session hands back.
+    /// Pulls pages and hands each to the pull driver (``RelayPullDriver``), which carries out what the pull session
+    /// decides (``RelayPullSession``).
     func pullLoop(_ api: RelayAPIClient) async throws {
         let clock = configuration.clock
-        var session = RelayPullSession(
-            site: node.siteID,
-            cluster: configuration.clusterID,
-            backoff: configuration.backoff,
-            blockMilliseconds: Self.blockedSiteMilliseconds
-        )
+        var session = configuration.pullSession(site: node.siteID)
         var backoff = configuration.backoff
+        var endpoint = Endpoint(link: self, api: api)
         while !Task.isCancelled {
             do throws(RelayCallError) {
                 try await epochs(.grantsIfNeeded, api)
@@ -43,19 +36,7 @@ extension RelayLink {
                 let asked = clock.monotonicMilliseconds()
                 let entries = try await api.pull(request, waitMilliseconds: wait)
                 session.answered(chunks: entries.count, after: clock.monotonicMilliseconds() &- asked)
-                var applied = 0
-                for entry in entries {
-                    switch entry {
-                    case .envelope(let envelope):
-                        applied += try await receive(envelope, &session, api)
-                    case .undecodable(let site, let error):
-                        session.undecodable(site: site, error, now: clock.nowMilliseconds())
-                    }
-                }
-                if let (claims, proof) = session.readyClaims() {
-                    let result = try await local { () throws(ShoalError) in try await apply(claims, received: proof) }
-                    session.held(result.held)
-                }
+                let applied = try await RelayPullDriver.deliver(entries, &session, &endpoint)
                 for problem in session.problems { note(problem) }
                 let now = clock.nowMilliseconds()
                 state.withLock { $0.pulled(chunks: entries.count, applied: applied, now: now) }
@@ -77,35 +58,6 @@ extension RelayLink {
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))
             }
         }
-    }
-
-    /// Carries out what the session decides for one chunk; returns the changes applied.
-    func receive(
-        _ envelope: RelayEnvelope,
-        _ session: inout RelayPullSession,
-        _ api: RelayAPIClient
-    ) async throws(RelayCallError) -> Int {
-        var verdict = session.check(envelope, now: configuration.clock.nowMilliseconds())
-        if verdict == .readHeld {
-            // The ranges this process uploaded are not sent back: the node holds them, so its own version vector,
-            // read now, covers what the page skipped.
-            session.held(try await held())
-            verdict = session.recheck(envelope, now: configuration.clock.nowMilliseconds())
-        }
-        guard verdict == .open else { return 0 }
-        if !state.withLock({ $0.credentials.seal }).holds(envelope.epoch) {
-            // Sealed with an epoch this node has not learnt yet: its grant is in the relay's mailbox.
-            try await epochs(.newerGrants, api)
-        }
-        let seal = state.withLock { $0.credentials.seal }
-        let plaintext = Result { () throws(ShoalError) in try seal.open(envelope) }
-        let now = configuration.clock.nowMilliseconds()
-        guard case .apply(let batch, let received) = session.opened(envelope, plaintext: plaintext, now: now) else {
-            return 0
-        }
-        let result = try await local { () throws(ShoalError) in try await apply(batch, received: received) }
-        session.applied(envelope, received: result.received, held: result.held)
-        return result.applied
     }
 
     /// Applies changes from the relay through the node's store, in one transaction (the claim is taken as far as the

@@ -11,7 +11,8 @@ import Testing
 /// several members (each with its own link state and sessions, real keys, a roster of real signed records), while at
 /// random steps a member is removed, the relay forgets its storage or is put back to an earlier copy (before a rotation
 /// too; its operator then makes the members' configured token valid again), and answers are lost (before or after the
-/// relay acted). The test only answers the session's actions and does what the link does with a failure.
+/// relay acted). Each member runs the link's own driver (``RelayEpochDriver``); the test answers its calls from the
+/// model relay and does what the link does with a failure.
 ///
 /// At every step: no grant of an epoch made after a node's removal is for that node. Once the relay behaves a while:
 /// no two members hold different secrets for one epoch, and every current member holds the relay's newest epoch (the
@@ -27,10 +28,10 @@ import Testing
     /// One seed at a time: each is seconds of computation with no suspension point, and run side by side they would
     /// hold every thread of the concurrency pool and starve the suite's timed tests.
     @Test(.serialized, arguments: seeds)
-    func membersNeverForkNorGrantRemovedNodesAndConvergeOnceTheRelayBehaves(seed: UInt64) throws {
+    func membersNeverForkNorGrantRemovedNodesAndConvergeOnceTheRelayBehaves(seed: UInt64) async throws {
         var world = EpochWorld(seed: seed)
-        try world.hostile()
-        try world.settle()
+        try await world.hostile()
+        try await world.settle()
     }
 }
 
@@ -59,6 +60,12 @@ struct EpochWorld {
     var log: [String] = []
     /// The members whose rotations the relay took.
     var rotators: Set<NodeID> = []
+    /// The member whose pass runs, whether the relay loses answers, and how many calls the pass made.
+    var member = 0
+    var lossy = false
+    var calls = 0
+    /// A check that failed during a pass (the driver's calls throw only the relay's errors).
+    var broken: (any Error)?
 
     init(seed: UInt64) {
         random = SplitMix(state: seed)
@@ -96,24 +103,24 @@ struct EpochWorld {
     var roster: Roster { Roster(records: records, clusterID: Array(founder.nodeID.bytes.prefix(16))) }
 
     /// Steps with removals, relay losses and restores, and lost answers.
-    mutating func hostile() throws {
+    mutating func hostile() async throws {
         for _ in 0..<Int.random(in: 40...90, using: &random) {
-            try step(hostile: true)
+            try await step(hostile: true)
         }
     }
 
     /// The relay behaves: every member runs its loops a while, 31 s apart; then the checks.
-    mutating func settle() throws {
+    mutating func settle() async throws {
         for _ in 0..<25 {
             now += 31_000
-            for index in members.indices { try loops(index, lossy: false) }
+            for index in members.indices { try await loops(index, lossy: false) }
         }
         try checkSettled()
     }
 
     // MARK: Steps
 
-    mutating func step(hostile: Bool) throws {
+    mutating func step(hostile: Bool) async throws {
         now += UInt64.random(in: 0...20_000, using: &random)
         let roll = Int.random(in: 0..<100, using: &random)
         switch roll {
@@ -143,78 +150,43 @@ struct EpochWorld {
         case 14..<24:
             copies.append(relay)
         default:
-            try loops(Int.random(in: 0..<members.count, using: &random), lossy: hostile)
+            try await loops(Int.random(in: 0..<members.count, using: &random), lossy: hostile)
         }
     }
 
     /// What a member's link does: the upload loop (grants if needed, the epochs pass, an upload), and the pull loop
     /// (grants if needed, newer grants when the relay's newest epoch is not held). As in ``RelayLink``, a failed step
     /// ends its loop's turn: the next turn starts again from the grants.
-    mutating func loops(_ index: Int, lossy: Bool) throws {
-        if try pass(.grantsIfNeeded, index, lossy: lossy), try pass(.epochs, index, lossy: lossy) {
+    mutating func loops(_ index: Int, lossy: Bool) async throws {
+        if try await pass(.grantsIfNeeded, index, lossy: lossy), try await pass(.epochs, index, lossy: lossy) {
             upload(index, lossy: lossy)
         }
-        if try pass(.grantsIfNeeded, index, lossy: lossy),
+        if try await pass(.grantsIfNeeded, index, lossy: lossy),
             relay.newest > members[index].state.credentials.keyring.newest
         {
-            try pass(.newerGrants, index, lossy: lossy)
+            try await pass(.newerGrants, index, lossy: lossy)
         }
     }
 
-    /// Runs one pass of the session, answering its actions from the model relay; false when it failed.
+    /// Runs one pass of the session with the link's driver (``RelayEpochDriver``), this world answering its actions
+    /// from the model relay as member `index`; false when it failed.
     @discardableResult
-    mutating func pass(_ kind: RelayEpochSession.Pass, _ index: Int, lossy: Bool) throws -> Bool {
+    mutating func pass(_ kind: RelayEpochSession.Pass, _ index: Int, lossy: Bool) async throws -> Bool {
         var session = RelayEpochSession(
             kind, identity: members[index].identity, cluster: Self.cluster, clusterSecret: Self.clusterSecret,
             waitMilliseconds: 0, roster: roster, now: now
         )
-        var action = session.start(state: &members[index].state, random: &random)
-        for _ in 0..<64 {
-            _ = session.takeEffects()
-            let token = members[index].state.credentials.token
-            switch action {
-            case .done:
-                return true
-            case .fail(let error):
-                return failed(index, error)
-            case .fetchGrants(let after, let recipient, _):
-                if lost(lossy) { return failed(index, unreachable) }
-                do {
-                    let listed = try relay.grants(after: after, recipient: recipient, token: token)
-                    action = session.listed(listed, state: &members[index].state, random: &random)
-                } catch {
-                    return failed(index, error)
-                }
-            case .postRotation(let rotation):
-                if lost(lossy) { return failed(index, unreachable) }
-                let outcome: RelayEpochSession.RotationOutcome
-                var stored: [RelayGrant] = []
-                do {
-                    stored = try relay.rotate(rotation, token: token)
-                    rotators.insert(members[index].identity.nodeID)
-                    outcome = .rotated
-                } catch {
-                    guard case .conflict = error else { return failed(index, error) }
-                    outcome = .conflict
-                }
-                try record(stored)
-                if lost(lossy) { return failed(index, unreachable) }
-                action = session.rotation(outcome, state: &members[index].state, random: &random)
-            case .postGrants(let grants):
-                if lost(lossy) { return failed(index, unreachable) }
-                let stored: [RelayGrant]
-                do {
-                    stored = try relay.post(grants, token: token)
-                } catch {
-                    return failed(index, error)
-                }
-                try record(stored)
-                if lost(lossy) { return failed(index, unreachable) }
-                action = session.posted(state: &members[index].state)
+        (member, self.lossy, calls) = (index, lossy, 0)
+        do {
+            try await RelayEpochDriver.run(&session, &self)
+        } catch {
+            if let broken {
+                self.broken = nil
+                throw broken
             }
+            return failed(index, error)
         }
-        Issue.record("a pass of \(kind) did not end")
-        return false
+        return true
     }
 
     /// An upload sealed with the member's newest epoch.
@@ -245,6 +217,29 @@ struct EpochWorld {
         )
         members[index] = member
         return false
+    }
+
+    // MARK: The relay, as the driver sees it
+
+    /// Before each call (and, for a post, after the relay acted too) the answer may be lost.
+    mutating func call() throws(RelayCallError) -> String {
+        calls += 1
+        if calls > 64 {
+            Issue.record("a pass did not end")
+            throw unreachable
+        }
+        if lost(lossy) { throw unreachable }
+        return members[member].state.credentials.token
+    }
+
+    /// Records what the relay stored (``record(_:)``); a broken check ends the pass.
+    mutating func stored(_ grants: [RelayGrant]) throws(RelayCallError) {
+        do {
+            try record(grants)
+        } catch {
+            broken = error
+            throw unreachable
+        }
     }
 
     // MARK: Invariants
@@ -302,4 +297,46 @@ struct EpochWorld {
             #expect(accepted, "member \(index)'s token is refused: \(log)")
         }
     }
+}
+
+extension EpochWorld: RelayEpochEndpoint {
+    mutating func grants(
+        after: UInt32,
+        recipient: NodeID?,
+        waitMilliseconds: UInt64
+    ) throws(RelayCallError) -> RelayGrants {
+        let token = try call()
+        return try relay.grants(after: after, recipient: recipient, token: token)
+    }
+
+    mutating func rotate(_ rotation: RelayRotation) throws(RelayCallError) {
+        let token = try call()
+        var stored: [RelayGrant] = []
+        var conflict: RelayCallError?
+        do {
+            stored = try relay.rotate(rotation, token: token)
+            rotators.insert(members[member].identity.nodeID)
+        } catch {
+            guard case .conflict = error else { throw error }
+            conflict = error
+        }
+        try self.stored(stored)
+        if lost(lossy) { throw unreachable }
+        if let conflict { throw conflict }
+    }
+
+    mutating func post(_ grants: [RelayGrant]) throws(RelayCallError) {
+        let token = try call()
+        try stored(try relay.post(grants, token: token))
+        if lost(lossy) { throw unreachable }
+    }
+
+    mutating func withState(
+        _ event: (inout RelayLinkState, inout SplitMix) -> RelayEpochSession.Action
+    ) -> RelayEpochSession.Action {
+        event(&members[member].state, &random)
+    }
+
+    /// The effects are the link's to carry out (save, report, log): none changes what the members hold.
+    func carryOut(_ effects: [RelayEpochSession.Effect]) {}
 }

@@ -1,34 +1,36 @@
 import ShoalCore
 import ShoalProtocol
-import ShoalRelayClient
 import ShoalRelayProtocol
 import ShoalTestSupport
 import Testing
 
-/// The pull session against a model relay that drops, repeats, reorders, truncates, replays and forges chunks,
-/// forgets its storage and is rolled back, with an uploader cutting ranges with the real chunker from a model cursor
-/// and a model node that applies and claims like the store (claims clipped to what was received). After every page:
-/// the node claims no transaction whose effect (or what overwrote it) it lacks, and holds nothing that was not written.
-/// Once the relay behaves, the node converges to the uploader's state within a bounded number of pulls, with no claim
-/// left waiting.
+@testable import ShoalRelayClient
+
+/// The pull session, handed its pages by the link's own driver (``RelayPullDriver``), against a model relay that
+/// drops, repeats, reorders, truncates, replays and forges chunks, forgets its storage and is rolled back, with an
+/// uploader cutting ranges with the real chunker from a model cursor and a model node that applies and claims like the
+/// store (claims clipped to what was received). After every batch applied: the node claims no transaction whose effect
+/// (or what overwrote it) it lacks, and holds nothing that was not written. Once the relay behaves, the node converges
+/// to the uploader's state within a bounded number of pulls, with no claim left waiting.
 @Suite struct RelayPullSessionModelTests {
-    @Test(arguments: 0..<300) func hostileRelayNeverMakesTheNodeClaimWhatItLacksAndAnHonestOneConverges(seed: UInt64) throws {
+    @Test(arguments: 0..<300)
+    func hostileRelayNeverMakesTheNodeClaimWhatItLacksAndAnHonestOneConverges(seed: UInt64) async throws {
         var world = ModelWorld(seed: seed)
-        try world.run()
+        try await world.run()
     }
 
     /// A relay that answers every pull at once with the same replayed range makes the session wait, longer each time:
     /// never a loop of pulls.
-    @Test func aRelayReplayingTheSameRangeMakesTheSessionBackOff() throws {
+    @Test func aRelayReplayingTheSameRangeMakesTheSessionBackOff() async throws {
         var world = ModelWorld(seed: 1)
         try world.write(count: 6)
         try world.upload()
-        try world.pullHonestly(until: 100)
+        try await world.pullHonestly(until: 100)
         let replayed = try #require(world.relay.ranges.values.first?.first?.last)
         var waits: [UInt64] = []
         for _ in 0..<6 {
             _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
-            try world.deliver([.envelope(replayed)])
+            try await world.deliver([.envelope(replayed)])
             waits.append(world.session.pageEnded() ?? 0)
             world.now += 1
         }
@@ -38,7 +40,7 @@ import Testing
 
     /// A site whose chunks fail is left aside 2 s, then longer while they keep failing, up to the bound; a range of it
     /// applied starts again at 2 s.
-    @Test func aSiteWhoseChunksKeepFailingIsLeftAsideLongerEachTime() throws {
+    @Test func aSiteWhoseChunksKeepFailingIsLeftAsideLongerEachTime() async throws {
         var world = ModelWorld(seed: 4, sites: 1)
         let site = world.sites[0]
         try world.write(site: site, key: 1)
@@ -48,19 +50,19 @@ import Testing
         var aside: [UInt64] = []
         for _ in 0..<7 {
             _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
-            try world.deliver([.envelope(forged)])
+            try await world.deliver([.envelope(forged)])
             aside.append(world.session.blocked[site]! - world.now)
             world.now = world.session.blocked[site]! + 1
         }
         #expect(aside == [2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000])
         world.now += 1
-        try world.pullHonestly(until: 10)
+        try await world.pullHonestly(until: 10)
         try world.write(site: site, key: 2)
         try world.upload()
         var next = try #require(world.relay.ranges[site]?.last?.first)
         next.sealed[next.sealed.count / 2] ^= 1
         _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
-        try world.deliver([.envelope(next)])
+        try await world.deliver([.envelope(next)])
         #expect(world.session.blocked[site]! - world.now == 2_000)
         // While the site is aside, a long-poll waits no longer than its time aside: the relay would not wake it for
         // that site's ranges, which the pull leaves out.
@@ -74,7 +76,7 @@ import Testing
 
     /// Changes a removal fence set aside moved the cursor on with their range; once the fence rises, the site is asked
     /// again from what the node holds, so they come again.
-    @Test func aRisingFenceAsksTheSiteAgainFromWhatTheNodeHolds() throws {
+    @Test func aRisingFenceAsksTheSiteAgainFromWhatTheNodeHolds() async throws {
         var world = ModelWorld(seed: 3, sites: 1)
         let site = world.sites[0]
         for key in 0..<5 { try world.write(site: site, key: Int64(key)) }
@@ -82,7 +84,7 @@ import Testing
         // The node's store sets aside what comes after seq 2 (its fence for now).
         world.node.fences = [site: 2]
         world.session.fences([site: 2])
-        for _ in 0..<5 { try world.pull(hostile: false) }
+        for _ in 0..<5 { try await world.pull(hostile: false) }
         let held = VersionVector([site: 2])
         #expect(world.node.vector == held)
         session(&world.session, asks: 5, for: site, holding: held)
@@ -92,7 +94,7 @@ import Testing
         world.node.fences = [site: 4]
         world.session.fences([site: 4])
         session(&world.session, asks: 2, for: site, holding: held)
-        for _ in 0..<5 { try world.pull(hostile: false) }
+        for _ in 0..<5 { try await world.pull(hostile: false) }
         #expect(world.node.vector == VersionVector([site: 4]))
         try world.checkClaims()
     }
@@ -104,7 +106,7 @@ import Testing
 
     /// A range whose transaction another site's later one overwrote claims only once that site's range is applied: a
     /// site held back (here, its chunks forged) leaves the other's claim waiting, not covering a write the node lacks.
-    @Test func aClaimWaitsForTheSiteThatOverwroteItsTransaction() throws {
+    @Test func aClaimWaitsForTheSiteThatOverwroteItsTransaction() async throws {
         var world = ModelWorld(seed: 2, sites: 2)
         let (a, b) = (world.sites[0], world.sites[1])
         // b writes keys 0 and 1, then a overwrites key 0: b's range holds only key 1, and its claim needs a's range.
@@ -115,16 +117,15 @@ import Testing
         _ = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
         // The relay forges a's chunk and sends b's as it is.
         let page = world.relay.page(asked: world.session.cursor, resume: [:], maximumChunks: 100)
-        try world.deliver(page.map { entry in
+        try await world.deliver(page.map { entry in
             guard case .envelope(var envelope) = entry, envelope.site == a else { return entry }
             envelope.sealed[envelope.sealed.count / 2] ^= 1
             return .envelope(envelope)
         })
-        try world.claimReady()
         #expect(world.node.vector[b] == 0, "b's claim counted while the write that overwrote b's was missing")
         try world.checkClaims()
         world.now += 120_000
-        try world.pullHonestly(until: 50)
+        try await world.pullHonestly(until: 50)
         #expect(world.node.vector[b] == 2 && world.node.vector[a] == 1)
         #expect(world.session.pending.isEmpty)
     }
@@ -134,12 +135,6 @@ import Testing
 struct ModelWrite: Hashable {
     var stamp: Stamp
     var key: Int64
-}
-
-/// What a page of the model relay holds.
-enum ModelEntry {
-    case envelope(RelayEnvelope)
-    case undecodable(SiteID?)
 }
 
 /// A relay's storage: per site, a chain of ranges, each its chunks in order.
@@ -162,8 +157,12 @@ struct ModelRelay {
     }
 
     /// The chunks answering `asked` (and `resume`), per site in order, at most `maximumChunks`.
-    func page(asked: VersionVector, resume: [SiteID: (from: UInt64, index: UInt32)], maximumChunks: Int) -> [ModelEntry] {
-        var page: [ModelEntry] = []
+    func page(
+        asked: VersionVector,
+        resume: [SiteID: (from: UInt64, index: UInt32)],
+        maximumChunks: Int
+    ) -> [RelayEnvelopeList.Entry] {
+        var page: [RelayEnvelopeList.Entry] = []
         for site in ranges.keys.sorted() {
             for range in ranges[site]! where range.last!.to > asked[site] {
                 var start = 0
@@ -202,6 +201,53 @@ struct ModelNode {
             vector.advance(site, to: min(claimed, max(vector[site], highest[site] ?? 0)))
         }
         return (vector, highest)
+    }
+
+    /// The first of `writes` the node claims without holding its effect, or what overwrote it (and what it holds of
+    /// its key); nil when there is none. A write is left out where a later write of its key is beyond a removal fence
+    /// (set aside by design: an uploader may have kept only that overwrite).
+    func unheldClaim(_ writes: [ModelWrite]) -> (write: ModelWrite, held: Stamp?)? {
+        for (index, write) in writes.enumerated() where vector.covers(write.stamp.dot) {
+            let setAside = writes[(index + 1)...].contains { later in
+                later.key == write.key && firstFences[later.stamp.site].map { later.stamp.seq > $0 } ?? false
+            }
+            if setAside { continue }
+            let held = rows[write.key]
+            if !(held.map { $0 >= write.stamp } ?? false) { return (write, held) }
+        }
+        return nil
+    }
+}
+
+/// The model node as the pull driver sees it (``RelayPullEndpoint``): it applies to the node, checks that every change
+/// was written, and after every batch that the node claims nothing it lacks.
+struct ModelPuller: RelayPullEndpoint {
+    var node: ModelNode
+    let now: UInt64
+    let seal: RelaySeal
+    let writes: [ModelWrite]
+    var trace: [String] = []
+
+    func nowMilliseconds() -> UInt64 { now }
+
+    func held() -> VersionVector { node.vector }
+
+    func seal(opening epoch: UInt32) -> RelaySeal { seal }
+
+    mutating func apply(
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64]
+    ) throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+        for change in batch.changes {
+            #expect(writes.contains(ModelWrite(stamp: change.stamp, key: change.primaryKey[0].integerValue!)))
+        }
+        let result = node.apply(batch, received: received)
+        let changes = batch.changes.map { "\($0.stamp.site.hex.prefix(4)):\($0.stamp.seq)" }
+        trace.append("    apply \(changes) claim \(batch.claim) received \(received) -> \(result.vector)")
+        if node.unheldClaim(writes) != nil {
+            throw .local(ShoalError(code: .malformedMessage, message: "the node claims what it lacks"))
+        }
+        return (batch.changes.count, result.vector, result.received)
     }
 }
 
@@ -303,74 +349,41 @@ struct ModelWorld {
 
     // MARK: Pulls
 
-    /// Hands `page` to the session as the link does, applying what it says to the model node.
-    mutating func deliver(_ page: [ModelEntry]) throws {
-        for entry in page {
-            switch entry {
-            case .undecodable(let site):
-                session.undecodable(site: site, ShoalError(code: .malformedMessage, message: "bad"), now: now)
-            case .envelope(let envelope):
-                var verdict = session.check(envelope, now: now)
-                if verdict == .readHeld {
-                    session.held(node.vector)
-                    verdict = session.recheck(envelope, now: now)
-                }
-                trace.append(
-                    "  \(envelope.site.hex.prefix(4)) \(envelope.from)..\(envelope.to) #\(envelope.index) "
-                        + "u\(envelope.upload % 1000) f\(envelope.flags.rawValue) \(envelope.cluster): \(verdict)"
-                )
-                guard verdict == .open else { continue }
-                let plaintext: Result<[UInt8], ShoalError>
-                do {
-                    plaintext = .success(try seal.open(envelope))
-                } catch {
-                    plaintext = .failure(error)
-                }
-                guard case .apply(let batch, let received) = session.opened(envelope, plaintext: plaintext, now: now)
-                else { continue }
-                for change in batch.changes {
-                    #expect(writes.contains(ModelWrite(stamp: change.stamp, key: change.primaryKey[0].integerValue!)))
-                }
-                let result = node.apply(batch, received: received)
-                trace.append("    apply \(batch.changes.map { "\($0.stamp.site.hex.prefix(4)):\($0.stamp.seq)" }) claim \(batch.claim) received \(received) -> \(result.vector)")
-                session.applied(envelope, received: result.received, held: result.vector)
-                try checkClaims()
-            }
-        }
-    }
-
-    mutating func claimReady() throws {
-        if let (batch, proof) = session.readyClaims() {
-            trace.append("  ready claims \(batch.claim) proof \(proof)")
-            session.held(node.apply(batch, received: proof).vector)
-        }
-        try checkClaims()
-    }
-
-    /// Every transaction the node claims has its effect here, or what overwrote it; except where a later write of its
-    /// key is beyond a removal fence (set aside by design: an uploader may have kept only that overwrite).
-    func checkClaims() throws {
-        for (index, write) in writes.enumerated() where node.vector.covers(write.stamp.dot) {
-            let setAside = writes[(index + 1)...].contains { later in
-                later.key == write.key && node.firstFences[later.stamp.site].map { later.stamp.seq > $0 } ?? false
-            }
-            if setAside { continue }
-            let held = node.rows[write.key]
-            #expect(
-                held.map { $0 >= write.stamp } ?? false,
-                "seed \(seed): the node claims \(write.stamp) (key \(write.key)) but holds \(String(describing: held))"
+    /// Hands `page` to the link's pull driver (``RelayPullDriver``), the model node answering its calls.
+    mutating func deliver(_ page: [RelayEnvelopeList.Entry]) async throws {
+        for case .envelope(let envelope) in page {
+            trace.append(
+                "  \(envelope.site.hex.prefix(4)) \(envelope.from)..\(envelope.to) #\(envelope.index) "
+                    + "u\(envelope.upload % 1000) f\(envelope.flags.rawValue) \(envelope.cluster)"
             )
-            if !(held.map { $0 >= write.stamp } ?? false) {
-                print(trace.suffix(60).joined(separator: "\n"))
-                throw ModelFailure()
-            }
         }
+        var puller = ModelPuller(node: node, now: now, seal: seal, writes: writes)
+        var failure: RelayCallError?
+        do {
+            _ = try await RelayPullDriver.deliver(page, &session, &puller)
+        } catch {
+            failure = error
+        }
+        node = puller.node
+        trace += puller.trace
+        try checkClaims()
+        if let failure { throw failure }
+    }
+
+    /// Every transaction the node claims has its effect here, or what overwrote it (``ModelNode/unheldClaim(_:)``).
+    func checkClaims() throws {
+        guard let (write, held) = node.unheldClaim(writes) else { return }
+        Issue.record(
+            "seed \(seed): the node claims \(write.stamp) (key \(write.key)) but holds \(String(describing: held))"
+        )
+        print(trace.suffix(60).joined(separator: "\n"))
+        throw ModelFailure()
     }
 
     struct ModelFailure: Error {}
 
     /// One pull: the session's request, the relay's answer (altered by `hostile`), the page handed over.
-    mutating func pull(hostile: Bool) throws {
+    mutating func pull(hostile: Bool) async throws {
         session.fences(node.fences)
         let request = session.request(held: node.vector, now: now, wait: 0, maximumBytes: 1 << 20)
         let asked = try RelayAPI.vector(request.vector)
@@ -386,13 +399,12 @@ struct ModelWorld {
                 + "node \(node.vector) pending \(session.pending.map { "\($0.key.hex.prefix(4)) \($0.value)" }) "
                 + "relay \(relay.ranges.mapValues { $0.map { "\($0[0].from)..\($0.last!.to)" } }.map { "\($0.key.hex.prefix(4)) \($0.value)" })"
         )
-        try deliver(page)
-        try claimReady()
+        try await deliver(page)
         now += session.pageEnded() ?? 0
         now += UInt64.random(in: 0...2_000, using: &random)
     }
 
-    mutating func tamper(_ page: inout [ModelEntry]) {
+    mutating func tamper(_ page: inout [RelayEnvelopeList.Entry]) {
         for _ in 0..<Int.random(in: 0...2, using: &random) {
             switch Int.random(in: 0..<9, using: &random) {
             case 0 where !page.isEmpty:
@@ -426,7 +438,10 @@ struct ModelWorld {
                 page.insert(.envelope(envelope), at: Int.random(in: 0...page.count, using: &random))
             case 7:
                 page.insert(
-                    .undecodable(Bool.random(using: &random) ? sites.randomElement(using: &random) : nil),
+                    .undecodable(
+                        site: Bool.random(using: &random) ? sites.randomElement(using: &random) : nil,
+                        ShoalError(code: .malformedMessage, message: "bad")
+                    ),
                     at: Int.random(in: 0...page.count, using: &random)
                 )
             case 8 where !page.isEmpty:
@@ -443,10 +458,10 @@ struct ModelWorld {
     }
 
     /// Pulls from a relay that behaves, until the node holds the uploader's state (or `until` pulls).
-    mutating func pullHonestly(until limit: Int) throws {
+    mutating func pullHonestly(until limit: Int) async throws {
         for _ in 0..<limit {
             if converged { return }
-            try pull(hostile: false)
+            try await pull(hostile: false)
             // Sites left aside come back once their time is up.
             if let until = session.blocked.values.max(), until > now { now = until }
         }
@@ -466,7 +481,7 @@ struct ModelWorld {
 
     /// The run: writes and uploads, pulls from a hostile relay that also forgets or rolls back its storage, then an
     /// honest phase.
-    mutating func run() throws {
+    mutating func run() async throws {
         for _ in 0..<Int.random(in: 10...40, using: &random) {
             switch Int.random(in: 0..<10, using: &random) {
             case 0..<3:
@@ -483,13 +498,13 @@ struct ModelWorld {
                 copies.append(relay)
                 relay = Bool.random(using: &random) ? ModelRelay() : copies.randomElement(using: &random)!
             default:
-                try pull(hostile: Bool.random(using: &random))
+                try await pull(hostile: Bool.random(using: &random))
             }
         }
         try upload()
         // The fences rise past everything (members that held more signed later cuts): what they set aside comes again.
         for site in node.fences.keys { node.fences[site] = .max }
-        try pullHonestly(until: 400)
+        try await pullHonestly(until: 400)
         try checkClaims()
     }
 }
