@@ -188,8 +188,12 @@ extension Store {
         }
     }
 
+    /// Reads the schema again before a statement, unless this transaction already captured writes: a transaction
+    /// opened with a deferred BEGIN takes its snapshot at its first statement, and another process may have added a
+    /// column just before; once it captured writes, its snapshot is fixed, and no other process's schema change can
+    /// show in it (SQLite refuses to let it write over a newer one).
     private func refreshSchemaIfIdle() throws(ShoalError) {
-        if connection.isAutocommit { try refreshSchema() }
+        if connection.isAutocommit || !capture.hasUncommittedWork { try refreshSchema() }
     }
 
     /// Runs one user statement with capture: flushes captured writes before anything that may end the

@@ -291,6 +291,28 @@ import ShoalTestSupport
         #expect(try c.digest() == (try a.digest()))
     }
 
+    /// An app opens a transaction (a deferred BEGIN, which reads nothing yet) just before another process adds a
+    /// column: its first write sees the column, and what it writes there replicates.
+    @Test func aTransactionOpenedJustBeforeAnotherProcessAddsAColumnWritesItsNewShape() throws {
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory)
+        let (a, b) = (stores["a"]!, stores["b"]!)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        try a.execute("BEGIN")
+        let other = try SQLiteConnection(path: directory.appendingPathComponent("a.db").path)
+        try other.exec("ALTER TABLE items ADD COLUMN note TEXT")
+        try a.execute("INSERT INTO items(id, name, note) VALUES (2, 'two', 'noted')")
+        try a.execute("UPDATE items SET note = 'also' WHERE id = 1")
+        try a.execute("COMMIT")
+        try sync(a, b)
+        #expect(try b.execute("SELECT id, name, note FROM items ORDER BY id").rows == [
+            [.integer(1), .text("one"), .text("also")], [.integer(2), .text("two"), .text("noted")],
+        ])
+        #expect(try a.digest() == (try b.digest()))
+        #expect(try contents(directory, "a") == (try contents(directory, "b")))
+    }
+
     @Test func theSameColumnAddedWithTwoDefinitionsSettlesOnOneAndReportsIt() throws {
         let directory = try temporaryDirectory("schema")
         defer { try? FileManager.default.removeItem(at: directory) }
