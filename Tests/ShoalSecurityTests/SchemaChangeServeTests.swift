@@ -8,28 +8,48 @@ import Testing
 /// Schema changes across live `shoal serve` processes over TLS: a chain a ← b ← c (c reaches a only through b).
 /// A column added on a (through `shoal sql`) and one added on c (by the sqlite3 shell) reach every node while every
 /// node keeps writing, and the three files end up with the same rows, compared outside Shoal.
+/// Starts `shoal serve` on `path` over TLS, dialling `peer` if given; returns once it listens (and, dialling, once the
+/// peer connected), with the address it listens on. The caller stops it.
+private func serve(_ path: String, dialing peer: String? = nil) async throws -> (node: RunningProcess, address: String) {
+    let node = try RunningProcess(
+        try shoalExecutable(),
+        ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+            + (peer.map { ["--peer", $0] } ?? [])
+    )
+    guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
+        node.stop()
+        throw TestSetupError("\(path) did not start: \(node.output)")
+    }
+    if peer != nil {
+        #expect(await node.line(within: 30) { $0.contains("peer connected") } != nil, "\(node.output)")
+    }
+    return (node, String(listening.dropFirst("listening on ".count)))
+}
+
+/// Starts a chain of nodes on `paths`, each dialling the one before.
+private func serveChain(_ paths: [String]) async throws -> [RunningProcess] {
+    var nodes: [RunningProcess] = []
+    var previous: String?
+    for path in paths {
+        do {
+            let (node, address) = try await serve(path, dialing: previous)
+            nodes.append(node)
+            previous = address
+        } catch {
+            for node in nodes { node.stop() }
+            throw error
+        }
+    }
+    return nodes
+}
+
 @Suite struct SchemaChangeServeTests {
     @Test func columnsAddedOnTheEndsOfAChainReachEveryNodeWhileAllKeepWriting() async throws {
         let directory = try temporaryDirectory("schema-serve")
         defer { try? FileManager.default.removeItem(at: directory) }
         let paths = try makeCluster(["a", "b", "c"], in: directory)
-        var nodes: [RunningProcess] = []
+        let nodes = try await serveChain(paths)
         defer { for node in nodes { node.stop() } }
-        var dial: [String] = []
-        for path in paths {
-            let node = try RunningProcess(
-                try shoalExecutable(),
-                ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"] + dial
-            )
-            nodes.append(node)
-            guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
-                throw TestSetupError("\(path) did not start: \(node.output)")
-            }
-            if !dial.isEmpty {
-                #expect(await node.line(within: 30) { $0.contains("peer connected") } != nil, "\(node.output)")
-            }
-            dial = ["--peer", String(listening.dropFirst("listening on ".count))]
-        }
         let (a, b, c) = (paths[0], paths[1], paths[2])
         for (index, path) in paths.enumerated() {
             #expect(try shoal("sql", "--db", path, "INSERT INTO kv VALUES ('before-\(index)', \(index))").status == 0)
@@ -77,19 +97,9 @@ import Testing
         var nodes: [RunningProcess] = []
         defer { for node in nodes { node.stop() } }
         func start(_ path: String, dialing peer: String?) async throws -> String {
-            let node = try RunningProcess(
-                try shoalExecutable(),
-                ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
-                    + (peer.map { ["--peer", $0] } ?? [])
-            )
+            let (node, address) = try await serve(path, dialing: peer)
             nodes.append(node)
-            guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
-                throw TestSetupError("\(path) did not start: \(node.output)")
-            }
-            if peer != nil {
-                #expect(await node.line(within: 30) { $0.contains("peer connected") } != nil, "\(node.output)")
-            }
-            return String(listening.dropFirst("listening on ".count))
+            return address
         }
         // c writes a row while it is still off; a and b run.
         #expect(try shoal("sql", "--db", c, "INSERT INTO kv VALUES ('from-c', 3)").status == 0)
@@ -169,21 +179,8 @@ import Testing
         }
         #expect(try shoal("sql", "--db", a, "INSERT INTO kv VALUES ('from-a', 1, 'red', 'large')").status == 0)
         #expect(try shoal("sql", "--db", b, "INSERT INTO kv VALUES ('from-b', 2, 'blue', 5)").status == 0)
-        var nodes: [RunningProcess] = []
+        let nodes = try await serveChain(paths)
         defer { for node in nodes { node.stop() } }
-        var dial: [String] = []
-        for path in paths {
-            let node = try RunningProcess(
-                try shoalExecutable(),
-                ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"] + dial
-            )
-            nodes.append(node)
-            guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
-                throw TestSetupError("\(path) did not start: \(node.output)")
-            }
-            dial = ["--peer", String(listening.dropFirst("listening on ".count))]
-        }
-        #expect(await nodes[1].line(within: 30) { $0.contains("peer connected") } != nil, "\(nodes[1].output)")
         // Each side's status ends up with 2 schema changes in all, and size is reported as a conflict: by the side
         // whose definition lost, and by a side that holds a value of the other's it would store as another.
         let settled = try await waitUntil(within: 60, checkingEvery: 200) {
