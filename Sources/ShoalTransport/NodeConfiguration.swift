@@ -26,8 +26,7 @@ public struct NodeConfiguration: Sendable {
     public var peerSources: [any PeerSource] = []
     /// Remember peers' addresses in the database and dial them again after a restart.
     public var rememberPeers = true
-    /// Rounds also run this often with every peer (±20% jitter), besides after every commit; while nothing commits,
-    /// the interval doubles up to 8 times this (an idle node's links cost little), and a commit brings it back.
+    /// Rounds also run this often with every peer (±20% jitter), besides after every local commit.
     public var roundIntervalMilliseconds: UInt64 = 2_000
     /// How often the node drops overwritten entries from its change log (``Store/compactLog(maxEntries:)``), a
     /// slice of 5,000 entries at a time, one slice a second until the end of the log; 0 turns it off.

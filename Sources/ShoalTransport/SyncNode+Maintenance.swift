@@ -34,23 +34,13 @@ extension SyncNode {
     /// peer it came from answers that round with nothing (one small exchange), and a round that brings nothing new
     /// commits nothing, so this never loops.
     func followCommits() async {
-        for await _ in await worker.commits() {
-            commitsSincePeriodicRound += 1
-            broadcast(.localChange)
-        }
+        for await _ in await worker.commits() { broadcast(.localChange) }
     }
 
-    /// Rounds with every peer at the configured interval (with jitter), a safety net beside the rounds every commit
-    /// starts. While nothing commits, each interval doubles, up to 8 times the configured one: an idle node's links
-    /// cost little (keepalives watch them meanwhile), and the first commit brings the interval back.
     func periodicRounds() async throws {
-        var quiet = 0
         while !Task.isCancelled {
-            let stretch = Double(1 << min(quiet, 3))
-            let interval = Double(configuration.roundIntervalMilliseconds) * stretch * Double.random(in: 0.8...1.2)
+            let interval = Double(configuration.roundIntervalMilliseconds) * Double.random(in: 0.8...1.2)
             try await Task.sleep(for: .milliseconds(UInt64(interval)))
-            quiet = commitsSincePeriodicRound == 0 ? quiet + 1 : 0
-            commitsSincePeriodicRound = 0
             broadcast(.localChange)
         }
     }

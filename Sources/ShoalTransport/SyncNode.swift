@@ -53,8 +53,6 @@ public actor SyncNode: Service {
     var digestRefreshing = false
     /// Who hears when the data may have changed (``changeSignals()``).
     var changeWatchers: [Int: AsyncStream<Void>.Continuation] = [:]
-    /// Commits seen since the last periodic round: none, and the next one waits longer (``periodicRounds()``).
-    var commitsSincePeriodicRound = 0
     var nextChangeWatcher = 0
     var lastRefreshedDigest: StateDigest?
     /// The node's metrics (swift-metrics; see `SyncNode+Metrics.swift`).

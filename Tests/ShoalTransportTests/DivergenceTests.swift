@@ -120,10 +120,10 @@ func changeBehindShoalsBack(_ path: String, _ sql: String) throws {
         }
         #expect(holds)
         // Rounds go on at the same version (each acknowledgement would carry a digest to compare; a digest is
-        // refreshed at most every 2 s once the data is quiet; idle rounds space out up to 1.6 s here): some seconds.
+        // refreshed at most every 2 s once the data is quiet): some seconds of them.
         let roundsBefore = await a.log.events.count { if case .roundFinished = $0 { true } else { false } }
-        let rounds = try await waitUntil(within: 60, checkingEvery: 100) {
-            await a.log.events.count { if case .roundFinished = $0 { true } else { false } } >= roundsBefore + 10
+        let rounds = try await waitUntil(within: 30, checkingEvery: 100) {
+            await a.log.events.count { if case .roundFinished = $0 { true } else { false } } >= roundsBefore + 30
         }
         #expect(rounds)
         for log in [a.log, b.log] {
