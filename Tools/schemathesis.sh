@@ -27,9 +27,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The files exist before the relay starts: the background job opens its redirects only when it runs, and the loop
+# below may read first.
+: >"$dir/relay.out"
+: >"$dir/relay.log"
 # Far above what the run sends, so no answer is 429 (the limit and its Retry-After are tested by the relay's tests).
 "$shoal" relay serve --data "$dir/relay" --listen 127.0.0.1:0 --rate-limit 1000000 \
-    >"$dir/relay.out" 2>"$dir/relay.log" &
+    >>"$dir/relay.out" 2>>"$dir/relay.log" &
 relay=$!
 url=""
 for _ in $(seq 1 300); do
