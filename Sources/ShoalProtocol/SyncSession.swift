@@ -404,6 +404,13 @@ public struct SyncSession: Sendable {
         lastHeard = max(lastHeard, now)
     }
 
+    /// This side could not watch the link for `milliseconds` (its loop was busy with the store, or the process got
+    /// no time at all): that time is not the peer's silence. What the peer sent meanwhile waits to be read, and the
+    /// idle timeout counts only time this side was there to hear it.
+    public mutating func couldNotWatch(milliseconds: UInt64, now: UInt64) {
+        lastHeard = min(now, lastHeard + milliseconds)
+    }
+
     /// The reason sent to the peer when something fails here.
     public static func reason(forFailureHere code: ShoalError.Code) -> Rejection.Reason {
         switch code {

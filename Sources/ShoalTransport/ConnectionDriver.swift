@@ -79,6 +79,8 @@ struct ConnectionDriver {
     }
 
     private var now: UInt64 { settings.clock.monotonicMilliseconds() }
+    /// A stretch without ticks longer than this (beyond the tick itself) is time this side could not watch the link.
+    private static let unwatchedAfter: Duration = .seconds(1)
 
     /// Runs the session from the hellos to the end of the connection. `inbox` is where the node's signals arrive,
     /// and `events` its writing end (the driver adds the peer's messages and ticks to it).
@@ -115,6 +117,10 @@ struct ConnectionDriver {
             var actions = session.start()
             var incoming = inbox.makeAsyncIterator()
             var handlingMessage = false
+            // Real time, not the settings' clock: how long the loop went without seeing a tick (it was busy, or
+            // the process got no time) is not the peer's silence.
+            let watch = ContinuousClock()
+            var lastTick = watch.now
             while true {
                 await perform(&actions, session: &session, stream: stream, gate: gate, outcome: &outcome)
                 if handlingMessage {
@@ -128,6 +134,12 @@ struct ConnectionDriver {
                     handlingMessage = true
                     actions = session.receive(message, now: now)
                 case .tick:
+                    let seen = watch.now
+                    let unwatched = seen - lastTick - .milliseconds(tick)
+                    if unwatched > Self.unwatchedAfter {
+                        session.couldNotWatch(milliseconds: UInt64(unwatched / .milliseconds(1)), now: now)
+                    }
+                    lastTick = seen
                     actions = session.tick(now: now)
                 case .localChange:
                     actions = session.localChange()
@@ -257,7 +269,7 @@ struct ConnectionDriver {
                     }
                     actions += session.served(request, localVersionVector: try await worker.versionVector())
                 case .apply(let message):
-                    actions += try await apply(message, session: &session)
+                    actions += try await apply(message, session: &session, stream: stream)
                 case .roundFinished:
                     roundsFinished += 1
                     metrics?.roundFinished(milliseconds: now - roundStarted)
@@ -354,9 +366,13 @@ struct ConnectionDriver {
     /// Applies one batch of our pull and tells the session.
     private mutating func apply(
         _ message: ChangeBatchMessage,
-        session: inout SyncSession
+        session: inout SyncSession,
+        stream: some MessageStream
     ) async throws(ShoalError) -> [SyncSession.Action] {
-        let result = try await worker.apply(message.batch, received: receivedThisRound)
+        let received = receivedThisRound
+        let result = try await keepingAlive(stream) { () async throws(ShoalError) in
+            try await worker.apply(message.batch, received: received)
+        }
         if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
         receivedThisRound = result.received
         if let (site, hlc) = result.clockRefusals.max(by: { $0.value < $1.value }) {
@@ -395,9 +411,35 @@ struct ConnectionDriver {
         return session.applied(
             message,
             versionVector: result.versionVector,
-            digest: message.isLast ? await worker.comparableDigest()?.bytes : nil,
+            digest: message.isLast ? try await keepingAlive(stream) { await worker.comparableDigest()?.bytes } : nil,
             now: now
         )
+    }
+
+    /// Runs store work that may outlast the peer's patience (a large batch on a slow or busy machine), telling the
+    /// peer every keepalive interval meanwhile that this side is alive: an unsolicited pong, which every protocol
+    /// version takes as hearing from us and otherwise ignores. The loop sends nothing else while the work runs, and
+    /// the heartbeat has ended before this returns, so writes never overlap.
+    private func keepingAlive<T: Sendable>(
+        _ stream: some MessageStream,
+        _ work: () async throws(ShoalError) -> T
+    ) async throws(ShoalError) -> T {
+        let interval = settings.session.keepaliveInterval
+        let heartbeat = Task {
+            while !Task.isCancelled {
+                try await Task.sleep(for: .milliseconds(interval))
+                try await stream.write(.pong(0))
+            }
+        }
+        let result: Result<T, ShoalError>
+        do throws(ShoalError) {
+            result = .success(try await work())
+        } catch {
+            result = .failure(error)
+        }
+        heartbeat.cancel()
+        _ = await heartbeat.result
+        return try result.get()
     }
 
     /// Sends one message; a peer that stops reading makes the write wait, and after the idle timeout the

@@ -150,6 +150,35 @@ private func change(_ seq: UInt64, value: SQLValue = .integer(1)) -> Change {
         #expect(rejection.reason == .timeout)
     }
 
+    @Test func timeThisSideCouldNotWatchIsNotThePeersSilence() {
+        var session = established {
+            $0.keepaliveInterval = 5_000
+            $0.idleTimeout = 15_000
+        }
+        _ = session.receive(.ping(1), now: 1_000)
+        // The loop was busy (or the process starved) for 17 s: the peer's messages from then wait unread.
+        session.couldNotWatch(milliseconds: 16_900, now: 18_000)
+        #expect(session.tick(now: 18_000) == [])
+        // It counts only up to now, and the keepalive and the idle timeout run from there.
+        session.couldNotWatch(milliseconds: 60_000, now: 19_000)
+        #expect(session.tick(now: 23_999) == [])
+        #expect(session.tick(now: 24_000) == [.send(.ping(24_000))])
+        #expect(session.tick(now: 33_999) == [])
+        guard case .send(.reject(let rejection)) = session.tick(now: 34_000).first else {
+            Issue.record("a peer silent for the idle timeout of watched time should be refused")
+            return
+        }
+        #expect(rejection.reason == .timeout)
+        // An unsolicited pong (a busy peer's heartbeat) is hearing from the peer, and is otherwise ignored.
+        var busy = established {
+            $0.keepaliveInterval = 5_000
+            $0.idleTimeout = 15_000
+        }
+        #expect(busy.receive(.pong(0), now: 14_000) == [])
+        #expect(busy.tick(now: 28_999) == [.send(.ping(28_999))])
+        #expect(busy.phase == .established)
+    }
+
     @Test func afterAFailureHereThePeersOwnRefusalIsStillHeard() {
         var session = established()
         _ = session.fail(ShoalError(code: .network, message: "send cut short"), now: 10)

@@ -402,10 +402,13 @@ private struct Writer {
 }
 
 @Suite struct ConvergencePropertyTests {
+    /// Seeds are new on every run, so runs add up; `SHOAL_PROPERTY_SCENARIOS` asks for more (or fewer) in one run.
+    static let scenarios = ProcessInfo.processInfo.environment["SHOAL_PROPERTY_SCENARIOS"].flatMap { Int($0) } ?? 400
+
     @Test func randomHistoriesConvergeToTheModelEverywhere() async {
-        await propertyCheck(count: 1000, input: Gen.uint64()) { seed in
+        await propertyCheck(count: Self.scenarios, input: Gen.uint64()) { seed in
             do {
-                try runScenario(seed: seed)
+                try await offPool { try runScenario(seed: seed) }
             } catch {
                 Issue.record("seed \(seed): \(error)")
             }

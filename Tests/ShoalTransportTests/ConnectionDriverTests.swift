@@ -63,6 +63,13 @@ private final class Recorder: ConnectionDelegate {
 /// Messages, appended from any task.
 private final class MessageLog: Sendable {
     let messages = Mutex<[WireMessage]>([])
+    /// The same messages, as they are written.
+    let stream: AsyncStream<WireMessage>
+    let sink: AsyncStream<WireMessage>.Continuation
+
+    init() {
+        (stream, sink) = AsyncStream.makeStream(of: WireMessage.self)
+    }
 }
 
 /// A message stream that remembers what was written through it.
@@ -74,6 +81,7 @@ private struct RecordingStream: MessageStream {
 
     func write(_ message: WireMessage) async throws {
         written.messages.withLock { $0.append(message) }
+        written.sink.yield(message)
         try await inner.write(message)
     }
     func finish() { inner.finish() }
@@ -230,6 +238,62 @@ private func exchange(
         a.signals.yield(.shutdown)
         let (outcomeA, outcomeB) = (try await runA.value, try await runB.value)
         #expect(outcomeA.established && outcomeB.established)
+    }
+
+    @Test func aLongApplyTellsThePeerItIsAlive() async throws {
+        let directory = try temporaryDirectory("driver-heartbeat")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try Side(directory, "a")
+        var b = try Side(directory, "b")
+        b.settings.session.keepaliveInterval = 40
+        try await a.write("INSERT INTO kv(k, v) VALUES ('1', 'a')")
+        let answer = try await a.worker.withStore { store throws(ShoalError) in
+            try store.changes(since: VersionVector())
+        }
+        // The test is b's peer: it says hello, waits for b's pull, and answers it while b's store is busy.
+        let (left, peer) = InMemoryMessageStream.pair()
+        let run = b.run(over: left)
+        try await peer.write(.hello(try await a.hello()))
+        var inbound = peer.inbound.makeAsyncIterator()
+        var request: SyncRequest?
+        while request == nil, let message = try await inbound.next() {
+            if case .syncRequest(let pull) = message { request = pull }
+        }
+        let pull = try #require(request)
+        let (busy, busySink) = AsyncStream.makeStream(of: Void.self)
+        let release = DispatchSemaphore(value: 0)
+        let worker = b.worker
+        let holder = Task {
+            try await worker.withStore { _ throws(ShoalError) in
+                busySink.yield()
+                release.wait()
+            }
+        }
+        for await _ in busy { break }
+        try await peer.write(.changeBatch(ChangeBatchMessage(requestID: pull.requestID, isLast: true, batch: answer[0])))
+        // b's apply waits on its store, far past its keepalive interval: it says it is alive meanwhile. (Should it
+        // not, the watchdog ends the wait and the test fails instead of hanging.)
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(20))
+            peer.close()
+        }
+        defer { watchdog.cancel() }
+        var heartbeats = 0
+        while heartbeats < 3, let message = try await inbound.next() {
+            if case .pong(0) = message { heartbeats += 1 }
+        }
+        #expect(heartbeats == 3)
+        release.signal()
+        try await holder.value
+        var acknowledged = false
+        while !acknowledged, let message = try await inbound.next() {
+            if case .ack(let ack) = message { acknowledged = ack.requestID == pull.requestID }
+        }
+        #expect(acknowledged)
+        let held = try await b.worker.withStore { store throws(ShoalError) in try store.execute("SELECT v FROM kv") }
+        #expect(held.rows == [[.text("a")]])
+        b.signals.yield(.shutdown)
+        _ = try await run.value
     }
 
     @Test func aFailedApplyReachesThePeerAsItsReason() async throws {
