@@ -8,13 +8,14 @@
    binary is built, and on PATH); a line that starts `shoal serve` (which runs until stopped) runs in the background,
    waited for until it prints `listening on` (at most 30 s), and is stopped by its pid with SIGTERM at the end; the
    README's port 7400 is replaced by a free one, so that the check never meets another process on it; a line whose
-   comment begins `same digest` must print the same digest twice. A command that fails, or a run past its deadline,
-   fails the check with the README line it ran.
+   comment begins `same digest` (two `shoal digest` commands) must print the same twice. A command that fails, or a
+   run past its deadline, fails the check with the README line it ran.
 
 The README's Swift example is checked by EmbeddingExampleTests (it must match Tools/EmbeddingExample, which the
 tests build and run).
 
-    Tools/check-quickstart.py [SHOAL]      SHOAL: the built binary (default: .build/debug/shoal)
+    Tools/check-quickstart.py [--verbose] [SHOAL]    SHOAL: the built binary (default: .build/debug/shoal);
+                                                     --verbose: print the quick start's output when it passes too
 """
 import os
 import re
@@ -81,7 +82,8 @@ def check_links():
                 file_part, _, heading = target.partition("#")
                 linked = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
                 if not os.path.exists(linked):
-                    problems.append(f"{name}:{number}: link to {target}: {os.path.relpath(linked, ROOT)} does not exist")
+                    missing = os.path.relpath(linked, ROOT)
+                    problems.append(f"{name}:{number}: link to {target}: {missing} does not exist")
                 elif heading and heading not in anchors(linked):
                     problems.append(f"{name}:{number}: link to {target}: no heading with that anchor in "
                                     f"{os.path.relpath(linked, ROOT)}")
@@ -115,9 +117,16 @@ background() {
     cat "$log" >&2
     return 1
 }
-__same() {
+__same() {  # the output of two commands that must print the same: its first half is its second
     printf '%s\n' "$1"
-    [ "$(printf '%s\n' "$1" | sort -u | wc -l)" -eq 1 ] || { echo "the digests differ" >&2; return 1; }
+    local lines half
+    lines=$(printf '%s\n' "$1" | wc -l)
+    half=$((lines / 2))
+    if [ $((lines % 2)) -ne 0 ] ||
+        [ "$(printf '%s\n' "$1" | head -n "$half")" != "$(printf '%s\n' "$1" | tail -n "$half")" ]; then
+        echo "the two digests differ" >&2
+        return 1
+    fi
 }
 __stop() {
     local pid
@@ -181,7 +190,7 @@ def quick_start_script(readme):
     return script, origin, port
 
 
-def run_quick_start(shoal):
+def run_quick_start(shoal, verbose):
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     script, origin, port = quick_start_script(readme)
     with tempfile.TemporaryDirectory(prefix="shoal-quickstart-") as work:
@@ -234,18 +243,22 @@ def run_quick_start(shoal):
                 number, line = readme_line(failed[0])
                 return [f"README.md:{number}: quick start command failed (exit {failed[1]}): {line}"], output
             return [f"the quick start failed (exit {process.returncode}) before running a command"], output
-        return [], f"its {commands} lines ran in a fresh directory (port 7400 replaced by {port})"
+        summary = f"its {commands} lines ran in a fresh directory (port 7400 replaced by {port})"
+        return [], output + summary if verbose else summary
 
 
 def main():
-    shoal = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, ".build/debug/shoal"))
+    arguments = sys.argv[1:]
+    verbose = "--verbose" in arguments
+    arguments = [argument for argument in arguments if argument != "--verbose"]
+    shoal = os.path.abspath(arguments[0] if arguments else os.path.join(ROOT, ".build/debug/shoal"))
     if not os.access(shoal, os.X_OK):
         raise SystemExit(f"check-quickstart: {shoal} is not an executable: build first (swift build)")
     problems, checked = check_links()
     for problem in problems:
         print(f"check-quickstart: {problem}", file=sys.stderr)
     print(f"links: {checked} relative links checked, {len(problems)} broken")
-    failures, report = run_quick_start(shoal)
+    failures, report = run_quick_start(shoal, verbose)
     if failures:
         print("check-quickstart: the quick start's output:\n" + "\n".join(report.rstrip().split("\n")[-60:]),
               file=sys.stderr)
