@@ -95,7 +95,11 @@ set -Eeuo pipefail
 __fail() { [ -s "$__failed" ] || echo "$2 $1" >"$__failed"; }
 trap '__fail $? $LINENO' ERR
 trap 'echo $LINENO >"$__current"' DEBUG
-__alive() { [ -r "/proc/$1/stat" ] && ! grep -q ') Z ' "/proc/$1/stat"; }
+__alive() {  # running (not gone, not a zombie waiting to be reaped)
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ $stat != *") Z "* ]]
+}
 background() {
     local log="$__logs/background-$(($(wc -l <"$__pids") + 1)).log"
     "$@" >"$log" 2>&1 &
@@ -133,7 +137,10 @@ __stop() {
     while read -r pid; do
         kill -TERM "$pid" 2>/dev/null || continue
         for _ in $(seq 1 100); do __alive "$pid" || break; sleep 0.1; done
-        if __alive "$pid"; then echo "pid $pid did not stop within 10 s of SIGTERM: killed" >&2; kill -KILL "$pid"; fi
+        if __alive "$pid"; then
+            echo "warning: pid $pid did not stop within 10 s of SIGTERM: killed" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
     done <"$__pids"
 }
 trap '__stop' EXIT
@@ -229,7 +236,7 @@ def run_quick_start(shoal, verbose):
                 signal_group(process.pid, signal.SIGKILL)  # anything of the script's still running
         def readme_line(script_line):
             index = int(script_line) - len(prologue) - 1
-            return origin[index] if 0 <= index < len(origin) else (None, f"(the check's own line {script_line})")
+            return origin[index] if 0 <= index < len(origin) else ("?", f"(the check's own line {script_line})")
 
         output = open(output_path, errors="replace").read()
         commands = sum(1 for _, line in origin if line and not line.startswith("#"))
