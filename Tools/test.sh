@@ -20,6 +20,9 @@ SHOAL_TEST_POSTGRES_URL=$("$root/Tools/start-postgres.sh" | tail -n 1)
 export SHOAL_TEST_POSTGRES_URL
 build() { swift build --build-tests 2>&1 | tail -n 3; }
 step "build (with the tests)" build
+# The docs: every relative link in README.md, CHANGELOG.md and docs/ resolves, and the README's quick start runs
+# (in a fresh temporary directory, with the shoal just built first on PATH).
+step "docs: links and the quick start" python3 "$root/Tools/check-quickstart.py" "$root/.build/debug/shoal"
 # Everything is built: the demos neither set up nor build again.
 export SHOAL_DEMO_BUILT=1
 step "offline demo" env SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"

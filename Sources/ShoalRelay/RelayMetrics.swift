@@ -5,8 +5,8 @@ import HummingbirdCore
 import ShoalCore
 import Synchronization
 
-/// The relay's metrics, emitted through swift-metrics (the process bootstraps Prometheus; the README's Metrics section
-/// lists every name). Labels stay bounded: `route` is the route's pattern (never the raw path: an unknown path is
+/// The relay's metrics, emitted through swift-metrics (the process bootstraps Prometheus; docs/metrics.md lists
+/// every name). Labels stay bounded: `route` is the route's pattern (never the raw path: an unknown path is
 /// `unmatched`), `method` one of the HTTP methods the API knows (else `other`), `status` the status code, `cluster`
 /// a cluster the operator made a token for, `direction` `in` (uploads) or `out` (pulls).
 final class RelayMetrics: Sendable {

@@ -1,6 +1,6 @@
 import CoreMetrics
 
-/// The relay link's metrics (swift-metrics; the README's Metrics section lists them). A push is one pass that uploads
+/// The relay link's metrics (swift-metrics; docs/metrics.md lists them). A push is one pass that uploads
 /// what the relay lacks; a pull is one page asked for (a long-poll that ends with nothing new counts as answered).
 /// Success rate, in PromQL: `rate(shoal_node_relay_rounds_total{result="ok"}[5m])` over the sum of both results.
 struct RelayLinkMetrics: Sendable {

@@ -3,7 +3,7 @@ import ShoalCore
 
 /// The metrics of one peer, emitted through swift-metrics: whatever backend the process bootstrapped (`shoal serve
 /// --metrics` bootstraps Prometheus), none at all otherwise. The handles are made once per peer, so recording is a
-/// few atomic operations; the README's Metrics section lists every name.
+/// few atomic operations; docs/metrics.md lists every name.
 struct PeerMetrics: Sendable {
     /// The `peer` label: the peer's site id in hex (as `shoal status` lists it), or `other` beyond the node's limit
     /// of labelled peers.
