@@ -79,8 +79,16 @@ struct ConnectionDriver {
     }
 
     private var now: UInt64 { settings.clock.monotonicMilliseconds() }
-    /// A stretch without ticks longer than this (beyond the tick itself) is time this side could not watch the link.
-    private static let unwatchedAfter: Duration = .seconds(1)
+    /// How much of the stretch between two ticks this side could not watch the link, if it was long: the stretch
+    /// in real time less the tick, when that is over a second and the node's clock ran with real time meanwhile (a
+    /// clock a test moves by hand is not corrected: its jumps are the test's).
+    static func unwatched(real: Duration, clock: UInt64, tick: UInt64) -> UInt64? {
+        let realMilliseconds = UInt64(max(0, real / .milliseconds(1)))
+        guard realMilliseconds > tick + 1_000, clock + 100 >= realMilliseconds, clock <= realMilliseconds + 100 else {
+            return nil
+        }
+        return realMilliseconds - tick
+    }
 
     /// Runs the session from the hellos to the end of the connection. `inbox` is where the node's signals arrive,
     /// and `events` its writing end (the driver adds the peer's messages and ticks to it).
@@ -117,10 +125,9 @@ struct ConnectionDriver {
             var actions = session.start()
             var incoming = inbox.makeAsyncIterator()
             var handlingMessage = false
-            // Real time, not the settings' clock: how long the loop went without seeing a tick (it was busy, or
-            // the process got no time) is not the peer's silence.
-            let watch = ContinuousClock()
-            var lastTick = watch.now
+            // How long the loop went without seeing a tick (it was busy, or the process got no time) is not the
+            // peer's silence.
+            var lastTick = (real: ContinuousClock.now, clock: now)
             while true {
                 await perform(&actions, session: &session, stream: stream, gate: gate, outcome: &outcome)
                 if handlingMessage {
@@ -134,13 +141,16 @@ struct ConnectionDriver {
                     handlingMessage = true
                     actions = session.receive(message, now: now)
                 case .tick:
-                    let seen = watch.now
-                    let unwatched = seen - lastTick - .milliseconds(tick)
-                    if unwatched > Self.unwatchedAfter {
-                        session.couldNotWatch(milliseconds: UInt64(unwatched / .milliseconds(1)), now: now)
+                    let seen = (real: ContinuousClock.now, clock: now)
+                    if let unwatched = Self.unwatched(
+                        real: seen.real - lastTick.real,
+                        clock: seen.clock &- lastTick.clock,
+                        tick: tick
+                    ) {
+                        session.couldNotWatch(milliseconds: unwatched, now: seen.clock)
                     }
                     lastTick = seen
-                    actions = session.tick(now: now)
+                    actions = session.tick(now: seen.clock)
                 case .localChange:
                     actions = session.localChange()
                 case .shutdown:

@@ -323,6 +323,15 @@ private func exchange(
         #expect(!outcomeB.healthy)
     }
 
+    @Test func onlyLongStretchesOnTheNodesRunningClockCountAsUnwatched() {
+        // The loop saw no tick for 17 s, and the node's clock ran with real time: 16.9 s were not the peer's silence.
+        #expect(ConnectionDriver.unwatched(real: .milliseconds(17_000), clock: 17_010, tick: 100) == 16_900)
+        #expect(ConnectionDriver.unwatched(real: .milliseconds(1_050), clock: 1_050, tick: 100) == nil)
+        // A clock a test moves by hand (or holds still) is the test's: its jumps are not corrected.
+        #expect(ConnectionDriver.unwatched(real: .milliseconds(2_000), clock: 15_001, tick: 100) == nil)
+        #expect(ConnectionDriver.unwatched(real: .milliseconds(17_000), clock: 0, tick: 100) == nil)
+    }
+
     @Test func aSilentPeerTimesOutOnTheInjectedClock() async throws {
         let directory = try temporaryDirectory("driver-idle")
         defer { try? FileManager.default.removeItem(at: directory) }
