@@ -404,6 +404,10 @@ public struct SyncSession: Sendable {
         lastHeard = max(lastHeard, now)
     }
 
+    /// Whether nothing is under way: established, no pull waiting for its answer, no answer being sent. Its next
+    /// deadline (keepalive, idle timeout) is seconds away.
+    public var isQuiet: Bool { phase == .established && outstandingRequest == nil && serving == nil }
+
     /// This side could not watch the link for `milliseconds` (its loop was busy with the store, or the process got
     /// no time at all): that time is not the peer's silence. What the peer sent meanwhile waits to be read, and the
     /// idle timeout counts only time this side was there to hear it.

@@ -21,8 +21,10 @@ enum ConnectionEvent: Sendable {
     case ended(ShoalError?)
     /// Time passed (the session reads the clock).
     case tick
-    /// Something changed locally (or a periodic round is due): pull, so the peer pulls too.
+    /// Something changed locally: pull, so the peer pulls too.
     case localChange
+    /// A periodic round is due: pull, unless this link is settled (see ``ConnectionDriver``).
+    case periodic
     /// Another connection to the same peer won.
     case duplicate
     /// The node is shutting down.

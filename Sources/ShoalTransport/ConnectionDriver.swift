@@ -69,6 +69,14 @@ struct ConnectionDriver {
     private var clockRefusal: ShoalError?
     private var clockRefusalBatch: ChangeBatch?
     private var roundsFinished = 0
+    /// Whether this link is settled: our last pull brought nothing, the peer acknowledged our last answer at our
+    /// version vector, and nothing committed here since. A settled link skips periodic rounds, up to
+    /// ``settledSkips`` in a row.
+    private var pulledNothing = false
+    private var peerLevel = false
+    private var skippedRounds = 0
+    /// Periodic rounds a settled link skips in a row at most (digests are compared at the round after).
+    static let settledSkips = 7
 
     init(id: Int, address: String, worker: SerializedStore, delegate: any ConnectionDelegate, settings: Settings) {
         self.id = id
@@ -101,6 +109,9 @@ struct ConnectionDriver {
         var session = SyncSession(local: hello, configuration: settings.session, now: now)
         var outcome = Outcome(established: false, error: nil)
         let tick = settings.tickMilliseconds
+        // A quiet link ticks slower: its deadlines (keepalive, idle timeout) are seconds away.
+        let quietTick = max(tick, min(1_000, settings.session.keepaliveInterval / 2, settings.session.idleTimeout / 4))
+        let pace = Pace(tick)
         let gate = InboundGate(limit: settings.inboundMessageLimit)
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
@@ -118,7 +129,7 @@ struct ConnectionDriver {
             }
             group.addTask {
                 while !Task.isCancelled {
-                    try? await Task.sleep(for: .milliseconds(tick))
+                    try? await Task.sleep(for: .milliseconds(pace.milliseconds))
                     events.yield(.tick)
                 }
             }
@@ -130,6 +141,7 @@ struct ConnectionDriver {
             var lastTick = (real: ContinuousClock.now, clock: now)
             while true {
                 await perform(&actions, session: &session, stream: stream, gate: gate, outcome: &outcome)
+                pace.milliseconds = session.isQuiet ? quietTick : tick
                 if handlingMessage {
                     gate.handled()
                     handlingMessage = false
@@ -145,14 +157,24 @@ struct ConnectionDriver {
                     if let unwatched = Self.unwatched(
                         real: seen.real - lastTick.real,
                         clock: seen.clock &- lastTick.clock,
-                        tick: tick
+                        tick: quietTick
                     ) {
                         session.couldNotWatch(milliseconds: unwatched, now: seen.clock)
                     }
                     lastTick = seen
                     actions = session.tick(now: seen.clock)
                 case .localChange:
+                    pulledNothing = false
+                    peerLevel = false
                     actions = session.localChange()
+                case .periodic:
+                    if pulledNothing && peerLevel && skippedRounds < Self.settledSkips {
+                        skippedRounds += 1
+                        actions = []
+                    } else {
+                        skippedRounds = 0
+                        actions = session.localChange()
+                    }
                 case .shutdown:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "the node is shutting down"),
@@ -282,6 +304,7 @@ struct ConnectionDriver {
                     actions += try await apply(message, session: &session, stream: stream)
                 case .roundFinished:
                     roundsFinished += 1
+                    pulledNothing = appliedThisRound == 0
                     metrics?.roundFinished(milliseconds: now - roundStarted)
                     if let peer {
                         await delegate.connectionRoundFinished(
@@ -291,6 +314,7 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
+                    peerLevel = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another
@@ -471,6 +495,19 @@ struct ConnectionDriver {
             }
             throw ShoalError(code: .network, message: "could not send to the peer: \(error)")
         }
+    }
+}
+
+/// How long a connection's ticker sleeps between ticks, set by its loop.
+final class Pace: Sendable {
+    private let value: Mutex<UInt64>
+
+    init(_ milliseconds: UInt64) { value = Mutex(milliseconds) }
+
+    /// The interval, in milliseconds.
+    var milliseconds: UInt64 {
+        get { value.withLock { $0 } }
+        set { value.withLock { $0 = newValue } }
     }
 }
 

@@ -37,11 +37,14 @@ extension SyncNode {
         for await _ in await worker.commits() { broadcast(.localChange) }
     }
 
+    /// The safety net under the rounds commits start: each link runs a round every interval, unless it is settled
+    /// (the last exchange both ways brought nothing and nothing committed since), and then at least every few
+    /// intervals, so digests are still compared and a change nobody announced is still found.
     func periodicRounds() async throws {
         while !Task.isCancelled {
             let interval = Double(configuration.roundIntervalMilliseconds) * Double.random(in: 0.8...1.2)
             try await Task.sleep(for: .milliseconds(UInt64(interval)))
-            broadcast(.localChange)
+            broadcast(.periodic)
         }
     }
 

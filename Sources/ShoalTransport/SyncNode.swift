@@ -274,6 +274,9 @@ public actor SyncNode: Service {
 
     func broadcast(_ event: ConnectionEvent) {
         for inbox in registry.inboxes { inbox.yield(event) }
-        if case .localChange = event { signalChangeWatchers() }
+        switch event {
+        case .localChange, .periodic: signalChangeWatchers()
+        default: break
+        }
     }
 }
