@@ -69,14 +69,8 @@ struct ConnectionDriver {
     private var clockRefusal: ShoalError?
     private var clockRefusalBatch: ChangeBatch?
     private var roundsFinished = 0
-    /// Whether this link is settled: our last pull brought nothing, the peer acknowledged our last answer at our
-    /// version vector, and nothing committed here since. A settled link skips periodic rounds, up to
-    /// ``settledSkips`` in a row.
-    private var pulledNothing = false
-    private var peerLevel = false
-    private var skippedRounds = 0
-    /// Periodic rounds a settled link skips in a row at most (digests are compared at the round after).
-    static let settledSkips = 7
+    /// Whether the link needs its periodic rounds.
+    private var settled = SettledLink()
 
     init(id: Int, address: String, worker: SerializedStore, delegate: any ConnectionDelegate, settings: Settings) {
         self.id = id
@@ -164,17 +158,10 @@ struct ConnectionDriver {
                     lastTick = seen
                     actions = session.tick(now: seen.clock)
                 case .localChange:
-                    pulledNothing = false
-                    peerLevel = false
+                    settled.committed()
                     actions = session.localChange()
                 case .periodic:
-                    if pulledNothing && peerLevel && skippedRounds < Self.settledSkips {
-                        skippedRounds += 1
-                        actions = []
-                    } else {
-                        skippedRounds = 0
-                        actions = session.localChange()
-                    }
+                    actions = settled.periodicRoundIsDue() ? session.localChange() : []
                 case .shutdown:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "the node is shutting down"),
@@ -304,7 +291,7 @@ struct ConnectionDriver {
                     actions += try await apply(message, session: &session, stream: stream)
                 case .roundFinished:
                     roundsFinished += 1
-                    pulledNothing = appliedThisRound == 0
+                    settled.pullFinished(applied: appliedThisRound)
                     metrics?.roundFinished(milliseconds: now - roundStarted)
                     if let peer {
                         await delegate.connectionRoundFinished(
@@ -314,7 +301,7 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
-                    peerLevel = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
+                    settled.acknowledged(level: ack.versionVector.dominatesOrEquals(try await worker.versionVector()))
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another

@@ -323,6 +323,28 @@ private func exchange(
         #expect(!outcomeB.healthy)
     }
 
+    @Test func aSettledLinkSkipsPeriodicRoundsButNeverMoreThanSevenInARow() {
+        var link = SettledLink()
+        func due() -> Bool { link.periodicRoundIsDue() }
+        #expect(due())  // nothing known yet
+        link.pullFinished(applied: 0)
+        #expect(due())  // the peer has not acknowledged our vector yet
+        link.acknowledged(level: true)
+        let pattern = (0..<16).map { _ in due() }
+        #expect(pattern == Array(repeating: false, count: 7) + [true] + Array(repeating: false, count: 7) + [true])
+        // A commit here, a pull that brought something, a peer behind: each makes the next periodic round run.
+        link.committed()
+        #expect(due())
+        link.pullFinished(applied: 0)
+        link.acknowledged(level: true)
+        #expect(!due())
+        link.pullFinished(applied: 3)
+        #expect(due())
+        link.pullFinished(applied: 0)
+        link.acknowledged(level: false)
+        #expect(due())
+    }
+
     @Test func onlyLongStretchesOnTheNodesRunningClockCountAsUnwatched() {
         // The loop saw no tick for 17 s, and the node's clock ran with real time: 16.9 s were not the peer's silence.
         #expect(ConnectionDriver.unwatched(real: .milliseconds(17_000), clock: 17_010, tick: 100) == 16_900)

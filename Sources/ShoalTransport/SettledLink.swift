@@ -1,0 +1,40 @@
+/// Whether a link needs its periodic round.
+///
+/// Rounds start at every commit; the periodic round is the safety net under them (a change nobody announced, a
+/// digest to compare). A link is settled when our last pull brought nothing and the peer acknowledged our last answer
+/// at our version vector, and nothing committed here since: its periodic rounds are skipped, at most
+/// ``maximumSkips`` in a row. The side that holds something new is never settled, so it keeps its rounds.
+struct SettledLink {
+    /// Periodic rounds skipped in a row at most: digests are compared at the round after.
+    static let maximumSkips = 7
+
+    private var pulledNothing = false
+    private var peerLevel = false
+    private var skipped = 0
+
+    /// Something committed here: the link is not settled until a round both ways says so.
+    mutating func committed() {
+        pulledNothing = false
+        peerLevel = false
+    }
+
+    /// Our pull finished, having applied `applied` changes.
+    mutating func pullFinished(applied: Int) {
+        pulledNothing = applied == 0
+    }
+
+    /// The peer acknowledged our answer; `level` says whether its vector covers ours.
+    mutating func acknowledged(level: Bool) {
+        peerLevel = level
+    }
+
+    /// A periodic round is due: whether to run it (`false`: skipped).
+    mutating func periodicRoundIsDue() -> Bool {
+        if pulledNothing && peerLevel && skipped < Self.maximumSkips {
+            skipped += 1
+            return false
+        }
+        skipped = 0
+        return true
+    }
+}
