@@ -46,6 +46,11 @@ let package = Package(
             name: "CSQLite",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        // The system zlib (deflate), for compressing change batches on the wire and before sealing for the relay.
+        .systemLibrary(
+            name: "CZlib",
+            providers: [.apt(["zlib1g-dev"])]
+        ),
         // glibc's malloc.h (mallopt), for the relay process's allocator settings.
         .systemLibrary(name: "CMalloc"),
         // Avahi's dns_sd.h (Bonjour-compatible API).
@@ -82,7 +87,7 @@ let package = Package(
         // The wire protocol without I/O: message types, their binary codec, and the anti-entropy session.
         .target(
             name: "ShoalProtocol",
-            dependencies: ["ShoalCore"],
+            dependencies: ["ShoalCore", "CZlib"],
             swiftSettings: strict
         ),
         // SwiftNIO TCP server and client driving sync sessions.
