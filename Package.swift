@@ -284,7 +284,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalProtocolTests",
-            dependencies: ["ShoalProtocol", "ShoalCore"],
+            dependencies: ["ShoalProtocol", "ShoalCore", "ShoalTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -36,6 +36,9 @@ public struct SyncSession: Sendable {
         /// Whether change batches and value pieces are compressed, where that pays, on links of protocol version 6 or
         /// more (``SyncSession/packed(_:)``); off, they travel as they are (a setting for measuring, mostly).
         public var compression = true
+        /// The newest protocol version this node offers in its hello: lower it to speak as an older build would (to
+        /// test against one, or to roll out a version in stages).
+        public var highestVersion = WireProtocol.maximumVersion
 
         /// The defaults.
         public init() {}

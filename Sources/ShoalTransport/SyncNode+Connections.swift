@@ -59,13 +59,15 @@ extension SyncNode {
             delegate: self,
             settings: settings
         )
-        let hello: Hello
+        var hello: Hello
         do {
             hello = try await worker.hello(
                 clusterID: configuration.clusterID,
                 nodeName: configuration.nodeName,
                 listenPort: UInt16(listeningPort ?? 0)
             )
+            let highest = max(hello.versions.lowerBound, min(hello.versions.upperBound, settings.session.highestVersion))
+            hello.versions = hello.versions.lowerBound...highest
         } catch {
             // Every channel NIO created must be closed through executeThenClose.
             try? await channel.executeThenClose { _, _ in }
