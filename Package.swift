@@ -219,6 +219,8 @@ let package = Package(
             name: "ShoalBench",
             dependencies: [
                 "Shoal", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalProcesses", "CSQLite",
+                // The JSON documents the compression tests measure, for the text catch-up.
+                "ShoalTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
