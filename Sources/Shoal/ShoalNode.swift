@@ -64,6 +64,7 @@ public final class ShoalNode: Service, Sendable {
         configuration.compactionIntervalMilliseconds = options.compactionIntervalMilliseconds
         configuration.logger = options.logger
         configuration.session.compression = options.compression
+        configuration.compressesLoopback = options.compressesLoopback
         var security: NodeSecurity?
         var madeKey = false
         if let cluster = options.insecurePlaintextCluster {

@@ -51,6 +51,9 @@ public struct ShoalNodeOptions: Sendable {
     /// Whether change batches are compressed where that pays: on peer links of protocol version 6 and more, and before
     /// they are sealed for the relay (members of builds before compression cannot open compressed change sets).
     public var compression = true
+    /// Whether links to peers on this machine (loopback addresses) are compressed as well: off by default, since their
+    /// bytes never cross a network; for measuring a LAN's behaviour on one machine.
+    public var compressesLoopback = false
     /// No TLS, with this cluster id: peers are neither authenticated nor encrypted (tests of the plaintext path only).
     public var insecurePlaintextCluster: String?
     /// Where the node and its parts log (libraries log at info and below).

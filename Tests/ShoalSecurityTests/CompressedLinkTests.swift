@@ -60,8 +60,9 @@ private func caughtUp(_ node: SecuredNode, with other: SecuredNode, within secon
         defer { try? FileManager.default.removeItem(at: directory) }
         let paths = try makeCluster(["a", "b"], in: directory)
         let documentBytes = try writeDocuments(1_500, to: paths[0], seed: 5)
-        let a = try await startSecured(paths[0])
-        let b = try await startSecured(paths[1], peers: [a.port])
+        // Loopback stands in for the LAN: links to this machine are compressed only when asked.
+        let a = try await startSecured(paths[0]) { $0.compressesLoopback = true }
+        let b = try await startSecured(paths[1], peers: [a.port]) { $0.compressesLoopback = true }
         #expect(try await caughtUp(b, with: a))
         let traffic = a.node.changeTraffic
         await b.stop()
@@ -77,6 +78,23 @@ private func caughtUp(_ node: SecuredNode, with other: SecuredNode, within secon
         #expect(left["kv"]?.split(separator: "\n").count == 1_500)
     }
 
+    /// By default a link to a peer on this machine is not compressed: its bytes never cross a network.
+    @Test func aLinkOnThisMachineIsNotCompressedUnlessAsked() async throws {
+        let directory = try temporaryDirectory("compressed-link-loopback")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b"], in: directory)
+        _ = try writeDocuments(300, to: paths[0], seed: 7)
+        let a = try await startSecured(paths[0])
+        let b = try await startSecured(paths[1], peers: [a.port])
+        #expect(try await caughtUp(b, with: a))
+        let traffic = a.node.changeTraffic
+        await b.stop()
+        await a.stop()
+        #expect(traffic.frames > 0 && traffic.compressedFrames == 0)
+        #expect(SyncNode.isLoopback("127.0.0.1") && SyncNode.isLoopback("127.3.4.5") && SyncNode.isLoopback("::1"))
+        #expect(!SyncNode.isLoopback("10.0.0.7") && !SyncNode.isLoopback("fe80::1") && !SyncNode.isLoopback(nil))
+    }
+
     /// A node of this build and one that offers only version 5 (the version before compression): the link negotiates
     /// 5, nothing is compressed either way, and both catch up.
     @Test func aPeerOfThePreviousVersionGetsPlainFramesAndBothSidesCatchUp() async throws {
@@ -84,8 +102,11 @@ private func caughtUp(_ node: SecuredNode, with other: SecuredNode, within secon
         defer { try? FileManager.default.removeItem(at: directory) }
         let paths = try makeCluster(["a", "b"], in: directory)
         _ = try writeDocuments(300, to: paths[0], seed: 6)
-        let a = try await startSecured(paths[0])
-        let old = try await startSecured(paths[1], peers: [a.port]) { $0.session.highestVersion = 5 }
+        let a = try await startSecured(paths[0]) { $0.compressesLoopback = true }
+        let old = try await startSecured(paths[1], peers: [a.port]) {
+            $0.compressesLoopback = true
+            $0.session.highestVersion = 5
+        }
         try await old.node.execute("INSERT INTO kv(k, v) VALUES ('from the old peer', ?)", [.text(String(repeating: "ab", count: 5_000))])
         #expect(try await caughtUp(old, with: a))
         #expect(try await caughtUp(a, with: old))
