@@ -46,6 +46,11 @@ let package = Package(
             name: "CSQLite",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        // The system zlib (deflate), for compressing change batches on the wire and before sealing for the relay.
+        .systemLibrary(
+            name: "CZlib",
+            providers: [.apt(["zlib1g-dev"])]
+        ),
         // glibc's malloc.h (mallopt), for the relay process's allocator settings.
         .systemLibrary(name: "CMalloc"),
         // Avahi's dns_sd.h (Bonjour-compatible API).
@@ -82,7 +87,7 @@ let package = Package(
         // The wire protocol without I/O: message types, their binary codec, and the anti-entropy session.
         .target(
             name: "ShoalProtocol",
-            dependencies: ["ShoalCore"],
+            dependencies: ["ShoalCore", "CZlib"],
             swiftSettings: strict
         ),
         // SwiftNIO TCP server and client driving sync sessions.
@@ -214,6 +219,8 @@ let package = Package(
             name: "ShoalBench",
             dependencies: [
                 "Shoal", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalProcesses", "CSQLite",
+                // The JSON documents the compression tests measure, for the text catch-up.
+                "ShoalTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -279,7 +286,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalProtocolTests",
-            dependencies: ["ShoalProtocol", "ShoalCore"],
+            dependencies: ["ShoalProtocol", "ShoalCore", "ShoalTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(

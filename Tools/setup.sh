@@ -9,7 +9,7 @@
 #                            own) and curl
 set -euo pipefail
 
-packages=(libsqlite3-dev sqlite3 libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
+packages=(libsqlite3-dev sqlite3 zlib1g-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
 tests=""
 if [ "${1:-}" = "--tests" ]; then
     tests=1

@@ -63,6 +63,8 @@ public final class ShoalNode: Service, Sendable {
         configuration.roundIntervalMilliseconds = options.roundIntervalMilliseconds
         configuration.compactionIntervalMilliseconds = options.compactionIntervalMilliseconds
         configuration.logger = options.logger
+        configuration.session.compression = options.compression
+        configuration.compressesLoopback = options.compressesLoopback
         var security: NodeSecurity?
         var madeKey = false
         if let cluster = options.insecurePlaintextCluster {
@@ -88,7 +90,9 @@ public final class ShoalNode: Service, Sendable {
         self.security = security
         self.madeKey = madeKey
         self.relay = try options.relay.map { relay throws(ShoalError) in
-            try Self.relayLink(relay, node: node, security: security, database: options.database)
+            try Self.relayLink(
+                relay, node: node, security: security, database: options.database, compression: options.compression
+            )
         }
     }
 
@@ -114,7 +118,8 @@ public final class ShoalNode: Service, Sendable {
         _ relay: ShoalNodeOptions.Relay,
         node: SyncNode,
         security: NodeSecurity?,
-        database: String
+        database: String,
+        compression: Bool
     ) throws(ShoalError) -> RelayLink {
         guard let security else {
             throw ShoalError(
@@ -138,6 +143,7 @@ public final class ShoalNode: Service, Sendable {
         configuration.caCertificatePath = relay.caCertificatePath
         configuration.otherURLs = relay.otherURLs
         configuration.snapshotMinimumBytes = relay.snapshotMinimumBytes
+        configuration.compression = compression
         return try RelayLink(node: node, configuration: configuration)
     }
 }

@@ -48,6 +48,12 @@ public struct ShoalNodeOptions: Sendable {
     public var roundIntervalMilliseconds: UInt64 = 2_000
     /// Milliseconds between change-log compactions (0: never).
     public var compactionIntervalMilliseconds: UInt64 = 60_000
+    /// Whether change batches are compressed where that pays: on peer links of protocol version 6 and more, and before
+    /// they are sealed for the relay (members of builds before compression cannot open compressed change sets).
+    public var compression = true
+    /// Whether links to peers on this machine (loopback addresses) are compressed as well: off by default, since their
+    /// bytes never cross a network; for measuring a LAN's behaviour on one machine.
+    public var compressesLoopback = false
     /// No TLS, with this cluster id: peers are neither authenticated nor encrypted (tests of the plaintext path only).
     public var insecurePlaintextCluster: String?
     /// Where the node and its parts log (libraries log at info and below).

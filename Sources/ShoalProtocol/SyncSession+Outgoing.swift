@@ -85,6 +85,15 @@ extension SyncSession {
         return OutgoingBatch(message: message, pieced: pieced)
     }
 
+    /// `message` (a change batch or value piece of an answer) encoded for the peer: compressed where that pays, when
+    /// the link speaks ``WireProtocol/compressionVersion`` or more and ``Configuration/compression`` is on; otherwise
+    /// its plain encoding, which any peer reads.
+    public func packed(_ message: WireMessage) -> EncodedMessage {
+        message.packed(
+            compressing: configuration.compression && (version ?? 0) >= WireProtocol.compressionVersion
+        )
+    }
+
     /// The pieces of one encoded value, at most `pieceBytes` each, made one at a time as they are sent.
     public static func pieces(
         requestID: UInt64,

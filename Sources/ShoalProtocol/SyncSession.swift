@@ -33,6 +33,12 @@ public struct SyncSession: Sendable {
         /// accepted: the dialling side of an authenticated link waits, so that it sends nothing before the
         /// accepting side, which checks the dialler's key last, has accepted it.
         public var speaksFirst = true
+        /// Whether change batches and value pieces are compressed, where that pays, on links of protocol version 6 or
+        /// more (``SyncSession/packed(_:)``); off, they travel as they are (a setting for measuring, mostly).
+        public var compression = true
+        /// The newest protocol version this node offers in its hello: lower it to speak as an older build would (to
+        /// test against one, or to roll out a version in stages).
+        public var highestVersion = WireProtocol.maximumVersion
 
         /// The defaults.
         public init() {}
@@ -130,6 +136,16 @@ public struct SyncSession: Sendable {
     public mutating func receive(_ message: WireMessage, now: UInt64) -> [Action] {
         guard phase != .closed else { return [] }
         lastHeard = now
+        var message = message
+        if case .encoded(let encoded) = message {
+            // What a stream without framing (in memory) hands over as it was sent: decoded here as the codec would,
+            // within the same limits.
+            do throws(ShoalError) {
+                message = try WireMessage.decode(encoded.payload, maximumInflatedLength: configuration.maximumFrameLength)
+            } catch {
+                return refuse(Self.reason(forDecodingFailure: error.code), error.message, code: error.code)
+            }
+        }
         if phase == .lingering {
             // Only the peer's refusal matters now: it says why better than the closed connection does.
             guard case .reject(let rejection) = message else { return [] }
@@ -245,6 +261,8 @@ public struct SyncSession: Sendable {
             return []  // handled in receive
         case .join:
             return refuse(.malformedMessage, "a join message on a sync connection", code: .malformedMessage)
+        case .encoded:
+            return []  // decoded in receive
         }
     }
 

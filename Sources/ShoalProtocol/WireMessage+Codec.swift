@@ -5,6 +5,8 @@ extension WireMessage {
     public func encoded() -> [UInt8] {
         var bytes: [UInt8] = []
         switch self {
+        case .encoded(let encoded):
+            return encoded.payload
         case .hello(let hello):
             bytes.append(Kind.hello.rawValue)
             Self.encode(hello, into: &bytes)
@@ -80,9 +82,22 @@ extension WireMessage {
         return bytes
     }
 
-    /// Decodes one frame payload; throws ``ShoalError`` (`.unknownMessageType`, `.malformedMessage`) and
-    /// never reads past `payload`.
-    public static func decode(_ payload: [UInt8]) throws(ShoalError) -> WireMessage {
+    /// Decodes one frame payload; throws ``ShoalError`` (`.unknownMessageType`, `.malformedMessage`,
+    /// `.frameTooLarge`) and never reads past `payload`. A compressed frame (type 13) decodes as the message it holds,
+    /// which may not be longer than `maximumInflatedLength` (the receiver's frame maximum: compression never lets a
+    /// peer send more than a frame's worth in one message).
+    public static func decode(
+        _ payload: [UInt8],
+        maximumInflatedLength: Int = WireProtocol.defaultMaximumFrameLength
+    ) throws(ShoalError) -> WireMessage {
+        guard payload.first != Kind.compressed.rawValue else {
+            return try decode(compressed: payload, maximumInflatedLength: maximumInflatedLength)
+        }
+        return try decodePlain(payload)
+    }
+
+    /// Decodes one frame payload that is not compressed.
+    static func decodePlain(_ payload: [UInt8]) throws(ShoalError) -> WireMessage {
         var reader = ByteReader(payload)
         do throws(ShoalError) {
             let message = try decodeFields(&reader)
@@ -109,6 +124,8 @@ extension WireMessage {
             return .inspectionRequest(try decodeInspectionRequest(&reader))
         case .inspectionAnswer:
             return .inspectionAnswer(try decodeInspectionAnswer(&reader))
+        case .compressed:
+            throw malformed("a compressed frame inside a compressed frame")
         case .syncRequest:
             var request = SyncRequest(requestID: try reader.readBigEndianUInt64(), versionVector: try reader.readVersionVector())
             if !reader.isAtEnd {

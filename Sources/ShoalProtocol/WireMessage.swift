@@ -11,8 +11,11 @@ public enum WireProtocol {
     /// the site it writes as with what it holds of the answerer's, so a node restored from an older copy can tell that
     /// it wrote transactions its peers hold with other content; version 5 carries schema changes as change sets (a
     /// replicated `shoal_schema` table) and holds changes for tables and columns a node lacks, so the hello's schema
-    /// fingerprint is a position peers may differ in, no longer a condition.
-    public static let maximumVersion: UInt16 = 5
+    /// fingerprint is a position peers may differ in, no longer a condition; version 6 adds compressed frames (message
+    /// type 13: a change batch or a value piece, deflated), which a node sends only on a link of version 6 or more.
+    public static let maximumVersion: UInt16 = 6
+    /// The first version whose nodes take compressed frames (``WireMessage/packed(compressing:)``).
+    public static let compressionVersion: UInt16 = 6
     /// The first version whose nodes keep syncing across different schemas.
     public static let schemaChangeVersion: UInt16 = 5
     /// The first version in which a ``SyncRequest`` carries the requester's wall clock.
@@ -71,6 +74,9 @@ public enum WireMessage: Hashable, Sendable {
     case inspectionRequest(InspectionRequest)
     /// Its answer (protocol version 3).
     case inspectionAnswer(InspectionAnswer)
+    /// A message encoded ahead of sending, compressed or not (``packed(compressing:)``): its bytes go out as they
+    /// are. Decoding never gives one: a compressed frame decodes as the message it holds.
+    case encoded(EncodedMessage)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -86,6 +92,7 @@ public enum WireMessage: Hashable, Sendable {
         case inspect = 10
         case inspectionRequest = 11
         case inspectionAnswer = 12
+        case compressed = 13
     }
 }
 

@@ -3,7 +3,8 @@ import ShoalProtocol
 import ShoalRelayProtocol
 
 /// Cuts the batches of a delta cursor (opened at the relay's heads) into sealed envelopes: per site, one range per
-/// advance of the cursor's claim, each batch's part encoded and sealed in pieces of at most `pieceBytes`.
+/// advance of the cursor's claim, each batch's part encoded (and compressed, when that pays) and sealed in pieces of at
+/// most `pieceBytes`.
 public struct RelayChunker {
     private let cluster: String
     private let seal: RelaySeal
@@ -18,11 +19,20 @@ public struct RelayChunker {
     /// The highest seq of each site among the changes sent so far in this stream.
     private var sent: [SiteID: UInt64] = [:]
 
-    /// A chunker for a cursor opened at `heads`.
-    public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int) {
+    /// Whether each batch's plaintext is compressed (when that pays) before it is cut and sealed.
+    private let compressing: Bool
+    /// The bytes of the encoded batches cut so far, before compression.
+    public private(set) var plaintextBytes = 0
+    /// The bytes of the sealed bodies cut so far (what the relay stores of them, headers aside).
+    public private(set) var sealedBytes = 0
+
+    /// A chunker for a cursor opened at `heads`; with `compressing`, each batch's plaintext is a compressed frame
+    /// when that pays (``WireMessage/packed(compressing:)``), which members of this build and later open.
+    public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int, compressing: Bool = true) {
         self.cluster = cluster
         self.seal = seal
         self.pieceBytes = max(1024, pieceBytes)
+        self.compressing = compressing
         claim = heads
         since = heads
     }
@@ -56,7 +66,7 @@ public struct RelayChunker {
                 rangeClaim = VersionVector(since.merging(VersionVector(sent)).entries.filter { $0.key != site })
                 rangeClaim.advance(site, to: batch.claim[site])
             }
-            let plaintext = WireMessage.changeBatch(
+            let packed = WireMessage.changeBatch(
                 ChangeBatchMessage(
                     requestID: 0,
                     isLast: true,
@@ -65,7 +75,11 @@ public struct RelayChunker {
                         claim: rangeClaim
                     )
                 )
-            ).encoded()
+            ).packed(compressing: compressing)
+            plaintextBytes += packed.uncompressedCount
+            // Compressed before it is sealed: sealed bytes do not compress. The plaintext's first byte says which it
+            // is (13: a compressed frame; 3: a change batch, as every older member sealed it), inside the seal.
+            let plaintext = packed.payload
             var offset = 0
             while offset < plaintext.count {
                 let end = min(plaintext.count, offset + pieceBytes)
@@ -89,6 +103,7 @@ public struct RelayChunker {
                         )
                     )
                 )
+                sealedBytes += envelopes[envelopes.count - 1].sealed.count
                 range.index += 1
                 offset = end
             }

@@ -29,6 +29,9 @@ public struct RelayClientConfiguration: Sendable {
     public var pageBytes = RelayAPI.defaultPageBytes
     /// The largest plaintext sealed into one envelope.
     public var pieceBytes = 1024 * 1024
+    /// Whether change sets are compressed (where that pays) before they are sealed. Members of builds before
+    /// compression cannot open compressed ones: turn it off while such members pull from the relay.
+    public var compression = true
     /// About how many bytes each upload request carries.
     public var requestBytes = 8 * 1024 * 1024
     /// When the change sets the relay's snapshot does not cover grow beyond this many bytes (and beyond the snapshot

@@ -93,7 +93,17 @@ extension RelayLink {
     ) async throws(RelayCallError) -> (finished: Bool, covered: VersionVector) {
         let (pieceBytes, requestBytes, seal) = state.withLock { ($0.pieceBytes, $0.requestBytes, $0.credentials.seal) }
         let cursor = try await local { () throws(ShoalError) in try await node.store.openCursor(since: since) }
-        var chunker = RelayChunker(cluster: configuration.clusterID, seal: seal, heads: since, pieceBytes: pieceBytes)
+        var chunker = RelayChunker(
+            cluster: configuration.clusterID,
+            seal: seal,
+            heads: since,
+            pieceBytes: pieceBytes,
+            compressing: configuration.compression
+        )
+        defer {
+            let (plaintext, sealed) = (chunker.plaintextBytes, chunker.sealedBytes)
+            state.withLock { $0.cut(plaintextBytes: plaintext, sealedBytes: sealed) }
+        }
         var requests = RelayUploadBuffer(requestBytes: requestBytes)
         var finished = true
         do throws(RelayCallError) {

@@ -124,6 +124,13 @@ struct RelayLinkState: Sendable {
         status.applied += UInt64(applied)
     }
 
+    /// An upload cut change sets: `plaintextBytes` of encoded batches, sealed into `sealedBytes` (compressed first
+    /// where that paid).
+    mutating func cut(plaintextBytes: Int, sealedBytes: Int) {
+        status.plaintextBytes += UInt64(plaintextBytes)
+        status.sealedBytes += UInt64(sealedBytes)
+    }
+
     /// An upload request went through: the relay stored `stored` chunks of `bytes` bytes, to its change log or (when
     /// `toSnapshot`) to a snapshot, which leaves nothing new uncovered.
     mutating func uploaded(stored: Int, bytes: Int, toSnapshot: Bool, now: UInt64) {

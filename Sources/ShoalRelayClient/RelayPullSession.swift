@@ -109,6 +109,10 @@ public struct RelayPullSession: Sendable {
     /// The wait the page being read was asked with, as configured.
     private var wait = 0
 
+    /// The longest encoded change batch a sealed change set may hold once inflated: a value of the maximum size (a batch
+    /// cut by bytes still holds a whole change) and a frame's worth of other changes.
+    public static let maximumBatchBytes = WireProtocol.maximumValueBytes + WireProtocol.defaultMaximumFrameLength
+
     /// A session for `site` of `cluster`; `backoff` paces pulls after pages that moved nothing.
     public init(site: SiteID, cluster: String, backoff: Backoff, blockMilliseconds: UInt64 = 60_000) {
         self.site = site
@@ -277,7 +281,9 @@ public struct RelayPullSession: Sendable {
         let whole = buffers.removeValue(forKey: site) ?? []
         let batch: ChangeBatch
         do {
-            guard case .changeBatch(let message) = try WireMessage.decode(whole) else {
+            // A compressed batch (from members of this build on) inflates within the bound any batch keeps to.
+            let decoded = try WireMessage.decode(whole, maximumInflatedLength: Self.maximumBatchBytes)
+            guard case .changeBatch(let message) = decoded else {
                 _ = block(site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
                 return .skip
             }

@@ -29,6 +29,10 @@ public struct RelayStatus: Sendable, Hashable, Codable {
     public var received: UInt64 = 0
     /// Changes applied from the relay since the node started.
     public var applied: UInt64 = 0
+    /// The bytes of the change batches this node cut into change sets for upload since it started, before compression.
+    public var plaintextBytes: UInt64 = 0
+    /// The bytes of the sealed bodies it cut them into (compressed before sealing, where that paid).
+    public var sealedBytes: UInt64 = 0
     /// The newest key epoch this node seals with (0: the cluster secret; each removal of a member starts a new one).
     public var epoch: UInt32 = 0
     /// Why the relay cannot be used right now, by cause (nil: nothing stands in the way).
@@ -41,7 +45,7 @@ public struct RelayStatus: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case url, reachable, sinceMs, lastPushMs, lastPullMs, lacking, lackingSinceMs, lastSnapshotMs, lastError, lastErrorMs
-        case unauthorized, uploaded, received, applied, epoch, problem
+        case unauthorized, uploaded, received, applied, epoch, problem, plaintextBytes, sealedBytes
     }
 
     /// Decodes what any build wrote: fields a build did not write take their defaults (a status file outlives the
@@ -63,6 +67,8 @@ public struct RelayStatus: Sendable, Hashable, Codable {
         received = try container.decodeIfPresent(UInt64.self, forKey: .received) ?? 0
         applied = try container.decodeIfPresent(UInt64.self, forKey: .applied) ?? 0
         epoch = try container.decodeIfPresent(UInt32.self, forKey: .epoch) ?? 0
+        plaintextBytes = try container.decodeIfPresent(UInt64.self, forKey: .plaintextBytes) ?? 0
+        sealedBytes = try container.decodeIfPresent(UInt64.self, forKey: .sealedBytes) ?? 0
         problem = try? container.decodeIfPresent(RelayProblem.self, forKey: .problem)
     }
 }

@@ -365,10 +365,10 @@ struct ConnectionDriver {
                         of: encoded,
                         pieceBytes: settings.session.pieceBytes
                     ) {
-                        try await write(piece, to: stream)
+                        try await send(piece, session: session, to: stream)
                     }
                 }
-                try await write(.changeBatch(prepared.message), to: stream)
+                try await send(.changeBatch(prepared.message), session: session, to: stream)
                 // Writes wait while the peer stops reading (and time out): a peer taking batches is alive, though
                 // it says nothing until it has applied the last.
                 session.peerIsReading(now: now)
@@ -461,6 +461,18 @@ struct ConnectionDriver {
         heartbeat.cancel()
         _ = await heartbeat.result
         return try result.get()
+    }
+
+    /// Sends a change batch or value piece of an answer, compressed where the session says it pays
+    /// (``SyncSession/packed(_:)``), and counts its bytes.
+    private func send(
+        _ message: WireMessage,
+        session: SyncSession,
+        to stream: some MessageStream
+    ) async throws(ShoalError) {
+        let frame = session.packed(message)
+        metrics?.sent(frame)
+        try await write(.encoded(frame), to: stream)
     }
 
     /// Sends one message; a peer that stops reading makes the write wait, and after the idle timeout the

@@ -73,6 +73,10 @@ public struct NodeConfiguration: Sendable {
     public var backoffMaximumMilliseconds: UInt64 = 30_000
     /// The anti-entropy session's time limits and sizes.
     public var session = SyncSession.Configuration()
+    /// Whether links to a peer on a loopback address are compressed too (``SyncSession/Configuration/compression``):
+    /// their bytes never leave the machine, so by default they are not (compressing them costs CPU and saves nothing);
+    /// tests and benchmarks that stand in for a LAN on one machine turn it on.
+    public var compressesLoopback = false
     /// How the node's store opens and writes.
     public var storeOptions = StoreOptions()
     /// The one clock the node reads: the store's HLC, the sessions' timeouts, the reports. The same value as

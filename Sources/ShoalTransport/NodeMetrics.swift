@@ -1,5 +1,6 @@
 import CoreMetrics
 import ShoalCore
+import ShoalProtocol
 
 /// The metrics of one peer, emitted through swift-metrics: whatever backend the process bootstrapped (`shoal serve
 /// --metrics` bootstraps Prometheus), none at all otherwise. The handles are made once per peer, so recording is a
@@ -18,11 +19,18 @@ struct PeerMetrics: Sendable {
     let gap: Gauge
     /// 1 while the peer holds the same changes but different rows (diverged), else 0.
     let diverged: Gauge
+    private let changeBytesSent: Counter
+    private let changeBytesUncompressed: Counter
+    /// The node's tally of change frames sent, to all peers.
+    private let traffic: ChangeTrafficCounter
 
-    /// The handles of the peer labelled `label`.
-    init(label: String) {
+    /// The handles of the peer labelled `label`; the frames sent to it also count in `traffic`.
+    init(label: String, traffic: ChangeTrafficCounter = ChangeTrafficCounter()) {
         self.label = label
+        self.traffic = traffic
         let peer = [("peer", label)]
+        changeBytesSent = Counter(label: NodeMetrics.changeBytesSent, dimensions: peer)
+        changeBytesUncompressed = Counter(label: NodeMetrics.changeBytesUncompressed, dimensions: peer)
         roundsOK = Counter(label: NodeMetrics.rounds, dimensions: peer + [("result", "ok")])
         roundsFailed = Counter(label: NodeMetrics.rounds, dimensions: peer + [("result", "failed")])
         roundDuration = CoreMetrics.Timer(label: NodeMetrics.roundDuration, dimensions: peer)
@@ -32,6 +40,14 @@ struct PeerMetrics: Sendable {
         staleness = Gauge(label: NodeMetrics.peerStaleness, dimensions: peer)
         gap = Gauge(label: NodeMetrics.peerGap, dimensions: peer)
         diverged = Gauge(label: NodeMetrics.peerDiverged, dimensions: peer)
+    }
+
+    /// A change batch or value piece went to the peer: `frame.payload` on the link, for `frame.uncompressedCount`
+    /// bytes of message.
+    func sent(_ frame: EncodedMessage) {
+        changeBytesSent.increment(by: frame.payload.count)
+        changeBytesUncompressed.increment(by: frame.uncompressedCount)
+        traffic.add(sent: frame.payload.count, uncompressed: frame.uncompressedCount)
     }
 
     /// A pull from the peer finished in `milliseconds`: no catch-up is under way any more.
@@ -79,6 +95,8 @@ package struct NodeMetrics: Sendable {
     static let connectedPeers = "shoal_node_peers_connected"
     static let divergedPeers = "shoal_node_diverged_peers"
     static let peerDiverged = "shoal_node_peer_diverged"
+    static let changeBytesSent = "shoal_node_change_bytes_sent_total"
+    static let changeBytesUncompressed = "shoal_node_change_bytes_uncompressed_total"
 
     /// Peers with a `peer` label of their own; the ones beyond share `other`.
     static let peerLabelLimit = 256
@@ -89,21 +107,26 @@ package struct NodeMetrics: Sendable {
     let connected = Gauge(label: NodeMetrics.connectedPeers)
     /// Peers that hold the same changes but different rows (an error: see `Divergence`).
     let diverged = Gauge(label: NodeMetrics.divergedPeers)
+    /// Change frames sent to every peer, for ``SyncNode/changeTraffic``.
+    let traffic: ChangeTrafficCounter
     private var peers: [SiteID: PeerMetrics] = [:]
     private var other: PeerMetrics?
 
-    init() {}
+    /// The node's metrics; its peers' change frames count in `traffic` too.
+    init(traffic: ChangeTrafficCounter = ChangeTrafficCounter()) {
+        self.traffic = traffic
+    }
 
     /// The handles of peer `site`, made at its first use.
     mutating func peer(_ site: SiteID) -> PeerMetrics {
         if let known = peers[site] { return known }
         guard peers.count < Self.peerLabelLimit else {
             if let other { return other }
-            let shared = PeerMetrics(label: "other")
+            let shared = PeerMetrics(label: "other", traffic: traffic)
             other = shared
             return shared
         }
-        let made = PeerMetrics(label: site.hex)
+        let made = PeerMetrics(label: site.hex, traffic: traffic)
         peers[site] = made
         return made
     }

@@ -52,6 +52,8 @@ extension SyncNode {
         // On an authenticated link the dialler speaks second: the accepting side checks its key last (in TLS 1.3 the
         // client's certificate is checked after the client's handshake ended), and nothing is sent before that.
         settings.session.speaksFirst = !(dialed && identity != nil)
+        // Bytes to a peer on this machine never cross a network: compressing them would only cost CPU.
+        if !configuration.compressesLoopback, Self.isLoopback(remoteIP) { settings.session.compression = false }
         var driver = ConnectionDriver(
             id: id,
             address: address,
@@ -59,13 +61,15 @@ extension SyncNode {
             delegate: self,
             settings: settings
         )
-        let hello: Hello
+        var hello: Hello
         do {
             hello = try await worker.hello(
                 clusterID: configuration.clusterID,
                 nodeName: configuration.nodeName,
                 listenPort: UInt16(listeningPort ?? 0)
             )
+            let highest = max(hello.versions.lowerBound, min(hello.versions.upperBound, settings.session.highestVersion))
+            hello.versions = hello.versions.lowerBound...highest
         } catch {
             // Every channel NIO created must be closed through executeThenClose.
             try? await channel.executeThenClose { _, _ in }
@@ -264,5 +268,13 @@ extension SyncNode: ConnectionDelegate {
             otherViews: others.map { (directory.status(of: $0.site)?.name ?? String($0.site.hex.prefix(8)), $0.view) }
         )
         return ShoalError(code: .clockTooFarAhead, message: message)
+    }
+}
+
+extension SyncNode {
+    /// Whether `ip` is a loopback address (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6).
+    static func isLoopback(_ ip: String?) -> Bool {
+        guard let ip else { return false }
+        return ip.hasPrefix("127.") || ip == "::1" || ip.hasPrefix("::ffff:127.")
     }
 }

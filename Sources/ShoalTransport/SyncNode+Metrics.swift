@@ -44,6 +44,10 @@ extension SyncNode {
         vectorHistory.ageOfOldestLacking(vector, now: configuration.clock.monotonicMilliseconds())
     }
 
+    /// What this node sent of its changes to its peers since it started: frames of change batches and value pieces,
+    /// their bytes on the links and the bytes they held before compression.
+    public nonisolated var changeTraffic: ChangeTraffic { trafficCounter.current }
+
     /// The metrics of `peer` (made at its first use).
     func metrics(for peer: SiteID) -> PeerMetrics {
         nodeMetrics.peer(peer)

@@ -56,7 +56,9 @@ public actor SyncNode: Service {
     var nextChangeWatcher = 0
     var lastRefreshedDigest: StateDigest?
     /// The node's metrics (swift-metrics; see `SyncNode+Metrics.swift`).
-    var nodeMetrics = NodeMetrics()
+    var nodeMetrics: NodeMetrics
+    /// The change frames sent to peers, counted by the connections (``changeTraffic``).
+    nonisolated let trafficCounter: ChangeTrafficCounter
     /// When the node came to hold what it holds, for the age of what a peer lacks.
     var vectorHistory = VersionVectorHistory()
     /// Which peers hold the same changes but not the same rows (see `SyncNode+Divergence.swift`).
@@ -79,6 +81,9 @@ public actor SyncNode: Service {
             )
         }
         self.configuration = configuration
+        let traffic = ChangeTrafficCounter()
+        trafficCounter = traffic
+        nodeMetrics = NodeMetrics(traffic: traffic)
         let worker = try SerializedStore(path: configuration.databasePath, options: configuration.storeOptions)
         self.worker = worker
         self.siteID = await worker.siteID

@@ -7,7 +7,8 @@ import ShoalCore
 /// A frame is a 4-byte big-endian payload length, then the payload. A length beyond `maximumFrameLength`
 /// is refused as soon as the 4 bytes arrive, before any of the payload is buffered; the first frame of a
 /// connection (the hello) is held to `maximumFirstFrameLength`, so a stranger cannot make the node buffer a
-/// full-size frame. The reader index only moves once a whole frame is there.
+/// full-size frame. A compressed frame (protocol version 6) is held to the same limit once inflated. The reader index
+/// only moves once a whole frame is there.
 public struct WireMessageDecoder: ByteToMessageDecoder {
     /// Whole messages go on down the pipeline.
     public typealias InboundOut = WireMessage
@@ -93,7 +94,8 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
         guard buffer.readableBytes >= 4 + Int(length) else { return nil }
         buffer.moveReaderIndex(forwardBy: 4)
         let payload = buffer.readBytes(length: Int(length))!
-        return try WireMessage.decode(payload)
+        // A compressed frame holds at most a frame's worth: the same limit, whatever the compression.
+        return try WireMessage.decode(payload, maximumInflatedLength: maximumFrameLength)
     }
 }
 

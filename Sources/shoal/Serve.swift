@@ -35,6 +35,10 @@ extension ShoalCommand {
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
         @Option(help: "Milliseconds between change-log compactions (0: never).")
         var compactionInterval: UInt64 = 60_000
+        @Flag(help: "Send change batches uncompressed, to peers and to the relay (for measuring, or for a relay that members older than compression pull from).")
+        var noCompression = false
+        @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")
+        var compressLoopback = false
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
         @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
         @Option(
@@ -83,6 +87,8 @@ extension ShoalCommand {
                 return peer
             }
             options.relay = try relayOptions()
+            options.compression = !noCompression
+            options.compressesLoopback = compressLoopback
             if insecurePlaintext {
                 options.insecurePlaintextCluster = cluster ?? "default"
                 log("WARNING: --insecure-plaintext: peer links are neither authenticated nor encrypted; anyone who can reach \(listen) can read and write this database")

@@ -1,4 +1,6 @@
 import ShoalCore
+import ShoalProtocol
+import ShoalTestSupport
 import ShoalRelayClient
 import ShoalRelayProtocol
 import Testing
@@ -36,5 +38,99 @@ import Testing
             for: ChangeBatch(changes: [change(site, 7)], claim: VersionVector([site: 7]))
         )
         #expect(third.count == 1 && third[0].endsRange && third[0].from == 6 && third[0].to == 7)
+    }
+}
+
+/// Compression before sealing: what a batch of text-heavy rows costs at the relay, and that members open change sets
+/// sealed before compression existed as well as compressed ones, through the pull session the link runs.
+@Suite struct RelayCompressionTests {
+    private let seal = RelaySeal(clusterSecret: Array(repeating: 7, count: 32))
+    private let site = SiteID(high: 5, low: 5)
+
+    private func documents(_ count: Int) -> ChangeBatch {
+        var generator = SplitMix(state: 9)
+        let changes = (1...count).map { seq in
+            Change(
+                table: "kv",
+                primaryKey: [.text("doc-\(seq)")],
+                payload: .column("v", .text(JSONDocuments.document(seq, &generator))),
+                causalLength: 1,
+                stamp: Stamp(hlc: HLC(rawValue: UInt64(seq) << 16), site: site, seq: UInt64(seq))
+            )
+        }
+        return ChangeBatch(changes: changes, claim: VersionVector([site: UInt64(count)]))
+    }
+
+    /// The changes a member takes from `envelopes` (one range), through the pull session as the link drives it.
+    private func pulled(_ envelopes: [RelayEnvelope]) throws -> [Change] {
+        var session = RelayPullSession(
+            site: SiteID(high: 9, low: 9), cluster: "c", backoff: Backoff(initialMilliseconds: 10, maximumMilliseconds: 100)
+        )
+        _ = session.request(held: VersionVector(), now: 0, wait: 0, maximumBytes: 1 << 20)
+        var changes: [Change] = []
+        for envelope in envelopes {
+            #expect(session.check(envelope, now: 0) == .open)
+            let piece = session.opened(envelope, plaintext: Result { () throws(ShoalError) in try seal.open(envelope) }, now: 0)
+            switch piece {
+            case .apply(let batch, _): changes += batch.changes
+            case .buffered: break
+            case .skip: Issue.record("a change set was skipped: \(session.problems)")
+            }
+        }
+        return changes
+    }
+
+    @Test func textRowsAreSealedCompressedInUnderFortyPercentAndOpenTheSame() throws {
+        let batch = documents(400)
+        var chunker = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 64 * 1024)
+        let envelopes = try chunker.envelopes(for: batch)
+        let uploaded = envelopes.reduce(0) { $0 + $1.encodedCount }
+        #expect(chunker.plaintextBytes == WireMessage.changeBatch(
+            ChangeBatchMessage(requestID: 0, isLast: true, batch: ChangeBatch(changes: batch.changes, claim: batch.claim))
+        ).encoded().count)
+        #expect(Double(uploaded) <= 0.4 * Double(chunker.plaintextBytes), "\(uploaded) of \(chunker.plaintextBytes)")
+        #expect(chunker.sealedBytes <= uploaded)
+        // The marker is inside the seal: the first plaintext byte is a compressed frame's type.
+        #expect(try seal.open(envelopes[0]).first == 13)
+        #expect(try pulled(envelopes) == batch.changes)
+        // Turned off, the same batch is sealed as older members sealed it.
+        var plain = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 64 * 1024, compressing: false)
+        let plainEnvelopes = try plain.envelopes(for: batch)
+        #expect(try seal.open(plainEnvelopes[0]).first == 3)
+        #expect(plain.sealedBytes > chunker.sealedBytes * 2)
+        #expect(try pulled(plainEnvelopes) == batch.changes)
+    }
+
+    /// A change set sealed by a member of an older build (the batch's plain encoding, cut and sealed, no marker) opens.
+    @Test func aChangeSetSealedBeforeCompressionStillOpens() throws {
+        let batch = documents(40)
+        let plaintext = WireMessage.changeBatch(ChangeBatchMessage(requestID: 0, isLast: true, batch: batch)).encoded()
+        let cut = stride(from: 0, to: plaintext.count, by: 16 * 1024).map { Array(plaintext[$0..<min(plaintext.count, $0 + 16 * 1024)]) }
+        let envelopes = try cut.enumerated().map { index, piece in
+            let last = index == cut.count - 1
+            return try seal.seal(
+                piece,
+                into: RelayEnvelope(
+                    cluster: "c", epoch: 0, site: site, from: 0, to: last ? 40 : 0, upload: 3, index: UInt32(index),
+                    flags: last ? [.batchEnd, .rangeEnd] : [], sealed: []
+                )
+            )
+        }
+        #expect(envelopes.count > 1)
+        #expect(try pulled(envelopes) == batch.changes)
+    }
+
+    /// Random bytes (an already-compressed BLOB) are sealed as they are.
+    @Test func randomBlobsAreSealedAsTheyAre() throws {
+        var generator = SplitMix(state: 4)
+        let blob = (0..<200_000).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
+        let change = Change(
+            table: "kv", primaryKey: [.text("blob")], payload: .column("v", .blob(blob)), causalLength: 1,
+            stamp: Stamp(hlc: HLC(rawValue: 1 << 16), site: site, seq: 1)
+        )
+        var chunker = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 1 << 20)
+        let envelopes = try chunker.envelopes(for: ChangeBatch(changes: [change], claim: VersionVector([site: 1])))
+        #expect(try seal.open(envelopes[0]).first == 3)
+        #expect(try pulled(envelopes) == [change])
     }
 }

@@ -80,8 +80,11 @@ private struct RecordingStream: MessageStream {
     var inbound: AsyncThrowingStream<WireMessage, any Error> { inner.inbound }
 
     func write(_ message: WireMessage) async throws {
-        written.messages.withLock { $0.append(message) }
-        written.sink.yield(message)
+        // A message encoded ahead (a batch or a piece, compressed or not) is recorded as the peer reads it.
+        var seen = message
+        if case .encoded(let encoded) = message { seen = try WireMessage.decode(encoded.payload) }
+        written.messages.withLock { $0.append(seen) }
+        written.sink.yield(seen)
         try await inner.write(message)
     }
     func finish() { inner.finish() }

@@ -23,10 +23,13 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Nodes for the big-table propagation figure.") var bigNodes = 2
     @Option(help: "Rows of 4 KB blobs for the blob catch-up (written 100 to a transaction).") var blobRows = 20_000
     @Option(help: "Size in MiB of the one large value sent on its own.") var bigValueMiB = 64
+    @Option(help: "Rows of JSON documents (a few KB each) for the text catch-up, compressed against raw.")
+    var textRows = 20_000
+    @Option(help: "Timed runs of each mode for the text catch-up (the median is reported).") var textRuns = 3
     @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
     @Option(
         help: """
-            Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-plaintext, \
+            Run one part only: handshake, catchup, text, blobs, bigvalue, propagation, propagation-plaintext, \
             propagation-big, chain, idle, idle-cost or converge.
             """
     )
@@ -41,6 +44,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             figures += try await HandshakeBenchmark.run(directory + "/handshake", connections: handshakes)
         }
         if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
+        if only == nil || only == "text" { figures += try await textCatchUp(directory + "/text") }
         if only == nil || only == "blobs" { figures += try blobCatchUp(directory + "/blobs") }
         if only == nil || only == "bigvalue" { figures += try bigValue(directory + "/bigvalue") }
         if only == nil || only == "propagation" { figures += try await propagation(directory + "/propagation") }
@@ -63,7 +67,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
-        printFigures(figures, json: json)
+        printFigures(figures, json: json, width: 40)
     }
 
     func makeDatabase(_ path: String, name: String) throws -> Store {

@@ -67,6 +67,35 @@ extension ShoalFuzzing {
             .valuePiece(ValuePiece(requestID: 99, sequence: 1, change: 0, totalLength: 10, offset: 4, bytes: [1, 2, 3, 4, 5, 6])),
         ]
         messages += batches.map { .changeBatch($0) }
+        // Compressed frames (version 6): a batch of text rows and a piece of text, as a node sends them, a bomb (a
+        // stream of 200,000 bytes announcing 1,000) and a frame cut inside its stream.
+        let text = (0..<40).map { "row \($0): {\"title\": \"a note\", \"tags\": [\"red\", \"blue\"], \"done\": false}" }
+        let textBatch = ChangeBatchMessage(
+            requestID: 7, isLast: true,
+            batch: ChangeBatch(
+                changes: text.enumerated().map { index, body in
+                    Change(
+                        table: "notes", primaryKey: [.integer(Int64(index))], payload: .column("title", .text(body)),
+                        causalLength: 1, stamp: Stamp(hlc: HLC(rawValue: 1 << 20), site: site, seq: UInt64(index + 1))
+                    )
+                },
+                claim: VersionVector([site: 40])
+            )
+        )
+        let textPiece = ValuePiece(
+            requestID: 7, sequence: 0, change: 0, totalLength: 6_000, offset: 0,
+            bytes: Array(text.joined().utf8.prefix(3_000))
+        )
+        let compressedBatch = WireMessage.changeBatch(textBatch).packed(compressing: true)
+        var bomb: [UInt8] = [13, 1]
+        bomb.appendVarint(1_000)
+        bomb += Deflate.compress(Array(repeating: 0x7B, count: 200_000)[...], budget: 200_000)!
+        messages += [
+            .encoded(compressedBatch),
+            .encoded(WireMessage.valuePiece(textPiece).packed(compressing: true)),
+            .encoded(EncodedMessage(payload: bomb, uncompressedCount: 1_000)),
+            .encoded(EncodedMessage(payload: Array(compressedBatch.payload.dropLast(9)), uncompressedCount: 0)),
+        ]
 
         for (index, message) in messages.enumerated() { add(.codec, "message-\(index)", message.encoded()) }
 
@@ -78,6 +107,10 @@ extension ShoalFuzzing {
         }
         for (index, message) in messages.enumerated() where index < 12 || index % 4 == 0 {
             add(.frame, "frame-\(index)", [UInt8(truncatingIfNeeded: index * 37)] + frame(message))
+        }
+        for (index, message) in messages.enumerated() where index >= messages.count - 4 {
+            add(.frame, "compressed-frame-\(index)", [UInt8(truncatingIfNeeded: index * 37)] + frame(message))
+            add(.frame, "compressed-frame-\(index)-small-maximum", [0x83] + frame(message))
         }
         let conversation = frame(messages[0]) + frame(messages[2]) + frame(messages[messages.count - 2]) + frame(messages[4])
         add(.frame, "conversation-whole", [0] + conversation)
