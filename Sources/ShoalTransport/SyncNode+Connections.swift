@@ -130,7 +130,10 @@ extension SyncNode {
     private func closed(_ id: Int, error: ShoalError?, refusal: Rejection? = nil) {
         guard let entry = registry.remove(id) else { return }
         guard let peer = entry.peer else { return }
-        if !registry.isConnected(peer) { directory.disconnected(peer) }
+        if !registry.isConnected(peer) {
+            directory.disconnected(peer)
+            for watcher in disconnectionWatchers.values { watcher.yield(peer) }
+        }
         // Errors while this node stops (a send cut short, …) say nothing about the peer.
         if shuttingDown {
             eventSink.yield(.peerDisconnected(peer, reason: "this node is stopping"))

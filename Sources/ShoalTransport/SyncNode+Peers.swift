@@ -127,6 +127,20 @@ extension SyncNode {
         )
     }
 
+    /// A stream of the peers whose last connection just closed, until the node stops.
+    func disconnections() -> AsyncStream<SiteID> {
+        let (stream, continuation) = AsyncStream.makeStream(of: SiteID.self, bufferingPolicy: .bufferingNewest(16))
+        nextChangeWatcher += 1
+        let id = nextChangeWatcher
+        disconnectionWatchers[id] = continuation
+        continuation.onTermination = { _ in Task { await self.dropDisconnectionWatcher(id) } }
+        return stream
+    }
+
+    private func dropDisconnectionWatcher(_ id: Int) {
+        disconnectionWatchers[id] = nil
+    }
+
     /// Dials `address` until cancelled: connects, runs the connection, and after it ends dials again with
     /// backoff (from the shortest delay again only after a healthy connection).
     private func dialLoop(_ address: PeerAddress, site: SiteID?) async {
@@ -137,10 +151,14 @@ extension SyncNode {
         )
         let setup = channelSetup
         let group = configuration.eventLoopGroup
+        var disconnected = disconnections().makeAsyncIterator()
         while !Task.isCancelled {
             if let site = site ?? directory.site(at: address), directory.isConnected(site) {
-                // Already connected to this peer (perhaps it dialled us): nothing to do for now.
-                try? await Task.sleep(for: .milliseconds(500))
+                // Already connected to this peer (it dialled us): dial once that connection ends, not before.
+                while true {
+                    guard let gone = await disconnected.next() else { return }  // the node stopped
+                    if gone == site { break }
+                }
                 continue
             }
             var healthy = false

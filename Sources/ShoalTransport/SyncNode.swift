@@ -54,6 +54,8 @@ public actor SyncNode: Service {
     /// Who hears when the data may have changed (``changeSignals()``).
     var changeWatchers: [Int: AsyncStream<Void>.Continuation] = [:]
     var nextChangeWatcher = 0
+    /// Who hears when a peer's last connection closed (``disconnections()``).
+    var disconnectionWatchers: [Int: AsyncStream<SiteID>.Continuation] = [:]
     var lastRefreshedDigest: StateDigest?
     /// The node's metrics (swift-metrics; see `SyncNode+Metrics.swift`).
     var nodeMetrics: NodeMetrics
@@ -234,6 +236,7 @@ public actor SyncNode: Service {
         defer {
             eventSink.finish()
             for watcher in changeWatchers.values { watcher.finish() }
+            for watcher in disconnectionWatchers.values { watcher.finish() }
         }
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask {
