@@ -104,7 +104,7 @@ struct ConnectionDriver {
         var outcome = Outcome(established: false, error: nil)
         let tick = settings.tickMilliseconds
         // A quiet link ticks slower: its deadlines (keepalive, idle timeout) are seconds away.
-        let quietTick = max(tick, min(1_000, settings.session.keepaliveInterval / 2, settings.session.idleTimeout / 4))
+        let quietTick = max(tick, min(settings.session.keepaliveInterval / 2, settings.session.idleTimeout / 4))
         let pace = Pace(tick)
         let gate = InboundGate(limit: settings.inboundMessageLimit)
         await withTaskGroup(of: Void.self) { group in

@@ -5,8 +5,9 @@
 /// at our version vector, and nothing committed here since: its periodic rounds are skipped, at most
 /// ``maximumSkips`` in a row. The side that holds something new is never settled, so it keeps its rounds.
 struct SettledLink {
-    /// Periodic rounds skipped in a row at most: digests are compared at the round after.
-    static let maximumSkips = 7
+    /// Periodic rounds skipped in a row at most: digests are compared at the round after (a minute apart at the
+    /// default 2 s interval; any commit starts a round at once).
+    static let maximumSkips = 29
 
     private var pulledNothing = false
     private var peerLevel = false

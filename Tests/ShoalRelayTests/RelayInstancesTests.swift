@@ -23,13 +23,13 @@ extension RelayProcessTests {
         #expect(try await waitUntil(within: 15, checkingEvery: 50) {
             try await offPool { try sqlite3Shell(bPath, "SELECT v FROM kv WHERE k = 'live'") }.stdout == "crossed\n"
         })
-        // A transaction of 30,000 rows of 2 KB (about 60 MB): c, new, catches up through the second instance, which is
-        // killed mid-pull; c goes on with the first from its version vector.
+        // A transaction of 30,000 rows of 2 KB (about 60 MB, random so it does not compress): c, new, catches up
+        // through the second instance, which is killed mid-pull; c goes on with the first from its version vector.
         try await world.write(
             "a",
             """
             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30000)
-            INSERT INTO kv SELECT 'bulk' || i, printf('%.2000c', 'z') || i FROM n;
+            INSERT INTO kv SELECT 'bulk' || i, randomblob(2000) FROM n;
             """
         )
         #expect(try await waitUntil(within: 120) { (try await world.relayStatus("a"))["lacking"] as? Int == 0 })

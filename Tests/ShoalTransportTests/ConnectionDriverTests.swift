@@ -326,15 +326,17 @@ private func exchange(
         #expect(!outcomeB.healthy)
     }
 
-    @Test func aSettledLinkSkipsPeriodicRoundsButNeverMoreThanSevenInARow() {
+    @Test func aSettledLinkSkipsPeriodicRoundsButNeverMoreThanTwentyNineInARow() {
         var link = SettledLink()
         func due() -> Bool { link.periodicRoundIsDue() }
         #expect(due())  // nothing known yet
         link.pullFinished(applied: 0)
         #expect(due())  // the peer has not acknowledged our vector yet
         link.acknowledged(level: true)
-        let pattern = (0..<16).map { _ in due() }
-        #expect(pattern == Array(repeating: false, count: 7) + [true] + Array(repeating: false, count: 7) + [true])
+        let pattern = (0..<60).map { _ in due() }
+        let skips = Array(repeating: false, count: SettledLink.maximumSkips)
+        #expect(SettledLink.maximumSkips == 29)
+        #expect(pattern == skips + [true] + skips + [true])
         // A commit here, a pull that brought something, a peer behind: each makes the next periodic round run.
         link.committed()
         #expect(due())
