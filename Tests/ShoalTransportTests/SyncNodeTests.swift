@@ -90,7 +90,8 @@ import ShoalTestSupport
         // Through all of that, the good peer keeps syncing.
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('still', 'here')")
         #expect(try await converge(a, b))
-        #expect(await a.node.peerStatuses().filter(\.isConnected).count == 1)
+        // The misbehaving connections close on their own time (a loaded machine lags): then only b is connected.
+        #expect(try await waitUntil(within: 30) { await a.node.peerStatuses().filter(\.isConnected).count == 1 })
         await b.stop()
         await a.stop()
     }

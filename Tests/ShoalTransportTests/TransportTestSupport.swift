@@ -79,7 +79,7 @@ func rawExchange(
     port: Int,
     sending bytes: [UInt8],
     finish: Bool = false,
-    within seconds: Double = 10
+    within seconds: Double = 30
 ) async throws
     -> [WireMessage]
 {
