@@ -50,9 +50,28 @@ package final class SQLiteConnection {
 
     /// Runs SQL with no parameters and no results (several statements allowed).
     package func exec(_ sql: String) throws(ShoalError) {
+        guard let writeHolds else {
+            let code = sqlite3_exec(handle, sql, nil, nil, nil)
+            guard code == SQLITE_OK else { throw error(code, statement: sql) }
+            return
+        }
+        let wasWriting = sqlite3_txn_state(handle, nil) == SQLITE_TXN_WRITE
         let code = sqlite3_exec(handle, sql, nil, nil, nil)
+        let isWriting = sqlite3_txn_state(handle, nil) == SQLITE_TXN_WRITE
+        if !wasWriting && isWriting {
+            writeHoldStarted = ContinuousClock.now
+        } else if wasWriting && !isWriting, let started = writeHoldStarted {
+            let held = (ContinuousClock.now - started).components
+            writeHolds.record(UInt64(held.seconds) * 1_000_000_000 + UInt64(held.attoseconds / 1_000_000_000))
+            writeHoldStarted = nil
+        }
         guard code == SQLITE_OK else { throw error(code, statement: sql) }
     }
+
+    /// Where the write transactions opened and ended by ``exec(_:)`` are timed, when set.
+    package var writeHolds: WriteHoldMeter?
+    /// When the write transaction open now took the lock (see ``writeHolds``).
+    private var writeHoldStarted: ContinuousClock.Instant?
 
     package func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         var statement: OpaquePointer?

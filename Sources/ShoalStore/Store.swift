@@ -72,6 +72,8 @@ public final class Store {
     public let path: String
     let options: StoreOptions
     let connection: SQLiteConnection
+    /// How long this store's write transactions hold SQLite's write lock (see ``writeLockHolds``).
+    let writeHolds = WriteHoldMeter()
     let capture = ChangeCapture()
     var sites = SiteTable()
     /// How many delta cursors are being read (compaction waits for none).
@@ -145,6 +147,7 @@ public final class Store {
         self.path = path
         self.options = options
         self.connection = try SQLiteConnection(path: path)
+        connection.writeHolds = writeHolds
         self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
         self.fenceGate = options.fenceGate
         if path != ":memory:" && !path.isEmpty {
