@@ -24,10 +24,12 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Rows of 4 KB blobs for the blob catch-up (written 100 to a transaction).") var blobRows = 20_000
     @Option(help: "Size in MiB of the one large value sent on its own.") var bigValueMiB = 64
     @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
+    @Option(help: "Milliseconds between the app's inserts, for app-writer.") var appWriteInterval = 5
+    @Option(help: "The app connection's busy timeout in milliseconds, for app-writer.") var appBusyTimeout = 5_000
     @Option(
         help: """
             Run one part only: handshake, catchup, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, chain, idle, idle-cost or converge.
+            propagation-big, chain, idle, idle-cost, converge or app-writer (not run by default).
             """
     )
     var only: String?
@@ -63,6 +65,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
+        if only == "app-writer" { figures += try appWriter(directory + "/app-writer") }
         printFigures(figures, json: json)
     }
 
