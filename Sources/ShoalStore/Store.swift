@@ -73,7 +73,7 @@ public final class Store {
     let options: StoreOptions
     let connection: SQLiteConnection
     /// How long this store's write transactions hold SQLite's write lock (see ``writeLockHolds``).
-    let writeHolds = WriteHoldMeter()
+    let writeHolds: WriteHoldMeter
     let capture = ChangeCapture()
     var sites = SiteTable()
     /// How many delta cursors are being read (compaction waits for none).
@@ -146,8 +146,10 @@ public final class Store {
     public init(path: String, options: StoreOptions = StoreOptions()) throws(ShoalError) {
         self.path = path
         self.options = options
-        self.connection = try SQLiteConnection(path: path)
+        let connection = try SQLiteConnection(path: path)
+        let writeHolds = WriteHoldMeter()
         connection.writeHolds = writeHolds
+        (self.connection, self.writeHolds) = (connection, writeHolds)
         self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
         self.fenceGate = options.fenceGate
         if path != ":memory:" && !path.isEmpty {

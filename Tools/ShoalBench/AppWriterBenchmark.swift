@@ -38,12 +38,13 @@ extension SyncBenchmark {
         )
         defer { catching.stop() }
 
-        let done = Atomic(false)
+        let done = StopFlag()
+        let (interval, busyTimeout) = (appWriteInterval, appBusyTimeout)
         let app = Thread.detachNewThreadWithResult {
             AppWriter.run(
                 path: directory + "/target.db",
-                intervalMilliseconds: appWriteInterval,
-                busyTimeoutMilliseconds: appBusyTimeout,
+                intervalMilliseconds: interval,
+                busyTimeoutMilliseconds: busyTimeout,
                 until: done
             )
         }
@@ -61,9 +62,8 @@ extension SyncBenchmark {
         // holds meanwhile count in the longest), and the two nodes' digests meet (the app's rows reached the source).
         while true {
             let status = try StatusProbe.status(database: directory + "/target.db")
-            if status["digest_current"] as? Bool == true, status["digest"] as? String == (try source.digest().hex) {
-                break
-            }
+            let goal = try source.digest().hex
+            if status["digest_current"] as? Bool == true, status["digest"] as? String == goal { break }
             guard Date().timeIntervalSince(started) < 900 else { throw ServeError(message: "the digests never met") }
             Thread.sleep(forTimeInterval: 0.2)  // sampling, not synchronisation
         }
@@ -94,12 +94,11 @@ extension SyncBenchmark {
 }
 
 /// A flag one thread sets and another reads.
-final class Atomic: @unchecked Sendable {
+final class StopFlag: @unchecked Sendable {
     // @unchecked: every access holds `lock`.
     private let lock = NSLock()
-    private var value: Bool
+    private var value = false
 
-    init(_ value: Bool) { self.value = value }
     func set() { lock.withLock { value = true } }
     var isSet: Bool { lock.withLock { value } }
 }
@@ -113,7 +112,7 @@ enum AppWriter {
         var failures = 0
     }
 
-    static func run(path: String, intervalMilliseconds: Int, busyTimeoutMilliseconds: Int, until done: Atomic) -> Result {
+    static func run(path: String, intervalMilliseconds: Int, busyTimeoutMilliseconds: Int, until done: StopFlag) -> Result {
         var result = Result()
         var handle: OpaquePointer?
         guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let handle else { return result }
@@ -146,7 +145,7 @@ enum StatusProbe {
         var notLive = 0
     }
 
-    static func run(database: String, until done: Atomic) -> Result {
+    static func run(database: String, until done: StopFlag) -> Result {
         var result = Result()
         while !done.isSet {
             let started = Clock.now()
