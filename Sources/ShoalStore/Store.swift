@@ -116,6 +116,10 @@ public final class Store {
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
+    /// The entry a compaction slice stopped inside (its rows from `offset` on not looked at yet), resumed first.
+    var compactionResume: (site: Int64, seq: Int64, table: Int64, offset: Int)?
+    /// How many rows one compaction slice looks at, at most: one short write transaction.
+    static let compactionRowsPerSlice = 4_000
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
     var outboxCheckedAt: Int64?
     /// Whether triggers of the main schema run on this connection (see ``updateTriggerSwitch()``).
