@@ -57,8 +57,8 @@ extension Store {
                 resume.map { (site: $0.site, seq: $0.seq, table: $0.table) } ?? compactionPosition
                 ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
             let select = try statement(
-                "SELECT site, seq, tbl, keys FROM shoal_log WHERE (site, seq, tbl) \(resume == nil ? ">" : ">=") (?, ?, ?) "
-                    + "ORDER BY site, seq, tbl LIMIT ?"
+                "SELECT site, seq, tbl, keys FROM shoal_log "
+                    + "WHERE (site, seq, tbl) \(resume == nil ? ">" : ">=") (?, ?, ?) ORDER BY site, seq, tbl LIMIT ?"
             )
             try select.bind([
                 .integer(start.site), .integer(start.seq), .integer(start.table), .integer(Int64(maxEntries)),
