@@ -48,7 +48,9 @@ extension SyncBenchmark {
                 until: done
             )
         }
-        let statuses = Thread.detachNewThreadWithResult { StatusProbe.run(database: directory + "/target.db", until: done) }
+        let statuses = Thread.detachNewThreadWithResult {
+            StatusProbe.run(database: directory + "/target.db", until: done)
+        }
         let started = Date()
         while try !target.versionVector().dominatesOrEquals(goal) {
             guard Date().timeIntervalSince(started) < 900 else { throw ServeError(message: "catch-up stalled") }
@@ -115,7 +117,9 @@ enum AppWriter {
     static func run(path: String, intervalMilliseconds: Int, busyTimeoutMilliseconds: Int, until done: StopFlag) -> Result {
         var result = Result()
         var handle: OpaquePointer?
-        guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let handle else { return result }
+        guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let handle else {
+            return result
+        }
         defer { sqlite3_close_v2(handle) }
         sqlite3_busy_timeout(handle, Int32(busyTimeoutMilliseconds))
         sqlite3_exec(handle, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL", nil, nil, nil)
