@@ -114,7 +114,12 @@ enum AppWriter {
         var failures = 0
     }
 
-    static func run(path: String, intervalMilliseconds: Int, busyTimeoutMilliseconds: Int, until done: StopFlag) -> Result {
+    static func run(
+        path: String,
+        intervalMilliseconds: Int,
+        busyTimeoutMilliseconds: Int,
+        until done: StopFlag
+    ) -> Result {
         var result = Result()
         var handle: OpaquePointer?
         guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let handle else {
