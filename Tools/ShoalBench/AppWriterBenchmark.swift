@@ -57,6 +57,7 @@ extension SyncBenchmark {
             Thread.sleep(forTimeInterval: 0.05)  // sampling, not synchronisation
         }
         let seconds = Date().timeIntervalSince(started)
+        let finished = Clock.now()
         done.set()
         let writes = app.value
         let probes = statuses.value
@@ -76,8 +77,17 @@ extension SyncBenchmark {
             let sorted = values.sorted()
             return sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
         }
+        // How far each ETA shown was from the time the catch-up then took: the worst factor, and the share within 2x.
+        let factors = probes.estimates.compactMap { estimate -> Double? in
+            let truth = finished - estimate.at
+            guard truth > 0.5, estimate.secondsLeft > 0 else { return nil }
+            return max(estimate.secondsLeft / truth, truth / estimate.secondsLeft)
+        }
         return [
             ("app_writer_catchup_seconds", seconds),
+            ("app_writer_eta_samples", Double(factors.count)),
+            ("app_writer_eta_worst_factor", factors.max() ?? .nan),
+            ("app_writer_eta_within_2x_share", Double(factors.filter { $0 <= 2 }.count) / Double(max(1, factors.count))),
             ("app_writer_digests_match_seconds", settled),
             ("app_writer_node_longest_hold_ms", holds.longest),
             ("app_writer_node_holds_over_50_ms", holds.over50),
@@ -152,6 +162,8 @@ enum StatusProbe {
         var latencies: [Double] = []
         /// Answers without the running node's part (no live status found).
         var notLive = 0
+        /// When (``Clock/now()``) the status said how many seconds the catch-up had left (its ETA).
+        var estimates: [(at: Double, secondsLeft: Double)] = []
     }
 
     static func run(database: String, until done: StopFlag) -> Result {
@@ -161,6 +173,10 @@ enum StatusProbe {
             guard let status = try? status(database: database) else { continue }
             result.latencies.append((Clock.now() - started) * 1000)
             if (status["running"] as? Bool) != true { result.notLive += 1 }
+            let peers = status["peers"] as? [[String: Any]] ?? []
+            if let left = peers.compactMap({ ($0["catchUpSecondsLeft"] as? NSNumber)?.doubleValue }).first {
+                result.estimates.append((started, left))
+            }
             Thread.sleep(forTimeInterval: 0.2)
         }
         return result
