@@ -545,7 +545,7 @@ extension Store {
             digest: settlingDigest ? try digest() : try digestAsFolded(),
             identityChange: try identityChange()
         )
-        status.digestIsCurrent = try settlingDigest || !digestNeedsSettling(storedTableDigests())
+        if !settlingDigest { status.digestIsCurrent = !(try digestNeedsSettling(try storedTableDigests())) }
         (status.schemaChanges, status.schemaPending) = try schemaPosition()
         status.schemaConflicts = try schemaConflicts()
         status.heldChanges = try heldChanges()
