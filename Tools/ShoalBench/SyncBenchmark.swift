@@ -66,7 +66,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
         if only == "app-writer" { figures += try appWriter(directory + "/app-writer") }
-        printFigures(figures, json: json)
+        printFigures(figures, json: json, width: 36)
     }
 
     func makeDatabase(_ path: String, name: String) throws -> Store {
