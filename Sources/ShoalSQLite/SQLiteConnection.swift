@@ -31,6 +31,7 @@ package final class SQLiteConnection {
     }
 
     deinit {
+        if writeHolds != nil { sqlite3_wal_hook(handle, nil, nil) }
         sqlite3_close_v2(handle)
     }
 
@@ -50,9 +51,45 @@ package final class SQLiteConnection {
 
     /// Runs SQL with no parameters and no results (several statements allowed).
     package func exec(_ sql: String) throws(ShoalError) {
+        guard let writeHolds else {
+            let code = sqlite3_exec(handle, sql, nil, nil, nil)
+            guard code == SQLITE_OK else { throw error(code, statement: sql) }
+            return
+        }
+        let wasWriting = sqlite3_txn_state(handle, nil) == SQLITE_TXN_WRITE
         let code = sqlite3_exec(handle, sql, nil, nil, nil)
+        let isWriting = sqlite3_txn_state(handle, nil) == SQLITE_TXN_WRITE
+        if !wasWriting && isWriting {
+            writeHoldStarted = ContinuousClock.now
+        } else if wasWriting && !isWriting, let started = writeHoldStarted {
+            // The lock was released when the commit reached the write-ahead log (the WAL hook noted when), before any
+            // checkpoint that commit ran: readers and writers do not wait for a checkpoint.
+            let held = ((writeReleased ?? ContinuousClock.now) - started).components
+            writeHolds.record(UInt64(held.seconds) * 1_000_000_000 + UInt64(held.attoseconds / 1_000_000_000))
+            writeHoldStarted = nil
+        }
+        writeReleased = nil
         guard code == SQLITE_OK else { throw error(code, statement: sql) }
     }
+
+    /// Where the write transactions opened and ended by ``exec(_:)`` are timed, when set. Setting it installs a WAL
+    /// hook that notes when each commit released the lock and then checkpoints as `wal_autocheckpoint` does (every
+    /// 1,000 pages), so that a checkpoint's time does not count as a hold.
+    package var writeHolds: WriteHoldMeter? {
+        didSet {
+            guard writeHolds != nil, oldValue == nil else { return }
+            sqlite3_wal_hook(handle, { context, database, name, pages in
+                let connection = Unmanaged<SQLiteConnection>.fromOpaque(context!).takeUnretainedValue()
+                connection.writeReleased = ContinuousClock.now
+                if pages >= 1_000 { sqlite3_wal_checkpoint_v2(database, name, SQLITE_CHECKPOINT_PASSIVE, nil, nil) }
+                return SQLITE_OK
+            }, Unmanaged.passUnretained(self).toOpaque())
+        }
+    }
+    /// When the last commit released the write lock (set by the WAL hook).
+    private var writeReleased: ContinuousClock.Instant?
+    /// When the write transaction open now took the lock (see ``writeHolds``).
+    private var writeHoldStarted: ContinuousClock.Instant?
 
     package func prepare(_ sql: String) throws(ShoalError) -> SQLiteStatement {
         var statement: OpaquePointer?

@@ -11,6 +11,8 @@ import Synchronization
 public actor SerializedStore {
     private let store: Store
     private let executor: StoreExecutor
+    /// The store's write-lock meter, read without waiting for the store's thread.
+    private nonisolated let writeHolds: WriteHoldMeter
     /// The node's clock (the store's): when the data changed, when a failed capture is retried.
     private let clock: any WallClock
 
@@ -86,6 +88,7 @@ public actor SerializedStore {
     /// Opens the database at `path` (see ``Store/init(path:options:)``) behind one serial executor.
     public init(path: String, options: StoreOptions) throws(ShoalError) {
         store = try Store(path: path, options: options)
+        writeHolds = store.writeHolds
         clock = options.clock
         executor = StoreExecutor()
     }
@@ -169,23 +172,43 @@ public actor SerializedStore {
     /// `received` holds the highest seq per site applied from earlier batches of the same answer; the result's
     /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``). `origin` is what
     /// ``commits()`` says of it.
+    ///
+    /// The batch is applied in slices (``SlicedApply``), each a write transaction of its own that holds SQLite's
+    /// write lock for about 20 ms, and the claim last: an app writing the file waits for one slice at most. Between
+    /// slices the store's other jobs run (a status report, the app's write through this door, another peer's slice).
     public func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64] = [:],
         origin: StoreCommit.Origin = .peer
-    ) throws(ShoalError) -> (
+    ) async throws(ShoalError) -> (
         applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64],
         conflictsByTable: [String: Int]
     ) {
         let held = try store.versionVector()
         if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:]) }
-        let report = try store.apply(batch.changes, claim: batch.claim, received: received)
-        if report.applied > 0 { changed(origin) }
+        var slices = SlicedApply(batch, received: received)
+        var appliedSoFar = 0
+        while try !slices.step(store) {
+            if slices.report.applied > appliedSoFar {
+                appliedSoFar = slices.report.applied
+                changed(origin)
+            }
+            await Task.yield()
+        }
+        let report = slices.report
+        if report.applied > appliedSoFar { changed(origin) }
         return (
             report.applied, try versionVector(), report.clockRefusals,
             received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable
         )
     }
+
+    /// How long this store held SQLite's write lock so far (see ``WriteLockHolds``); readable at once, also while a
+    /// transaction is open.
+    public nonisolated var writeLockHolds: WriteLockHolds { WriteLockHolds(writeHolds.reading) }
+
+    /// Forgets the write-lock holds measured so far.
+    public nonisolated func resetWriteLockHolds() { writeHolds.reset() }
 
     /// The state digest (see ``Store/digest()``).
     public func digest() throws(ShoalError) -> StateDigest {
@@ -285,8 +308,9 @@ public actor SerializedStore {
         case inProgress
     }
 
-    /// How many changed rows one refresh call folds into the digest at most.
-    package static let digestSliceRows = 20_000
+    /// How many changed rows one refresh call folds into the digest at most: each call is one write transaction, and
+    /// 2,000 rows fold in well under 50 ms, so an app writing the file beside a catch-up waits that long at most.
+    package static let digestSliceRows = 2_000
 
     /// Brings the digest up to date if it is stale, the last refresh is at least `interval` ms old, and the data
     /// has been quiet for `quiet` ms, folding in changed rows a slice at a time.

@@ -91,6 +91,16 @@ extension Store {
         }
     }
 
+    /// Checks `changes` and `claim` as an apply would before writing anything (see ``apply(_:claim:since:received:)``),
+    /// without writing: a batch applied in slices (``SlicedApply``) is refused whole, before its first slice, as one
+    /// applied at once is.
+    func validateBeforeSlices(_ changes: [Change], claim: VersionVector) throws(ShoalError) {
+        try inReadSnapshot { () throws(ShoalError) in
+            try refreshSites()
+            _ = try validate(changes, claim: claim, since: nil)
+        }
+    }
+
     /// Applies a stream whose changes arrive in chunks (`next` returns `nil` after the last), all in one
     /// transaction: each chunk is merged as soon as it comes, so a reader can parse while this applies, and
     /// an error from `next` (a truncated or malformed stream) or from any chunk rolls everything back. The

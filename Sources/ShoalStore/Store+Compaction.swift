@@ -51,10 +51,14 @@ extension Store {
             try refreshSites()
             try stampForeignWrites()
             var report = CompactionReport()
-            let start = compactionPosition ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
+            // Resumed inside an entry a slice left half examined (`compactionResume`), or after the last one examined.
+            let resume = compactionResume
+            let start =
+                resume.map { (site: $0.site, seq: $0.seq, table: $0.table) } ?? compactionPosition
+                ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
             let select = try statement(
-                "SELECT site, seq, tbl, keys FROM shoal_log WHERE (site, seq, tbl) > (?, ?, ?) "
-                    + "ORDER BY site, seq, tbl LIMIT ?"
+                "SELECT site, seq, tbl, keys FROM shoal_log "
+                    + "WHERE (site, seq, tbl) \(resume == nil ? ">" : ">=") (?, ?, ?) ORDER BY site, seq, tbl LIMIT ?"
             )
             try select.bind([
                 .integer(start.site), .integer(start.seq), .integer(start.table), .integer(Int64(maxEntries)),
@@ -70,7 +74,10 @@ extension Store {
             let remove = try statement("DELETE FROM shoal_log WHERE site = ? AND seq = ? AND tbl = ?")
             let rewrite = try statement("UPDATE shoal_log SET keys = ? WHERE site = ? AND seq = ? AND tbl = ?")
             var newestBySite: [Int64: Int64] = [:]
-            for entry in entries {
+            // Rows looked at in this slice: a transaction of a million rows is one entry, examined over many slices.
+            var rowsLooked = 0
+            var stoppedInside: (site: Int64, seq: Int64, table: Int64, offset: Int)?
+            entries: for entry in entries {
                 report.examined += 1
                 guard let table = tablesByID[entry.table] else { continue }
                 if newestBySite[entry.site] == nil {
@@ -80,17 +87,28 @@ extension Store {
                 }
                 if newestBySite[entry.site] == entry.seq { continue }
                 let dot = Dot(site: try sites.site(at: UInt64(entry.site)), seq: UInt64(bitPattern: entry.seq))
-                var kept: [UInt8] = []
+                let resumeAt =
+                    resume.flatMap { resume in
+                        (resume.site, resume.seq, resume.table) == (entry.site, entry.seq, entry.table)
+                            ? min(resume.offset, entry.keys.count) : nil
+                    } ?? 0
+                var kept = Array(entry.keys[0..<resumeAt])
                 var dropped = 0
-                var reader = ByteReader(entry.keys)
-                while !reader.isAtEnd {
+                var reader = ByteReader(Array(entry.keys[resumeAt...]))
+                while !reader.isAtEnd, rowsLooked < Self.compactionRowsPerSlice {
                     let start = reader.offset
                     let key = try Self.readLogKey(&reader, table: table)
+                    rowsLooked += 1
                     if try loadState(table: table, key: key)?.holds(dot) == true {
-                        kept.append(contentsOf: entry.keys[start..<reader.offset])
+                        kept.append(contentsOf: entry.keys[(resumeAt + start)..<(resumeAt + reader.offset)])
                     } else {
                         dropped += 1
                     }
+                }
+                if !reader.isAtEnd {
+                    // The slice's budget ran out inside this entry: the rest of its rows stay, looked at next time.
+                    stoppedInside = (entry.site, entry.seq, entry.table, kept.count)
+                    kept.append(contentsOf: entry.keys[(resumeAt + reader.offset)...])
                 }
                 let identity: [SQLValue] = [.integer(entry.site), .integer(entry.seq), .integer(entry.table)]
                 if kept.isEmpty {
@@ -102,10 +120,17 @@ extension Store {
                     try rewrite.run()
                     report.keysDropped += dropped
                 }
+                if stoppedInside != nil { break entries }
             }
             try connection.exec("COMMIT")
-            report.reachedEnd = entries.count < maxEntries
-            compactionPosition = report.reachedEnd ? nil : entries.last.map { ($0.site, $0.seq, $0.table) }
+            compactionResume = stoppedInside
+            if let stoppedInside {
+                report.reachedEnd = false
+                compactionPosition = (stoppedInside.site, stoppedInside.seq, stoppedInside.table)
+            } else {
+                report.reachedEnd = entries.count < maxEntries
+                compactionPosition = report.reachedEnd ? nil : entries.last.map { ($0.site, $0.seq, $0.table) }
+            }
             return report
         } catch {
             try? connection.exec("ROLLBACK")

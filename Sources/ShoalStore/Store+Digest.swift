@@ -40,6 +40,9 @@ public struct StoreStatus: Sendable, Hashable {
     public var schemaConflicts: [SchemaConflict] = []
     /// Changes held for tables and columns this node does not have (yet), per table (see ``Store/heldChanges()``).
     public var heldChanges: [String: Int] = [:]
+    /// Whether ``digest`` holds every row as it is now; `false` when it was read as last folded (see
+    /// ``Store/status(settlingDigest:)``) and rows changed since.
+    public var digestIsCurrent = true
 }
 
 // The digest is kept incrementally, per table: `shoal_digest` holds each table's sum and row count,
@@ -59,6 +62,15 @@ extension Store {
         if try digestNeedsSettling(stored) {
             try inWriteTransaction { () throws(ShoalError) in stored = try settleDigest(budget: nil).stored }
         }
+        var digest = StateDigest()
+        for table in capture.tables { if let part = stored[table.id] { digest.add(part) } }
+        return digest
+    }
+
+    /// The digest as last folded, without folding in what changed since (read-only).
+    func digestAsFolded() throws(ShoalError) -> StateDigest {
+        try refreshSchema()
+        let stored = try storedTableDigests()
         var digest = StateDigest()
         for table in capture.tables { if let part = stored[table.id] { digest.add(part) } }
         return digest
@@ -503,7 +515,11 @@ extension Store {
     }
 
     /// Site id, version vector, tables with row and tombstone counts, paused tables, conflicts and digest.
-    public func status() throws(ShoalError) -> StoreStatus {
+    ///
+    /// `settlingDigest: false` leaves the digest as last folded when rows changed since (see
+    /// ``StoreStatus/digestIsCurrent``): folding a catch-up's million rows takes the write lock for seconds, which a
+    /// status read beside a running node must not do (the node folds them a slice at a time).
+    public func status(settlingDigest: Bool = true) throws(ShoalError) -> StoreStatus {
         try refreshSchema()
         try captureForeignWritesIfIdle()
         var tables: [TableStatus] = []
@@ -526,9 +542,10 @@ extension Store {
             tables: tables.filter { $0.name != Self.schemaTable },
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
-            digest: try digest(),
+            digest: settlingDigest ? try digest() : try digestAsFolded(),
             identityChange: try identityChange()
         )
+        if !settlingDigest { status.digestIsCurrent = !(try digestNeedsSettling(try storedTableDigests())) }
         (status.schemaChanges, status.schemaPending) = try schemaPosition()
         status.schemaConflicts = try schemaConflicts()
         status.heldChanges = try heldChanges()

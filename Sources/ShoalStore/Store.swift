@@ -72,6 +72,8 @@ public final class Store {
     public let path: String
     let options: StoreOptions
     let connection: SQLiteConnection
+    /// How long this store's write transactions hold SQLite's write lock (see ``writeLockHolds``).
+    let writeHolds: WriteHoldMeter
     let capture = ChangeCapture()
     var sites = SiteTable()
     /// How many delta cursors are being read (compaction waits for none).
@@ -114,6 +116,10 @@ public final class Store {
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
     var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
+    /// The entry a compaction slice stopped inside (its rows from `offset` on not looked at yet), resumed first.
+    var compactionResume: (site: Int64, seq: Int64, table: Int64, offset: Int)?
+    /// How many rows one compaction slice looks at, at most: one short write transaction.
+    static let compactionRowsPerSlice = 4_000
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
     var outboxCheckedAt: Int64?
     /// Whether triggers of the main schema run on this connection (see ``updateTriggerSwitch()``).
@@ -144,7 +150,10 @@ public final class Store {
     public init(path: String, options: StoreOptions = StoreOptions()) throws(ShoalError) {
         self.path = path
         self.options = options
-        self.connection = try SQLiteConnection(path: path)
+        let connection = try SQLiteConnection(path: path)
+        let writeHolds = WriteHoldMeter()
+        connection.writeHolds = writeHolds
+        (self.connection, self.writeHolds) = (connection, writeHolds)
         self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
         self.fenceGate = options.fenceGate
         if path != ":memory:" && !path.isEmpty {

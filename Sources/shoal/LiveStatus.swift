@@ -73,6 +73,8 @@ struct LiveStatus: Codable {
     /// How far this machine's clock runs ahead of its peers' (beyond the drift bound, so writes are stamped with
     /// their time); nil while it does not.
     var clockAheadOfPeersMs: UInt64? = nil
+    /// How long the node held SQLite's write lock, transaction by transaction, since it started.
+    var writeLock: WriteLockHolds? = nil
     var peers: [Peer]
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }

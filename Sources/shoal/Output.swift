@@ -96,6 +96,12 @@ enum Output {
             "running": live != nil,
             "pending_local_changes": live.map { $0.pendingLocalChanges as Any } ?? NSNull(),
             "clock_ahead_of_peers_ms": live?.clockAheadOfPeersMs.map { $0 as Any } ?? NSNull(),
+            "write_lock": live?.writeLock.map { holds in
+                [
+                    "transactions": holds.transactions, "longest_ms": holds.longestMilliseconds,
+                    "over_50_ms": holds.over50Milliseconds, "total_ms": holds.totalMilliseconds,
+                ] as [String: Any]
+            } ?? NSNull(),
             "peers": peers,
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
@@ -123,6 +129,7 @@ enum Output {
                 "held_changes": status.heldChanges,
             ] as [String: Any],
             "digest": status.digest.hex,
+            "digest_current": status.digestIsCurrent,
             "identity_change": status.identityChange.map {
                 ["reason": $0.reason.rawValue, "previous_site": $0.previousSite.hex, "message": $0.description] as Any
             } ?? NSNull(),
@@ -162,7 +169,8 @@ enum Output {
         text +=
             "version:    \(status.versionVector.sorted.map { "\($0.site.hex.prefix(8)):\($0.seq)" }.joined(separator: " "))\n"
         text += "conflicts:  \(status.conflicts)\n"
-        text += "digest:     \(status.digest.hex)\n"
+        text += "digest:     \(status.digest.hex)"
+            + (status.digestIsCurrent ? "\n" : " (not current: the running node is folding in recent changes)\n")
         text += "tables:\n"
         for table in status.tables {
             let counters =
@@ -184,6 +192,10 @@ enum Output {
                 + "with their time; set the clock right\n"
         }
         text += "pending:    \(live.pendingLocalChanges) local transactions no peer (nor the relay) has acknowledged\n"
+        if let holds = live.writeLock {
+            text += "write lock: held at most \(String(format: "%.1f", holds.longestMilliseconds)) ms at a time over "
+                + "\(holds.transactions) write transactions (\(holds.over50Milliseconds) over 50 ms)\n"
+        }
         if let security = live.security { text += "links:      \(security)\n" }
         if let relay = live.relay { text += relayLine(relay) }
         if let devices = live.pending, !devices.isEmpty {
@@ -219,6 +231,7 @@ enum Output {
             let digest =
                 switch (peer.digest, status.digest.hex) {
                 case (nil, _): "digest not reported yet"
+                case _ where !status.digestIsCurrent: "digest being brought up to date here"
                 case (let theirs?, let ours) where theirs == ours: "digest matches"
                 default: "digest differs"
                 }

@@ -51,6 +51,7 @@ final class ServeReporter: Service, Sendable {
                 unreached: await sync.unreachedPeers()
             )
             status.clockAheadOfPeersMs = await sync.clockAheadOfPeers()
+            status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {
                 guard let site = SiteID(hex: status.peers[index].site) else { continue }
                 status.peers[index].lacking = await sync.lacking(by: .peer(site))

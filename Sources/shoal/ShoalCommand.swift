@@ -479,8 +479,10 @@ extension ShoalCommand {
 
         func run() throws {
             let store = try database.open()
-            let status = try store.status()
             let live = LiveStatus.read(forDatabase: database.db)
+            // Beside a running node, the digest is not folded here (the node folds it a slice at a time; a fold of a
+            // catch-up's rows would hold the write lock for seconds).
+            let status = try store.status(settlingDigest: live == nil)
             let keyFile = try? KeyFile.load(forDatabase: database.db)
             print(
                 json

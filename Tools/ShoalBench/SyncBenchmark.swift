@@ -27,10 +27,12 @@ struct SyncBenchmark: AsyncParsableCommand {
     var textRows = 20_000
     @Option(help: "Timed runs of each mode for the text catch-up (the median is reported).") var textRuns = 3
     @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
+    @Option(help: "Milliseconds between the app's inserts, for app-writer.") var appWriteInterval = 5
+    @Option(help: "The app connection's busy timeout in milliseconds, for app-writer.") var appBusyTimeout = 5_000
     @Option(
         help: """
             Run one part only: handshake, catchup, text, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, chain, idle, idle-cost or converge.
+            propagation-big, chain, idle, idle-cost, converge or app-writer (not run by default).
             """
     )
     var only: String?
@@ -67,6 +69,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
+        if only == "app-writer" { figures += try appWriter(directory + "/app-writer") }
         printFigures(figures, json: json, width: 40)
     }
 
