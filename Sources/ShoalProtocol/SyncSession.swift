@@ -17,6 +17,9 @@ public struct SyncSession: Sendable {
         public var keepaliveInterval: UInt64 = 5_000
         /// How long the peer may stay silent before the connection is closed.
         public var idleTimeout: UInt64 = 15_000
+        /// Whether this side pings a quiet link (the dialling side does; the other hears its pings, and both enforce
+        /// the idle timeout): one ping and one pong per quiet interval instead of two of each.
+        public var sendsKeepalives = true
         /// The largest value accepted in pieces (its canonical encoding; a few bytes of tag and length over the
         /// documented maximum value size are allowed).
         public var maximumValueBytes = WireProtocol.maximumValueBytes
@@ -353,7 +356,7 @@ public struct SyncSession: Sendable {
             if now >= lastHeard + configuration.idleTimeout {
                 return refuse(.timeout, "the peer was silent for \(now - lastHeard) ms", code: .timeout)
             }
-            if now >= lastHeard + configuration.keepaliveInterval && pingNonce == nil {
+            if configuration.sendsKeepalives && now >= lastHeard + configuration.keepaliveInterval && pingNonce == nil {
                 pingNonce = now
                 return [.send(.ping(now))]
             }

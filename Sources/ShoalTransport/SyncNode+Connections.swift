@@ -52,6 +52,8 @@ extension SyncNode {
         // On an authenticated link the dialler speaks second: the accepting side checks its key last (in TLS 1.3 the
         // client's certificate is checked after the client's handshake ended), and nothing is sent before that.
         settings.session.speaksFirst = !(dialed && identity != nil)
+        // One side keeps a quiet link alive: the dialler pings, the other hears it (and answers).
+        settings.session.sendsKeepalives = dialed
         // Bytes to a peer on this machine never cross a network: compressing them would only cost CPU.
         if !configuration.compressesLoopback, Self.isLoopback(remoteIP) { settings.session.compression = false }
         var driver = ConnectionDriver(

@@ -179,6 +179,23 @@ private func change(_ seq: UInt64, value: SQLValue = .integer(1)) -> Change {
         #expect(busy.phase == .established)
     }
 
+    @Test func aSideThatSendsNoKeepalivesStillTimesASilentPeerOut() {
+        var listening = established {
+            $0.keepaliveInterval = 5_000
+            $0.idleTimeout = 15_000
+            $0.sendsKeepalives = false
+        }
+        #expect(listening.tick(now: 10_000) == [])
+        // The dialler's ping is hearing from it, and is answered.
+        #expect(listening.receive(.ping(7), now: 10_000) == [.send(.pong(7))])
+        #expect(listening.tick(now: 24_999) == [])
+        guard case .send(.reject(let rejection)) = listening.tick(now: 25_000).first else {
+            Issue.record("a silent peer should be refused after the idle timeout, pings or not")
+            return
+        }
+        #expect(rejection.reason == .timeout)
+    }
+
     @Test func afterAFailureHereThePeersOwnRefusalIsStillHeard() {
         var session = established()
         _ = session.fail(ShoalError(code: .network, message: "send cut short"), now: 10)
