@@ -12,7 +12,8 @@ import ShoalCore
 /// committed.
 ///
 /// A batch that carries roster or schema records is applied whole, in one transaction: a removal fences the changes
-/// that travel with it, and a schema change must be made before the values it brings are merged.
+/// that travel with it, and a schema change must be made before the values it brings are merged. So is a batch no
+/// larger than the first slice (live sync's few changes): one commit, as before slicing.
 package struct SlicedApply {
     /// What each slice aims to hold the write lock for; the busy timeout an app sets must exceed the longest hold.
     package static let targetMilliseconds = 20.0
@@ -42,7 +43,10 @@ package struct SlicedApply {
         claim = batch.claim
         carried = received
         sliceSize = min(max(firstSlice, Self.sliceBounds.lowerBound), Self.sliceBounds.upperBound)
-        whole = batch.changes.contains { $0.table == Store.rosterTable || $0.table == Store.schemaTable }
+        // A batch no larger than the first slice is one slice: applied with its claim in one transaction, as before
+        // slicing (live sync's batches of a few changes pay no second commit, and wake peers once).
+        whole = batch.changes.count <= sliceSize
+            || batch.changes.contains { $0.table == Store.rosterTable || $0.table == Store.schemaTable }
     }
 
     /// Commits the next slice, or takes the claim after the last; returns whether the batch is done.
