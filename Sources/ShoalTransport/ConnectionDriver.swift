@@ -301,7 +301,11 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
-                    settled.acknowledged(level: ack.versionVector.dominatesOrEquals(try await worker.versionVector()))
+                    // Level: the peer holds our vector, or the same data (equal digests) when its vector cannot
+                    // show it (a transaction overwritten before it saw it stays unclaimed there; Store.provenClaim).
+                    var level = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
+                    if !level, let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
+                    settled.acknowledged(level: level)
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another
