@@ -82,13 +82,7 @@ package struct SlicedApply {
     }
 
     private mutating func add(_ sliceReport: ApplyReport) {
-        report.applied += sliceReport.applied
-        report.alreadyKnown += sliceReport.alreadyKnown
-        report.conflicts += sliceReport.conflicts
-        report.conflictsByTable.merge(sliceReport.conflictsByTable, uniquingKeysWith: +)
-        report.clockRefusals.merge(sliceReport.clockRefusals) { max($0, $1) }
-        report.fenced.merge(sliceReport.fenced, uniquingKeysWith: +)
-        report.acceptedHighest.merge(sliceReport.acceptedHighest) { max($0, $1) }
+        report.add(sliceReport)
         carried.merge(sliceReport.acceptedHighest) { max($0, $1) }
     }
 

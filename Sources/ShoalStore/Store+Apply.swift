@@ -23,6 +23,17 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// A report of nothing applied yet.
     public init() {}
 
+    /// Adds what a later part of the same apply (a chunk, a slice) did.
+    mutating func add(_ part: ApplyReport) {
+        applied += part.applied
+        alreadyKnown += part.alreadyKnown
+        conflicts += part.conflicts
+        conflictsByTable.merge(part.conflictsByTable, uniquingKeysWith: +)
+        clockRefusals.merge(part.clockRefusals) { max($0, $1) }
+        fenced.merge(part.fenced, uniquingKeysWith: +)
+        acceptedHighest.merge(part.acceptedHighest) { max($0, $1) }
+    }
+
     /// The three counts, for a person: `applied 3, already known 0, conflicts 1`.
     public var description: String { "applied \(applied), already known \(alreadyKnown), conflicts \(conflicts)" }
 }
@@ -127,12 +138,7 @@ extension Store {
             while let chunk = try next() {
                 guard !chunk.isEmpty else { continue }
                 let report = try applyInTransaction(chunk, claim: VersionVector(), since: since)
-                total.applied += report.applied
-                total.alreadyKnown += report.alreadyKnown
-                total.conflicts += report.conflicts
-                total.conflictsByTable.merge(report.conflictsByTable, uniquingKeysWith: +)
-                total.clockRefusals.merge(report.clockRefusals) { max($0, $1) }
-                total.fenced.merge(report.fenced, uniquingKeysWith: +)
+                total.add(report)
                 carried.merge(report.acceptedHighest) { max($0, $1) }
             }
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
