@@ -170,7 +170,9 @@ public actor SerializedStore {
     /// applied; see ``Store/apply(_:claim:since:)``).
     ///
     /// `received` holds the highest seq per site applied from earlier batches of the same answer; the result's
-    /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``). `origin` is what
+    /// `received` adds this batch's (see ``Store/apply(_:claim:since:received:)``). `completing` says the batch is the
+    /// last of an answer whose earlier batches withheld nothing (the result's `withheld`: fenced or refused changes);
+    /// the claim is then taken whole (see ``Store/apply(_:claim:since:received:completing:)``). `origin` is what
     /// ``commits()`` says of it.
     ///
     /// The batch is applied in slices (``SlicedApply``), each a write transaction of its own that holds SQLite's
@@ -179,14 +181,15 @@ public actor SerializedStore {
     public func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64] = [:],
+        completing: Bool = false,
         origin: StoreCommit.Origin = .peer
     ) async throws(ShoalError) -> (
         applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64],
-        conflictsByTable: [String: Int]
+        conflictsByTable: [String: Int], withheld: Bool
     ) {
         let held = try store.versionVector()
-        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:]) }
-        var slices = SlicedApply(batch, received: received)
+        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:], false) }
+        var slices = SlicedApply(batch, received: received, completing: completing)
         var appliedSoFar = 0
         while try !slices.step(store) {
             if slices.report.applied > appliedSoFar {
@@ -199,7 +202,7 @@ public actor SerializedStore {
         if report.applied > appliedSoFar { changed(origin) }
         return (
             report.applied, try versionVector(), report.clockRefusals,
-            received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable
+            received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable, report.withheldAny
         )
     }
 

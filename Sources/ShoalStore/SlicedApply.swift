@@ -36,12 +36,18 @@ package struct SlicedApply {
     /// The slices committed so far (the claim's transaction not counted).
     package private(set) var slicesCommitted = 0
 
+    /// Whether the batch ends a whole answer whose earlier batches withheld nothing (see
+    /// ``Store/apply(_:claim:since:received:completing:)``).
+    private let completing: Bool
+
     /// `received`: what earlier batches of the same answer applied (see ``Store/apply(_:claim:since:received:)``).
+    /// `completing`: the batch is the last of its answer and nothing was withheld before it.
     /// `firstSlice`: the changes the first slice takes, before any is timed.
-    package init(_ batch: ChangeBatch, received: [SiteID: UInt64], firstSlice: Int = 256) {
+    package init(_ batch: ChangeBatch, received: [SiteID: UInt64], completing: Bool = false, firstSlice: Int = 256) {
         changes = batch.changes
         claim = batch.claim
         carried = received
+        self.completing = completing
         sliceSize = min(max(firstSlice, Self.sliceBounds.lowerBound), Self.sliceBounds.upperBound)
         // A batch no larger than the first slice is one slice: applied with its claim in one transaction, as before
         // slicing (live sync's batches of a few changes pay no second commit, and wake peers once).
@@ -53,7 +59,7 @@ package struct SlicedApply {
     package mutating func step(_ store: Store) throws(ShoalError) -> Bool {
         guard !finished else { return true }
         if whole {
-            add(try store.apply(changes, claim: claim, received: carried))
+            add(try store.apply(changes, claim: claim, received: carried, completing: completing))
             finished = true
             return true
         }
@@ -62,7 +68,7 @@ package struct SlicedApply {
             try store.validateBeforeSlices(changes, claim: claim)
         }
         guard position < changes.count else {
-            add(try store.apply([], claim: claim, received: carried))
+            add(try store.apply([], claim: claim, received: carried, completing: completing && !report.withheldAny))
             finished = true
             return true
         }

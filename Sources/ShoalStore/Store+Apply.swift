@@ -20,6 +20,10 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// of one answer, as the next batch's `received` (see ``Store/apply(_:claim:since:received:)``).
     public internal(set) var acceptedHighest: [SiteID: UInt64] = [:]
 
+    /// Whether any change was left out (fenced, or refused for its clock): an answer that withheld something does not
+    /// end complete (see ``Store/apply(_:claim:since:received:completing:)``).
+    public var withheldAny: Bool { !fenced.isEmpty || !clockRefusals.isEmpty }
+
     /// A report of nothing applied yet.
     public init() {}
 
@@ -66,19 +70,24 @@ extension Store {
     /// `received` is the highest seq per site of the changes applied from earlier batches of the same answer
     /// (their reports' ``ApplyReport/acceptedHighest``): a sender holds back the claim of a transaction until it
     /// has sent what overwrote part of it, so a batch may claim what earlier batches delivered.
+    ///
+    /// `completing`: these are the last changes of a whole answer, every earlier batch of which was applied with
+    /// nothing withheld (``ApplyReport/withheldAny``). The claim is then taken whole for every site none of these
+    /// changes was withheld from (see ``claimed(_:highest:held:completing:withheld:)``).
     @discardableResult
     public func apply(
         _ changes: [Change],
         claim: VersionVector = VersionVector(),
         since: VersionVector? = nil,
-        received: [SiteID: UInt64] = [:]
+        received: [SiteID: UInt64] = [:],
+        completing: Bool = false
     ) throws(ShoalError) -> ApplyReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
         }
         try refreshSchema()
         if changes.isEmpty, since == nil, case let held = try versionVector(),
-            !Self.provenClaim(claim, highest: received, held: held).advances(held)
+            !Self.claimed(claim, highest: received, held: held, completing: completing).advances(held)
         {
             // Nothing to merge, and a claim alone proves nothing beyond what is held and was received earlier (see
             // `provenClaim`): check it, and write nothing, so an idle round stays read-only.
@@ -93,7 +102,9 @@ extension Store {
         }
         do throws(ShoalError) {
             try replayHeldInTransaction()
-            let report = try applyInTransaction(changes, claim: claim, since: since, carried: received)
+            let report = try applyInTransaction(
+                changes, claim: claim, since: since, carried: received, completing: completing
+            )
             try connection.exec("COMMIT")
             return report
         } catch {
@@ -141,6 +152,8 @@ extension Store {
                 total.add(report)
                 carried.merge(report.acceptedHighest) { max($0, $1) }
             }
+            // A stream is a file anyone may have edited: its claim is taken only as far as its changes prove it,
+            // even when it arrived whole (a live answer's is taken whole: see `claimed`).
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
             try connection.exec("COMMIT")
             return total
@@ -272,6 +285,7 @@ extension Store {
         claim: VersionVector,
         since: VersionVector?,
         carried: [SiteID: UInt64] = [:],
+        completing: Bool = false,
         replaying: Bool = false
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
@@ -483,7 +497,10 @@ extension Store {
                     + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
             )
             let highest = Self.highestSeqs(accepted).merging(carried) { max($0, $1) }
-            for (site, seq) in Self.provenClaim(claim, highest: highest, held: held).entries
+            let withheld = Set(fenced.keys).union(refusals.keys)
+            for (site, seq) in Self.claimed(
+                claim, highest: highest, held: held, completing: completing, withheld: withheld
+            ).entries
             where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])
                 try upsert.run()
@@ -547,6 +564,32 @@ extension Store {
     /// changes this database holds), and later exchanges still deliver everything.
     static func provenClaim(_ claim: VersionVector, changes: [Change], held: VersionVector) -> VersionVector {
         provenClaim(claim, highest: highestSeqs(changes), held: held)
+    }
+
+    /// What this database takes of `claim`: the part the changes prove (``provenClaim(_:highest:held:)``), or, once a
+    /// whole answer was applied with nothing withheld (`completing`), the claim itself for every site not `withheld`.
+    ///
+    /// A sender answers with every dot its cut covers that still has an effect and this database lacks; the dots it
+    /// leaves out were overwritten by ones it sends or this database holds (compaction dropped them), and its last
+    /// batch claims them only once everything that may have overwritten them was sent (``DeltaCursor``). So when a
+    /// live answer arrived whole, from a member over an authenticated link, this database holds the effect of
+    /// everything its claim covers, including a site whose newest transactions were all overwritten before they were
+    /// sent: claimed here too, the vectors become equal instead of leaving that site lower until it writes again.
+    /// A site some of whose changes were fenced or refused for their clock keeps the proven part only, so they are
+    /// asked again. A stream file (``apply(chunks:claim:since:)``) and a relay range never complete: anyone may
+    /// have edited a file, and a relay range covers one site.
+    static func claimed(
+        _ claim: VersionVector,
+        highest: [SiteID: UInt64],
+        held: VersionVector,
+        completing: Bool,
+        withheld: Set<SiteID> = []
+    ) -> VersionVector {
+        let proven = provenClaim(claim, highest: highest, held: held)
+        guard completing else { return proven }
+        var taken = proven
+        for (site, claimed) in claim.entries where !withheld.contains(site) { taken.advance(site, to: claimed) }
+        return taken
     }
 
     /// ``provenClaim(_:changes:held:)`` given the highest seq per site of the changes received.

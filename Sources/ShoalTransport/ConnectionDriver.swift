@@ -63,6 +63,9 @@ struct ConnectionDriver {
     /// The highest seq per site applied from this round's answer so far: a later batch may claim what an earlier
     /// one delivered.
     private var receivedThisRound: [SiteID: UInt64] = [:]
+    /// Whether a batch of this round's answer had changes left out (fenced, or refused for their clock): the answer
+    /// then does not end complete, and its claim is taken only as far as the changes prove it.
+    private var withheldThisRound = false
     /// The site the peer writes as, from its requests (protocol version 4).
     private var peerWritingSite: SiteID?
     /// A site's changes left out of this round for a clock too far ahead (the round fails with it at its end).
@@ -257,6 +260,7 @@ struct ConnectionDriver {
                         roundStarted = now
                         appliedThisRound = 0
                         receivedThisRound = [:]
+                        withheldThisRound = false
                         roundFailureCounted = false
                     }
                     // What this node holds of the peer's writing site, for the peer to check: until the peer's first
@@ -301,8 +305,9 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
-                    // Level: the peer holds our vector, or the same data (equal digests) when its vector cannot
-                    // show it (a transaction overwritten before it saw it stays unclaimed there; Store.provenClaim).
+                    // Level: the peer holds our vector, or the same data (equal digests): a peer that last synced
+                    // through a relay range or a stream file claims only what their changes prove, so a transaction
+                    // overwritten before it saw them may stay unclaimed there (Store.claimed).
                     var level = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
                     if !level, let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
                     settled.acknowledged(level: level)
@@ -395,11 +400,14 @@ struct ConnectionDriver {
         stream: some MessageStream
     ) async throws(ShoalError) -> [SyncSession.Action] {
         let received = receivedThisRound
+        // The last batch of an answer that arrived whole, in order, with nothing withheld: its claim is taken whole.
+        let completing = message.isLast && !withheldThisRound
         let result = try await keepingAlive(stream) { () async throws(ShoalError) in
-            try await worker.apply(message.batch, received: received)
+            try await worker.apply(message.batch, received: received, completing: completing)
         }
         if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
         receivedThisRound = result.received
+        withheldThisRound = withheldThisRound || result.withheld
         if let (site, hlc) = result.clockRefusals.max(by: { $0.value < $1.value }) {
             // Only that site's changes were left out; the rest of this batch, and the round's later batches, apply.
             // The round then fails with the reason, and the refused changes come again in a later round.

@@ -16,14 +16,22 @@ func makeItems(_ store: Store) throws {
     try store.replicate(table: "items", counters: ["hits"])
 }
 
-/// Every change `from` holds that `to` lacks, applied as the protocol does: batches in order, with claims.
+/// Every change `from` holds that `to` lacks, applied as the protocol does: batches in order, with claims, the last
+/// completing the answer unless an earlier batch withheld something.
 @discardableResult
 func sync(_ from: Store, _ to: Store) throws -> ApplyReport {
     var total = ApplyReport()
     var received: [SiteID: UInt64] = [:]
-    for batch in try from.changes(since: to.versionVector(), maxChangesPerBatch: 7) {
-        let report = try to.apply(batch.changes, claim: batch.claim, received: received)
+    let batches = try from.changes(since: to.versionVector(), maxChangesPerBatch: 7)
+    for (index, batch) in batches.enumerated() {
+        let report = try to.apply(
+            batch.changes,
+            claim: batch.claim,
+            received: received,
+            completing: index == batches.count - 1 && !total.withheldAny
+        )
         received.merge(report.acceptedHighest) { max($0, $1) }
+        total.fenced.merge(report.fenced, uniquingKeysWith: +)
         total.applied += report.applied
         total.alreadyKnown += report.alreadyKnown
         total.conflicts += report.conflicts

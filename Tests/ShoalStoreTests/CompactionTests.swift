@@ -104,4 +104,34 @@ private func logEntries(_ store: Store) throws -> Int64 {
         #expect(try reopened.digest() == digest)
         #expect(try reopened.changes(since: VersionVector()).flatMap(\.changes) == answer)
     }
+
+    /// A transaction overwritten and dropped from the log before a peer saw it is never sent to that peer. The answer's
+    /// final claim covers it; once the answer arrived whole, the peer takes that claim, and the two vectors are equal
+    /// (before, the peer kept that site lower until it wrote again, and the link never settled).
+    @Test func aTransactionDroppedBeforeAPeerSawItIsClaimedThereOnceTheAnswerArrivesWhole() throws {
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        let (a, b, c, late) = try (makeStore(clock), makeStore(clock), makeStore(clock), makeStore(clock))
+        for store in [a, b, c, late] { try makeItems(store) }
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'first'), (2, 'kept')")  // a:1
+        clock.advance(by: 1)
+        try a.execute("UPDATE items SET name = 'second' WHERE id = 1")  // a:2, overwritten below
+        try sync(a, b)
+        clock.advance(by: 1)
+        try b.execute("UPDATE items SET name = 'third' WHERE id = 1")  // b:1
+        try sync(b, a)
+        var report = CompactionReport()
+        repeat { report = try a.compactLog() } while !report.reachedEnd
+        let answer = try a.changes(since: VersionVector())
+        #expect(!answer.flatMap(\.changes).contains { $0.stamp.dot == Dot(site: a.siteID, seq: 2) })
+        #expect(answer.last?.claim[a.siteID] == 2)
+
+        try sync(a, c)
+        #expect(try c.versionVector() == a.versionVector())
+        #expect(try c.digest() == a.digest())
+
+        // The same answer not known to be whole (its end never came) claims only what its changes prove.
+        for batch in answer { try late.apply(batch.changes, claim: batch.claim) }
+        #expect(try late.versionVector()[a.siteID] == 1)
+        #expect(try late.digest() == a.digest())
+    }
 }
