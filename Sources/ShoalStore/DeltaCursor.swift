@@ -309,7 +309,10 @@ extension Store {
                     }
                     cursor.rowPosition += 1
                     cursor.keyOffset = 0
-                    cursor.seenKeys.removeAll()  // keys repeat only within one table's list
+                    // Keys repeat only within one table's list, which may come in several parts (one per apply).
+                    if cursor.rowPosition == cursor.dotRows.count || cursor.dotRows[cursor.rowPosition].table != row.table {
+                        cursor.seenKeys.removeAll()
+                    }
                 }
                 // The transaction is complete.
                 if !cursor.dotNeeds.isEmpty { cursor.wait(dot.site, dot.seq, needs: Array(cursor.dotNeeds)) }
@@ -340,7 +343,7 @@ extension Store {
                 continue
             }
             let select = try statement(
-                "SELECT tbl, keys, hlc FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl"
+                "SELECT tbl, keys, hlc FROM shoal_log WHERE site = ? AND seq = ? ORDER BY tbl, part"
             )
             try select.bind([.integer(Int64(index)), .integer(Int64(bitPattern: seq))])
             var rows: [(table: Int64, keys: [UInt8])] = []

@@ -54,29 +54,35 @@ extension Store {
             // Resumed inside an entry a slice left half examined (`compactionResume`), or after the last one examined.
             let resume = compactionResume
             let start =
-                resume.map { (site: $0.site, seq: $0.seq, table: $0.table) } ?? compactionPosition
-                ?? (site: Int64.min, seq: Int64.min, table: Int64.min)
+                resume.map { (site: $0.site, seq: $0.seq, table: $0.table, part: $0.part) } ?? compactionPosition
+                ?? (site: Int64.min, seq: Int64.min, table: Int64.min, part: Int64.min)
             let select = try statement(
-                "SELECT site, seq, tbl, keys FROM shoal_log "
-                    + "WHERE (site, seq, tbl) \(resume == nil ? ">" : ">=") (?, ?, ?) ORDER BY site, seq, tbl LIMIT ?"
+                "SELECT site, seq, tbl, part, keys FROM shoal_log WHERE (site, seq, tbl, part) "
+                    + "\(resume == nil ? ">" : ">=") (?, ?, ?, ?) ORDER BY site, seq, tbl, part LIMIT ?"
             )
             try select.bind([
-                .integer(start.site), .integer(start.seq), .integer(start.table), .integer(Int64(maxEntries)),
+                .integer(start.site), .integer(start.seq), .integer(start.table), .integer(start.part),
+                .integer(Int64(maxEntries)),
             ])
-            var entries: [(site: Int64, seq: Int64, table: Int64, keys: [UInt8])] = []
+            var entries: [(site: Int64, seq: Int64, table: Int64, part: Int64, keys: [UInt8])] = []
             while try select.step() {
                 entries.append(
-                    (select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnBytes(3))
+                    (
+                        select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnInt64(3),
+                        select.columnBytes(4)
+                    )
                 )
             }
             select.reset()
             let newest = try statement("SELECT max(seq) FROM shoal_log WHERE site = ?")
-            let remove = try statement("DELETE FROM shoal_log WHERE site = ? AND seq = ? AND tbl = ?")
-            let rewrite = try statement("UPDATE shoal_log SET keys = ? WHERE site = ? AND seq = ? AND tbl = ?")
+            let remove = try statement("DELETE FROM shoal_log WHERE site = ? AND seq = ? AND tbl = ? AND part = ?")
+            let rewrite = try statement(
+                "UPDATE shoal_log SET keys = ? WHERE site = ? AND seq = ? AND tbl = ? AND part = ?"
+            )
             var newestBySite: [Int64: Int64] = [:]
             // Rows looked at in this slice: a transaction of a million rows is one entry, examined over many slices.
             var rowsLooked = 0
-            var stoppedInside: (site: Int64, seq: Int64, table: Int64, offset: Int)?
+            var stoppedInside: (site: Int64, seq: Int64, table: Int64, part: Int64, offset: Int)?
             entries: for entry in entries {
                 report.examined += 1
                 guard let table = tablesByID[entry.table] else { continue }
@@ -89,7 +95,8 @@ extension Store {
                 let dot = Dot(site: try sites.site(at: UInt64(entry.site)), seq: UInt64(bitPattern: entry.seq))
                 let resumeAt =
                     resume.flatMap { resume in
-                        (resume.site, resume.seq, resume.table) == (entry.site, entry.seq, entry.table)
+                        (resume.site, resume.seq, resume.table, resume.part)
+                            == (entry.site, entry.seq, entry.table, entry.part)
                             ? min(resume.offset, entry.keys.count) : nil
                     } ?? 0
                 var kept = Array(entry.keys[0..<resumeAt])
@@ -107,10 +114,12 @@ extension Store {
                 }
                 if !reader.isAtEnd {
                     // The slice's budget ran out inside this entry: the rest of its rows stay, looked at next time.
-                    stoppedInside = (entry.site, entry.seq, entry.table, kept.count)
+                    stoppedInside = (entry.site, entry.seq, entry.table, entry.part, kept.count)
                     kept.append(contentsOf: entry.keys[(resumeAt + reader.offset)...])
                 }
-                let identity: [SQLValue] = [.integer(entry.site), .integer(entry.seq), .integer(entry.table)]
+                let identity: [SQLValue] = [
+                    .integer(entry.site), .integer(entry.seq), .integer(entry.table), .integer(entry.part),
+                ]
                 if kept.isEmpty {
                     try remove.bind(identity)
                     try remove.run()
@@ -126,10 +135,11 @@ extension Store {
             compactionResume = stoppedInside
             if let stoppedInside {
                 report.reachedEnd = false
-                compactionPosition = (stoppedInside.site, stoppedInside.seq, stoppedInside.table)
+                compactionPosition = (stoppedInside.site, stoppedInside.seq, stoppedInside.table, stoppedInside.part)
             } else {
                 report.reachedEnd = entries.count < maxEntries
-                compactionPosition = report.reachedEnd ? nil : entries.last.map { ($0.site, $0.seq, $0.table) }
+                compactionPosition =
+                    report.reachedEnd ? nil : entries.last.map { ($0.site, $0.seq, $0.table, $0.part) }
             }
             return report
         } catch {

@@ -124,10 +124,7 @@ extension Store {
             if logging { appendLogKey(identity, to: &logKeys[change.dot, default: (change.stamp.hlc, [])].keys) }
         }
         try persistNewSites()
-        let log = try statement(
-            "INSERT INTO shoal_log(site, seq, tbl, hlc, keys) VALUES (?, ?, ?, ?, ?) "
-                + "ON CONFLICT(site, seq, tbl) DO UPDATE SET keys = keys || excluded.keys"
-        )
+        let log = try statement(Self.appendLogPartSQL)
         for (dot, entry) in logKeys {
             try log.bind([
                 .integer(Int64(sites.index(of: dot.site))), .integer(Int64(bitPattern: dot.seq)),

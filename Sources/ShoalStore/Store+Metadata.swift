@@ -145,14 +145,18 @@ extension Store {
         buffer.append(contentsOf: encoded)
     }
 
+    /// Adds a part to a change-log entry: a transaction's keys of one table written by one apply. A transaction that
+    /// arrives over many slices or batches gets one part from each, so recording it costs what it holds, not the
+    /// square of it (a key list grown in place was rewritten whole by every slice).
+    static let appendLogPartSQL =
+        "INSERT INTO shoal_log(site, seq, tbl, part, hlc, keys) VALUES (?1, ?2, ?3, "
+        + "coalesce((SELECT max(part) + 1 FROM shoal_log WHERE site = ?1 AND seq = ?2 AND tbl = ?3), 0), ?4, ?5)"
+
     /// Records that change `dot` touched the rows in `keys` of table `table`.
     func appendLog(dot: Dot, table: Int64, hlc: HLC, keys: [UInt8]) throws(ShoalError) {
         let siteIndex = Int64(sites.index(of: dot.site))
         try persistNewSites()
-        let upsert = try statement(
-            "INSERT INTO shoal_log(site, seq, tbl, hlc, keys) VALUES (?, ?, ?, ?, ?) "
-                + "ON CONFLICT(site, seq, tbl) DO UPDATE SET keys = keys || excluded.keys"
-        )
+        let upsert = try statement(Self.appendLogPartSQL)
         try upsert.bind([
             .integer(siteIndex), .integer(Int64(bitPattern: dot.seq)), .integer(table),
             .integer(Int64(bitPattern: hlc.rawValue)), .blob(keys),

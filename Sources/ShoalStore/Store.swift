@@ -115,9 +115,9 @@ public final class Store {
     var userStatementComputesValues = false
     var authorizerDenial: String?
     /// Where the next ``compactLog(maxEntries:)`` pass starts (nil: at the beginning of the log).
-    var compactionPosition: (site: Int64, seq: Int64, table: Int64)?
+    var compactionPosition: (site: Int64, seq: Int64, table: Int64, part: Int64)?
     /// The entry a compaction slice stopped inside (its rows from `offset` on not looked at yet), resumed first.
-    var compactionResume: (site: Int64, seq: Int64, table: Int64, offset: Int)?
+    var compactionResume: (site: Int64, seq: Int64, table: Int64, part: Int64, offset: Int)?
     /// How many rows one compaction slice looks at, at most: one short write transaction.
     static let compactionRowsPerSlice = 4_000
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).
@@ -174,6 +174,7 @@ public final class Store {
             options.logger.error("\(change.description)", metadata: ["reason": "\(change.reason.rawValue)"])
         }
         try migrateDigestFormat()
+        try Self.migrateLogParts(connection)
         try installOwnConnectionMarker()
         installHooks()
         try refreshSchema()
@@ -193,6 +194,35 @@ public final class Store {
         statements.removeAll()
         clockStatements.removeAll()
         dataStatements.removeAll()
+    }
+
+    /// Gives a change log written before entries had parts (one row per transaction and table, its key list grown
+    /// in place) the `part` column: every entry becomes its part 0. Once, in one transaction.
+    private static func migrateLogParts(_ connection: SQLiteConnection) throws(ShoalError) {
+        guard case .integer(0) = try connection.scalar("SELECT count(*) FROM pragma_table_info('shoal_log') WHERE name = 'part'")
+        else { return }
+        try connection.exec("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            if case .integer(0) = try connection.scalar(
+                "SELECT count(*) FROM pragma_table_info('shoal_log') WHERE name = 'part'"
+            ) {
+                try connection.exec(
+                    """
+                    CREATE TABLE shoal_log_parts(
+                        site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, part INTEGER NOT NULL DEFAULT 0,
+                        hlc INTEGER NOT NULL, keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl, part)) WITHOUT ROWID;
+                    INSERT INTO shoal_log_parts(site, seq, tbl, part, hlc, keys)
+                        SELECT site, seq, tbl, 0, hlc, keys FROM shoal_log;
+                    DROP TABLE shoal_log;
+                    ALTER TABLE shoal_log_parts RENAME TO shoal_log;
+                    """
+                )
+            }
+            try connection.exec("COMMIT")
+        } catch {
+            try? connection.exec("ROLLBACK")
+            throw error
+        }
     }
 
     private static func createMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID {
@@ -216,8 +246,8 @@ public final class Store {
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, hlc INTEGER NOT NULL, cl INTEGER NOT NULL,
                     change BLOB NOT NULL, PRIMARY KEY(tbl, col, pk, part)) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_log(
-                    site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, hlc INTEGER NOT NULL,
-                    keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl)) WITHOUT ROWID;
+                    site INTEGER NOT NULL, seq INTEGER NOT NULL, tbl INTEGER NOT NULL, part INTEGER NOT NULL DEFAULT 0,
+                    hlc INTEGER NOT NULL, keys BLOB NOT NULL, PRIMARY KEY(site, seq, tbl, part)) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_peers(
                     site BLOB PRIMARY KEY, host TEXT NOT NULL, port INTEGER NOT NULL, seen_ms INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_conflicts(

@@ -109,6 +109,56 @@ import Testing
         #expect(try sameContents(directory.appendingPathComponent("source.db"), targetURL))
     }
 
+    /// One transaction of 10,000 rows applied over many slices: each slice adds a part to its change-log entry (a key
+    /// list grown in place was rewritten whole by every slice, so a transaction of hundreds of thousands of rows took
+    /// minutes), and the parts together answer a third node exactly as the origin does.
+    @Test func oneLargeTransactionAppliedInSlicesIsLoggedInPartsAndForwardedWhole() throws {
+        let directory = try temporaryDirectory("sliced-apply-parts")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let source = try makeFileStore(directory, "source")
+        try RawConnection(path: directory.appendingPathComponent("source.db").path).insertItems(0..<10_000)
+        #expect(try source.captureForeignWrites())
+        let cursor = try source.deltaCursor(since: VersionVector())
+        let batch = try #require(try source.nextBatch(cursor, maxChanges: 1_000_000, maxBytes: 1 << 30))
+        #expect(batch.claim[source.siteID] == 1)
+        let target = try makeFileStore(directory, "target")
+        var apply = SlicedApply(batch, received: [:], firstSlice: 500)
+        while try !apply.step(target) {}
+        #expect(apply.slicesCommitted > 3)
+
+        let entry = "SELECT count(*), sum(length(keys)), max(length(keys)) FROM shoal_log "
+            + "WHERE site = (SELECT idx FROM shoal_sites WHERE site = ?) AND seq = 1"
+        let origin: [SQLValue] = [.blob(source.siteID.bytes)]
+        let (sourceRows, targetRows) = try (
+            source.execute(entry, origin).rows[0], target.execute(entry, origin).rows[0]
+        )
+        #expect(sourceRows[0] == .integer(1))
+        guard case .integer(let parts) = targetRows[0], case .integer(let longest) = targetRows[2],
+            case .integer(let total) = targetRows[1]
+        else {
+            Issue.record("no log entry: \(targetRows)")
+            return
+        }
+        #expect(parts == Int64(apply.slicesCommitted))
+        // Every key once, and a row whose changes a cut split between two slices once more in each.
+        let once = try #require(sourceRows[1].integerValue)
+        #expect(total >= once && total <= once + parts * 10, "\(total) bytes of keys in \(parts) parts, \(once) at the origin")
+        #expect(longest < total / 2)
+        #expect(try target.versionVector() == source.versionVector())
+
+        // Forwarded from its parts, the transaction reaches a third node as the origin would send it.
+        let third = try makeFileStore(directory, "third")
+        let fromTarget = try target.changes(since: VersionVector())
+        let fromSource = try source.changes(since: VersionVector())
+        #expect(fromTarget.flatMap(\.changes) == fromSource.flatMap(\.changes))
+        for (index, part) in fromTarget.enumerated() {
+            try third.apply(part.changes, claim: part.claim, completing: index == fromTarget.count - 1)
+        }
+        #expect(try third.digest() == source.digest())
+        #expect(try third.versionVector() == source.versionVector())
+        #expect(try sameContents(directory.appendingPathComponent("source.db"), directory.appendingPathComponent("third.db")))
+    }
+
     @Test func aBatchThatCannotBeAppliedIsRefusedBeforeAnySliceIsWritten() throws {
         let directory = try temporaryDirectory("sliced-apply-refused")
         defer { try? FileManager.default.removeItem(at: directory) }
