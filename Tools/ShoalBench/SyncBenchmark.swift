@@ -13,6 +13,7 @@ struct SyncBenchmark: AsyncParsableCommand {
 
     @Flag(help: "Print one JSON object instead of a table.") var json = false
     @Option(help: "Rows for the catch-up (3 non-key columns each).") var rows = 1_000_000
+    @Option(help: "Rows of the one transaction for the one-transaction catch-up.") var oneTransactionRows = 300_000
     @Option(help: "Nodes for the propagation figure.") var propagationNodes = 8
     @Option(help: "Writes per second on one node, for propagation.") var writeRate = 200
     @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
@@ -31,7 +32,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "The app connection's busy timeout in milliseconds, for app-writer.") var appBusyTimeout = 5_000
     @Option(
         help: """
-            Run one part only: handshake, catchup, text, blobs, bigvalue, propagation, propagation-plaintext, \
+            Run one part only: handshake, catchup, one-transaction, text, blobs, bigvalue, propagation, propagation-plaintext, \
             propagation-big, chain, idle, idle-cost, converge or app-writer (not run by default).
             """
     )
@@ -46,6 +47,7 @@ struct SyncBenchmark: AsyncParsableCommand {
             figures += try await HandshakeBenchmark.run(directory + "/handshake", connections: handshakes)
         }
         if only == nil || only == "catchup" { figures += try catchUp(directory + "/catchup") }
+        if only == nil || only == "one-transaction" { figures += try oneTransaction(directory + "/one-transaction") }
         if only == nil || only == "text" { figures += try await textCatchUp(directory + "/text") }
         if only == nil || only == "blobs" { figures += try blobCatchUp(directory + "/blobs") }
         if only == nil || only == "bigvalue" { figures += try bigValue(directory + "/bigvalue") }
@@ -112,6 +114,23 @@ struct SyncBenchmark: AsyncParsableCommand {
             ("catchup_plaintext_seconds", plain.seconds), ("catchup_tls_over_plaintext", timed.seconds / plain.seconds),
             ("catchup_peak_rss_mb", timed.peak), ("catchup_serving_peak_rss_mb", timed.servingPeak),
             ("catchup_catching_peak_rss_mb", timed.catchingPeak),
+        ]
+    }
+
+    /// A fresh node catches up one transaction of `oneTransactionRows` rows (a bulk import made at once), over TLS:
+    /// it crosses the link in many batches and is applied in many slices.
+    private func oneTransaction(_ directory: String) throws -> [(String, Double)] {
+        let source = try makeDatabase(directory + "/source.db", name: "source")
+        try source.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < \(oneTransactionRows)) "
+                + "INSERT INTO t(id, a, b, c) SELECT i, 'row ' || i, i * 7, i / 3.0 FROM n"
+        )
+        let target = try makeDatabase(directory + "/target.db", name: "target")
+        let timed = try timeCatchUp(directory, source: source, target: target)
+        return [
+            ("one_transaction_rows", Double(oneTransactionRows)), ("one_transaction_seconds", timed.seconds),
+            ("one_transaction_rows_per_s", Double(oneTransactionRows) / timed.seconds),
+            ("one_transaction_peak_rss_mb", timed.peak),
         ]
     }
 
