@@ -132,4 +132,8 @@ if grep -rqa "lantern" "$dir/relay"; then
     echo "FAILED: the relay's files hold a value in clear" >&2
     exit 1
 fi
-echo "no value of the table appears in the relay's files"
+if grep -rqa "payment" "$dir/relay"; then
+    echo "FAILED: the relay's files hold the new column's name in clear" >&2
+    exit 1
+fi
+echo "no value of the table, and not the new column's name, appears in the relay's files"

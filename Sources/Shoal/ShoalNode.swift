@@ -65,6 +65,7 @@ public final class ShoalNode: Service, Sendable {
         configuration.logger = options.logger
         configuration.session.compression = options.compression
         configuration.compressesLoopback = options.compressesLoopback
+        configuration.storeOptions.schemaChanges = options.schemaChanges
         var security: NodeSecurity?
         var madeKey = false
         if let cluster = options.insecurePlaintextCluster {

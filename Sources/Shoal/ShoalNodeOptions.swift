@@ -1,5 +1,6 @@
 import Logging
 import ShoalCore
+import ShoalStore
 import ShoalTransport
 
 /// Everything a ``ShoalNode`` is assembled from.
@@ -54,6 +55,10 @@ public struct ShoalNodeOptions: Sendable {
     /// Whether links to peers on this machine (loopback addresses) are compressed as well: off by default, since their
     /// bytes never cross a network; for measuring a LAN's behaviour on one machine.
     public var compressesLoopback = false
+    /// How the node follows its peers' schema changes: ``SchemaChangeFollowing/apply`` (the default) runs a peer's new
+    /// column or table here in the transaction that brings it; ``SchemaChangeFollowing/manual`` records it and holds
+    /// its values until the app makes the same change (its identical `ALTER` is that change, not a conflict).
+    public var schemaChanges = SchemaChangeFollowing.apply
     /// No TLS, with this cluster id: peers are neither authenticated nor encrypted (tests of the plaintext path only).
     public var insecurePlaintextCluster: String?
     /// Where the node and its parts log (libraries log at info and below).

@@ -205,11 +205,17 @@ public struct SyncSession: Sendable {
             )
         }
         guard hello.schemaFingerprint == local.schemaFingerprint || version >= WireProtocol.schemaChangeVersion else {
+            // The side whose Shoal is too old is named, and the advice comes first: a peer shows only the start of a
+            // refusal's text, and the two schemas can be long.
+            let oldSide =
+                hello.versions.upperBound < WireProtocol.schemaChangeVersion
+                ? (hello.nodeName.isEmpty ? "the peer" : hello.nodeName)
+                : (local.nodeName.isEmpty ? "this node" : local.nodeName)
             return refuse(
                 .schemaMismatch,
-                "replicated schemas differ (here \"\(local.schemaFingerprint)\", there \"\(hello.schemaFingerprint)\") "
-                    + "and one side's Shoal is too old to carry schema changes (protocol \(version)): upgrade Shoal on "
-                    + "\(hello.nodeName.isEmpty ? "the peer" : hello.nodeName)",
+                "upgrade Shoal on \(oldSide): its Shoal is too old to carry schema changes (protocol \(version); they "
+                    + "need \(WireProtocol.schemaChangeVersion)), and the replicated schemas differ (here "
+                    + "\"\(local.schemaFingerprint)\", there \"\(hello.schemaFingerprint)\")",
                 code: .unsupportedSchema
             )
         }

@@ -39,6 +39,14 @@ extension ShoalCommand {
         var noCompression = false
         @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")
         var compressLoopback = false
+        @Option(
+            help: ArgumentHelp(
+                "How to follow peers' schema changes: automatic (run a peer's new column or table here at once) or manual.",
+                discussion: "manual: for an app that migrates itself. A peer's change is recorded and its values are held (and forwarded) until the app runs the identical ALTER, which is then the same change, not a conflict.",
+                valueName: "automatic|manual"
+            )
+        )
+        var schemaChanges = SchemaChangesMode.automatic
         @Flag(help: "Do not advertise or browse with mDNS (static peers only).") var noMdns = false
         @Flag(help: "Neither remember peers nor dial the ones remembered from earlier runs.") var noRemembered = false
         @Option(
@@ -89,6 +97,7 @@ extension ShoalCommand {
             options.relay = try relayOptions()
             options.compression = !noCompression
             options.compressesLoopback = compressLoopback
+            options.schemaChanges = schemaChanges.following
             if insecurePlaintext {
                 options.insecurePlaintextCluster = cluster ?? "default"
                 log("WARNING: --insecure-plaintext: peer links are neither authenticated nor encrypted; anyone who can reach \(listen) can read and write this database")
@@ -185,6 +194,20 @@ extension ShoalCommand {
 
         private func log(_ line: String) {
             FileHandle.standardError.write(Data("shoal: \(line)\n".utf8))
+        }
+    }
+}
+
+/// `shoal serve --schema-changes`: how the node follows its peers' schema changes.
+enum SchemaChangesMode: String, ExpressibleByArgument, CaseIterable {
+    case automatic
+    case manual
+
+    /// The store's setting it stands for.
+    var following: SchemaChangeFollowing {
+        switch self {
+        case .automatic: .apply
+        case .manual: .manual
         }
     }
 }

@@ -82,6 +82,20 @@ import Testing
         let status = try await world.status("b")
         // colour, size, note and tags (kv was each node's starting schema, replicated before any sync).
         #expect((status["schema"] as? [String: Any])?["changes"] as? Int == 4, "\(status)")
+        // The relay stays blind to schema changes: the DDL a recorded (names, types, defaults, the new table's
+        // statement) is in a's file, and no byte of it in the relay's (database, WAL, shared memory).
+        let needles = ["colour", "DEFAULT 'grey'", "\"size\" INTEGER DEFAULT 0", "\"note\" TEXT", "CREATE TABLE tags"]
+        let recorded = try await offPool { try sqlite3Shell(a, "SELECT group_concat(definition, ' | ') FROM shoal_schema") }
+        for needle in needles {
+            #expect(recorded.stdout.contains(needle), "a recorded \(recorded.stdout), not \(needle)")
+        }
+        let files = try filesBytes(under: world.relayData)
+        #expect(!files.isEmpty)
+        for (name, bytes) in files {
+            for needle in needles {
+                #expect(bytes.range(of: Data(needle.utf8)) == nil, "the relay's \(name) holds \(needle)")
+            }
+        }
     }
 
     @Test func aWriterThatStopsBeforeTheReaderFirstStartsStillReachesIt() async throws {

@@ -10,11 +10,15 @@ import Testing
 /// node keeps writing, and the three files end up with the same rows, compared outside Shoal.
 /// Starts `shoal serve` on `path` over TLS, dialling `peer` if given; returns once it listens (and, dialling, once the
 /// peer connected), with the address it listens on. The caller stops it.
-private func serve(_ path: String, dialing peer: String? = nil) async throws -> (node: RunningProcess, address: String) {
+private func serve(
+    _ path: String,
+    dialing peer: String? = nil,
+    _ options: [String] = []
+) async throws -> (node: RunningProcess, address: String) {
     let node = try RunningProcess(
         try shoalExecutable(),
         ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
-            + (peer.map { ["--peer", $0] } ?? [])
+            + (peer.map { ["--peer", $0] } ?? []) + options
     )
     guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
         node.stop()
@@ -26,13 +30,13 @@ private func serve(_ path: String, dialing peer: String? = nil) async throws -> 
     return (node, String(listening.dropFirst("listening on ".count)))
 }
 
-/// Starts a chain of nodes on `paths`, each dialling the one before.
-private func serveChain(_ paths: [String]) async throws -> [RunningProcess] {
+/// Starts a chain of nodes on `paths`, each dialling the one before (with `options[path]` added to its command).
+private func serveChain(_ paths: [String], options: [String: [String]] = [:]) async throws -> [RunningProcess] {
     var nodes: [RunningProcess] = []
     var previous: String?
     for path in paths {
         do {
-            let (node, address) = try await serve(path, dialing: previous)
+            let (node, address) = try await serve(path, dialing: previous, options[path] ?? [])
             nodes.append(node)
             previous = address
         } catch {
@@ -206,6 +210,107 @@ private func serveChain(_ paths: [String]) async throws -> [RunningProcess] {
         #expect(flowing, "\(nodes.map(\.output))")
         let status = try shoal("status", "--db", b)
         #expect(status.stdout.contains("paused") && status.stdout.contains("notes"), "\(status.stdout)")
+    }
+
+    /// `shoal serve --schema-changes manual` on the middle of a chain a ← b ← c (c reaches a only through b): a's new
+    /// column is recorded on b but not made, its values are held there (status says so) and forwarded verbatim to c,
+    /// which makes the column; b deletes a row whose value it holds; then b's app runs the identical ALTER through a
+    /// plain sqlite3 connection: the held values replay, the delete still wins, there is no schema conflict, and the
+    /// three files hold the same rows, compared outside Shoal.
+    @Test func aNodeFollowingSchemaChangesByHandHoldsForwardsAndReplaysThem() async throws {
+        let directory = try temporaryDirectory("schema-manual")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        let seed = "INSERT INTO kv VALUES ('r1', 1), ('r2', 2), ('r3', 3)"
+        #expect(try shoal("sql", "--db", a, seed).status == 0)
+        let nodes = try await serveChain(paths, options: [b: ["--schema-changes", "manual"]])
+        defer { for node in nodes { node.stop() } }
+        let seeded = try await waitUntil(within: 30, checkingEvery: 100) {
+            try sqlite3Shell(c, "SELECT count(*) FROM kv").stdout == "3\n"
+        }
+        #expect(seeded, "\(nodes.map(\.output))")
+
+        // a's app update adds a column and writes it: text, a BLOB with a NUL byte, a REAL, and a new row.
+        let alter = "ALTER TABLE kv ADD COLUMN colour TEXT DEFAULT 'grey'"
+        #expect(try shoal("sql", "--db", a, alter).status == 0)
+        for write in [
+            "UPDATE kv SET colour = 'red' WHERE k = 'r1'",
+            "UPDATE kv SET colour = x'00ff10' WHERE k = 'r2'",
+            "UPDATE kv SET colour = 'blue' WHERE k = 'r3'",
+            "INSERT INTO kv VALUES ('r4', 4.5, 'green')",
+        ] {
+            let result = try shoal("sql", "--db", a, write)
+            #expect(result.status == 0, "\(write): \(result.stderr)")
+        }
+        // c, which follows automatically, gets the column and every value through b, verbatim.
+        let forwarded = try await waitUntil(within: 30, checkingEvery: 100) {
+            try sqlite3Shell(c, "SELECT group_concat(k || '=' || typeof(colour) || ':' || hex(colour), ' ') FROM "
+                + "(SELECT * FROM kv ORDER BY k)").stdout
+                == "r1=text:726564 r2=blob:00FF10 r3=text:626C7565 r4=text:677265656E\n"
+        }
+        let cRows = try sqlite3Shell(c, "SELECT * FROM kv").stdout
+        #expect(forwarded, "\(cRows)\n\(nodes.map(\.output))")
+
+        // b holds them: the column is not made there, status names it and counts the held changes.
+        let bColumns = try SQLiteConnection(path: b).rows("SELECT name FROM pragma_table_info('kv') ORDER BY cid")
+        #expect(bColumns == [[.text("k")], [.text("v")]])
+        #expect(try sqlite3Shell(b, "SELECT k, v FROM kv WHERE k = 'r4'").stdout == "r4|4.5\n")
+        let status = try shoal("status", "--db", b)
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(
+            status.stdout.contains("schema:     1 schema change; not made here yet: kv.colour (their values are held)"),
+            "\(status.stdout)"
+        )
+        #expect(status.stdout.contains("held:       ") && status.stdout.contains("for kv"), "\(status.stdout)")
+        let json = try shoal("status", "--db", b, "--json")
+        #expect(json.status == 0, "\(json.stderr)")
+        let schema = (try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])?["schema"]
+            as? [String: Any]
+        #expect(schema?["changes"] as? Int == 1, "\(json.stdout)")
+        #expect(schema?["pending"] as? [String] == ["kv.colour"], "\(json.stdout)")
+        let heldBefore = (schema?["held_changes"] as? [String: Int])?["kv"] ?? 0
+        #expect(heldBefore >= 4, "\(json.stdout)")
+        #expect((schema?["conflicts"] as? [Any])?.isEmpty == true, "\(json.stdout)")
+
+        // Meanwhile b deletes r3, whose colour it holds; the delete reaches a and c.
+        #expect(try shoal("sql", "--db", b, "DELETE FROM kv WHERE k = 'r3'").status == 0)
+        let deleted = try await waitUntil(within: 30, checkingEvery: 100) {
+            try [a, c].allSatisfy { try sqlite3Shell($0, "SELECT count(*) FROM kv WHERE k = 'r3'").stdout == "0\n" }
+        }
+        #expect(deleted, "\(nodes.map(\.output))")
+
+        // b's app migrates through a plain SQLite connection of its own (the sqlite3 shell), with the identical ALTER.
+        let migrated = try sqlite3Shell(b, alter)
+        #expect(migrated.status == 0, "\(migrated.stderr)")
+        let replayed = try await waitUntil(within: 30, checkingEvery: 100) {
+            let held = try shoal("status", "--db", b).stdout
+            let colours = try sqlite3Shell(b, "SELECT group_concat(k || '=' || hex(colour), ' ') FROM "
+                + "(SELECT * FROM kv ORDER BY k)").stdout
+            return !held.contains("held:") && colours == "r1=726564 r2=00FF10 r4=677265656E\n"
+        }
+        let bRows = try sqlite3Shell(b, "SELECT * FROM kv").stdout
+        #expect(replayed, "\(bRows)\n\(nodes.map(\.output))")
+        for path in paths {
+            let after = try shoal("status", "--db", path)
+            #expect(after.stdout.contains("schema:     1 schema change\n"), "\(path): \(after.stdout)")
+            #expect(!after.stdout.contains("schema conflict") && !after.stdout.contains("held:"), "\(after.stdout)")
+        }
+
+        // Every table's rows, read outside Shoal (each value's type and bytes), are the same on a, b and c.
+        func contents(_ path: String) throws -> [String: [String]] {
+            try SQLiteConnection(path: path).applicationTableContents()
+        }
+        let converged = try await waitUntil(within: 30, checkingEvery: 200) {
+            let all = try paths.map(contents)
+            return all.allSatisfy { $0 == all[0] }
+        }
+        let described = try paths.map { "\($0): \(try contents($0))" }.joined(separator: "\n")
+        #expect(converged, "\(described)\n\(nodes.map(\.output))")
+        #expect(try contents(a)["kv"] == [
+            "text:7231|integer:31|text:726564", "text:7232|integer:32|blob:00FF10",
+            "text:7234|real:342E35|text:677265656E",
+        ], "\(described)")
     }
 }
 

@@ -154,6 +154,53 @@ import ShoalTestSupport
         third.stop()
         #expect(third.process.terminationStatus == 0)
     }
+
+    /// Destructive schema changes of a replicated table through `shoal sql` are refused with the way to do them
+    /// (expand, then contract; for a whole table, stop replicating it first), and leave the table, its rows and its
+    /// replication as they were.
+    @Test func destructiveSchemaChangesThroughTheBinaryAreRefusedWithTheWayToDoThem() throws {
+        let directory = try temporaryDirectory("cli-destructive")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("a.db").path
+        #expect(try shoal("init", "--db", db).status == 0)
+        let create = "CREATE TABLE items(id TEXT PRIMARY KEY, name TEXT, qty INTEGER DEFAULT 0)"
+        #expect(try shoal("sql", "--db", db, create).status == 0)
+        #expect(try shoal("replicate", "--db", db, "items").status == 0)
+        #expect(try shoal("sql", "--db", db, "INSERT INTO items VALUES ('a', 'anchor', 2), ('b', 'buoy', 5)").status == 0)
+        func snapshot() throws -> (schema: String, rows: [String: [String]], status: String) {
+            (
+                try sqlite3Shell(db, "SELECT type, name, sql FROM sqlite_schema ORDER BY name").stdout,
+                try SQLiteConnection(path: db).applicationTableContents(),
+                try shoal("status", "--db", db).stdout
+            )
+        }
+        let before = try snapshot()
+        #expect(before.rows["items"]?.count == 2 && before.status.contains("items: 2 rows"), "\(before.status)")
+        let columnAdvice = [
+            "table items is replicated", "expand, then contract", "add a new column (ALTER TABLE items ADD COLUMN",
+            "copy the old values over", "stop using the old column",
+        ]
+        let refusals: [(sql: String, advice: [String])] = [
+            ("ALTER TABLE items DROP COLUMN qty", columnAdvice),
+            ("ALTER TABLE items RENAME COLUMN name TO label", columnAdvice),
+            ("ALTER TABLE items RENAME TO things", columnAdvice),
+            ("DROP TABLE items", ["table items is replicated", "shoal unreplicate items"]),
+        ]
+        for (sql, advice) in refusals {
+            let result = try shoal("sql", "--db", db, sql)
+            #expect(result.status != 0, "\(sql) was accepted")
+            for part in advice { #expect(result.stderr.contains(part), "\(sql): \(result.stderr)") }
+            let after = try snapshot()
+            #expect(after.schema == before.schema, "\(sql) changed the schema")
+            #expect(after.rows == before.rows, "\(sql) changed the rows")
+            #expect(after.status == before.status, "\(sql): \(after.status)")
+            #expect(!after.status.contains("paused"), "\(sql): \(after.status)")
+        }
+        // The table still replicates: a write through Shoal is captured as a change.
+        #expect(try shoal("sql", "--db", db, "UPDATE items SET qty = 6 WHERE id = 'b'").status == 0)
+        let changes = try shoal("changes", "--db", db)
+        #expect(changes.status == 0 && changes.stdout.contains("\"items\""), "\(changes.stderr)")
+    }
 }
 
 /// A `shoal serve` child on loopback, started and waited for ("listening on").

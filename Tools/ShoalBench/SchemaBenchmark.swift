@@ -1,16 +1,18 @@
 import ArgumentParser
 import Foundation
+import Shoal
 import ShoalCore
 import ShoalProtocol
 import ShoalStore
 
 /// What a schema change costs: `ALTER TABLE … ADD COLUMN` on a large replicated table, on the node that makes it and
-/// on a peer that applies it (time, change-log entries written, bytes on the wire), and how fast values held for a
-/// column a node lacked are replayed once it adds the column. Two stores in this process, on files.
+/// on a peer that applies it (time, change-log entries written on each, bytes on the wire, sealed bytes the relay
+/// stores), the same for a counter column (``Store/addCounterColumn(_:to:)``), and how fast values held for a column
+/// a node lacked are replayed once it adds the column. Two stores in this process, on files.
 struct SchemaBenchmark: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "schema",
-        abstract: "ADD COLUMN on a large table (origin and peer: time, log entries, wire bytes) and the replay rate of held values."
+        abstract: "ADD COLUMN and a counter column on a large table (origin and peer: time, log entries, wire and relay bytes) and the replay rate of held values."
     )
 
     @Flag(help: "Print one JSON object instead of a table.") var json = false
@@ -35,19 +37,29 @@ struct SchemaBenchmark: ParsableCommand {
         _ = try Self.sync(origin, peer!)
         var figures: [(String, Double)] = []
 
-        // ADD COLUMN on the origin: the statement, its adoption and its one schema change set.
-        let logBefore = try Self.logEntries(origin)
+        // ADD COLUMN, then a counter column, each on the origin (the statement, its adoption and its one schema change
+        // set), then applied by the peer (the change set crosses, and the ALTER runs in the apply).
+        let changes: [(name: String, make: (Store) throws -> Void)] = [
+            ("add column", { try $0.execute("ALTER TABLE t ADD COLUMN note TEXT DEFAULT 'none'") }),
+            ("add counter column", { try $0.addCounterColumn("hits", to: "t") }),
+        ]
         var start = DispatchTime.now()
-        try origin.execute("ALTER TABLE t ADD COLUMN note TEXT DEFAULT 'none'")
-        figures.append(("add column on \(rows) rows, origin (ms)", Self.milliseconds(since: start)))
-        figures.append(("add column: change-log entries written", Double(try Self.logEntries(origin) - logBefore)))
-        // The peer applies it: the schema change set crosses (its bytes), and the ALTER runs in the apply.
-        start = DispatchTime.now()
-        let wire = try Self.sync(origin, peer!)
-        figures.append(("add column on \(rows) rows, peer apply (ms)", Self.milliseconds(since: start)))
-        figures.append(("add column: bytes on the wire to one peer", Double(wire)))
-        let digestsAgree = try origin.digest() == peer!.digest()
-        figures.append(("add column: digests agree afterwards (1 = yes)", digestsAgree ? 1 : 0))
+        for (name, make) in changes {
+            let (originBefore, peerBefore) = (try Self.logEntries(origin), try Self.logEntries(peer!))
+            let vectorBefore = try origin.versionVector()
+            start = DispatchTime.now()
+            try make(origin)
+            figures.append(("\(name) on \(rows) rows, origin (ms)", Self.milliseconds(since: start)))
+            figures.append(("\(name): change-log entries written, origin", Double(try Self.logEntries(origin) - originBefore)))
+            figures.append(("\(name): sealed bytes the relay stores", Double(try Self.relayBytes(origin, since: vectorBefore))))
+            start = DispatchTime.now()
+            let wire = try Self.sync(origin, peer!)
+            figures.append(("\(name) on \(rows) rows, peer apply (ms)", Self.milliseconds(since: start)))
+            figures.append(("\(name): change-log entries written, peer", Double(try Self.logEntries(peer!) - peerBefore)))
+            figures.append(("\(name): bytes on the wire to one peer", Double(wire)))
+            let digestsAgree = try origin.digest() == peer!.digest()
+            figures.append(("\(name): digests agree afterwards (1 = yes)", digestsAgree ? 1 : 0))
+        }
 
         // Replay: the peer follows schema changes by hand, receives `held` values for a column it lacks, then adds it.
         peer = nil
@@ -86,6 +98,22 @@ struct SchemaBenchmark: ParsableCommand {
             bytes += message.encoded().count
             let report = try to.apply(batch.changes, claim: batch.claim, received: received)
             received.merge(report.acceptedHighest) { max($0, $1) }
+        }
+        return bytes
+    }
+
+    /// What the relay stores of the change sets `store` holds beyond `vector`, as a node uploads them: each batch
+    /// compressed when that pays and sealed (``RelayChunker``), envelope headers included.
+    private static func relayBytes(_ store: Store, since vector: VersionVector) throws -> Int {
+        let seal = RelaySeal(clusterSecret: (0..<32).map { _ in UInt8.random(in: 0...255) })
+        // A cluster id as a node's key file names it: 32 hexadecimal digits.
+        var chunker = RelayChunker(
+            cluster: String(repeating: "0", count: 32), seal: seal, heads: vector, pieceBytes: 1024 * 1024
+        )
+        let cursor = try store.deltaCursor(since: vector)
+        var bytes = 0
+        while let batch = try store.nextBatch(cursor, maxChanges: 20_000, maxBytes: 1024 * 1024) {
+            bytes += try chunker.envelopes(for: batch).reduce(0) { $0 + $1.encodedCount }
         }
         return bytes
     }
