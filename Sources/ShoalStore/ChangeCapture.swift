@@ -85,12 +85,13 @@ final class ChangeCapture {
         key: [SQLValue],
         existed: Bool = false,
         exists: Bool = true,
+        changed: [Bool]? = nil,
         counterDelta: [Int64]? = nil
     ) {
         let pendingKey: PendingKey = tables[table].keyIsRowid ? .rowid(key[0].integerValue ?? 0) : .values(key)
         pending[table].append(
             pendingKey,
-            PendingWrite(existedBefore: existed, existsAfter: exists, changed: nil, counterDelta: counterDelta)
+            PendingWrite(existedBefore: existed, existsAfter: exists, changed: changed, counterDelta: counterDelta)
         )
         hasPending = true
     }

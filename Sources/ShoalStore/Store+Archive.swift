@@ -13,6 +13,10 @@ struct ClockArchive {
     /// The counter columns the table was replicated with.
     let counters: [String]
 
+    /// The table keeping the data rows' values as they were when the archive was made (keys `k0`…, values `v0`…, in
+    /// the order of ``columns``): a value the same now was not written meanwhile, and keeps its stamp.
+    var valuesTable: String { table + "_values" }
+
     /// Where the archive of table `name` is recorded in `shoal_meta`.
     static func metaKey(_ name: String) -> String { "archive:" + name }
 
@@ -63,6 +67,18 @@ extension Store {
             counters: counters
         )
         try connection.exec("ALTER TABLE shoal_clock_\(id) RENAME TO \(archive.table)")
+        // The values too, so that replicating again stamps only what changed while the table was not replicated
+        // (stamping every row as this node's write would beat what peers wrote meanwhile). A table whose columns no
+        // longer read as recorded (a paused one) keeps none: its rows are stamped again, as before values were kept.
+        let keyList = keys.enumerated().map { "\(quote($1)) AS k\($0)" }
+        let valueList = columns.enumerated().map { "\(quote($1)) AS v\($0)" }
+        try? connection.exec(
+            "CREATE TABLE \(archive.valuesTable)(\(keys.indices.map { "k\($0)" }.joined(separator: ", "))"
+                + columns.indices.map { ", v\($0)" }.joined()
+                + ", PRIMARY KEY(\(keys.indices.map { "k\($0)" }.joined(separator: ", ")))) WITHOUT ROWID; "
+                + "INSERT INTO \(archive.valuesTable) SELECT \((keyList + valueList).joined(separator: ", ")) "
+                + "FROM \(quote(name))"
+        )
         try connection.rows(
             "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
             [.text(ClockArchive.metaKey(name)), .text(archive.encoded)]
@@ -100,25 +116,29 @@ extension Store {
 
     /// Drops the archive of table `name`, if any.
     func dropClockArchive(of name: String) throws(ShoalError) {
-        if let archive = try clockArchive(of: name) { try connection.exec("DROP TABLE IF EXISTS \(archive.table)") }
+        if let archive = try clockArchive(of: name) {
+            try connection.exec("DROP TABLE IF EXISTS \(archive.table); DROP TABLE IF EXISTS \(archive.valuesTable)")
+        }
         try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(ClockArchive.metaKey(name))])
     }
 
     /// Continues the history `archive` kept for table number `number`, just replicated again (inside the
     /// caller's transaction, before its existing rows are captured): each archived row's causal length and
     /// counter contributions are restored, so its counters add only what changed while the table was not
-    /// replicated. Returns, per key with an archived row, how the row's capture is to be recorded; a row archived
+    /// replicated. Returns, per key with an archived row, how the row's capture is to be recorded (which columns were
+    /// written meanwhile: those whose value differs from the one archived, every one when none was); a row archived
     /// alive whose data row is gone now is recorded as deleted.
     func restoreArchivedRows(
         _ archive: ClockArchive,
         table number: Int
-    ) throws(ShoalError) -> [[SQLValue]: (existed: Bool, counterDelta: [Int64])] {
+    ) throws(ShoalError) -> [[SQLValue]: (existed: Bool, counterDelta: [Int64], changed: [Bool]?)] {
         let table = capture.tables[number]
         guard archive.keyColumns == table.keyColumns else { return [:] }
         try refreshSites()
         let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
         let select = try connection.prepare("SELECT \(keys), meta FROM \(archive.table)")
-        var restored: [[SQLValue]: (existed: Bool, counterDelta: [Int64])] = [:]
+        var restored: [[SQLValue]: (existed: Bool, counterDelta: [Int64], changed: [Bool]?)] = [:]
+        let archivedValues = try archivedValueReader(archive, keyCount: table.keyColumns.count)
         var deleted: [[SQLValue]] = []
         // Tombstones kept as they were: no write records them, so the digest is told of them here.
         var tombstones: [UInt8] = []
@@ -154,10 +174,37 @@ extension Store {
                 let now = Int128(current[index].integerValue ?? 0)
                 return Int64(clamping: archived.isAlive ? now - Int128(archivedCounters[index]) : now)
             }
-            restored[key] = (archived.isAlive, delta)
+            var changed: [Bool]?
+            if archived.isAlive, let archivedValues, let before = try archivedValues(key) {
+                changed = table.columns.enumerated().map { index, name in
+                    guard let old = archive.columns.firstIndex(of: name) else { return true }
+                    return current[index] != before[old]
+                }
+            }
+            restored[key] = (archived.isAlive, delta, changed)
         }
         for key in deleted { capture.addExistingRow(table: number, key: key, existed: true, exists: false) }
         try noteDigestPending(site: -1, seq: 0, table: table.id, keys: tombstones)
         return restored
+    }
+
+    /// Reads a row's archived values by key (``ClockArchive/valuesTable``), or `nil` when the archive kept none.
+    private func archivedValueReader(
+        _ archive: ClockArchive,
+        keyCount: Int
+    ) throws(ShoalError) -> ((_ key: [SQLValue]) throws(ShoalError) -> [SQLValue]?)? {
+        guard case .integer(1) = try connection.scalar(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?", [.text(archive.valuesTable)]
+        ) else { return nil }
+        let values = archive.columns.indices.map { "v\($0)" }
+        let select = try connection.prepare(
+            "SELECT 1\(values.map { ", " + $0 }.joined()) FROM \(archive.valuesTable) WHERE "
+                + (0..<keyCount).map { "k\($0) = ?" }.joined(separator: " AND ")
+        )
+        return { key throws(ShoalError) in
+            try select.bind(key)
+            defer { select.reset() }
+            return try select.step() ? Array(select.row().dropFirst()) : nil
+        }
     }
 }

@@ -204,8 +204,8 @@ extension Store {
             let key = Array(row[0..<replicated.keyColumns.count])
             let values = row[replicated.keyColumns.count...]
             try refuseUnreplicable(row, names: names, table: replicated)
-            if let (existed, delta) = restored[key] {
-                capture.addExistingRow(table: number, key: key, existed: existed, counterDelta: delta)
+            if let (existed, delta, changed) = restored[key] {
+                capture.addExistingRow(table: number, key: key, existed: existed, changed: changed, counterDelta: delta)
             } else {
                 // Counter values found here are the table's seed (see ``recordCounterSeeds(_:table:)``), not
                 // this node's increments: stamped as ours first, then moved to the seed's site.
