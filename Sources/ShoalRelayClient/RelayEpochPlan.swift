@@ -12,14 +12,14 @@ enum RelayEpochPlan {
     enum Step: Sendable, Equatable {
         /// Nothing: this node was removed, or has no identity or roster.
         case none
-        /// The roster removed a node that no epoch held here excludes: read the grants (another member may have
-        /// rotated already), then rotate if still needed.
+        /// The roster removed a node that the newest epoch held here does not exclude: read the grants (another member
+        /// may have rotated already), then rotate if still needed.
         case rotate
         /// Leave grants for members the last check did not see.
         case grantMembers(Set<NodeID>)
     }
 
-    /// The step for `roster` as it stands, given the nodes the held epochs exclude and the members last granted.
+    /// The step for `roster` as it stands, given the nodes the newest held epoch excludes and the members last granted.
     static func next(
         roster: Roster?,
         identity: NodeIdentity?,
@@ -106,14 +106,18 @@ enum RelayEpochPlan {
         )
     }
 
-    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch, for every recipient.
+    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch, for every recipient. The
+    /// newest epoch's grants carry the token the keyring holds for it, the one its rotation registered and the members
+    /// use; `inUse`, the token this node uses now, only when the keyring holds none. A fallback to the configured token
+    /// (after a refusal) must not hand new members a token the rotation retired.
     static func missing(
         keyring: RelayKeyring,
-        token: String,
+        inUse: String,
         roster: Roster,
         identity: NodeIdentity,
         listed: [RelayGrant]
     ) -> [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] {
+        let token = keyring.token ?? inUse
         let held = Set(listed.map { "\($0.epoch) \($0.recipient)" })
         var missing: [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] = []
         for epoch in keyring.epochs {
