@@ -289,13 +289,9 @@ public struct RelayPullSession: Sendable {
         let whole = buffers.removeValue(forKey: site) ?? []
         let batch: ChangeBatch
         do {
-            // A compressed batch (from members of this build on) inflates within the bound any batch keeps to.
-            let decoded = try WireMessage.decode(whole, maximumInflatedLength: Self.maximumBatchBytes)
-            guard case .changeBatch(let message) = decoded else {
-                _ = block(site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
-                return .skip
-            }
-            batch = message.batch
+            // In the relay's own format or as older members sealed it (a wire message); a compressed batch inflates
+            // within the bound any batch keeps to.
+            batch = try RelaySealedBatch.decode(whole, maximumInflatedLength: Self.maximumBatchBytes)
         } catch {
             _ = block(
                 site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)"
