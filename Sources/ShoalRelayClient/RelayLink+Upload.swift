@@ -45,7 +45,7 @@ extension RelayLink {
                     if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
                 }
             } catch {
-                if case .cancelled = error {} else { metrics.pushFailed.increment() }
+                if case .cancelled = error {} else { metrics.pushed(ok: false) }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
                 if let heads = session.lastHeads, let held = try? await held() {
                     await noteLacking(held: held, heads: heads)
@@ -77,7 +77,7 @@ extension RelayLink {
         let (finished, _) = try await stream(api, since: heads, into: nil, heads: &heads)
         let after = try await local { () throws(ShoalError) in try await node.store.servableVector() }
         await noteLacking(held: after, heads: heads)
-        metrics.pushOK.increment()
+        metrics.pushed(ok: true)
         metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished
     }
