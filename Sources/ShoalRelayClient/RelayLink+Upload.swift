@@ -25,24 +25,27 @@ extension RelayLink {
             do throws(RelayCallError) {
                 try await epochs(.grantsIfNeeded, api)
                 try await epochs(.epochs, api)
-                if session.next(now: clock.monotonicMilliseconds(), stale: stale) == .readHeads {
-                    session.read(try await fetchHeads(api), now: clock.monotonicMilliseconds())
-                }
-                guard case .upload(var heads) = session.next(now: clock.monotonicMilliseconds(), stale: false) else {
-                    continue
-                }
-                let finished = try await pushOnce(api, heads: &heads)
-                switch session.uploaded(heads: heads, finished: finished, random: &random) {
-                case .done:
-                    backoff.reset()
-                    guard try await snapshotDue(heads) else { break }
-                    // Read again first: another node may have just uploaded one.
-                    let fresh = try await fetchHeads(api)
-                    session.read(fresh, now: clock.monotonicMilliseconds())
-                    if try await snapshotDue(fresh) { try await uploadSnapshot(api) }
-                case .again(let wait):
-                    due = true
-                    if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
+                var step = session.start(now: clock.monotonicMilliseconds(), stale: stale)
+                pass: while true {
+                    switch step {
+                    case .readHeads:
+                        step = session.read(try await fetchHeads(api), now: clock.monotonicMilliseconds())
+                    case .upload(var heads):
+                        let finished = try await pushOnce(api, heads: &heads)
+                        step = session.uploaded(heads: heads, finished: finished, random: &random)
+                    case .checkSnapshot(let heads):
+                        step = session.snapshotChecked(due: try await snapshotDue(heads))
+                    case .uploadSnapshot:
+                        try await uploadSnapshot(api)
+                        step = session.snapshotUploaded()
+                    case .done:
+                        backoff.reset()
+                        break pass
+                    case .again(let wait):
+                        due = true
+                        if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
+                        break pass
+                    }
                 }
             } catch {
                 if case .cancelled = error {} else { metrics.pushed(ok: false) }
