@@ -45,8 +45,12 @@ public enum RelaySealedBatch {
         guard first >= 0x80 else {
             // As members sealed change sets before this format: a wire message, a change batch in it.
             let message = try WireMessage.decode(plaintext, maximumInflatedLength: maximumInflatedLength)
-            guard case .changeBatch(let batch) = message else { throw malformed("a sealed message that is no change batch") }
-            guard batch.piecedValues.isEmpty else { throw malformed("a sealed change batch whose values come in pieces") }
+            guard case .changeBatch(let batch) = message else {
+                throw malformed("a sealed message that is no change batch")
+            }
+            guard batch.piecedValues.isEmpty else {
+                throw malformed("a sealed change batch whose values come in pieces")
+            }
             return batch.batch
         }
         guard first == version else {

@@ -134,7 +134,9 @@ import Testing
                 epoch: 1, secret: Data(Array(repeating: 1, count: 32)).base64EncodedString(),
                 removed: [removed.nodeID.description]
             ),
-            RelayKeyring.Epoch(epoch: 2, secret: Data(Array(repeating: 2, count: 32)).base64EncodedString(), removed: []),
+            RelayKeyring.Epoch(
+                epoch: 2, secret: Data(Array(repeating: 2, count: 32)).base64EncodedString(), removed: []
+            ),
         ]
         #expect(keyring.removed == [removed.nodeID.description] && keyring.removedFromNewest.isEmpty)
         let step = RelayEpochPlan.next(

@@ -259,7 +259,9 @@ extension RelayProcessTests {
         try await world.write("c", "INSERT INTO kv VALUES ('hostile', 1); UPDATE kv SET v = 'taken' WHERE k = 'before'")
         #expect(await hostile.line(within: 30) { $0.contains("retired key epoch") } != nil, "\(hostile.output)")
         let ranges = try await world.relayQuery("SELECT \(world.hex("site")), from_seq, to_seq, uploader FROM ranges")
-            + (try await world.relayQuery("SELECT cluster, epoch FROM epochs UNION ALL SELECT cluster, epoch FROM upload_keys"))
+            + (try await world.relayQuery(
+                "SELECT cluster, epoch FROM epochs UNION ALL SELECT cluster, epoch FROM upload_keys"
+            ))
         let cKeyring = (try? RelayKeyring.load(RelayKeyring.path(forDatabase: cPath)))?.epochs.map(\.epoch) ?? []
         #expect(try await world.relayQuery("SELECT count(*) FROM chunks") == stored, "\(ranges)\n\(hostile.output) \(cKeyring)")
         try await world.write("a", "INSERT INTO kv VALUES ('still', 1)")

@@ -499,9 +499,13 @@ struct ModelWorld {
     }
 
     /// The node's store takes claims of `sites` short while the relay serves what was uploaded: the node holds `held`,
-    /// the next pull asks from there, and the same page again moves nothing (the pull after waits). Once the store takes
-    /// claims, the node converges to `settled` and nothing is asked past it.
-    mutating func shortClaimsAskedAgain(of sites: Set<SiteID>, held: VersionVector, settled: VersionVector) async throws {
+    /// the next pull asks from there, and the same page again moves nothing (the pull after waits). Once the store
+    /// takes claims, the node converges to `settled` and nothing is asked past it.
+    mutating func shortClaimsAskedAgain(
+        of sites: Set<SiteID>,
+        held: VersionVector,
+        settled: VersionVector
+    ) async throws {
         node.shortClaims = sites
         var request = session.request(held: node.vector, now: now, wait: 0, maximumBytes: 1 << 20)
         try await deliver(relay.page(asked: try RelayAPI.vector(request.vector), resume: [:], maximumChunks: 100))

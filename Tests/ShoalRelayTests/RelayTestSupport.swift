@@ -246,7 +246,9 @@ final class RelayWorld: @unchecked Sendable {
         if let postgres {
             _ = try await offPool { try TestPostgres.query(postgres, "DROP SCHEMA shoal_relay CASCADE") }
             let restored = try await offPool {
-                try runProcess(URL(fileURLWithPath: "/usr/bin/psql"), [postgres, "-q", "-v", "ON_ERROR_STOP=1", "-f", copy])
+                try runProcess(
+                    URL(fileURLWithPath: "/usr/bin/psql"), [postgres, "-q", "-v", "ON_ERROR_STOP=1", "-f", copy]
+                )
             }
             guard restored.status == 0 else { throw TestSetupError("psql failed to restore: \(restored.stderr)") }
         } else {
