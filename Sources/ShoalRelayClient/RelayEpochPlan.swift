@@ -106,21 +106,40 @@ enum RelayEpochPlan {
         )
     }
 
-    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch, for every recipient. The
-    /// newest epoch's grants carry the token the keyring holds for it, the one its rotation registered and the members
-    /// use; `inUse`, the token this node uses now, only when the keyring holds none. A fallback to the configured token
-    /// (after a refusal) must not hand new members a token the rotation retired.
+    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch the relay holds as this node
+    /// does, for every recipient. The newest epoch's grants carry the token the keyring holds for it, the one its
+    /// rotation registered and the members use; `inUse`, the token this node uses now, only when the keyring holds
+    /// none. A fallback to the configured token (after a refusal) must not hand new members a token the rotation
+    /// retired.
+    ///
+    /// An epoch counts as the relay's only when its grant to this node there opens to the secret held here: a relay
+    /// put back to an older copy may hold another secret under the same number (started afresh by a member that joined
+    /// after the copy), and this node's grants of its own would fork the epoch for whoever has none there yet, this
+    /// node included (a grant to itself would take the place of the one the others leave for it, from which it would
+    /// learn the relay's).
     static func missing(
         keyring: RelayKeyring,
         inUse: String,
         roster: Roster,
         identity: NodeIdentity,
+        cluster: String,
         listed: [RelayGrant]
     ) -> [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] {
         let token = keyring.token ?? inUse
         let held = Set(listed.map { "\($0.epoch) \($0.recipient)" })
+        let me = identity.nodeID.description
+        var same: Set<UInt32> = []
+        for grant in listed where grant.recipient == me {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == grant.epoch, let contents = try? decoded.open(with: identity, cluster: cluster)
+            else { continue }
+            let secret = Data(contents.secret).base64EncodedString()
+            if keyring.epochs.contains(where: { $0.epoch == grant.epoch && $0.secret == secret }) {
+                same.insert(grant.epoch)
+            }
+        }
         var missing: [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] = []
-        for epoch in keyring.epochs {
+        for epoch in keyring.epochs where same.contains(epoch.epoch) {
             guard let contents = contents(of: epoch, newest: epoch.epoch == keyring.newest, token: token) else { continue }
             for recipient in recipients(roster, identity: identity, excluding: keyring.removed)
             where !held.contains("\(epoch.epoch) \(recipient.node.description)") {

@@ -26,8 +26,9 @@ import ShoalSecurity
 ///   rotated), then rotate past the newest epoch held and the relay's; a 409 on the rotation means another member
 ///   started that epoch: its grant is adopted instead. The newest, not any held epoch: an epoch started again at a
 ///   relay that lost it may sit on top of a newer member's fresh one that excluded more.
-/// - Members seen since the last check get grants of every held epoch the relay's mailbox lacks for them; the newest
-///   epoch's carry the keyring's token (the one the members use), as a restart's do, not a fallback's.
+/// - Members seen since the last check get grants of every held epoch the relay's mailbox lacks for them, of those
+///   the relay holds as this node does (its grant to this node there opens to the same secret); the newest epoch's
+///   carry the keyring's token (the one the members use), as a restart's do, not a fallback's.
 struct RelayEpochSession {
     /// Which pass.
     enum Pass: Sendable, Equatable {
@@ -207,7 +208,7 @@ struct RelayEpochSession {
             let keyring = state.credentials.keyring
             var grants: [RelayGrant] = []
             for missing in RelayEpochPlan.missing(
-                keyring: keyring, inUse: state.credentials.token, roster: roster, identity: identity,
+                keyring: keyring, inUse: state.credentials.token, roster: roster, identity: identity, cluster: cluster,
                 listed: listed.grants
             ) {
                 do {

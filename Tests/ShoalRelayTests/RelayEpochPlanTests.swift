@@ -83,7 +83,7 @@ import Testing
             )
         ]
         let missing = RelayEpochPlan.missing(
-            keyring: keyring, inUse: "t", roster: behind, identity: member,
+            keyring: keyring, inUse: "t", roster: behind, identity: member, cluster: clusterID,
             listed: [try grant(1, secret: 1, to: member, by: founder)]
         )
         #expect(Set(missing.map(\.recipient.node)) == Set(behind.members.keys).subtracting([removed.nodeID, member.nodeID]))
@@ -107,7 +107,8 @@ import Testing
             try grant(1, secret: 1, to: member, by: founder), try grant(2, secret: 2, to: member, by: founder),
         ]
         let missing = RelayEpochPlan.missing(
-            keyring: keyring, inUse: "configured", roster: roster, identity: member, listed: listed
+            keyring: keyring, inUse: "configured", roster: roster, identity: member, cluster: clusterID,
+            listed: listed
         )
         let others = Set(roster.members.keys).union([member.nodeID]).subtracting([member.nodeID])
         #expect(Set(missing.map(\.recipient.node)) == others)
@@ -118,7 +119,8 @@ import Testing
         // A keyring with no token of its own (no rotation replaced the configured one): the token in use.
         keyring.token = nil
         let fallback = RelayEpochPlan.missing(
-            keyring: keyring, inUse: "configured", roster: roster, identity: member, listed: listed
+            keyring: keyring, inUse: "configured", roster: roster, identity: member, cluster: clusterID,
+            listed: listed
         )
         #expect(fallback.filter { $0.epoch == 2 }.allSatisfy { $0.contents.token == "configured" })
     }
@@ -146,5 +148,29 @@ import Testing
         // Granted nothing of any epoch all the same: the union of what the held epochs exclude.
         let recipients = RelayEpochPlan.recipients(roster, identity: member, excluding: keyring.removed).map(\.node)
         #expect(!recipients.contains(removed.nodeID))
+    }
+
+    /// A member grants only epochs the relay holds as it does: its own grant there opens to the secret it holds. A
+    /// relay put back to an older copy may hold another secret under the number (and no grant for a member that joined
+    /// after the copy and started the epoch afresh meanwhile); granting its own would fork the epoch for whoever has
+    /// none there yet, itself included.
+    @Test func onlyEpochsTheRelayHoldsWithTheSameSecretAreGrantedToOthers() throws {
+        let roster = try roster(removing: false)
+        var keyring = RelayKeyring()
+        keyring.epochs = [1, 2, 3].map {
+            RelayKeyring.Epoch(
+                epoch: $0, secret: Data(Array(repeating: UInt8($0), count: 32)).base64EncodedString(), removed: []
+            )
+        }
+        keyring.token = "t"
+        // Epoch 1 as held here, epoch 2 with another secret, epoch 3 with no grant for this node.
+        let listed = [
+            try grant(1, secret: 1, to: member, by: founder), try grant(2, secret: 9, to: member, by: founder),
+        ]
+        let missing = RelayEpochPlan.missing(
+            keyring: keyring, inUse: "t", roster: roster, identity: member, cluster: clusterID, listed: listed
+        )
+        #expect(!missing.isEmpty && missing.allSatisfy { $0.epoch == 1 })
+        #expect(!missing.contains { $0.recipient.node == member.nodeID })
     }
 }
