@@ -212,7 +212,7 @@ extension WireMessage {
     /// Changes: a table of the site ids they mention, then each change with sites as indexes into it.
     /// Changes listed in `pieced` (ascending indexes of column changes) are written as kind 3, without their
     /// value, which travels in ``ValuePiece``s.
-    private static func encode(_ changes: [Change], pieced: [UInt32], into bytes: inout [UInt8]) {
+    static func encode(_ changes: [Change], pieced: [UInt32], into bytes: inout [UInt8]) {
         var sites: [SiteID] = []
         var indexes: [SiteID: UInt64] = [:]
         func index(_ site: SiteID) -> UInt64 {
@@ -266,7 +266,7 @@ extension WireMessage {
         bytes.append(contentsOf: body)
     }
 
-    private static func decodeChanges(_ reader: inout ByteReader) throws(ShoalError) -> ([Change], [UInt32]) {
+    static func decodeChanges(_ reader: inout ByteReader) throws(ShoalError) -> ([Change], [UInt32]) {
         let siteCount = try reader.readVarint()
         guard siteCount <= UInt64(reader.remaining / 16) else { throw malformed("site table longer than the frame") }
         var sites: [SiteID] = []

@@ -36,6 +36,16 @@ extension WireMessage {
     /// The compressed frame holding `payload` (an encoded change batch or value piece), or `nil` when compressing
     /// does not pay (``compressionKeptPercent``).
     static func compressedFrame(holding payload: [UInt8]) -> [UInt8]? {
+        var header: [UInt8] = [Kind.compressed.rawValue, zlibMethod]
+        header.appendVarint(UInt64(payload.count))
+        return compressed(payload, prefix: header)
+    }
+
+    /// `prefix` followed by `payload` as a zlib stream, or `nil` when compressing does not pay: the payload is shorter
+    /// than ``compressionMinimumBytes``, samples of a large one do not shrink, or the whole would keep more than
+    /// ``compressionKeptPercent`` of its size. The one rule of when compression pays, for frames and for the change
+    /// sets a node seals for the relay.
+    public static func compressed(_ payload: [UInt8], prefix: [UInt8]) -> [UInt8]? {
         guard payload.count >= compressionMinimumBytes else { return nil }
         let sample = compressionSampleBytes
         if payload.count >= 4 * sample {
@@ -43,9 +53,7 @@ extension WireMessage {
             let pays = slices.contains { Deflate.compress($0, budget: sample * compressionKeptPercent / 100) != nil }
             guard pays else { return nil }
         }
-        var header: [UInt8] = [Kind.compressed.rawValue, zlibMethod]
-        header.appendVarint(UInt64(payload.count))
-        return Deflate.compress(payload[...], prefix: header, budget: payload.count * compressionKeptPercent / 100)
+        return Deflate.compress(payload[...], prefix: prefix, budget: payload.count * compressionKeptPercent / 100)
     }
 
     /// Decodes a compressed frame as the message it holds, inflating at most `maximumInflatedLength` bytes.

@@ -3,8 +3,8 @@ import ShoalProtocol
 import ShoalRelayProtocol
 
 /// Cuts the batches of a delta cursor (opened at the relay's heads) into sealed envelopes: per site, one range per
-/// advance of the cursor's claim, each batch's part encoded (and compressed, when that pays) and sealed in pieces of at
-/// most `pieceBytes`.
+/// advance of the cursor's claim, each batch's part encoded as a ``RelaySealedBatch`` (compressed, when that pays) and
+/// sealed in pieces of at most `pieceBytes`.
 public struct RelayChunker {
     private let cluster: String
     private let seal: RelaySeal
@@ -26,8 +26,8 @@ public struct RelayChunker {
     /// The bytes of the sealed bodies cut so far (what the relay stores of them, headers aside).
     public private(set) var sealedBytes = 0
 
-    /// A chunker for a cursor opened at `heads`; with `compressing`, each batch's plaintext is a compressed frame
-    /// when that pays (``WireMessage/packed(compressing:)``), which members of this build and later open.
+    /// A chunker for a cursor opened at `heads`; each batch's plaintext is a ``RelaySealedBatch``, compressed when
+    /// `compressing` and that pays, which members of this build and later open.
     public init(cluster: String, seal: RelaySeal, heads: VersionVector, pieceBytes: Int, compressing: Bool = true) {
         self.cluster = cluster
         self.seal = seal
@@ -66,19 +66,13 @@ public struct RelayChunker {
                 rangeClaim = VersionVector(since.merging(VersionVector(sent)).entries.filter { $0.key != site })
                 rangeClaim.advance(site, to: batch.claim[site])
             }
-            let packed = WireMessage.changeBatch(
-                ChangeBatchMessage(
-                    requestID: 0,
-                    isLast: true,
-                    batch: ChangeBatch(
-                        changes: bySite[site] ?? [],
-                        claim: rangeClaim
-                    )
-                )
-            ).packed(compressing: compressing)
+            let packed = RelaySealedBatch.encoded(
+                ChangeBatch(changes: bySite[site] ?? [], claim: rangeClaim),
+                compressing: compressing
+            )
             plaintextBytes += packed.uncompressedCount
-            // Compressed before it is sealed: sealed bytes do not compress. The plaintext's first byte says which it
-            // is (13: a compressed frame; 3: a change batch, as every older member sealed it), inside the seal.
+            // Compressed before it is sealed: sealed bytes do not compress. The plaintext's header says whether it is
+            // (``RelaySealedBatch``), inside the seal.
             let plaintext = packed.payload
             var offset = 0
             while offset < plaintext.count {

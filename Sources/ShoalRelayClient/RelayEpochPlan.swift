@@ -12,14 +12,14 @@ enum RelayEpochPlan {
     enum Step: Sendable, Equatable {
         /// Nothing: this node was removed, or has no identity or roster.
         case none
-        /// The roster removed a node that no epoch held here excludes: read the grants (another member may have
-        /// rotated already), then rotate if still needed.
+        /// The roster removed a node that the newest epoch held here does not exclude: read the grants (another member
+        /// may have rotated already), then rotate if still needed.
         case rotate
         /// Leave grants for members the last check did not see.
         case grantMembers(Set<NodeID>)
     }
 
-    /// The step for `roster` as it stands, given the nodes the held epochs exclude and the members last granted.
+    /// The step for `roster` as it stands, given the nodes the newest held epoch excludes and the members last granted.
     static func next(
         roster: Roster?,
         identity: NodeIdentity?,
@@ -106,17 +106,40 @@ enum RelayEpochPlan {
         )
     }
 
-    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch, for every recipient.
+    /// The grants the relay's mailbox lacks (it holds those `listed`): every held epoch the relay holds as this node
+    /// does, for every recipient. The newest epoch's grants carry the token the keyring holds for it, the one its
+    /// rotation registered and the members use; `inUse`, the token this node uses now, only when the keyring holds
+    /// none. A fallback to the configured token (after a refusal) must not hand new members a token the rotation
+    /// retired.
+    ///
+    /// An epoch counts as the relay's only when its grant to this node there opens to the secret held here: a relay
+    /// put back to an older copy may hold another secret under the same number (started afresh by a member that joined
+    /// after the copy), and this node's grants of its own would fork the epoch for whoever has none there yet, this
+    /// node included (a grant to itself would take the place of the one the others leave for it, from which it would
+    /// learn the relay's).
     static func missing(
         keyring: RelayKeyring,
-        token: String,
+        inUse: String,
         roster: Roster,
         identity: NodeIdentity,
+        cluster: String,
         listed: [RelayGrant]
     ) -> [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] {
+        let token = keyring.token ?? inUse
         let held = Set(listed.map { "\($0.epoch) \($0.recipient)" })
+        let me = identity.nodeID.description
+        var same: Set<UInt32> = []
+        for grant in listed where grant.recipient == me {
+            guard let data = Data(base64Encoded: grant.body), let decoded = try? EpochGrant(decoding: Array(data)),
+                decoded.epoch == grant.epoch, let contents = try? decoded.open(with: identity, cluster: cluster)
+            else { continue }
+            let secret = Data(contents.secret).base64EncodedString()
+            if keyring.epochs.contains(where: { $0.epoch == grant.epoch && $0.secret == secret }) {
+                same.insert(grant.epoch)
+            }
+        }
         var missing: [(epoch: UInt32, contents: EpochGrant.Contents, recipient: (node: NodeID, key: [UInt8]))] = []
-        for epoch in keyring.epochs {
+        for epoch in keyring.epochs where same.contains(epoch.epoch) {
             guard let contents = contents(of: epoch, newest: epoch.epoch == keyring.newest, token: token) else { continue }
             for recipient in recipients(roster, identity: identity, excluding: keyring.removed)
             where !held.contains("\(epoch.epoch) \(recipient.node.description)") {

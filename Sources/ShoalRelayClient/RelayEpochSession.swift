@@ -22,10 +22,13 @@ import ShoalSecurity
 ///   newest held: epochs it lacks are started again there, in order, each with its grants and upload key, under the
 ///   token the members hold for the newest (never a fresh one: the members' would then be unknown to the relay), which
 ///   this node then uses. A 409 means another member started them first: its grants say which.
-/// - A removal no held epoch excludes makes this node read the grants first (another member may have rotated), then
-///   rotate past the newest epoch held and the relay's; a 409 on the rotation means another member started that epoch:
-///   its grant is adopted instead.
-/// - Members seen since the last check get grants of every held epoch the relay's mailbox lacks for them.
+/// - A removal the newest held epoch does not exclude makes this node read the grants first (another member may have
+///   rotated), then rotate past the newest epoch held and the relay's; a 409 on the rotation means another member
+///   started that epoch: its grant is adopted instead. The newest, not any held epoch: an epoch started again at a
+///   relay that lost it may sit on top of a newer member's fresh one that excluded more.
+/// - Members seen since the last check get grants of every held epoch the relay's mailbox lacks for them, of those
+///   the relay holds as this node does (its grant to this node there opens to the same secret); the newest epoch's
+///   carry the keyring's token (the one the members use), as a restart's do, not a fallback's.
 struct RelayEpochSession {
     /// Which pass.
     enum Pass: Sendable, Equatable {
@@ -205,7 +208,7 @@ struct RelayEpochSession {
             let keyring = state.credentials.keyring
             var grants: [RelayGrant] = []
             for missing in RelayEpochPlan.missing(
-                keyring: keyring, token: state.credentials.token, roster: roster, identity: identity,
+                keyring: keyring, inUse: state.credentials.token, roster: roster, identity: identity, cluster: cluster,
                 listed: listed.grants
             ) {
                 do {
@@ -370,7 +373,7 @@ struct RelayEpochSession {
     ) -> Action {
         guard let identity, let roster else { return finished() }
         let step = RelayEpochPlan.next(
-            roster: roster, identity: identity, excluded: state.credentials.keyring.removed,
+            roster: roster, identity: identity, excluded: state.credentials.keyring.removedFromNewest,
             granted: state.grantedMembers
         )
         switch step {

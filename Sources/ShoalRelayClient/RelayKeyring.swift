@@ -66,4 +66,9 @@ public struct RelayKeyring: Codable, Sendable, Hashable {
 
     /// Every node removed when some epoch held began.
     public var removed: Set<String> { Set(epochs.flatMap(\.removed)) }
+
+    /// The nodes removed when the newest epoch held began: those it is sealed without. An older epoch may exclude more
+    /// (a member that never held the newer ones started it afresh at a relay that lost them, and the newer ones were
+    /// started again on top of it), and that does not keep them from the newest.
+    public var removedFromNewest: Set<String> { Set(epochs.max { $0.epoch < $1.epoch }?.removed ?? []) }
 }

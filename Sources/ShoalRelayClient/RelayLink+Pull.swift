@@ -41,7 +41,7 @@ extension RelayLink {
                 let now = clock.nowMilliseconds()
                 state.withLock { $0.pulled(chunks: entries.count, applied: applied, now: now) }
                 if applied > 0 { report(.applied(changes: applied)) }
-                metrics.pullOK.increment()
+                metrics.pulled(ok: true)
                 metrics.applied.increment(by: applied)
                 backoff.reset()
                 if let wait = session.pageEnded() {
@@ -52,7 +52,7 @@ extension RelayLink {
                     }
                 }
             } catch {
-                if case .cancelled = error {} else { metrics.pullFailed.increment() }
+                if case .cancelled = error {} else { metrics.pulled(ok: false) }
                 for problem in session.problems { note(problem) }
                 session.failed()
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))

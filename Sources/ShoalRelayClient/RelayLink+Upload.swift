@@ -25,27 +25,30 @@ extension RelayLink {
             do throws(RelayCallError) {
                 try await epochs(.grantsIfNeeded, api)
                 try await epochs(.epochs, api)
-                if session.next(now: clock.monotonicMilliseconds(), stale: stale) == .readHeads {
-                    session.read(try await fetchHeads(api), now: clock.monotonicMilliseconds())
-                }
-                guard case .upload(var heads) = session.next(now: clock.monotonicMilliseconds(), stale: false) else {
-                    continue
-                }
-                let finished = try await pushOnce(api, heads: &heads)
-                switch session.uploaded(heads: heads, finished: finished, random: &random) {
-                case .done:
-                    backoff.reset()
-                    guard try await snapshotDue(heads) else { break }
-                    // Read again first: another node may have just uploaded one.
-                    let fresh = try await fetchHeads(api)
-                    session.read(fresh, now: clock.monotonicMilliseconds())
-                    if try await snapshotDue(fresh) { try await uploadSnapshot(api) }
-                case .again(let wait):
-                    due = true
-                    if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
+                var step = session.start(now: clock.monotonicMilliseconds(), stale: stale)
+                pass: while true {
+                    switch step {
+                    case .readHeads:
+                        step = session.read(try await fetchHeads(api), now: clock.monotonicMilliseconds())
+                    case .upload(var heads):
+                        let finished = try await pushOnce(api, heads: &heads)
+                        step = session.uploaded(heads: heads, finished: finished, random: &random)
+                    case .checkSnapshot(let heads):
+                        step = session.snapshotChecked(due: try await snapshotDue(heads))
+                    case .uploadSnapshot:
+                        try await uploadSnapshot(api)
+                        step = session.snapshotUploaded()
+                    case .done:
+                        backoff.reset()
+                        break pass
+                    case .again(let wait):
+                        due = true
+                        if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
+                        break pass
+                    }
                 }
             } catch {
-                if case .cancelled = error {} else { metrics.pushFailed.increment() }
+                if case .cancelled = error {} else { metrics.pushed(ok: false) }
                 // What the relay lacks keeps growing while it does not answer: counted against the last heads known.
                 if let heads = session.lastHeads, let held = try? await held() {
                     await noteLacking(held: held, heads: heads)
@@ -77,7 +80,7 @@ extension RelayLink {
         let (finished, _) = try await stream(api, since: heads, into: nil, heads: &heads)
         let after = try await local { () throws(ShoalError) in try await node.store.servableVector() }
         await noteLacking(held: after, heads: heads)
-        metrics.pushOK.increment()
+        metrics.pushed(ok: true)
         metrics.pushTime.record(duration: ContinuousClock.now - started)
         return finished
     }

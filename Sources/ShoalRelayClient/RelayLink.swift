@@ -118,15 +118,15 @@ public final class RelayLink: Service, Sendable {
         return failure.delay
     }
 
-    /// Updates the relay's lacking and staleness gauges as often as the node samples its own (neither is known
-    /// before the relay's heads were first read).
+    /// Updates the relay's lacking and staleness gauges (its own, and its gap and staleness as a peer) as often as the
+    /// node samples its own (neither is known before the relay's heads were first read).
     func sampleMetrics() async throws {
         let interval = await node.configuration.metricsIntervalMilliseconds
         guard interval > 0 else { return }
         while !Task.isCancelled {
             if let heads = state.withLock({ $0.knownHeads }) {
-                metrics.lackingGauge.record(status.lacking ?? 0)
-                metrics.stalenessGauge.record(Double(await node.ageOfOldestChangeLacking(in: heads)) / 1000)
+                let age = await node.ageOfOldestChangeLacking(in: heads)
+                metrics.sample(lacking: status.lacking ?? 0, stalenessSeconds: Double(age) / 1000)
             }
             try await Task.sleep(for: .milliseconds(interval))
         }

@@ -12,7 +12,8 @@ protocol RelayPullEndpoint {
     /// The seal to open a chunk sealed with `epoch` (when no epoch held here is `epoch`, its grant is fetched first).
     mutating func seal(opening epoch: UInt32) async throws(RelayCallError) -> RelaySeal
     /// Applies `batch` through the node's store in one transaction (``RelayLink/apply(_:received:)``): the changes
-    /// applied, what the node holds after, and `received` with the batch's highest seqs added.
+    /// applied, what the node holds after (the claim the store took: the session counts a range's claim no further),
+    /// and `received` with the batch's highest seqs added.
     mutating func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
@@ -40,7 +41,7 @@ enum RelayPullDriver {
             }
         }
         if let (claims, proof) = session.readyClaims() {
-            session.held(try await endpoint.apply(claims, received: proof).held)
+            session.claimsApplied(held: try await endpoint.apply(claims, received: proof).held)
         }
         return applied
     }

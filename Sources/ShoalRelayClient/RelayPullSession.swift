@@ -19,6 +19,10 @@ import ShoalRelayProtocol
 ///   other sites' entries of the range's sealed claim): a transaction partly overwritten by another site's later one
 ///   is claimed only when that overwrite is held too, so a site held back never leaves another site's claim covering
 ///   writes the node lacks. Claims waiting on that are kept, and asked past, until they can count.
+/// - A claim counts only once the store took it as far as what it received of the range proves (the version vector
+///   after the apply): beyond that only the range's overwritten transactions, which it brought the effect of. A store
+///   that took less than it received (a fence it had and the session did not, say) leaves the range to be asked
+///   again from what the node holds, with backoff while it comes back the same.
 /// - A page that moved nothing (replayed, misfiled or refused chunks only) makes the next pull wait, with backoff: a
 ///   misbehaving relay never starts a loop of pulls.
 public struct RelayPullSession: Sendable {
@@ -85,6 +89,9 @@ public struct RelayPullSession: Sendable {
     private var skipped: Set<SiteID> = []
     /// Range ends opened, whose claims wait, until their changes are applied.
     private var ending: [SiteID: PendingClaim] = [:]
+    /// Claims handed out by ``readyClaims()``, until the store's answer (``claimsApplied(held:)``) says how far it took
+    /// them.
+    private var claiming: [SiteID: PendingClaim] = [:]
     /// What the node holds, as last read.
     private var knownHeld = VersionVector()
     /// The removal fences as last given.
@@ -177,6 +184,7 @@ public struct RelayPullSession: Sendable {
             reached[site] = nil
             ending[site] = nil
             pending[site] = nil
+            claiming[site] = nil
             var entries = cursor.entries
             entries[site] = knownHeld[site]
             cursor = VersionVector(entries)
@@ -281,13 +289,9 @@ public struct RelayPullSession: Sendable {
         let whole = buffers.removeValue(forKey: site) ?? []
         let batch: ChangeBatch
         do {
-            // A compressed batch (from members of this build on) inflates within the bound any batch keeps to.
-            let decoded = try WireMessage.decode(whole, maximumInflatedLength: Self.maximumBatchBytes)
-            guard case .changeBatch(let message) = decoded else {
-                _ = block(site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no change batch")
-                return .skip
-            }
-            batch = message.batch
+            // In the relay's own format or as older members sealed it (a wire message); a compressed batch inflates
+            // within the bound any batch keeps to.
+            batch = try RelaySealedBatch.decode(whole, maximumInflatedLength: Self.maximumBatchBytes)
         } catch {
             _ = block(
                 site, now: now, "a sealed change set of site \(site.hex.prefix(8)) holds no valid batch: \(error.message)"
@@ -322,20 +326,31 @@ public struct RelayPullSession: Sendable {
         return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: received[site].map { [site: $0] } ?? [:])
     }
 
-    /// The result of applying a batch of `envelope`'s site: what its range received so far, and the node's vector.
+    /// The result of applying a batch of `envelope`'s site: what its range received so far, and the node's vector
+    /// after the apply (what the store claimed).
     public mutating func applied(_ envelope: RelayEnvelope, received result: [SiteID: UInt64], held: VersionVector) {
         let site = envelope.site
         if envelope.endsRange {
-            strikes[site] = nil
             received[site] = nil
             resume[site] = nil
-            reached[site] = nil
-            cursor.advance(site, to: envelope.to)
             if var waiting = ending.removeValue(forKey: site) {
+                // Kept in `reached` until its claim counts: the range served again meanwhile is no new ground.
+                strikes[site] = nil
+                cursor.advance(site, to: envelope.to)
                 waiting.received = result[site] ?? 0
                 pending[site] = merged(pending[site], waiting)
             } else {
-                counted.advance(site, to: min(envelope.to, knownFences[site] ?? .max))
+                let claim = PendingClaim(to: envelope.to, received: result[site] ?? 0, requires: VersionVector())
+                if took(claim, of: site, held: held) {
+                    strikes[site] = nil
+                    reached[site] = nil
+                    cursor.advance(site, to: envelope.to)
+                    counted.advance(site, to: min(envelope.to, knownFences[site] ?? .max))
+                } else {
+                    // The cursor stays: the range is asked again. `reached` stays too: served again as it was, it is no
+                    // new ground, and the pulls back off rather than loop.
+                    clipped(site, claim, from: envelope.from, held: held)
+                }
             }
         } else if let seq = result[site] {
             received[site] = seq
@@ -346,6 +361,7 @@ public struct RelayPullSession: Sendable {
     /// Claims that wait no longer: one empty batch claiming them all, with what proves them; nil when none can count
     /// yet. Claims may require each other (two sites' ranges cut from one stream, each holding what overwrote part of
     /// the other): the largest set whose requirements are met by what counted already and by the set itself counts.
+    /// The shell applies the batch and reports the node's vector after with ``claimsApplied(held:)``.
     public mutating func readyClaims() -> (batch: ChangeBatch, received: [SiteID: UInt64])? {
         var ready = pending
         var shrinking = !ready.isEmpty
@@ -357,8 +373,8 @@ public struct RelayPullSession: Sendable {
             }
         }
         guard !ready.isEmpty else { return nil }
-        for (site, waiting) in ready { counted.advance(site, to: min(waiting.to, knownFences[site] ?? .max)) }
         for site in ready.keys { pending[site] = nil }
+        claiming = ready
         var claim = VersionVector()
         var proof: [SiteID: UInt64] = [:]
         for (site, waiting) in ready {
@@ -366,6 +382,24 @@ public struct RelayPullSession: Sendable {
             proof[site] = waiting.received
         }
         return (ChangeBatch(changes: [], claim: claim), proof)
+    }
+
+    /// The batch of ``readyClaims()`` was applied, leaving the node with `held`: each claim the store took as far as
+    /// its range's changes prove counts; one it took less far is asked again from what the node holds.
+    public mutating func claimsApplied(held: VersionVector) {
+        for (site, claim) in claiming {
+            if took(claim, of: site, held: held) {
+                reached[site] = nil
+                counted.advance(site, to: min(claim.to, knownFences[site] ?? .max))
+            } else {
+                var entries = cursor.entries
+                entries[site] = max(knownHeld[site], held[site], counted[site])
+                cursor = VersionVector(entries)
+                clipped(site, claim, from: nil, held: held)
+            }
+        }
+        claiming = [:]
+        self.held(held)
     }
 
     /// Whether the next pull goes at once (nil) or after a wait, in milliseconds: a page that moved nothing (replayed,
@@ -389,6 +423,9 @@ public struct RelayPullSession: Sendable {
     /// pulls that follow).
     public mutating func failed() {
         headsDue = true
+        // Claims whose apply failed wait again.
+        for (site, claim) in claiming { pending[site] = merged(pending[site], claim) }
+        claiming = [:]
         ending = [:]
         resume = [:]
         buffers = [:]
@@ -412,6 +449,21 @@ public struct RelayPullSession: Sendable {
         skipped.insert(site)
         forget(site)
         return .skip
+    }
+
+    /// Whether the store took `claim` of `site` as far as what the range's changes prove (``Store``'s proven claim:
+    /// up to the highest seq received of the site, within its fence), leaving the node with `held`.
+    private func took(_ claim: PendingClaim, of site: SiteID, held: VersionVector) -> Bool {
+        held[site] >= min(claim.to, claim.received, knownFences[site] ?? .max)
+    }
+
+    /// The store took less of `site`'s claim than the range's changes prove: said once, and the range asked again.
+    private mutating func clipped(_ site: SiteID, _ claim: PendingClaim, from: UInt64?, held: VersionVector) {
+        let range = from.map { "\($0 + 1)...\(claim.to)" } ?? "up to \(claim.to)"
+        problems.append(
+            "the store took the claim of site \(site.hex.prefix(8))'s relay range \(range) only to \(held[site]), "
+                + "short of the \(claim.received) it received: the range is asked for again"
+        )
     }
 
     private mutating func forget(_ site: SiteID) {

@@ -2,9 +2,11 @@ import ShoalCore
 
 /// What a node's uploader decides, with no I/O: when the relay's heads must be read (first, after a failure, after
 /// the relay failed to answer, and now and then since another uploader or an operator may move them), what to upload
-/// (everything the heads lack), and what to do when another uploader moved the heads under an upload (cut again from
-/// the new heads at once the first time, then with backoff). ``RelayLink`` carries it out; time comes in as `now`
-/// (monotonic milliseconds).
+/// (everything the heads lack), what to do when another uploader moved the heads under an upload (cut again from the
+/// new heads at once the first time, then with backoff), and in which order a pass goes: heads, upload, whether a
+/// snapshot is due, the heads read again (another node may have just uploaded one), whether it is still due, the
+/// snapshot. ``RelayLink`` carries out each step and reports its result, which returns the next; time comes in as
+/// `now` (monotonic milliseconds).
 struct RelayUploadSession: Sendable {
     /// What the uploader does next.
     enum Step: Sendable, Equatable {
@@ -12,14 +14,30 @@ struct RelayUploadSession: Sendable {
         case readHeads
         /// Upload what `since` lacks (a cursor opened at it), then report with ``uploaded(heads:finished:random:)``.
         case upload(since: VersionVector)
+        /// Find out whether a snapshot is due with the relay at `heads`
+        /// (``RelayLinkState/snapshotDue(held:heads:minimumBytes:now:)``), then report with ``snapshotChecked(due:)``.
+        case checkSnapshot(heads: VersionVector)
+        /// Upload a snapshot, then report with ``snapshotUploaded()``.
+        case uploadSnapshot
+        /// The pass is over: everything the relay lacked went up; wait for the next change.
+        case done
+        /// The relay's heads moved under the upload: start the next pass after `waitMilliseconds`.
+        case again(waitMilliseconds: UInt64)
     }
 
-    /// What follows an upload.
-    enum After: Sendable, Equatable {
-        /// Everything the relay lacked went up: wait for the next change.
-        case done
-        /// The relay's heads moved under the upload: cut again from the new heads, after `waitMilliseconds`.
-        case again(waitMilliseconds: UInt64)
+    /// Where a pass stands.
+    private enum Phase: Sendable {
+        case idle
+        /// Heads asked for the upload.
+        case headsForUpload
+        case uploading
+        /// Asked whether a snapshot is due after the upload.
+        case snapshotDue
+        /// Heads asked again before a snapshot.
+        case headsForSnapshot
+        /// Asked whether a snapshot is still due with the heads read again.
+        case snapshotStillDue
+        case snapshot
     }
 
     /// How long heads read stay good while nothing fails.
@@ -31,42 +49,77 @@ struct RelayUploadSession: Sendable {
     private var headsReadMs: UInt64 = 0
     private var raced = 0
     private var backoff: Backoff
+    private var phase = Phase.idle
 
     init(backoff: Backoff, headsRefreshMilliseconds: UInt64 = 30_000) {
         self.backoff = backoff
         self.headsRefreshMilliseconds = headsRefreshMilliseconds
     }
 
-    /// The next step; `stale`: the relay failed to answer since, and may have come back with less.
-    mutating func next(now: UInt64, stale: Bool) -> Step {
+    /// The first step of a pass; `stale`: the relay failed to answer since, and may have come back with less.
+    mutating func start(now: UInt64, stale: Bool) -> Step {
         if stale { heads = nil }
-        guard let heads, now &- headsReadMs <= headsRefreshMilliseconds else { return .readHeads }
+        guard let heads, now &- headsReadMs <= headsRefreshMilliseconds else {
+            phase = .headsForUpload
+            return .readHeads
+        }
+        phase = .uploading
         return .upload(since: heads)
     }
 
     /// The heads the relay answered with.
-    mutating func read(_ heads: VersionVector, now: UInt64) {
+    mutating func read(_ heads: VersionVector, now: UInt64) -> Step {
         self.heads = heads
         lastHeads = heads
         headsReadMs = now
+        guard phase == .headsForSnapshot else {
+            phase = .uploading
+            return .upload(since: heads)
+        }
+        phase = .snapshotStillDue
+        return .checkSnapshot(heads: heads)
     }
 
     /// An upload ended: the relay's heads after it, and whether everything went up (`false`: some was refused because
-    /// the heads moved).
-    mutating func uploaded(heads: VersionVector, finished: Bool, random: inout some RandomNumberGenerator) -> After {
+    /// the heads moved). Whole, a snapshot may be due.
+    mutating func uploaded(heads: VersionVector, finished: Bool, random: inout some RandomNumberGenerator) -> Step {
         self.heads = heads
         lastHeads = heads
-        guard !finished else {
-            raced = 0
-            backoff.reset()
-            return .done
+        guard finished else {
+            raced += 1
+            phase = .idle
+            return .again(waitMilliseconds: raced > 1 ? backoff.next(using: &random) : 0)
         }
-        raced += 1
-        return .again(waitMilliseconds: raced > 1 ? backoff.next(using: &random) : 0)
+        raced = 0
+        backoff.reset()
+        phase = .snapshotDue
+        return .checkSnapshot(heads: heads)
     }
 
-    /// A step failed: the heads are read again before the next upload.
+    /// Whether a snapshot is due: after the upload, the heads are read again first; with those, it is uploaded.
+    mutating func snapshotChecked(due: Bool) -> Step {
+        switch (phase, due) {
+        case (.snapshotDue, true):
+            phase = .headsForSnapshot
+            return .readHeads
+        case (.snapshotStillDue, true):
+            phase = .snapshot
+            return .uploadSnapshot
+        default:
+            phase = .idle
+            return .done
+        }
+    }
+
+    /// The snapshot went up.
+    mutating func snapshotUploaded() -> Step {
+        phase = .idle
+        return .done
+    }
+
+    /// A step failed: the pass is over, and the heads are read again before the next upload.
     mutating func failed() {
         heads = nil
+        phase = .idle
     }
 }

@@ -83,13 +83,13 @@ struct PeerMetrics: Sendable {
 /// roster members ever connect; the limit guards plaintext nodes, where anyone can say any site id); `table` is a
 /// replicated table's name, from the local schema.
 package struct NodeMetrics: Sendable {
-    static let rounds = "shoal_node_rounds_total"
+    package static let rounds = "shoal_node_rounds_total"
     static let roundDuration = "shoal_node_round_duration_seconds"
     static let changesApplied = "shoal_node_changes_applied_total"
     static let catchUpRemaining = "shoal_node_catchup_remaining_changes"
     static let catchUpProgress = "shoal_node_catchup_progress_ratio"
-    static let peerStaleness = "shoal_node_peer_staleness_seconds"
-    static let peerGap = "shoal_node_peer_gap_transactions"
+    package static let peerStaleness = "shoal_node_peer_staleness_seconds"
+    package static let peerGap = "shoal_node_peer_gap_transactions"
     static let conflicts = "shoal_node_conflicts_total"
     static let queueDepth = "shoal_node_queue_depth"
     static let connectedPeers = "shoal_node_peers_connected"

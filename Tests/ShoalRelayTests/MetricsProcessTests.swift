@@ -245,10 +245,19 @@ extension RelayProcessTests {
                     && (node?.value("shoal_node_relay_rounds_total", ["operation": "pull", "result": "ok"]) ?? 0) >= 1
                     && node?.value("shoal_node_relay_lacking_transactions") == 0
                     && node?.value("shoal_node_relay_staleness_seconds") == 0
+                    && node?.value("shoal_node_peer_gap_transactions", ["peer": "relay"]) == 0
+                    && node?.value("shoal_node_peer_staleness_seconds", ["peer": "relay"]) == 0
             },
             "node a's relay metrics:\n\(node?.text ?? "none")"
         )
         #expect((node?.value("shoal_node_relay_push_duration_seconds_count") ?? 0) >= 1)
+        // The relay is a peer like the others: its rounds (pushes and pulls) under the peers' name, `peer="relay"`.
+        let relayRounds = try #require(node?.value("shoal_node_rounds_total", ["peer": "relay", "result": "ok"]))
+        let pushes = try #require(node?.value("shoal_node_relay_rounds_total", ["operation": "push", "result": "ok"]))
+        let pulls = try #require(node?.value("shoal_node_relay_rounds_total", ["operation": "pull", "result": "ok"]))
+        // Counted at once with the relay's own (a scrape may fall between the two increments of one round).
+        #expect(relayRounds >= 2 && abs(relayRounds - (pushes + pulls)) <= 1, "\(node?.text ?? "")")
+        #expect((node?.value("shoal_node_changes_applied_total", ["peer": "relay"]) ?? 0) >= 1)
     }
 
     /// Without `--metrics` the relay has no `/metrics` route: an operator turns it on knowingly.

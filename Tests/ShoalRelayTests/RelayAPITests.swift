@@ -65,9 +65,9 @@ extension RelayProcessTests {
         seal: RelaySeal,
         changes: [Change] = []
     ) throws -> RelayEnvelope {
-        let plaintext = WireMessage.changeBatch(
-            ChangeBatchMessage(requestID: 0, isLast: true, batch: ChangeBatch(changes: changes, claim: VersionVector([site: to])))
-        ).encoded()
+        let plaintext = RelaySealedBatch.encoded(
+            ChangeBatch(changes: changes, claim: VersionVector([site: to])), compressing: false
+        ).payload
         return try seal.seal(
             plaintext,
             into: RelayEnvelope(

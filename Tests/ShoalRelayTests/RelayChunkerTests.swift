@@ -85,26 +85,40 @@ import Testing
         var chunker = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 64 * 1024)
         let envelopes = try chunker.envelopes(for: batch)
         let uploaded = envelopes.reduce(0) { $0 + $1.encodedCount }
-        #expect(chunker.plaintextBytes == WireMessage.changeBatch(
-            ChangeBatchMessage(requestID: 0, isLast: true, batch: ChangeBatch(changes: batch.changes, claim: batch.claim))
-        ).encoded().count)
+        #expect(chunker.plaintextBytes == batch.encodedBody().count)
         #expect(Double(uploaded) <= 0.4 * Double(chunker.plaintextBytes), "\(uploaded) of \(chunker.plaintextBytes)")
         #expect(chunker.sealedBytes <= uploaded)
-        // The marker is inside the seal: the first plaintext byte is a compressed frame's type.
-        #expect(try seal.open(envelopes[0]).first == 13)
+        // The format is inside the seal: the relay's own version, then the compressed flag.
+        #expect(try seal.open(envelopes[0]).prefix(2) == [RelaySealedBatch.version, 1])
         #expect(try pulled(envelopes) == batch.changes)
-        // Turned off, the same batch is sealed as older members sealed it.
+        // Turned off, the same batch is sealed as it is.
         var plain = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 64 * 1024, compressing: false)
         let plainEnvelopes = try plain.envelopes(for: batch)
-        #expect(try seal.open(plainEnvelopes[0]).first == 3)
+        #expect(try seal.open(plainEnvelopes[0]).prefix(2) == [RelaySealedBatch.version, 0])
         #expect(plain.sealedBytes > chunker.sealedBytes * 2)
         #expect(try pulled(plainEnvelopes) == batch.changes)
     }
 
-    /// A change set sealed by a member of an older build (the batch's plain encoding, cut and sealed, no marker) opens.
+    /// A change set sealed by a member of an older build (a LAN change batch message, cut and sealed) opens.
     @Test func aChangeSetSealedBeforeCompressionStillOpens() throws {
         let batch = documents(40)
         let plaintext = WireMessage.changeBatch(ChangeBatchMessage(requestID: 0, isLast: true, batch: batch)).encoded()
+        #expect(plaintext.count > 16 * 1024, "one piece: the change set is not cut")
+        try opens(plaintext, batch)
+    }
+
+    /// A change set sealed by a member of a build that compressed but had no format of the relay's own (a LAN
+    /// compressed frame holding a change batch message) opens.
+    @Test func aChangeSetSealedAsACompressedFrameStillOpens() throws {
+        let batch = documents(40)
+        let packed = WireMessage.changeBatch(ChangeBatchMessage(requestID: 0, isLast: true, batch: batch))
+            .packed(compressing: true)
+        #expect(packed.payload.first == 13)
+        try opens(packed.payload, batch)
+    }
+
+    /// `plaintext`, cut in pieces of 16 KiB and sealed as one range, opens to `batch`'s changes.
+    private func opens(_ plaintext: [UInt8], _ batch: ChangeBatch) throws {
         let cut = stride(from: 0, to: plaintext.count, by: 16 * 1024).map { Array(plaintext[$0..<min(plaintext.count, $0 + 16 * 1024)]) }
         let envelopes = try cut.enumerated().map { index, piece in
             let last = index == cut.count - 1
@@ -116,7 +130,6 @@ import Testing
                 )
             )
         }
-        #expect(envelopes.count > 1)
         #expect(try pulled(envelopes) == batch.changes)
     }
 
@@ -130,7 +143,7 @@ import Testing
         )
         var chunker = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 1 << 20)
         let envelopes = try chunker.envelopes(for: ChangeBatch(changes: [change], claim: VersionVector([site: 1])))
-        #expect(try seal.open(envelopes[0]).first == 3)
+        #expect(try seal.open(envelopes[0]).prefix(2) == [RelaySealedBatch.version, 0])
         #expect(try pulled(envelopes) == [change])
     }
 }

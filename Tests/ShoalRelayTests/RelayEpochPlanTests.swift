@@ -83,10 +83,94 @@ import Testing
             )
         ]
         let missing = RelayEpochPlan.missing(
-            keyring: keyring, token: "t", roster: behind, identity: member,
+            keyring: keyring, inUse: "t", roster: behind, identity: member, cluster: clusterID,
             listed: [try grant(1, secret: 1, to: member, by: founder)]
         )
         #expect(Set(missing.map(\.recipient.node)) == Set(behind.members.keys).subtracting([removed.nodeID, member.nodeID]))
         #expect(missing.allSatisfy { $0.contents.token == "t" })
+    }
+
+    /// Grants left for members that joined carry the newest epoch's token as the keyring holds it (the one its rotation
+    /// registered), not the token in use: after a refusal the node may have fallen back to its configured token, which
+    /// the rotation retired, and a new member handed that one could never be let in.
+    @Test func grantsForNewMembersCarryTheKeyringsTokenNotAFallback() throws {
+        let roster = try roster(removing: false)
+        var keyring = RelayKeyring()
+        keyring.epochs = [1, 2].map {
+            RelayKeyring.Epoch(
+                epoch: $0, secret: Data(Array(repeating: UInt8($0), count: 32)).base64EncodedString(), removed: []
+            )
+        }
+        keyring.token = "rotated"
+        // The relay's mailbox holds both epochs for this node only: every other member lacks both.
+        let listed = [
+            try grant(1, secret: 1, to: member, by: founder), try grant(2, secret: 2, to: member, by: founder),
+        ]
+        let missing = RelayEpochPlan.missing(
+            keyring: keyring, inUse: "configured", roster: roster, identity: member, cluster: clusterID,
+            listed: listed
+        )
+        let others = Set(roster.members.keys).union([member.nodeID]).subtracting([member.nodeID])
+        #expect(Set(missing.map(\.recipient.node)) == others)
+        #expect(missing.count == 2 * others.count)
+        #expect(missing.filter { $0.epoch == 2 }.allSatisfy { $0.contents.token == "rotated" })
+        // An older epoch's grants hand out no token.
+        #expect(missing.filter { $0.epoch == 1 }.allSatisfy { $0.contents.token.isEmpty })
+        // A keyring with no token of its own (no rotation replaced the configured one): the token in use.
+        keyring.token = nil
+        let fallback = RelayEpochPlan.missing(
+            keyring: keyring, inUse: "configured", roster: roster, identity: member, cluster: clusterID,
+            listed: listed
+        )
+        #expect(fallback.filter { $0.epoch == 2 }.allSatisfy { $0.contents.token == "configured" })
+    }
+
+    /// An older epoch that excluded a removed node does not keep it from the newest: a member that never held the newer
+    /// epochs started epoch 1 afresh (excluding every node removed) at a relay that lost them, and another member then
+    /// started its epoch 2 again on top of it, made before the last removal. The newest decides: rotate.
+    @Test func aRemovalTheNewestEpochDoesNotExcludeRotatesEvenIfAnOlderOneDoes() throws {
+        let roster = try roster(removing: true)
+        var keyring = RelayKeyring()
+        keyring.epochs = [
+            RelayKeyring.Epoch(
+                epoch: 1, secret: Data(Array(repeating: 1, count: 32)).base64EncodedString(),
+                removed: [removed.nodeID.description]
+            ),
+            RelayKeyring.Epoch(
+                epoch: 2, secret: Data(Array(repeating: 2, count: 32)).base64EncodedString(), removed: []
+            ),
+        ]
+        #expect(keyring.removed == [removed.nodeID.description] && keyring.removedFromNewest.isEmpty)
+        let step = RelayEpochPlan.next(
+            roster: roster, identity: member, excluded: keyring.removedFromNewest, granted: nil
+        )
+        #expect(step == .rotate)
+        // Granted nothing of any epoch all the same: the union of what the held epochs exclude.
+        let recipients = RelayEpochPlan.recipients(roster, identity: member, excluding: keyring.removed).map(\.node)
+        #expect(!recipients.contains(removed.nodeID))
+    }
+
+    /// A member grants only epochs the relay holds as it does: its own grant there opens to the secret it holds. A
+    /// relay put back to an older copy may hold another secret under the number (and no grant for a member that joined
+    /// after the copy and started the epoch afresh meanwhile); granting its own would fork the epoch for whoever has
+    /// none there yet, itself included.
+    @Test func onlyEpochsTheRelayHoldsWithTheSameSecretAreGrantedToOthers() throws {
+        let roster = try roster(removing: false)
+        var keyring = RelayKeyring()
+        keyring.epochs = [1, 2, 3].map {
+            RelayKeyring.Epoch(
+                epoch: $0, secret: Data(Array(repeating: UInt8($0), count: 32)).base64EncodedString(), removed: []
+            )
+        }
+        keyring.token = "t"
+        // Epoch 1 as held here, epoch 2 with another secret, epoch 3 with no grant for this node.
+        let listed = [
+            try grant(1, secret: 1, to: member, by: founder), try grant(2, secret: 9, to: member, by: founder),
+        ]
+        let missing = RelayEpochPlan.missing(
+            keyring: keyring, inUse: "t", roster: roster, identity: member, cluster: clusterID, listed: listed
+        )
+        #expect(!missing.isEmpty && missing.allSatisfy { $0.epoch == 1 })
+        #expect(!missing.contains { $0.recipient.node == member.nodeID })
     }
 }

@@ -112,22 +112,72 @@ import Testing
         var session = RelayUploadSession(backoff: backoff(), headsRefreshMilliseconds: 30_000)
         var random = SplitMix(state: 4)
         let site = SiteID.random()
-        #expect(session.next(now: 0, stale: false) == .readHeads)
-        session.read(VersionVector([site: 3]), now: 0)
-        #expect(session.next(now: 10_000, stale: false) == .upload(since: VersionVector([site: 3])))
-        // The relay failed to answer meanwhile: it may be back with less.
-        #expect(session.next(now: 10_000, stale: true) == .readHeads)
-        session.read(VersionVector([site: 1]), now: 10_000)
-        #expect(session.next(now: 40_001, stale: false) == .readHeads)
-        session.read(VersionVector([site: 1]), now: 40_001)
-        // Another uploader moved the heads: again at once, then with a growing wait; a whole upload resets it.
-        #expect(session.uploaded(heads: VersionVector([site: 2]), finished: false, random: &random) == .again(waitMilliseconds: 0))
-        #expect(session.uploaded(heads: VersionVector([site: 4]), finished: false, random: &random) == .again(waitMilliseconds: 100))
-        #expect(session.uploaded(heads: VersionVector([site: 5]), finished: false, random: &random) == .again(waitMilliseconds: 200))
-        #expect(session.uploaded(heads: VersionVector([site: 6]), finished: true, random: &random) == .done)
-        #expect(session.next(now: 40_002, stale: false) == .upload(since: VersionVector([site: 6])))
+        let heads = { (seq: UInt64) in VersionVector([site: seq]) }
+        #expect(session.start(now: 0, stale: false) == .readHeads)
+        #expect(session.read(heads(3), now: 0) == .upload(since: heads(3)))
+        #expect(session.uploaded(heads: heads(3), finished: true, random: &random) == .checkSnapshot(heads: heads(3)))
+        #expect(session.snapshotChecked(due: false) == .done)
+        // Heads read lately are used as they are.
+        #expect(session.start(now: 10_000, stale: false) == .upload(since: heads(3)))
         session.failed()
-        #expect(session.next(now: 40_003, stale: false) == .readHeads && session.lastHeads == VersionVector([site: 6]))
+        // The relay failed to answer meanwhile: it may be back with less.
+        #expect(session.start(now: 10_000, stale: true) == .readHeads)
+        #expect(session.read(heads(1), now: 10_000) == .upload(since: heads(1)))
+        session.failed()
+        // A step failed: the heads are read again.
+        #expect(session.start(now: 10_000, stale: false) == .readHeads)
+        #expect(session.read(heads(1), now: 10_000) == .upload(since: heads(1)))
+        #expect(session.uploaded(heads: heads(1), finished: true, random: &random) == .checkSnapshot(heads: heads(1)))
+        #expect(session.snapshotChecked(due: false) == .done)
+        // Heads read more than 30 s ago are read again.
+        #expect(session.start(now: 40_001, stale: false) == .readHeads)
+        #expect(session.read(heads(1), now: 40_001) == .upload(since: heads(1)))
+        // Another uploader moved the heads: again at once, then with a growing wait; a whole upload resets it.
+        #expect(session.uploaded(heads: heads(2), finished: false, random: &random) == .again(waitMilliseconds: 0))
+        #expect(session.start(now: 40_001, stale: false) == .upload(since: heads(2)))
+        #expect(session.uploaded(heads: heads(4), finished: false, random: &random) == .again(waitMilliseconds: 100))
+        #expect(session.start(now: 40_001, stale: false) == .upload(since: heads(4)))
+        #expect(session.uploaded(heads: heads(5), finished: false, random: &random) == .again(waitMilliseconds: 200))
+        #expect(session.start(now: 40_001, stale: false) == .upload(since: heads(5)))
+        #expect(session.uploaded(heads: heads(6), finished: true, random: &random) == .checkSnapshot(heads: heads(6)))
+        #expect(session.snapshotChecked(due: false) == .done)
+        #expect(session.start(now: 40_002, stale: false) == .upload(since: heads(6)))
+        #expect(session.uploaded(heads: heads(7), finished: false, random: &random) == .again(waitMilliseconds: 0))
+        session.failed()
+        #expect(session.start(now: 40_003, stale: false) == .readHeads && session.lastHeads == heads(7))
+    }
+
+    /// A pass in order: heads, upload, whether a snapshot is due; if so the heads again (another node may have just
+    /// uploaded one), whether it is still due with those, and only then the snapshot.
+    @Test func aSnapshotGoesUpOnlyAfterAWholeUploadAndAFreshReadOfTheHeadsThatStillCallForIt() {
+        var session = RelayUploadSession(backoff: backoff(), headsRefreshMilliseconds: 30_000)
+        var random = SplitMix(state: 4)
+        let site = SiteID.random()
+        let heads = { (seq: UInt64) in VersionVector([site: seq]) }
+        #expect(session.start(now: 0, stale: false) == .readHeads)
+        #expect(session.read(heads(2), now: 0) == .upload(since: heads(2)))
+        #expect(session.uploaded(heads: heads(5), finished: true, random: &random) == .checkSnapshot(heads: heads(5)))
+        #expect(session.snapshotChecked(due: true) == .readHeads)
+        // The heads read again are checked, not uploaded to.
+        #expect(session.read(heads(5), now: 1) == .checkSnapshot(heads: heads(5)))
+        #expect(session.snapshotChecked(due: true) == .uploadSnapshot)
+        #expect(session.snapshotUploaded() == .done)
+        // Due after the upload, but no longer with the heads read again: no snapshot.
+        #expect(session.start(now: 2, stale: false) == .upload(since: heads(5)))
+        #expect(session.uploaded(heads: heads(6), finished: true, random: &random) == .checkSnapshot(heads: heads(6)))
+        #expect(session.snapshotChecked(due: true) == .readHeads)
+        #expect(session.read(heads(6), now: 3) == .checkSnapshot(heads: heads(6)))
+        #expect(session.snapshotChecked(due: false) == .done)
+        // An upload the relay's heads moved under: no snapshot in that pass.
+        #expect(session.start(now: 4, stale: false) == .upload(since: heads(6)))
+        #expect(session.uploaded(heads: heads(8), finished: false, random: &random) == .again(waitMilliseconds: 0))
+        // A failure while the heads were read again for a snapshot: the next pass reads them for an upload.
+        #expect(session.start(now: 5, stale: false) == .upload(since: heads(8)))
+        #expect(session.uploaded(heads: heads(8), finished: true, random: &random) == .checkSnapshot(heads: heads(8)))
+        #expect(session.snapshotChecked(due: true) == .readHeads)
+        session.failed()
+        #expect(session.start(now: 6, stale: false) == .readHeads)
+        #expect(session.read(heads(8), now: 6) == .upload(since: heads(8)))
     }
 
     @Test func aSnapshotIsTriedAgainAMinuteAfterAFailureTenSecondsAfterAnotherNodesAndAtOnceWhenEmpty() {

@@ -207,8 +207,9 @@ import Testing
 
 /// Removing a member rotates the relay's sealing key: what is sealed afterwards opens only for the members left.
 extension RelayProcessTests {
-    @Test func aRemovedMemberCannotReadWhatIsSealedAfterItsRemovalNorUseTheRelay() async throws {
-        let world = try await RelayWorld("relay-rotation", nodes: ["a", "b", "c", "d"])
+    @Test(arguments: StorageKind.allCases)
+    func aRemovedMemberCannotReadWhatIsSealedAfterItsRemovalNorUseTheRelay(_ kind: StorageKind) async throws {
+        let world = try await RelayWorld("relay-rotation", nodes: ["a", "b", "c", "d"], storage: kind)
         defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
@@ -237,7 +238,7 @@ extension RelayProcessTests {
         let cSeal = RelaySeal(clusterSecret: try KeyFile.load(forDatabase: cPath).cluster.secret)
         let aKeyring = try RelayKeyring.load(RelayKeyring.path(forDatabase: aPath))
         let aSeal = RelaySeal(secrets: aKeyring.secrets(clusterSecret: try KeyFile.load(forDatabase: aPath).cluster.secret), epoch: 1)
-        let hex = try await world.relayQuery("SELECT hex(envelope) FROM chunks")
+        let hex = try await world.relayQuery("SELECT \(world.hex("envelope")) FROM chunks")
         let envelopes = try hex.split(separator: "\n").map { line in
             try RelayEnvelope.decode(ArraySlice(stride(from: 0, to: line.count, by: 2).map { offset in
                 let start = line.index(line.startIndex, offsetBy: offset)
@@ -261,15 +262,20 @@ extension RelayProcessTests {
         // stored, and no member would apply it anyway (see RemovalFenceTests).
         try await world.stop("c")
         try await world.write("c", "DELETE FROM shoal_roster; DELETE FROM shoal_roster_seen")
-        let data = world.relayData
+        let storage = world.storageArguments
         let cluster = world.clusterID
-        let made = try await offPool { try shoal("relay", "token", "create", "--data", data, "--cluster", cluster) }
+        let made = try await offPool {
+            try shoal(arguments: ["relay", "token", "create"] + storage + ["--cluster", cluster])
+        }
         let laterToken = try #require(made.stdout.split(separator: "\n").last.map(String.init), "\(made.stderr)")
         let stored = try await world.relayQuery("SELECT count(*) FROM chunks")
         let hostile = try await world.serve("c", token: laterToken)
         try await world.write("c", "INSERT INTO kv VALUES ('hostile', 1); UPDATE kv SET v = 'taken' WHERE k = 'before'")
         #expect(await hostile.line(within: 30) { $0.contains("retired key epoch") } != nil, "\(hostile.output)")
-        let ranges = try await world.relayQuery("SELECT hex(site), from_seq, to_seq, uploader FROM ranges") + (try await world.relayQuery("SELECT cluster, epoch FROM epochs UNION ALL SELECT cluster, epoch FROM upload_keys"))
+        let ranges = try await world.relayQuery("SELECT \(world.hex("site")), from_seq, to_seq, uploader FROM ranges")
+            + (try await world.relayQuery(
+                "SELECT cluster, epoch FROM epochs UNION ALL SELECT cluster, epoch FROM upload_keys"
+            ))
         let cKeyring = (try? RelayKeyring.load(RelayKeyring.path(forDatabase: cPath)))?.epochs.map(\.epoch) ?? []
         #expect(try await world.relayQuery("SELECT count(*) FROM chunks") == stored, "\(ranges)\n\(hostile.output) \(cKeyring)")
         try await world.write("a", "INSERT INTO kv VALUES ('still', 1)")

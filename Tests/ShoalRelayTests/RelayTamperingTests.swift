@@ -11,8 +11,9 @@ import Testing
 /// A relay operator who edits the relay's storage by hand: each bad change set costs only its own site, and none
 /// sends the nodes into a loop of pulls.
 extension RelayProcessTests {
-    @Test func tamperedChunksHoldUpOnlyTheirOwnSitesAndStartNoLoopOfPulls() async throws {
-        let world = try await RelayWorld("relay-tamper", nodes: ["a", "b", "c"])
+    @Test(arguments: StorageKind.allCases)
+    func tamperedChunksHoldUpOnlyTheirOwnSitesAndStartNoLoopOfPulls(_ kind: StorageKind) async throws {
+        let world = try await RelayWorld("relay-tamper", nodes: ["a", "b", "c"], storage: kind)
         defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
@@ -33,24 +34,29 @@ extension RelayProcessTests {
         let bSite = try await offPool { try Store(path: world.paths["b"]!).siteID.hex.uppercased() }
         let cluster = world.clusterID
 
+        let (a, b) = (world.blob(aSite), world.blob(bSite))
         // 1. Flipped: a's last range gets unknown flags (its header still names its site).
-        let last = "(SELECT max(from_seq) FROM ranges WHERE snapshot = 0 AND site = X'\(aSite)')"
-        let flipped = try await world.relayQuery("SELECT hex(envelope) FROM chunks WHERE site = X'\(aSite)' AND from_seq = \(last)")
+        let last = "(SELECT max(from_seq) FROM ranges WHERE snapshot = 0 AND site = \(a))"
+        let flipped = try await world.relayQuery(
+            "SELECT \(world.hex("envelope")) FROM chunks WHERE site = \(a) AND from_seq = \(last)"
+        )
         var bytes = Self.bytes(hex: flipped)
         bytes[5] = 0xFF
         _ = try await world.relayQuery(
-            "UPDATE chunks SET envelope = X'\(Self.hex(bytes))' WHERE site = X'\(aSite)' AND from_seq = \(last)"
+            "UPDATE chunks SET envelope = \(world.blob(Self.hex(bytes))) WHERE site = \(a) AND from_seq = \(last)"
         )
         // 2. Replayed: b's first range, authentic, filed again after b's head.
-        let head = try await world.relayQuery("SELECT head FROM heads WHERE site = X'\(bSite)'")
+        let head = try await world.relayQuery("SELECT head FROM heads WHERE site = \(b)")
             .trimmingCharacters(in: .whitespacesAndNewlines)
         _ = try await world.relayQuery(
             """
-            INSERT INTO ranges SELECT cluster, 0, site, \(head), \(head) + 1, 99, 1, bytes, created, NULL
-                FROM ranges WHERE snapshot = 0 AND site = X'\(bSite)' AND from_seq = 0;
-            INSERT INTO chunks SELECT cluster, 0, site, \(head), 99, 0, envelope, created
-                FROM chunks WHERE snapshot = 0 AND site = X'\(bSite)' AND from_seq = 0 AND idx = 0;
-            UPDATE heads SET head = \(head) + 1 WHERE site = X'\(bSite)';
+            INSERT INTO ranges(cluster, snapshot, site, from_seq, to_seq, upload, chunks, bytes, created, uploader)
+                SELECT cluster, 0, site, \(head), \(head) + 1, 99, 1, bytes, created, NULL
+                FROM ranges WHERE snapshot = 0 AND site = \(b) AND from_seq = 0;
+            INSERT INTO chunks(cluster, snapshot, site, from_seq, upload, idx, envelope, created)
+                SELECT cluster, 0, site, \(head), 99, 0, envelope, created
+                FROM chunks WHERE snapshot = 0 AND site = \(b) AND from_seq = 0 AND idx = 0;
+            UPDATE heads SET head = \(head) + 1 WHERE site = \(b);
             """
         )
         // 3. Foreign: a change set of another cluster, under a site of its own.
@@ -59,11 +65,14 @@ extension RelayProcessTests {
             cluster: String(repeating: "0", count: 32), epoch: 0, site: foreignSite, from: 0, to: 1, upload: 5, index: 0,
             flags: [.batchEnd, .rangeEnd], sealed: (0..<64).map { _ in UInt8.random(in: 0...255) }
         )
+        let foreignBlob = world.blob(foreignSite.hex)
         _ = try await world.relayQuery(
             """
-            INSERT INTO heads VALUES ('\(cluster)', X'\(foreignSite.hex)', 1);
-            INSERT INTO ranges VALUES ('\(cluster)', 0, X'\(foreignSite.hex)', 0, 1, 5, 1, 100, 0, NULL);
-            INSERT INTO chunks VALUES ('\(cluster)', 0, X'\(foreignSite.hex)', 0, 5, 0, X'\(Self.hex(foreign.encoded()))', 0);
+            INSERT INTO heads(cluster, site, head) VALUES ('\(cluster)', \(foreignBlob), 1);
+            INSERT INTO ranges(cluster, snapshot, site, from_seq, to_seq, upload, chunks, bytes, created, uploader)
+                VALUES ('\(cluster)', 0, \(foreignBlob), 0, 1, 5, 1, 100, 0, NULL);
+            INSERT INTO chunks(cluster, snapshot, site, from_seq, upload, idx, envelope, created)
+                VALUES ('\(cluster)', 0, \(foreignBlob), 0, 5, 0, \(world.blob(Self.hex(foreign.encoded()))), 0);
             """
         )
 
@@ -100,16 +109,18 @@ extension RelayProcessTests {
 /// A relay that loses its storage, or is restored from a copy older than a key rotation, learns the cluster's epochs
 /// back from the members: no member starts a different epoch under the same number, and none is told it was removed.
 extension RelayProcessTests {
-    @Test func aRelayThatLostOrRolledBackItsStorageAcrossARotationLearnsTheEpochsBackFromTheMembers() async throws {
-        let world = try await RelayWorld("relay-rollback", nodes: ["a", "b", "c"])
+    @Test(arguments: StorageKind.allCases)
+    func aRelayThatLostOrRolledBackItsStorageAcrossARotationLearnsTheEpochsBackFromTheMembers(
+        _ kind: StorageKind
+    ) async throws {
+        let world = try await RelayWorld("relay-rollback", nodes: ["a", "b", "c"], storage: kind)
         defer { world.tearDown() }
         try await world.serve("a")
         try await world.serve("b")
         try await world.serve("c")
         try await world.write("a", "INSERT INTO kv VALUES ('before', 1)")
         #expect(try await world.converge(["a", "b", "c"]))
-        let copy = world.directory.appendingPathComponent("relay-before.sqlite").path
-        _ = try await world.relayQuery("VACUUM INTO '\(copy)'")
+        let copy = try await world.copyRelayStorage("relay-before")
         // a removes c: the key moves to epoch 1.
         let (aPath, cPath) = (world.paths["a"]!, world.paths["c"]!)
         let cID = try await offPool { try shoal("id", "--db", cPath) }.stdout.split(separator: "\n").last.map(String.init) ?? ""
@@ -123,9 +134,7 @@ extension RelayProcessTests {
 
         // Rolled back: the relay restored from the copy made before the rotation.
         try await world.stopRelay()
-        let live = world.relayData + "/relay.sqlite"
-        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: live + suffix) }
-        try FileManager.default.copyItem(atPath: copy, toPath: live)
+        try await world.restoreRelayStorage(copy)
         #expect(try await world.relayQuery("SELECT count(*) FROM epochs") == "0\n")
         try await world.startRelay()
         try await world.write("b", "INSERT INTO kv VALUES ('after the rollback', 2)")
@@ -140,10 +149,12 @@ extension RelayProcessTests {
 
         // Lost: the relay's storage is gone; its operator makes a new token and the nodes restart with it.
         try await world.stopRelay()
-        try FileManager.default.removeItem(atPath: world.relayData)
-        let data = world.relayData
+        try await world.loseRelayStorage()
+        let storage = world.storageArguments
         let cluster = world.clusterID
-        let made = try await offPool { try shoal("relay", "token", "create", "--data", data, "--cluster", cluster) }
+        let made = try await offPool {
+            try shoal(arguments: ["relay", "token", "create"] + storage + ["--cluster", cluster])
+        }
         let fresh = try #require(made.stdout.split(separator: "\n").last.map(String.init), "\(made.stderr)")
         try await world.startRelay()
         try await world.stop("a")
@@ -155,7 +166,9 @@ extension RelayProcessTests {
         #expect(try await waitUntil(within: 60) { try await world.relayQuery("SELECT max(epoch) FROM epochs") == "1\n" })
         // What is sealed now does not open with what c holds.
         let cSeal = RelaySeal(clusterSecret: try KeyFile.load(forDatabase: cPath).cluster.secret)
-        let sealed = try await world.relayQuery("SELECT hex(envelope) FROM chunks WHERE created = (SELECT max(created) FROM chunks)")
+        let sealed = try await world.relayQuery(
+            "SELECT \(world.hex("envelope")) FROM chunks WHERE created = (SELECT max(created) FROM chunks)"
+        )
         for line in sealed.split(separator: "\n") {
             let envelope = try RelayEnvelope.decode(ArraySlice(Self.bytes(hex: String(line))))
             #expect(envelope.epoch == 1)

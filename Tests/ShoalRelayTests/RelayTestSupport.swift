@@ -203,10 +203,68 @@ final class RelayWorld: @unchecked Sendable {
         try await status(name)["relay"] as? [String: Any] ?? [:]
     }
 
-    /// Runs SQL on the relay's own database with the `sqlite3` shell (the relay may be running).
+    /// The same world with the relay's storage of `kind`.
+    convenience init(_ name: String, nodes names: [String], storage kind: StorageKind) async throws {
+        try await self.init(name, nodes: names, postgres: kind == .postgres)
+    }
+
+    /// Runs SQL on the relay's own database (the relay may be running): with the `sqlite3` shell, or with `psql`
+    /// with the relay's schema first on the search path. Both print rows as `a|b`, one a line.
     func relayQuery(_ sql: String) async throws -> String {
+        if let postgres {
+            let url = postgres + "&options=-csearch_path%3Dshoal_relay"
+            return try await offPool { try TestPostgres.query(url, sql) }
+        }
         let path = relayData + "/relay.sqlite"
         return try await offPool { try sqlite3Shell(path, sql) }.stdout
+    }
+
+    /// A BLOB (`bytea`) literal of `hex` in the relay's SQL.
+    func blob(_ hex: String) -> String { postgres == nil ? "X'\(hex)'" : "'\\x\(hex)'::bytea" }
+
+    /// The expression of `column`'s bytes in upper-case hex in the relay's SQL.
+    func hex(_ column: String) -> String { postgres == nil ? "hex(\(column))" : "upper(encode(\(column), 'hex'))" }
+
+    /// Copies what the relay stores now (it may be running) to `name` in the world's directory: a backup, as its
+    /// operator would make one (`VACUUM INTO`, or `pg_dump` of the relay's schema). Returns the copy's path.
+    func copyRelayStorage(_ name: String) async throws -> String {
+        let copy = directory.appendingPathComponent(name).path
+        if let postgres {
+            let dumped = try await offPool {
+                try runProcess(URL(fileURLWithPath: "/usr/bin/pg_dump"), [postgres, "-n", "shoal_relay", "-f", copy])
+            }
+            guard dumped.status == 0 else { throw TestSetupError("pg_dump failed: \(dumped.stderr)") }
+        } else {
+            _ = try await relayQuery("VACUUM INTO '\(copy)'")
+        }
+        return copy
+    }
+
+    /// Puts the relay's storage back to `copy` (``copyRelayStorage(_:)``), the relay stopped: what it stored since is
+    /// gone.
+    func restoreRelayStorage(_ copy: String) async throws {
+        if let postgres {
+            _ = try await offPool { try TestPostgres.query(postgres, "DROP SCHEMA shoal_relay CASCADE") }
+            let restored = try await offPool {
+                try runProcess(
+                    URL(fileURLWithPath: "/usr/bin/psql"), [postgres, "-q", "-v", "ON_ERROR_STOP=1", "-f", copy]
+                )
+            }
+            guard restored.status == 0 else { throw TestSetupError("psql failed to restore: \(restored.stderr)") }
+        } else {
+            let live = relayData + "/relay.sqlite"
+            for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: live + suffix) }
+            try FileManager.default.copyItem(atPath: copy, toPath: live)
+        }
+    }
+
+    /// Removes everything the relay stores, the relay stopped (its data directory, or its schema).
+    func loseRelayStorage() async throws {
+        if let postgres {
+            _ = try await offPool { try TestPostgres.query(postgres, "DROP SCHEMA shoal_relay CASCADE") }
+        } else {
+            try FileManager.default.removeItem(atPath: relayData)
+        }
     }
 
     /// Where the relay's change log of `site` (hex) starts now: the first seq it still holds ranges after (nil: none).

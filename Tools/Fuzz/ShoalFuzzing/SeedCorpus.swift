@@ -98,6 +98,12 @@ extension ShoalFuzzing {
         ]
 
         for (index, message) in messages.enumerated() { add(.codec, "message-\(index)", message.encoded()) }
+        // Change batch bodies, as the relay's sealed change sets hold them (the codec target decodes each input both
+        // ways): a few of the wire batches', and a claim alone.
+        for (index, batch) in [batches[0], batches[batches.count - 1], batches[1]].enumerated() {
+            add(.codec, "body-\(index)", batch.batch.encodedBody())
+        }
+        add(.codec, "body-claim-only", ChangeBatch(changes: [], claim: vectors.last!).encodedBody())
 
         // Frames: single messages, conversations, and a few broken ones; the first byte picks the chunk sizes.
         func frame(_ message: WireMessage) -> [UInt8] {

@@ -42,8 +42,10 @@ public enum ShoalFuzzing {
     }
 
     /// Decodes the bytes as one frame payload; a decoded message must re-encode to bytes that decode to the
-    /// same message, within the size bound batches are cut by.
+    /// same message, within the size bound batches are cut by. The same bytes go through the change batch body
+    /// decoder too (``fuzzBatchBody(_:)``).
     public static func fuzzCodec(_ bytes: UnsafeRawBufferPointer) {
+        fuzzBatchBody(Array(bytes))
         let message: WireMessage
         do throws(ShoalError) {
             message = try WireMessage.decode(Array(bytes))
@@ -52,6 +54,28 @@ public enum ShoalFuzzing {
             return
         }
         checkRoundTrip(message)
+    }
+
+    /// Decodes the bytes as a change batch's body, as the relay's sealed change sets hold it
+    /// (``ChangeBatch/init(decodingBody:)``): a decoded batch must re-encode to bytes that decode to the same batch.
+    static func fuzzBatchBody(_ bytes: [UInt8]) {
+        let batch: ChangeBatch
+        do throws(ShoalError) {
+            batch = try ChangeBatch(decodingBody: bytes)
+        } catch {
+            expectWireError(error, "the change batch body codec")
+            return
+        }
+        let encoded = batch.encodedBody()
+        let again: ChangeBatch
+        do throws(ShoalError) {
+            again = try ChangeBatch(decodingBody: encoded)
+        } catch {
+            fatalError("a decoded change batch body does not decode once re-encoded: \(error)")
+        }
+        guard again.encodedBody() == encoded else {
+            fatalError("a decoded change batch body changes when re-encoded: \(batch) became \(again)")
+        }
     }
 
     /// `encode(decode(encode(m))) == encode(m)`: the codec loses nothing it accepted. (Bytes, not messages,
