@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import ShoalDashboard
 import ShoalMetricsEndpoint
 import Synchronization
 
@@ -64,6 +65,10 @@ extension ShoalCommand {
         var relayCa: String?
         @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
         var metrics: String?
+        @Option(help: "Serve a live web dashboard of this node and its peers at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token).")
+        var dashboard: String?
+        @Option(help: "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.")
+        var dashboardToken: String?
 
         func run() async throws {
             // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
@@ -75,6 +80,18 @@ extension ShoalCommand {
             let metricsAddress = try metrics.map { text throws(ShoalError) in
                 guard let parsed = PeerAddress(parsing: text) else {
                     throw ShoalError(code: .invalidArgument, message: "--metrics wants HOST:PORT, got \"\(text)\"")
+                }
+                return parsed
+            }
+            let dashboardAddress = try dashboard.map { text throws(ShoalError) in
+                guard let parsed = PeerAddress(parsing: text) else {
+                    throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(text)\"")
+                }
+                guard DashboardServer.isLoopback(parsed.host) || !(dashboardToken ?? "").isEmpty else {
+                    throw ShoalError(
+                        code: .invalidArgument,
+                        message: "--dashboard \(text) is not a loopback address: give --dashboard-token too (the page shows the node's peers, tables and conflicting values)"
+                    )
                 }
                 return parsed
             }
@@ -131,11 +148,34 @@ extension ShoalCommand {
                 listenHost: address.host,
                 plaintextCluster: options.insecurePlaintextCluster
             )
+            let dashboardServices: [ServiceGroupConfiguration.ServiceConfiguration] = dashboardAddress.map { address in
+                let hub = DashboardHub()
+                let token = dashboardToken
+                let server = DashboardServer(
+                    host: address.host,
+                    port: address.port,
+                    hub: hub,
+                    token: token,
+                    logger: Logger(label: "shoal.dashboard"),
+                    onListening: { port in
+                        let query = token.map { "?token=\($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? $0)" } ?? ""
+                        let url = "http://\(PeerAddress(host: address.host, port: port))/\(query)"
+                        FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
+                    }
+                )
+                let feed = ServeDashboardFeed(
+                    node: node,
+                    hub: hub,
+                    givenName: name,
+                    database: database.db
+                )
+                return [.init(service: server), .init(service: feed)]
+            } ?? []
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
                     services: [.init(service: node), .init(service: reporter)]
-                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []),
+                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []) + dashboardServices,
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
@@ -144,6 +184,8 @@ extension ShoalCommand {
                 try await services.run()
             } catch let error as ShoalError {
                 throw error
+            } catch let error as DashboardServerError {
+                throw ShoalError(code: .invalidArgument, message: "--dashboard: \(error)")
             } catch let error as MetricsEndpointError {
                 throw ShoalError(code: .invalidArgument, message: "--metrics: \(Output.failure(error.underlying, while: "could not listen on \(error.host):\(error.port)"))")
             } catch {

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""The dashboard in a real browser: Debian's chromium, headless, driven by selenium through chromium-driver.
+
+Starts `shoal demo --nodes 3 --dashboard 127.0.0.1:0` (a free port), loads the page, and checks that it shows three
+cards in one colour once the nodes converge, with no console error; that the page's propagation figures agree with the
+ones the demo printed within 10 %; that a browser resuming the event stream with Last-Event-ID gets the events after
+it; then, through the page's own controls, it partitions node2 from node0 and from node1 (two pairs), writes a burst on
+node2, and sees the colours split (node2 alone differs), heals, and sees one colour again. It saves a PNG screenshot of
+the converged page in the output directory. Every wait has a deadline; exit status 0 only if every check passed.
+
+    Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY
+"""
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def fail(message):
+    print(f"dashboard test: FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main():
+    if len(sys.argv) != 3:
+        fail("usage: Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY")
+    shoal, output = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not os.access(path, os.X_OK):
+            fail(f"{path} is missing: install Debian's {package} (Tools/setup.sh --tests does)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+    except ImportError:
+        fail("selenium is missing: Tools/setup.sh --tests installs it (Tools/requirements-tests.txt)")
+    os.makedirs(output, exist_ok=True)
+    started = time.monotonic()
+    work = tempfile.mkdtemp(prefix="shoal-dashboard-test.")
+    demo = subprocess.Popen(
+        [shoal, "demo", "--nodes", "3", "--writes", "40", "--dir", work, "--dashboard", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+    )
+    lines, said = [], threading.Condition()
+
+    def read():
+        for line in demo.stdout:
+            with said:
+                lines.append(line.rstrip("\n"))
+                said.notify_all()
+        with said:
+            lines.append(None)
+            said.notify_all()
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def wait_line(pattern, seconds):
+        deadline = time.monotonic() + seconds
+        with said:
+            while True:
+                for line in lines:
+                    if line is None:
+                        fail(f"the demo ended before printing /{pattern}/; it said:\n" + "\n".join(l for l in lines if l))
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    fail(f"the demo did not print /{pattern}/ within {seconds} s; it said:\n" + "\n".join(lines))
+                said.wait(left)
+
+    driver = None
+    try:
+        url = wait_line(r"^dashboard: (http://\S+)", 60).group(1)
+        printed = wait_line(r"propagation .*: p50 ([\d.]+) ms, p95 ([\d.]+) ms over (\d+) applies", 120)
+        cli_p50, cli_p95, cli_samples = float(printed.group(1)), float(printed.group(2)), int(printed.group(3))
+        print(f"dashboard test: demo at {url}; it printed propagation p50 {cli_p50} ms, p95 {cli_p95} ms ({cli_samples} applies)")
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1400,1050", "--hide-scrollbars"):
+            options.add_argument(argument)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.get(url)
+
+        def until(what, check, seconds=30):
+            deadline = time.monotonic() + seconds
+            while True:
+                value = check()
+                if value:
+                    return value
+                if time.monotonic() > deadline:
+                    fail(f"{what}: not within {seconds} s")
+                time.sleep(0.1)  # polling the page's DOM, with a deadline
+
+        colours_js = "return [...document.querySelectorAll('#cards .card .swatch')].map(s => getComputedStyle(s).backgroundColor)"
+        until("three cards", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == 3)
+        until("the page says converged", lambda: driver.find_element(By.ID, "converged").text == "converged")
+        colours = driver.execute_script(colours_js)
+        if len(set(colours)) != 1:
+            fail(f"converged, yet the cards show {len(set(colours))} colours: {colours}")
+        print(f"dashboard test: 3 cards, one colour ({colours[0]})")
+
+        # The page's figures against the ones the demo printed (the same applies, measured the same way).
+        def figure(element):
+            value = driver.find_element(By.ID, element).get_attribute("data-ms")
+            return float(value) if value else None
+        until("the page shows propagation figures", lambda: figure("latency-p50") is not None)
+        page_p50, page_p95 = figure("latency-p50"), figure("latency-p95")
+        for name, page, cli in (("p50", page_p50, cli_p50), ("p95", page_p95, cli_p95)):
+            if abs(page - cli) > 0.10 * max(cli, 1.0):
+                fail(f"propagation {name}: the page shows {page:.1f} ms, the demo printed {cli:.1f} ms (more than 10 % apart)")
+        print(f"dashboard test: propagation on the page p50 {page_p50:.1f} ms, p95 {page_p95:.1f} ms: within 10 % of the demo's")
+        shot = os.path.join(output, "dashboard.png")
+        driver.save_screenshot(shot)
+        print(f"dashboard test: screenshot of the converged page: {shot}")
+
+        # A browser that reconnects with Last-Event-ID gets the events after it.
+        last = int(driver.execute_script("return window.shoalDashboard.lastEventId"))
+        host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/events", headers={"Last-Event-ID": str(max(last - 1, 0))})
+        response = connection.getresponse()
+        if response.status != 200 or not response.getheader("content-type", "").startswith("text/event-stream"):
+            fail(f"/events answered {response.status} {response.getheader('content-type')}")
+        first_id = None
+        while first_id is None:
+            line = response.fp.readline().decode()
+            if not line:
+                fail("the event stream ended before an event")
+            if line.startswith("id: "):
+                first_id = int(line[4:])
+        connection.close()
+        if last > 1 and first_id != last:
+            fail(f"resumed after event {last - 1}, the stream began at {first_id}, not {last}")
+        print(f"dashboard test: resuming after event {max(last - 1, 0)} began at event {first_id}")
+
+        def control(action, node, peer=""):
+            Select(driver.find_element(By.ID, "node-a")).select_by_value(str(node))
+            Select(driver.find_element(By.ID, "node-b")).select_by_value(str(peer))
+            before = driver.find_element(By.ID, "message").text
+            driver.find_element(By.ID, f"btn-{action}").click()
+            until(f"the {action} control answered", lambda: driver.find_element(By.ID, "message").text not in (before, f"{action}…"), 20)
+            message = driver.find_element(By.ID, "message").text
+            print(f"dashboard test: {action}: {message}")
+            if message.startswith("the control failed") or message.startswith("no "):
+                fail(f"the {action} control failed: {message}")
+
+        def link_state(a, b):
+            found = driver.find_elements(By.CSS_SELECTOR, f"#topology .link[data-a='{a}'][data-b='{b}']")
+            return found[0].get_attribute("data-state") if found else None
+
+        control("partition", 2, 0)
+        control("partition", 2, 1)
+        until("the links of node2 show partitioned", lambda: link_state(0, 2) == "partitioned" and link_state(1, 2) == "partitioned")
+        if link_state(0, 1) == "partitioned":
+            fail("the link node0-node1 shows partitioned; only node2's were cut")
+        control("burst", 2)
+
+        def split():
+            colours = driver.execute_script(colours_js)
+            return len(colours) == 3 and colours[0] == colours[1] and colours[2] != colours[0]
+        until("the colours split (node2 alone differs) after the burst on a partitioned node2", split, 30)
+        print("dashboard test: partitioned node2 from node0 and node1, wrote on node2: the colours split")
+        control("heal", 2)
+        until("one colour again after the heal", lambda: len(set(driver.execute_script(colours_js))) == 1
+              and driver.find_element(By.ID, "converged").text == "converged", 30)
+        until("the page shows how long the heal took", lambda: figure("heal") is not None, 10)
+        print(f"dashboard test: healed: one colour again, converged {figure('heal'):.0f} ms after the heal")
+
+        errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
+        if errors:
+            fail("console errors: " + "; ".join(entry.get("message", "") for entry in errors))
+        print("dashboard test: no console errors")
+    finally:
+        if driver is not None:
+            driver.quit()
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
+                print("dashboard test: the demo did not stop within 30 s of SIGINT", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+    if demo.returncode != 0:
+        fail(f"the demo exited with status {demo.returncode} after SIGINT")
+    print(f"dashboard test: passed in {time.monotonic() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
