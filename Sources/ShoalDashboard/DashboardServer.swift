@@ -206,7 +206,7 @@ public struct DashboardServer: Service {
     /// Carries out a control; the status and a JSON body for the page.
     private func control(_ head: HTTPRequestHead, body: ByteBuffer) async -> (HTTPResponseStatus, String) {
         func reply(_ ok: Bool, _ message: String) -> String {
-            let object = ["ok": ok ? "true" : "false", "message": message]
+            let object: [String: Any] = ["ok": ok, "message": message]
             let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
             return String(decoding: data, as: UTF8.self)
         }

@@ -292,7 +292,7 @@ extension ShoalCommand {
                     let status = try store.status()
                     let live = LiveStatus.read(forDatabase: path)?.peers.filter(\.connected).count ?? 0
                     rows.append(
-                        ("node\(index)", status.tables.first?.rows ?? 0, status.versionVector, status.digest.hex, live)
+                        ("node\(index)", status.tables.first { $0.name == "stock" }?.rows ?? 0, status.versionVector, status.digest.hex, live)
                     )
                 }
                 let converged = Set(rows.map(\.digest)).count == 1

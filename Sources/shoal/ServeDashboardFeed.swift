@@ -19,6 +19,8 @@ struct ServeDashboardFeed: Service {
         var latency = LatencySamples()
         var changeSets: [DashboardState.ChangeSet] = []
         var applied = 0
+        /// Node names by site id, as the peers told them.
+        var names: [String: String] = [:]
     }
 
     func run() async throws {
@@ -42,7 +44,8 @@ struct ServeDashboardFeed: Service {
                                 }
                                 measured.changeSets.insert(
                                     DashboardState.ChangeSet(
-                                        origin: set.isLocal ? name : String(set.dot.site.hex.prefix(8)),
+                                        origin: set.isLocal
+                                            ? name : measured.names[set.dot.site.hex] ?? String(set.dot.site.hex.prefix(8)),
                                         dot: "\(set.dot.site.hex.prefix(8)):\(set.dot.seq)",
                                         tables: Array(Set(set.rows.map(\.table))).sorted(),
                                         rows: set.rows.count,
@@ -83,6 +86,8 @@ struct ServeDashboardFeed: Service {
         }
         var names: [String: String] = [sync.siteID.hex: name]
         for peer in peers where !peer.name.isEmpty { names[peer.siteID.hex] = peer.name }
+        let known = names
+        measured.lock.withLock { measured.names = known }
         func label(_ site: String) -> String { names[site] ?? String(site.prefix(8)) }
         func heads(_ vector: VersionVector) -> [String: UInt64] {
             Dictionary(vector.entries.map { (label($0.key.hex), $0.value) }, uniquingKeysWith: { max($0, $1) })
@@ -138,8 +143,10 @@ struct ServeDashboardFeed: Service {
                 .init(a: 0, b: card.index, kind: "relay", state: relay.reachable == true ? "live" : "down")
             )
         }
-        let digests = Set(state.nodes.filter { $0.name != "relay" }.map { $0.digest ?? "" })
-        state.converged = digests.count == 1 && !digests.contains("")
+        // Converged: every digest known is this node's, and every peer holds what this node holds (a peer's digest
+        // comes with its acknowledgements, and is not always known).
+        let digests = Set(state.nodes.filter { $0.name != "relay" }.compactMap(\.digest))
+        state.converged = digests.count == 1 && peers.allSatisfy { $0.versionVector == mine }
         measured.lock.withLock {
             state.latency = measured.latency.summary
             state.changeSets = measured.changeSets
