@@ -4,11 +4,13 @@
 Starts `shoal demo --nodes 3 --dashboard 127.0.0.1:0` (a free port), loads the page, and checks that it shows three
 cards in one colour once the nodes converge, with no console error; that the page's propagation figures agree with the
 ones the demo printed within 10 %; that a browser resuming the event stream with Last-Event-ID gets the events after
-it; then, through the page's own controls, it partitions node2 from node0 and from node1 (two pairs), writes a burst on
+it; then, through the page's own controls, it partitions node2 from every other node (pair by pair), writes a burst on
 node2, and sees the colours split (node2 alone differs), heals, and sees one colour again. It saves a PNG screenshot of
-the converged page in the output directory. Every wait has a deadline; exit status 0 only if every check passed.
+the converged page in the output directory (dashboard.png; dashboard-healed.png after the heal). Then `shoal serve --dashboard 127.0.0.1:0
+--dashboard-token T` on a database of its own: a request without the token is refused (401), the page with it shows the
+node's card, with no console error. Every wait has a deadline; exit status 0 only if every check passed.
 
-    Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY
+    Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY [NODES]
 """
 import http.client
 import os
@@ -31,9 +33,12 @@ def fail(message):
 
 
 def main():
-    if len(sys.argv) != 3:
-        fail("usage: Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY")
+    if len(sys.argv) not in (3, 4):
+        fail("usage: Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY [NODES]")
     shoal, output = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    nodes = int(sys.argv[3]) if len(sys.argv) == 4 else 3
+    if nodes < 3:
+        fail("the test needs 3 nodes at least")
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not os.access(path, os.X_OK):
             fail(f"{path} is missing: install Debian's {package} (Tools/setup.sh --tests does)")
@@ -48,7 +53,7 @@ def main():
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix="shoal-dashboard-test.")
     demo = subprocess.Popen(
-        [shoal, "demo", "--nodes", "3", "--writes", "40", "--dir", work, "--dashboard", "127.0.0.1:0"],
+        [shoal, "demo", "--nodes", str(nodes), "--writes", "40", "--dir", work, "--dashboard", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
     )
     lines, said = [], threading.Condition()
@@ -106,12 +111,12 @@ def main():
                 time.sleep(0.1)  # polling the page's DOM, with a deadline
 
         colours_js = "return [...document.querySelectorAll('#cards .card .swatch')].map(s => getComputedStyle(s).backgroundColor)"
-        until("three cards", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == 3)
+        until(f"{nodes} cards", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == nodes)
         until("the page says converged", lambda: driver.find_element(By.ID, "converged").text == "converged")
         colours = driver.execute_script(colours_js)
         if len(set(colours)) != 1:
             fail(f"converged, yet the cards show {len(set(colours))} colours: {colours}")
-        print(f"dashboard test: 3 cards, one colour ({colours[0]})")
+        print(f"dashboard test: {nodes} cards, one colour ({colours[0]})")
 
         # The page's figures against the ones the demo printed (the same applies, measured the same way).
         def figure(element):
@@ -126,7 +131,6 @@ def main():
         shot = os.path.join(output, "dashboard.png")
         driver.save_screenshot(shot)
         print(f"dashboard test: screenshot of the converged page: {shot}")
-
         # A browser that reconnects with Last-Event-ID gets the events after it.
         last = int(driver.execute_script("return window.shoalDashboard.lastEventId"))
         host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
@@ -162,28 +166,35 @@ def main():
             found = driver.find_elements(By.CSS_SELECTOR, f"#topology .link[data-a='{a}'][data-b='{b}']")
             return found[0].get_attribute("data-state") if found else None
 
-        control("partition", 2, 0)
-        control("partition", 2, 1)
-        until("the links of node2 show partitioned", lambda: link_state(0, 2) == "partitioned" and link_state(1, 2) == "partitioned")
+        others = [index for index in range(nodes) if index != 2]
+        for other in others:
+            control("partition", 2, other)
+        until("the links of node2 show partitioned",
+              lambda: all(link_state(min(2, o), max(2, o)) == "partitioned" for o in others))
         if link_state(0, 1) == "partitioned":
             fail("the link node0-node1 shows partitioned; only node2's were cut")
         control("burst", 2)
 
         def split():
             colours = driver.execute_script(colours_js)
-            return len(colours) == 3 and colours[0] == colours[1] and colours[2] != colours[0]
+            rest = {colour for index, colour in enumerate(colours) if index != 2}
+            return len(colours) == nodes and len(rest) == 1 and colours[2] not in rest
         until("the colours split (node2 alone differs) after the burst on a partitioned node2", split, 30)
-        print("dashboard test: partitioned node2 from node0 and node1, wrote on node2: the colours split")
+        print("dashboard test: partitioned node2 from the others, wrote on node2: the colours split")
         control("heal", 2)
         until("one colour again after the heal", lambda: len(set(driver.execute_script(colours_js))) == 1
               and driver.find_element(By.ID, "converged").text == "converged", 30)
         until("the page shows how long the heal took", lambda: figure("heal") is not None, 10)
         print(f"dashboard test: healed: one colour again, converged {figure('heal'):.0f} ms after the heal")
+        shot = os.path.join(output, "dashboard-healed.png")
+        driver.save_screenshot(shot)
+        print(f"dashboard test: screenshot of the page after the heal: {shot}")
 
         errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
         if errors:
             fail("console errors: " + "; ".join(entry.get("message", "") for entry in errors))
-        print("dashboard test: no console errors")
+        print("dashboard test: no console errors on the demo's page")
+        serve_dashboard(shoal, work, driver, until)
     finally:
         if driver is not None:
             driver.quit()
@@ -199,6 +210,52 @@ def main():
     if demo.returncode != 0:
         fail(f"the demo exited with status {demo.returncode} after SIGINT")
     print(f"dashboard test: passed in {time.monotonic() - started:.1f} s")
+
+
+def serve_dashboard(shoal, work, driver, until):
+    """`shoal serve --dashboard` with a token: refused without it, the node's card with it, no console error."""
+    from selenium.webdriver.common.by import By
+    database = os.path.join(work, "solo.db")
+    subprocess.run([shoal, "init", "--db", database, "--name", "solo"], check=True, capture_output=True)
+    token = "t0ken-for-the-test"
+    node = subprocess.Popen(
+        [shoal, "serve", "--db", database, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0",
+         "--dashboard", "127.0.0.1:0", "--dashboard-token", token],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+    )
+    try:
+        url = None
+        for line in node.stdout:  # the node prints where it listens, then where the dashboard does
+            if line.startswith("dashboard: "):
+                url = line.split(" ", 1)[1].strip()
+                break
+        if url is None:
+            fail("shoal serve --dashboard did not print its URL")
+        if not url.endswith("?token=" + token):
+            fail(f"the printed URL does not carry the token: {url}")
+        host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/state")
+        refused = connection.getresponse()
+        refused.read()
+        if refused.status != 401:
+            fail(f"a request without the token got {refused.status}, not 401")
+        driver.get_log("browser")  # what the demo's page logged is behind us
+        driver.get(url)
+        until("the node's card", lambda: [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#cards .card .name")] == ["solo"])
+        if driver.find_element(By.ID, "controls").is_displayed():
+            fail("a node's dashboard shows the demo's controls")
+        errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
+        if errors:
+            fail("console errors on the node's page: " + "; ".join(entry.get("message", "") for entry in errors))
+        print("dashboard test: shoal serve --dashboard with a token: 401 without it, the node's card with it, no console errors")
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
 
 
 if __name__ == "__main__":

@@ -53,6 +53,15 @@ public struct DashboardServer: Service {
         self.onListening = onListening
     }
 
+    /// The page's address for a person: `http://HOST:PORT/`, with `?token=…` when there is one.
+    public static func url(host: String, port: Int, token: String?) -> String {
+        var unreserved = CharacterSet.alphanumerics
+        unreserved.insert(charactersIn: "-._~")
+        let query = token.map { "?token=\($0.addingPercentEncoding(withAllowedCharacters: unreserved) ?? $0)" } ?? ""
+        let shown = host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
+        return "http://\(shown):\(port)/\(query)"
+    }
+
     /// Whether `host` is a loopback address (or `localhost`), where the dashboard may listen without a token.
     public static func isLoopback(_ host: String) -> Bool {
         host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")

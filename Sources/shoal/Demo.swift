@@ -111,8 +111,7 @@ extension ShoalCommand {
                 logger: Logger(label: "shoal.dashboard"),
                 controls: { control in try await cluster.perform(control) },
                 onListening: { port in
-                    let query = token.map { "?token=\($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? $0)" } ?? ""
-                    let url = "http://\(PeerAddress(host: dashboardAddress.host, port: port))/\(query)"
+                    let url = DashboardServer.url(host: dashboardAddress.host, port: port, token: token)
                     FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
                 }
             )

@@ -158,8 +158,7 @@ extension ShoalCommand {
                     token: token,
                     logger: Logger(label: "shoal.dashboard"),
                     onListening: { port in
-                        let query = token.map { "?token=\($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? $0)" } ?? ""
-                        let url = "http://\(PeerAddress(host: address.host, port: port))/\(query)"
+                        let url = DashboardServer.url(host: address.host, port: port, token: token)
                         FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
                     }
                 )
