@@ -14,6 +14,7 @@ node's card, with no console error. Every wait has a deadline; exit status 0 onl
 """
 import http.client
 import os
+import queue
 import re
 import shutil
 import signal
@@ -224,13 +225,18 @@ def serve_dashboard(shoal, work, driver, until):
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
     )
     try:
-        url = None
-        for line in node.stdout:  # the node prints where it listens, then where the dashboard does
+        said = queue.Queue()
+        threading.Thread(target=lambda: [said.put(line) for line in node.stdout] + [said.put(None)], daemon=True).start()
+        url, deadline = None, time.monotonic() + 30
+        while url is None:  # the node prints where it listens, then where the dashboard does
+            try:
+                line = said.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                fail("shoal serve --dashboard did not print its URL within 30 s")
+            if line is None:
+                fail("shoal serve --dashboard ended before printing its URL")
             if line.startswith("dashboard: "):
                 url = line.split(" ", 1)[1].strip()
-                break
-        if url is None:
-            fail("shoal serve --dashboard did not print its URL")
         if not url.endswith("?token=" + token):
             fail(f"the printed URL does not carry the token: {url}")
         host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()

@@ -12,7 +12,7 @@ public struct DashboardControl: Codable, Sendable, Equatable {
         case stop, start
         /// Add a column to the replicated table on `node` (a schema change that travels to the others).
         case addColumn = "add-column"
-        /// Delete many rows on `node` (their tombstones are collected once every member holds the deletes).
+        /// Delete many rows on `node` (each leaves a tombstone on every node).
         case deleteRows = "delete-rows"
     }
 

@@ -363,7 +363,7 @@ actor DemoCluster {
                 "DELETE FROM stock WHERE sku IN (SELECT sku FROM stock WHERE sku NOT LIKE 'shared-%' LIMIT 100)"
             )
             let after = try rows()
-            said = "\(names[index]) deleted \(before - after) rows; their tombstones go once every member holds them"
+            said = "\(names[index]) deleted \(before - after) rows; the others delete them too (tombstones stay: not collected yet)"
         }
         message = said
         return said
