@@ -5,8 +5,9 @@ Starts `shoal demo --nodes 3 --dashboard 127.0.0.1:0` (a free port), loads the p
 cards in one colour once the nodes converge, with no console error; that the page's propagation figures agree with the
 ones the demo printed within 10 %; that a browser resuming the event stream with Last-Event-ID gets the events after
 it; then, through the page's own controls, it partitions node2 from every other node (pair by pair), writes a burst on
-node2, and sees the colours split (node2 alone differs), heals, and sees one colour again. It saves a PNG screenshot of
-the converged page in the output directory (dashboard.png; dashboard-healed.png after the heal). Then `shoal serve --dashboard 127.0.0.1:0
+node2, and sees the colours split (node2 alone differs), heals, and sees one colour again; stops node1 and starts it
+again, adds a column on node0, and sees every card follow. It saves a PNG screenshot of
+the converged page in the output directory (dashboard.png; dashboard-healed.png at the end). Then `shoal serve --dashboard 127.0.0.1:0
 --dashboard-token T` on a database of its own: a request without the token is refused (401), the page with it shows the
 node's card, with no console error. Every wait has a deadline; exit status 0 only if every check passed.
 
@@ -187,9 +188,25 @@ def main():
               and driver.find_element(By.ID, "converged").text == "converged", 30)
         until("the page shows how long the heal took", lambda: figure("heal") is not None, 10)
         print(f"dashboard test: healed: one colour again, converged {figure('heal'):.0f} ms after the heal")
+        # A node stopped and started again, and a column added on another: the cards follow.
+        def card(index):
+            return driver.find_element(By.CSS_SELECTOR, f"#cards .card[data-node='{index}']")
+        control("stop", 1)
+        until("node1's card shows it stopped", lambda: "stopped" in card(1).get_attribute("class"))
+        control("start", 1)
+        until("node1 running and converged again", lambda: "stopped" not in card(1).get_attribute("class")
+              and driver.find_element(By.ID, "converged").text == "converged", 30)
+        control("add-column", 0)
+
+        def schema_everywhere():
+            values = [element.text for element in driver.find_elements(By.XPATH, "//div[@id='cards']//dt[text()='schema']/following-sibling::dd[1]")]
+            return len(values) == nodes and all(value.startswith("1") for value in values) \
+                and driver.find_element(By.ID, "converged").text == "converged"
+        until("every card at schema position 1 after the column was added, converged", schema_everywhere, 30)
+        print("dashboard test: stopped and started node1, added a column on node0: every node follows")
         shot = os.path.join(output, "dashboard-healed.png")
         driver.save_screenshot(shot)
-        print(f"dashboard test: screenshot of the page after the heal: {shot}")
+        print(f"dashboard test: screenshot of the page at the end: {shot}")
 
         errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
         if errors:

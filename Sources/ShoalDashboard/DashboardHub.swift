@@ -35,6 +35,9 @@ public final class DashboardHub: Sendable {
     /// An empty hub.
     public init() {}
 
+    /// Whether a browser follows the events now (the feeds read the nodes more often while one does).
+    public var isWatched: Bool { inner.withLock { !$0.subscribers.isEmpty } }
+
     /// The latest state published, if any.
     public var latest: DashboardState? { inner.withLock { $0.last } }
 

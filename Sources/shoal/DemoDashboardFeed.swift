@@ -2,8 +2,9 @@ import ServiceLifecycle
 import ShoalDashboard
 
 /// Feeds the demo's dashboard: follows every node's change sets (for propagation and the list of change sets) and
-/// publishes the cluster's state five times a second (the nodes are other processes: their status is read, not
-/// pushed); a state equal to the last is not sent again.
+/// publishes the cluster's state five times a second while a browser watches, every 2 s while none does (the nodes
+/// are other processes: their status is read, not pushed, and each read has every node write its status file); a
+/// state equal to the last is not sent again.
 struct DemoDashboardFeed: Service {
     let cluster: DemoCluster
     let hub: DashboardHub
@@ -15,8 +16,12 @@ struct DemoDashboardFeed: Service {
                     group.addTask { await cluster.follow(index) }
                 }
                 group.addTask {
+                    var last = ContinuousClock.now - .seconds(10)
                     while !Task.isCancelled {
-                        hub.publish(await cluster.state())
+                        if hub.isWatched || ContinuousClock.now - last >= .seconds(2) {
+                            hub.publish(await cluster.state())
+                            last = .now
+                        }
                         try? await Task.sleep(for: .milliseconds(200))  // the period of the status reads
                     }
                 }
