@@ -130,7 +130,13 @@ public struct DashboardServer: Service {
                         body.clear()
                     case .body(var chunk):
                         guard body.readableBytes + chunk.readableBytes <= Self.maximumBodyBytes else {
-                            try await respond(outbound, version: head?.version, status: .payloadTooLarge, "too large\n", keepAlive: false)
+                            try await respond(
+                                outbound,
+                                version: head?.version,
+                                status: .payloadTooLarge,
+                                "too large\n",
+                                keepAlive: false
+                            )
                             return
                         }
                         body.writeBuffer(&chunk)
@@ -158,15 +164,30 @@ public struct DashboardServer: Service {
         let query = parts.count > 1 ? String(parts[1]) : ""
         let keepAlive = head.isKeepAlive
         guard authorized(head, query: query) else {
-            try await respond(outbound, version: head.version, status: .unauthorized, "this dashboard needs its token: open the URL with ?token=…\n", keepAlive: keepAlive)
+            try await respond(
+                outbound,
+                version: head.version,
+                status: .unauthorized,
+                "this dashboard needs its token: open the URL with ?token=…\n",
+                keepAlive: keepAlive
+            )
             return keepAlive
         }
         switch (head.method, path) {
         case (.GET, "/"), (.GET, "/index.html"):
             try await respond(
-                outbound, version: head.version, status: .ok, DashboardPage.html, contentType: "text/html; charset=utf-8",
+                outbound,
+                version: head.version,
+                status: .ok,
+                DashboardPage.html,
+                contentType: "text/html; charset=utf-8",
                 keepAlive: keepAlive,
-                extra: [("content-security-policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:")]
+                extra: [
+                    (
+                        "content-security-policy",
+                        "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:"
+                    )
+                ]
             )
         case (.GET, "/events"):
             try await stream(head, outbound)
@@ -176,17 +197,33 @@ public struct DashboardServer: Service {
             encoder.outputFormatting = [.sortedKeys]
             let data = (try? hub.latest.map { try encoder.encode($0) }) ?? nil
             try await respond(
-                outbound, version: head.version, status: data == nil ? .serviceUnavailable : .ok,
+                outbound,
+                version: head.version,
+                status: data == nil ? .serviceUnavailable : .ok,
                 data.map { String(decoding: $0, as: UTF8.self) } ?? "no state yet\n",
-                contentType: data == nil ? "text/plain; charset=utf-8" : "application/json", keepAlive: keepAlive
+                contentType: data == nil ? "text/plain; charset=utf-8" : "application/json",
+                keepAlive: keepAlive
             )
         case (.POST, "/control"):
             let (status, text) = await control(head, body: body)
-            try await respond(outbound, version: head.version, status: status, text, contentType: "application/json", keepAlive: keepAlive)
+            try await respond(
+                outbound,
+                version: head.version,
+                status: status,
+                text,
+                contentType: "application/json",
+                keepAlive: keepAlive
+            )
         case (.GET, "/favicon.ico"):
             try await respond(outbound, version: head.version, status: .noContent, "", keepAlive: keepAlive)
         case (_, "/"), (_, "/events"), (_, "/state"), (_, "/control"):
-            try await respond(outbound, version: head.version, status: .methodNotAllowed, "method not allowed\n", keepAlive: keepAlive)
+            try await respond(
+                outbound,
+                version: head.version,
+                status: .methodNotAllowed,
+                "method not allowed\n",
+                keepAlive: keepAlive
+            )
         default:
             try await respond(outbound, version: head.version, status: .notFound, "not found\n", keepAlive: keepAlive)
         }
@@ -291,7 +328,9 @@ public struct DashboardServer: Service {
         headers.add(name: "x-content-type-options", value: "nosniff")
         headers.add(name: "connection", value: keepAlive ? "keep-alive" : "close")
         for (name, value) in extra { headers.add(name: name, value: value) }
-        try await outbound.write(.head(HTTPResponseHead(version: version ?? .http1_1, status: status, headers: headers)))
+        try await outbound.write(
+            .head(HTTPResponseHead(version: version ?? .http1_1, status: status, headers: headers))
+        )
         if body.readableBytes > 0 { try await outbound.write(.body(.byteBuffer(body))) }
         try await outbound.write(.end(nil))
     }

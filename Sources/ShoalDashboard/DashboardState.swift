@@ -125,8 +125,15 @@ public struct DashboardState: Codable, Sendable, Equatable {
 
         /// A conflict as the page shows it.
         public init(
-            node: String, table: String, key: String, column: String, local: String, remote: String,
-            winner: String, why: String, atMs: UInt64
+            node: String,
+            table: String,
+            key: String,
+            column: String,
+            local: String,
+            remote: String,
+            winner: String,
+            why: String,
+            atMs: UInt64
         ) {
             self.node = node
             self.table = table

@@ -30,7 +30,12 @@ extension ShoalCommand {
             )
         )
         var dashboard: String?
-        @Option(help: "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.")
+        @Option(
+            help: ArgumentHelp(
+                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
+                valueName: "TOKEN"
+            )
+        )
         var dashboardToken: String?
 
         /// Where `--dashboard` given alone listens.

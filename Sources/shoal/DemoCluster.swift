@@ -74,12 +74,22 @@ actor DemoCluster {
                 }
                 peers.append(proxies[pair]!.port)
             }
-            child = try ServeProcess.startIsolated(database: paths[index], name: names[index], peers: peers, extra: extra)
+            child = try ServeProcess.startIsolated(
+                database: paths[index],
+                name: names[index],
+                peers: peers,
+                extra: extra
+            )
             // The later nodes reach this one through their pairs' proxies, at its new port.
             for (pair, proxy) in proxies where pair.a == index { proxy.retarget(child.port) }
         } else {
             let peers = children.prefix(index).compactMap { $0?.port }
-            child = try ServeProcess.startIsolated(database: paths[index], name: names[index], peers: peers, extra: extra)
+            child = try ServeProcess.startIsolated(
+                database: paths[index],
+                name: names[index],
+                peers: peers,
+                extra: extra
+            )
         }
         children[index] = child
         return child.port
@@ -247,7 +257,8 @@ actor DemoCluster {
         state.converged = digests.count == 1 && !digests.contains("")
         if state.converged, let started = healStarted {
             let elapsed = ContinuousClock.now - started
-            lastHealConvergeMs = Double(elapsed.components.seconds) * 1000
+            lastHealConvergeMs =
+                Double(elapsed.components.seconds) * 1000
                 + Double(elapsed.components.attoseconds) / 1e15
             healStarted = nil
         }
@@ -318,7 +329,8 @@ actor DemoCluster {
             let index = try node(control.node)
             let pairs = try pairs(of: index, control.peer.map { try node($0) })
             for pair in pairs { proxies[pair]?.cut() }
-            said = control.peer.map { "partitioned \(names[index]) from \(names[$0])" }
+            said =
+                control.peer.map { "partitioned \(names[index]) from \(names[$0])" }
                 ?? "partitioned \(names[index]) from every other node"
         case .heal:
             let index = control.node.flatMap { paths.indices.contains($0) ? $0 : nil }
@@ -363,7 +375,8 @@ actor DemoCluster {
                 "DELETE FROM stock WHERE sku IN (SELECT sku FROM stock WHERE sku NOT LIKE 'shared-%' LIMIT 100)"
             )
             let after = try rows()
-            said = "\(names[index]) deleted \(before - after) rows; the others delete them too (tombstones stay: not collected yet)"
+            said =
+                "\(names[index]) deleted \(before - after) rows; the others delete them too (tombstones stay: not collected yet)"
         }
         message = said
         return said

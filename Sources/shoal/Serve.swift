@@ -21,7 +21,9 @@ extension ShoalCommand {
                 that off (no authentication, no encryption: the cluster id is the only gate). --metrics HOST:PORT \
                 serves the node's sync-health metrics for Prometheus at http://HOST:PORT/metrics, with no \
                 authentication (keep it on loopback or a private address), and prints `metrics listening on \
-                HOST:PORT` once bound.
+                HOST:PORT` once bound. --dashboard HOST:PORT serves a live web page of the node and its peers \
+                (loopback only, unless --dashboard-token is given, which every request must then carry) and prints \
+                `dashboard: URL` once bound.
                 """
         )
 
@@ -65,9 +67,19 @@ extension ShoalCommand {
         var relayCa: String?
         @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
         var metrics: String?
-        @Option(help: "Serve a live web dashboard of this node and its peers at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token).")
+        @Option(
+            help: ArgumentHelp(
+                "Serve a live web dashboard of this node and its peers at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token).",
+                valueName: "HOST:PORT"
+            )
+        )
         var dashboard: String?
-        @Option(help: "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.")
+        @Option(
+            help: ArgumentHelp(
+                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
+                valueName: "TOKEN"
+            )
+        )
         var dashboardToken: String?
 
         func run() async throws {

@@ -45,7 +45,8 @@ struct ServeDashboardFeed: Service {
                                 measured.changeSets.insert(
                                     DashboardState.ChangeSet(
                                         origin: set.isLocal
-                                            ? name : measured.names[set.dot.site.hex] ?? String(set.dot.site.hex.prefix(8)),
+                                            ? name
+                                            : measured.names[set.dot.site.hex] ?? String(set.dot.site.hex.prefix(8)),
                                         dot: "\(set.dot.site.hex.prefix(8)):\(set.dot.seq)",
                                         tables: Array(Set(set.rows.map(\.table))).sorted(),
                                         rows: set.rows.count,
@@ -110,7 +111,8 @@ struct ServeDashboardFeed: Service {
             me.heads = heads(store.versionVector)
         }
         me.fileBytes = ["", "-wal"].reduce(Int64(0)) { total, suffix in
-            total + ((try? FileManager.default.attributesOfItem(atPath: database + suffix)[.size] as? Int64) ?? nil ?? 0)
+            total
+                + ((try? FileManager.default.attributesOfItem(atPath: database + suffix)[.size] as? Int64) ?? nil ?? 0)
         }
         me.pending = await sync.pendingLocalChanges()
         me.livePeers = peers.filter(\.isConnected).count
@@ -136,7 +138,12 @@ struct ServeDashboardFeed: Service {
         }
         state.nodes.insert(me, at: 0)
         if let relay = node.relay?.status {
-            var card = DashboardState.Node(index: state.nodes.count, name: "relay", site: "", running: relay.reachable == true)
+            var card = DashboardState.Node(
+                index: state.nodes.count,
+                name: "relay",
+                site: "",
+                running: relay.reachable == true
+            )
             card.pending = relay.lacking
             state.nodes.append(card)
             state.links.append(
