@@ -113,7 +113,7 @@ def main():
                 time.sleep(0.1)  # polling the page's DOM, with a deadline
 
         colours_js = "return [...document.querySelectorAll('#cards .card .swatch')].map(s => getComputedStyle(s).backgroundColor)"
-        until(f"{nodes} cards", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == nodes)
+        until(f"{nodes} cards", lambda: driver.execute_script("return document.querySelectorAll('#cards .card').length") == nodes)
         until("the page says converged", lambda: driver.find_element(By.ID, "converged").text == "converged")
         colours = driver.execute_script(colours_js)
         if len(set(colours)) != 1:
@@ -164,9 +164,12 @@ def main():
             if message.startswith("the control failed") or message.startswith("no "):
                 fail(f"the {action} control failed: {message}")
 
+        # The cards and links are drawn anew with each state: read them in one script, never through an element
+        # that a later state may have replaced.
         def link_state(a, b):
-            found = driver.find_elements(By.CSS_SELECTOR, f"#topology .link[data-a='{a}'][data-b='{b}']")
-            return found[0].get_attribute("data-state") if found else None
+            return driver.execute_script(
+                "const l = document.querySelector(`#topology .link[data-a='${arguments[0]}'][data-b='${arguments[1]}']`);"
+                " return l ? l.dataset.state : null", a, b)
 
         others = [index for index in range(nodes) if index != 2]
         for other in others:
@@ -189,17 +192,21 @@ def main():
         until("the page shows how long the heal took", lambda: figure("heal") is not None, 10)
         print(f"dashboard test: healed: one colour again, converged {figure('heal'):.0f} ms after the heal")
         # A node stopped and started again, and a column added on another: the cards follow.
-        def card(index):
-            return driver.find_element(By.CSS_SELECTOR, f"#cards .card[data-node='{index}']")
+        def stopped(index):
+            return driver.execute_script(
+                "const c = document.querySelector(`#cards .card[data-node='${arguments[0]}']`);"
+                " return c ? c.classList.contains('stopped') : null", index)
         control("stop", 1)
-        until("node1's card shows it stopped", lambda: "stopped" in card(1).get_attribute("class"))
+        until("node1's card shows it stopped", lambda: stopped(1) is True)
         control("start", 1)
-        until("node1 running and converged again", lambda: "stopped" not in card(1).get_attribute("class")
+        until("node1 running and converged again", lambda: stopped(1) is False
               and driver.find_element(By.ID, "converged").text == "converged", 30)
         control("add-column", 0)
 
         def schema_everywhere():
-            values = [element.text for element in driver.find_elements(By.XPATH, "//div[@id='cards']//dt[text()='schema']/following-sibling::dd[1]")]
+            values = driver.execute_script(
+                "return [...document.querySelectorAll('#cards .card dt')].filter(d => d.textContent === 'schema')"
+                ".map(d => d.nextElementSibling.textContent)")
             return len(values) == nodes and all(value.startswith("1") for value in values) \
                 and driver.find_element(By.ID, "converged").text == "converged"
         until("every card at schema position 1 after the column was added, converged", schema_everywhere, 30)
@@ -265,7 +272,8 @@ def serve_dashboard(shoal, work, driver, until):
             fail(f"a request without the token got {refused.status}, not 401")
         driver.get_log("browser")  # what the demo's page logged is behind us
         driver.get(url)
-        until("the node's card", lambda: [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#cards .card .name")] == ["solo"])
+        until("the node's card", lambda: driver.execute_script(
+            "return [...document.querySelectorAll('#cards .card .name')].map(e => e.textContent)") == ["solo"])
         if driver.find_element(By.ID, "controls").is_displayed():
             fail("a node's dashboard shows the demo's controls")
         errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
