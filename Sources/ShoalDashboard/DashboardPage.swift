@@ -164,6 +164,7 @@ function renderCards(s) {
     if (!n.running) add("state", "stopped");
     add("rows", n.rows ?? "–");
     add("tombstones", n.tombstones ?? "–");
+    add("metadata", bytes(n.metadataBytes));
     add("file", bytes(n.fileBytes));
     add("pending", n.pending ?? "–");
     add("schema", n.schemaChanges === null || n.schemaChanges === undefined ? "–" : n.schemaChanges + (n.schemaPending ? " (+" + n.schemaPending + " pending)" : ""));

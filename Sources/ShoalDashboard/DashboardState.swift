@@ -21,6 +21,9 @@ public struct DashboardState: Codable, Sendable, Equatable {
         public var tombstones: Int?
         /// The database's size on disk (rows and Shoal's metadata), when known.
         public var fileBytes: Int64?
+        /// Bytes of Shoal's metadata in the database (clocks, change log, digests, roster: every table but the
+        /// replicated ones), when known.
+        public var metadataBytes: Int64?
         /// Local transactions no peer has acknowledged holding.
         public var pending: UInt64?
         /// How many schema changes it holds (its schema position).

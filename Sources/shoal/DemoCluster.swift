@@ -203,6 +203,7 @@ actor DemoCluster {
                     vector.map { (name(ofSite: $0.key), $0.value) },
                     uniquingKeysWith: { max($0, $1) }
                 )
+                node.metadataBytes = Self.metadataBytes(store, replicated: Set(status.tables.map(\.name)))
                 for record in (try? store.conflicts(limit: 8)) ?? [] {
                     allConflicts.append(Self.conflict(record, node: names[index], siteName: name(ofSite:)))
                 }
@@ -269,6 +270,24 @@ actor DemoCluster {
         state.conflicts = Array(allConflicts.sorted { $0.atMs > $1.atMs }.prefix(12))
         state.message = message
         return state
+    }
+
+    /// The bytes of every table and index but the replicated tables' own (SQLite's `dbstat`, which reads every page:
+    /// fine for the demo's small files); nil where SQLite was built without it.
+    private static func metadataBytes(_ store: Store, replicated: Set<String>) -> Int64? {
+        let sizes = try? store.execute(
+            """
+            SELECT coalesce(s.tbl_name, d.name), sum(d.pgsize) FROM dbstat AS d
+            LEFT JOIN sqlite_schema AS s ON s.name = d.name GROUP BY 1
+            """
+        )
+        guard let sizes else { return nil }
+        return sizes.rows.reduce(Int64(0)) { total, row in
+            guard case .text(let owner) = row[0], !replicated.contains(owner), owner != "sqlite_schema" else {
+                return total
+            }
+            return total + (row[1].integerValue ?? 0)
+        }
     }
 
     static func conflict(
