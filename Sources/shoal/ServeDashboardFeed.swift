@@ -6,7 +6,8 @@ import ShoalDashboard
 /// Feeds `shoal serve --dashboard`: this node's card and one per peer it knows (as the peer last reported itself),
 /// the links (to each peer, and to the relay when it uses one), the change sets it commits or applies (timed from
 /// their origin's commit to their apply here), and its conflicts. The node's own commits wake it; the peers' state
-/// (held by the node's connections) is read twice a second. No controls: a node's dashboard only shows.
+/// (held by the node's connections) is read twice a second while a browser watches, every 10 s otherwise. No
+/// controls: a node's dashboard only shows.
 struct ServeDashboardFeed: Service {
     let node: ShoalNode
     let hub: DashboardHub
@@ -62,9 +63,15 @@ struct ServeDashboardFeed: Service {
                 group.addTask {
                     var lastApplied = 0
                     var lastRounds: [String: Int] = [:]
+                    var last = ContinuousClock.now - .seconds(60)
                     while !Task.isCancelled {
-                        let state = await state(name, measured, lastApplied: &lastApplied, lastRounds: &lastRounds)
-                        hub.publish(state)
+                        // Twice a second while a browser watches; every 10 s while none does (the tables' rows are
+                        // counted each time, which a large table makes dear).
+                        if hub.isWatched || ContinuousClock.now - last >= .seconds(10) {
+                            let state = await state(name, measured, lastApplied: &lastApplied, lastRounds: &lastRounds)
+                            hub.publish(state)
+                            last = .now
+                        }
                         try? await Task.sleep(for: .milliseconds(500))  // the period of the peers' status reads
                     }
                 }
