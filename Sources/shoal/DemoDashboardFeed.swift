@@ -41,7 +41,12 @@ struct DemoRun: Service {
     }
 
     func run() async throws {
-        try await body()
+        do {
+            // Interrupted before the nodes converge: the demo stops where it is.
+            try await cancelWhenGracefulShutdown { try await body() }
+        } catch is CancellationError {
+            return
+        }
         try await gracefulShutdown()
     }
 }
