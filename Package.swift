@@ -197,6 +197,19 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The live web dashboard (`shoal demo --dashboard`, `shoal serve --dashboard`): its page, its Server-Sent Events
+        // and its controls, on a small HTTP/1 server (NIO only, no Hummingbird). The node library never links it.
+        .target(
+            name: "ShoalDashboard",
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
         // Child processes of `shoal` (serve, relay serve) and a scratch PostgreSQL database: what the CLI's demo, the
         // chaos harness, the benchmarks and the tests start. Foundation only.
         .target(
@@ -207,11 +220,14 @@ let package = Package(
         .executableTarget(
             name: "shoal",
             dependencies: [
-                "Shoal", "ShoalProcesses", "ShoalRelay", "ShoalMetricsEndpoint",
+                "Shoal", "ShoalProcesses", "ShoalRelay", "ShoalMetricsEndpoint", "ShoalDashboard",
                 .target(name: "CMalloc", condition: .when(platforms: [.linux])),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                // The demo dashboard's links, which it cuts and mends (a partition).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),
@@ -343,6 +359,11 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ShoalDashboardTests",
+            dependencies: ["ShoalDashboard", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -6,14 +6,15 @@
 #                            implementation), schemathesis from PyPI (checks the relay against its API description;
 #                            both at the versions pinned in Tools/requirements-tests.txt),
 #                            postgresql (the relay's PostgreSQL storage; Tools/start-postgres.sh runs a server of its
-#                            own) and curl
+#                            own), curl, and Debian's chromium with chromium-driver (the dashboard's browser test,
+#                            driven by selenium from PyPI)
 set -euo pipefail
 
 packages=(libsqlite3-dev sqlite3 zlib1g-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus libnss-mdns)
 tests=""
 if [ "${1:-}" = "--tests" ]; then
     tests=1
-    packages+=(iproute2 util-linux python3 python3-pip openssl postgresql curl)
+    packages+=(iproute2 util-linux python3 python3-pip openssl postgresql curl chromium chromium-driver)
 fi
 missing=()
 for package in "${packages[@]}"; do

@@ -27,6 +27,11 @@ step "docs: links and the quick start" python3 "$root/Tools/check-quickstart.py"
 export SHOAL_DEMO_BUILT=1
 step "offline demo" env SHOAL_DEMO_QUIET=1 "$root/Tools/offline-demo.sh"
 step "live demo" "$root/.build/debug/shoal" demo --nodes 3 --writes 50
+# The demo's dashboard in a real browser (Debian's headless chromium, driven by selenium): cards, colours, a partition
+# and its heal through the page's controls, propagation against the demo's own figures; it fails loudly if chromium,
+# chromium-driver or selenium is missing. The screenshot of the converged page goes to the run's output directory.
+output=${SHOAL_TEST_OUTPUT:-$root/.build/test-output}
+step "dashboard in a browser" python3 "$root/Tools/dashboard-test.py" "$root/.build/debug/shoal" "$output"
 step "chaos" "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
 # The relay path: the nodes never meet; the relay is killed (-9) at random, loses its storage, is restored from an
 # older copy (across a key rotation), and tampers with pull answers; a member is removed during the run.

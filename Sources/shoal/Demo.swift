@@ -1,7 +1,10 @@
 import ArgumentParser
 import Dispatch
 import Foundation
+import Logging
+import ServiceLifecycle
 import Shoal
+import ShoalDashboard
 import ShoalProcesses
 
 extension ShoalCommand {
@@ -20,6 +23,34 @@ extension ShoalCommand {
         @Option(help: "Writes per node.") var writes = 200
         @Option(help: "Folder for the databases (default: a new temporary folder).") var dir: String?
         @Option(help: "Seconds to wait for convergence.") var timeout: Double = 30
+        @Option(
+            help: ArgumentHelp(
+                "Serve a live web dashboard at http://HOST:PORT/ and keep the nodes running after they converge, until interrupted (--dashboard alone: \(Self.defaultDashboard)).",
+                valueName: "HOST:PORT"
+            )
+        )
+        var dashboard: String?
+        @Option(
+            help: ArgumentHelp(
+                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
+                valueName: "TOKEN"
+            )
+        )
+        var dashboardToken: String?
+
+        /// Where `--dashboard` given alone listens.
+        static let defaultDashboard = "127.0.0.1:7480"
+
+        /// `shoal demo … --dashboard` with no address (last, or before another option) gets the default one: the
+        /// argument parser has no options whose value may be left out.
+        static func givingDashboardItsDefault(_ arguments: [String]) -> [String] {
+            guard arguments.first == "demo", let at = arguments.firstIndex(of: "--dashboard") else { return arguments }
+            let next = arguments.index(after: at)
+            guard next == arguments.endIndex || arguments[next].hasPrefix("-") else { return arguments }
+            var given = arguments
+            given.insert(defaultDashboard, at: next)
+            return given
+        }
 
         func run() async throws {
             guard (2...32).contains(nodes) else {
@@ -39,38 +70,94 @@ extension ShoalCommand {
                 try store.replicate(table: "stock", counters: ["sold"])
             }
             // With the Avahi daemon up, nodes find each other by mDNS (their cluster's hint tells them apart from
-            // any other node on this machine); without it, they are wired as a full mesh of static peers.
-            let mdns = Self.mdnsAvailable()
+            // any other node on this machine); without it, they are wired as a full mesh of static peers. With the
+            // dashboard, always the mesh, each link through a proxy the page can cut.
+            let dashboardAddress = try dashboard.map { text throws(ShoalError) in
+                guard let parsed = PeerAddress(parsing: text) else {
+                    throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(text)\"")
+                }
+                return parsed
+            }
+            if let dashboardAddress, !DashboardServer.isLoopback(dashboardAddress.host), (dashboardToken ?? "").isEmpty {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--dashboard \(dashboardAddress) is not a loopback address: give --dashboard-token too (the page's controls stop nodes and write rows)"
+                )
+            }
+            let mdns = dashboardAddress == nil && Self.mdnsAvailable()
             print(
                 "Shoal demo: \(nodes) nodes in \(directory), mode: "
-                    + (mdns
+                    + (dashboardAddress != nil
+                        ? "static peers on loopback (full mesh, each link through a proxy the dashboard can cut), mutual TLS 1.3"
+                        : mdns
                         ? "mDNS discovery on loopback, mutual TLS 1.3"
                         : "static peers on loopback (full mesh; the Avahi daemon is not running), mutual TLS 1.3")
             )
-
-            var children: [ServeProcess] = []
-            defer { for child in children { child.stop() } }
-            func start(_ index: Int) throws {
-                let extra = ["--round-interval", "1000"]
-                let child =
-                    mdns
-                    ? try ServeProcess.start(database: paths[index], name: "node\(index)", peers: [], extra: extra)
-                    : try ServeProcess.startIsolated(
-                        database: paths[index],
-                        name: "node\(index)",
-                        peers: children.map(\.port),
-                        extra: extra
-                    )
-                children.append(child)
-                print("  node\(index) listening on 127.0.0.1:\(child.port)")
+            let cluster = DemoCluster(paths: paths, mdns: mdns, proxied: dashboardAddress != nil)
+            guard let dashboardAddress else {
+                do {
+                    try await demonstrate(cluster)
+                } catch {
+                    await cluster.stopAll()
+                    throw error
+                }
+                await cluster.stopAll()
+                return
             }
+            // The dashboard: its server, what feeds it, and the demo itself, which then keeps the nodes running
+            // until SIGINT or SIGTERM.
+            let hub = DashboardHub()
+            let token = dashboardToken
+            let server = DashboardServer(
+                host: dashboardAddress.host,
+                port: dashboardAddress.port,
+                hub: hub,
+                token: token,
+                logger: Logger(label: "shoal.dashboard"),
+                controls: { control in try await cluster.perform(control) },
+                onListening: { port in
+                    let url = DashboardServer.url(host: dashboardAddress.host, port: port, token: token)
+                    FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
+                }
+            )
+            let group = ServiceGroup(
+                services: [
+                    server,
+                    DemoDashboardFeed(cluster: cluster, hub: hub),
+                    DemoRun {
+                        try await demonstrate(cluster)
+                        print("\nThe nodes keep running: play with them on the dashboard; stop the demo with Ctrl-C.")
+                        // Out now, also into a pipe: a script (the browser test) reads the figures while the demo runs.
+                        fflush(nil)
+                    },
+                ],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: Logger(label: "shoal.demo")
+            )
+            do {
+                try await group.run()
+            } catch {
+                await cluster.stopAll()
+                if let error = error as? DashboardServerError {
+                    throw ShoalError(code: .invalidArgument, message: "--dashboard: \(error)")
+                }
+                throw error
+            }
+            await cluster.stopAll()
+        }
+
+        /// Founds the cluster, admits the nodes, seeds the shared rows, has every node write at once, and waits for
+        /// convergence (throws exit code 1 if it does not come in time).
+        private func demonstrate(_ cluster: DemoCluster) async throws {
+            let paths = cluster.paths
             // Node 0 founds the cluster and serves; each other node is admitted with an invite code of its own,
             // over the network, as a new device on a LAN would be.
             let now = SystemWallClock().nowMilliseconds()
             let founder = try Store(path: paths[0])
             let founderKey = try Membership.initialize(databasePath: paths[0], store: founder, now: now)
             print("  node0 founded cluster \(founderKey.cluster.idHex) (node id \(founderKey.identity.nodeID.short))")
-            try start(0)
+            let founderPort = try await cluster.start(0)
+            print("  node0 listening on 127.0.0.1:\(founderPort)")
             for index in 1..<nodes {
                 let code = try Membership.invite(store: founder, now: now)
                 let store = try Store(path: paths[index])
@@ -80,12 +167,16 @@ extension ShoalCommand {
                     identity: keyFile.identity,
                     name: "node\(index)",
                     siteID: store.identitySiteID,
-                    address: PeerAddress(host: "127.0.0.1", port: children[0].port)
+                    address: PeerAddress(host: "127.0.0.1", port: founderPort)
                 )
                 try JoinClient.adopt(admission, databasePath: paths[index], store: store)
                 print("  node\(index) joined with invite code \(code) (node id \(keyFile.identity.nodeID.short))")
             }
-            for index in 1..<nodes { try start(index) }
+            try await cluster.learnSites()
+            for index in 1..<nodes {
+                let port = try await cluster.start(index)
+                print("  node\(index) listening on 127.0.0.1:\(port)")
+            }
 
             // Shared rows everyone will fight over, created on node 0 and spread by sync.
             let seed = try Store(path: paths[0])
@@ -126,6 +217,18 @@ extension ShoalCommand {
                     String(digest.prefix(16))
                 )
             )
+            if cluster.proxied {
+                // The figures the dashboard shows, measured the same way (each node's feed of change sets).
+                let latency = await cluster.propagation()
+                print(
+                    String(
+                        format: "propagation (origin's commit to each other node's apply): p50 %.1f ms, p95 %.1f ms over %d applies",
+                        latency.p50Ms ?? 0,
+                        latency.p95Ms ?? 0,
+                        latency.samples
+                    )
+                )
+            }
         }
 
         /// Whether the Avahi daemon answers (a registration that is withdrawn at once).
@@ -146,7 +249,7 @@ extension ShoalCommand {
         }
 
         /// One node's share of the writes, through its own database file (the node picks them up at once).
-        private static func write(path: String, node: Int, nodes: Int, writes: Int) {
+        static func write(path: String, node: Int, nodes: Int, writes: Int, offset: Int = 0) {
             guard let store = try? Store(path: path) else { return }
             var random = SystemRandomNumberGenerator()
             for step in 0..<writes {
@@ -155,7 +258,7 @@ extension ShoalCommand {
                 case 0:
                     _ = try? store.execute(
                         "INSERT OR REPLACE INTO stock(sku, owner, price, note) VALUES (?, ?, ?, 'own')",
-                        [.text("node\(node)-\(step)"), .text("node\(node)"), .real(Double(step))]
+                        [.text("node\(node)-\(offset + step)"), .text("node\(node)"), .real(Double(step))]
                     )
                 case 1:
                     _ = try? store.execute(
@@ -173,7 +276,7 @@ extension ShoalCommand {
                     if step % 25 == 4 {
                         _ = try? store.execute(
                             "DELETE FROM stock WHERE sku = ?",
-                            [.text("node\((node + 1) % nodes)-\(step - 4)")]
+                            [.text("node\((node + 1) % nodes)-\(offset + step - 4)")]
                         )
                     } else {
                         _ = try? store.execute("UPDATE stock SET sold = sold + 2 WHERE sku = ?", [shared])
@@ -193,7 +296,7 @@ extension ShoalCommand {
                     let status = try store.status()
                     let live = LiveStatus.read(forDatabase: path)?.peers.filter(\.connected).count ?? 0
                     rows.append(
-                        ("node\(index)", status.tables.first?.rows ?? 0, status.versionVector, status.digest.hex, live)
+                        ("node\(index)", status.tables.first { $0.name == "stock" }?.rows ?? 0, status.versionVector, status.digest.hex, live)
                     )
                 }
                 let converged = Set(rows.map(\.digest)).count == 1

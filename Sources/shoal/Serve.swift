@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import Shoal
+import ShoalDashboard
 import ShoalMetricsEndpoint
 import Synchronization
 
@@ -20,7 +21,9 @@ extension ShoalCommand {
                 that off (no authentication, no encryption: the cluster id is the only gate). --metrics HOST:PORT \
                 serves the node's sync-health metrics for Prometheus at http://HOST:PORT/metrics, with no \
                 authentication (keep it on loopback or a private address), and prints `metrics listening on \
-                HOST:PORT` once bound.
+                HOST:PORT` once bound. --dashboard HOST:PORT serves a live web page of the node and its peers \
+                (loopback only, unless --dashboard-token is given, which every request must then carry) and prints \
+                `dashboard: URL` once bound.
                 """
         )
 
@@ -64,6 +67,20 @@ extension ShoalCommand {
         var relayCa: String?
         @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
         var metrics: String?
+        @Option(
+            help: ArgumentHelp(
+                "Serve a live web dashboard of this node and its peers at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token).",
+                valueName: "HOST:PORT"
+            )
+        )
+        var dashboard: String?
+        @Option(
+            help: ArgumentHelp(
+                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
+                valueName: "TOKEN"
+            )
+        )
+        var dashboardToken: String?
 
         func run() async throws {
             // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
@@ -75,6 +92,18 @@ extension ShoalCommand {
             let metricsAddress = try metrics.map { text throws(ShoalError) in
                 guard let parsed = PeerAddress(parsing: text) else {
                     throw ShoalError(code: .invalidArgument, message: "--metrics wants HOST:PORT, got \"\(text)\"")
+                }
+                return parsed
+            }
+            let dashboardAddress = try dashboard.map { text throws(ShoalError) in
+                guard let parsed = PeerAddress(parsing: text) else {
+                    throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(text)\"")
+                }
+                guard DashboardServer.isLoopback(parsed.host) || !(dashboardToken ?? "").isEmpty else {
+                    throw ShoalError(
+                        code: .invalidArgument,
+                        message: "--dashboard \(text) is not a loopback address: give --dashboard-token too (the page shows the node's peers, tables and conflicting values)"
+                    )
                 }
                 return parsed
             }
@@ -131,11 +160,33 @@ extension ShoalCommand {
                 listenHost: address.host,
                 plaintextCluster: options.insecurePlaintextCluster
             )
+            let dashboardServices: [ServiceGroupConfiguration.ServiceConfiguration] = dashboardAddress.map { address in
+                let hub = DashboardHub()
+                let token = dashboardToken
+                let server = DashboardServer(
+                    host: address.host,
+                    port: address.port,
+                    hub: hub,
+                    token: token,
+                    logger: Logger(label: "shoal.dashboard"),
+                    onListening: { port in
+                        let url = DashboardServer.url(host: address.host, port: port, token: token)
+                        FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
+                    }
+                )
+                let feed = ServeDashboardFeed(
+                    node: node,
+                    hub: hub,
+                    givenName: name,
+                    database: database.db
+                )
+                return [.init(service: server), .init(service: feed)]
+            } ?? []
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
                     services: [.init(service: node), .init(service: reporter)]
-                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []),
+                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []) + dashboardServices,
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
@@ -144,6 +195,8 @@ extension ShoalCommand {
                 try await services.run()
             } catch let error as ShoalError {
                 throw error
+            } catch let error as DashboardServerError {
+                throw ShoalError(code: .invalidArgument, message: "--dashboard: \(error)")
             } catch let error as MetricsEndpointError {
                 throw ShoalError(code: .invalidArgument, message: "--metrics: \(Output.failure(error.underlying, while: "could not listen on \(error.host):\(error.port)"))")
             } catch {

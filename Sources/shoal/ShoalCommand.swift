@@ -8,7 +8,7 @@ struct ShoalCommand: AsyncParsableCommand {
     static func main() async {
         var command: any ParsableCommand
         do {
-            command = try parseAsRoot()
+            command = try parseAsRoot(Demo.givingDashboardItsDefault(Array(CommandLine.arguments.dropFirst())))
         } catch {
             exit(withError: error)
         }

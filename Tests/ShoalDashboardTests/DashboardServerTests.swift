@@ -1,0 +1,173 @@
+import Foundation
+import Logging
+import Testing
+
+@testable import ShoalDashboard
+
+/// The server over real TCP on loopback: the page, the event stream and its resumption, the controls' refusals, the
+/// token. A plain blocking socket client, on threads of its own.
+@Suite struct DashboardServerTests {
+    /// Runs a server for `body`, then stops it.
+    private func withServer(
+        token: String? = nil,
+        controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
+        _ body: (Int, DashboardHub) async throws -> Void
+    ) async throws {
+        let hub = DashboardHub()
+        let (ports, bound) = AsyncStream.makeStream(of: Int.self)
+        let server = DashboardServer(
+            host: "127.0.0.1",
+            port: 0,
+            hub: hub,
+            token: token,
+            logger: Logger(label: "test"),
+            controls: controls,
+            onListening: { port in bound.yield(port) }
+        )
+        let running = Task { try await server.run() }
+        defer { running.cancel() }
+        var iterator = ports.makeAsyncIterator()
+        let port = try #require(await iterator.next())
+        try await body(port, hub)
+    }
+
+    /// Sends `request` and reads until `enough` says so, the server closes, or 5 s pass.
+    private func exchange(
+        _ port: Int,
+        _ request: String,
+        until enough: @escaping @Sendable (String) -> Bool
+    ) async
+        -> String
+    {
+        await withCheckedContinuation { continuation in
+            // A thread of its own: blocked reads on Dispatch's few workers would hold up the other tests' reads.
+            Thread {
+                continuation.resume(returning: Self.blockingExchange(port, request, until: enough))
+            }.start()
+        }
+    }
+
+    private static func blockingExchange(_ port: Int, _ request: String, until enough: (String) -> Bool) -> String {
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard socket >= 0 else { return "" }
+        defer { close(socket) }
+        var timeout = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else { return "" }
+        let bytes = Array(request.utf8)
+        guard send(socket, bytes, bytes.count, 0) == bytes.count else { return "" }
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while !enough(String(decoding: received, as: UTF8.self)) {
+            let count = recv(socket, &buffer, buffer.count, 0)
+            if count <= 0 { break }
+            received += buffer[0..<count]
+        }
+        return String(decoding: received, as: UTF8.self)
+    }
+
+    private func get(_ path: String, headers: String = "") -> String {
+        "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\(headers)\r\n"
+    }
+
+    private func post(_ body: String, headers: String = "Content-Type: application/json\r\n") -> String {
+        "POST /control HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\(headers)Content-Length: \(body.utf8.count)\r\n\r\n\(body)"
+    }
+
+    @Test func servesThePageAndTheLatestState() async throws {
+        try await withServer { port, hub in
+            let page = await exchange(port, get("/"), until: { $0.contains("</html>") })
+            #expect(page.hasPrefix("HTTP/1.1 200 OK"))
+            #expect(page.lowercased().contains("content-type: text/html; charset=utf-8"))
+            #expect(page.lowercased().contains("content-security-policy: default-src 'self'"))
+            #expect(page.contains("new EventSource"))
+            // One self-contained file: no script, style sheet or image fetched from anywhere.
+            #expect(!page.contains("<script src") && !page.contains("rel=\"stylesheet\"") && !page.contains("https://"))
+            let none = await exchange(port, get("/state"), until: { _ in false })
+            #expect(none.hasPrefix("HTTP/1.1 503"))
+            hub.publish(DashboardState(title: "t", mode: "demo", controls: false))
+            let state = await exchange(port, get("/state"), until: { $0.contains("}") })
+            #expect(state.hasPrefix("HTTP/1.1 200 OK"))
+            #expect(state.contains("\"title\":\"t\""))
+            let missing = await exchange(port, get("/nothing"), until: { _ in false })
+            #expect(missing.hasPrefix("HTTP/1.1 404"))
+        }
+    }
+
+    @Test func streamsStatesAndResumesAfterTheLastEventID() async throws {
+        try await withServer { port, hub in
+            for title in ["a", "b", "c"] { hub.publish(DashboardState(title: title, mode: "demo", controls: false)) }
+            let resumed = await exchange(
+                port,
+                get("/events", headers: "Last-Event-ID: 1\r\n"),
+                until: { $0.contains("id: 3\n") && $0.contains("\"title\":\"c\"") }
+            )
+            #expect(resumed.hasPrefix("HTTP/1.1 200 OK"))
+            #expect(resumed.lowercased().contains("content-type: text/event-stream"))
+            #expect(resumed.contains("id: 2\nevent: state\ndata: {"))
+            #expect(!resumed.contains("id: 1\n"))
+        }
+    }
+
+    @Test func takesControlsOnlyAsJSONFromItsOwnPage() async throws {
+        let controls: @Sendable (DashboardControl) async throws -> String = { control in
+            guard control.node == 0 else { throw DashboardControlError("no such node") }
+            return "did \(control.action.rawValue)"
+        }
+        try await withServer(controls: controls) { port, _ in
+            let done = await exchange(port, post(#"{"action":"burst","node":0}"#), until: { $0.contains("}") })
+            #expect(done.hasPrefix("HTTP/1.1 200 OK"))
+            #expect(done.contains(#""message":"did burst""#))
+            let refused = await exchange(port, post(#"{"action":"stop","node":7}"#), until: { $0.contains("}") })
+            #expect(refused.hasPrefix("HTTP/1.1 409"))
+            let form = await exchange(
+                port,
+                post(#"{"action":"burst","node":0}"#, headers: "Content-Type: text/plain\r\n"),
+                until: { $0.contains("}") }
+            )
+            #expect(form.hasPrefix("HTTP/1.1 415"))
+            let elsewhere = await exchange(
+                port,
+                post(
+                    #"{"action":"burst","node":0}"#,
+                    headers: "Content-Type: application/json\r\nOrigin: http://example.com\r\n"
+                ),
+                until: { $0.contains("}") }
+            )
+            #expect(elsewhere.hasPrefix("HTTP/1.1 403"))
+            let nonsense = await exchange(port, post("nonsense"), until: { $0.contains("}") })
+            #expect(nonsense.hasPrefix("HTTP/1.1 400"))
+        }
+        try await withServer { port, _ in
+            let none = await exchange(port, post(#"{"action":"burst","node":0}"#), until: { $0.contains("}") })
+            #expect(none.hasPrefix("HTTP/1.1 404"))
+        }
+    }
+
+    @Test func aTokenIsAskedOfEveryRequest() async throws {
+        try await withServer(token: "s3cret") { port, _ in
+            #expect(await exchange(port, get("/"), until: { _ in false }).hasPrefix("HTTP/1.1 401"))
+            #expect(await exchange(port, get("/?token=wrong"), until: { _ in false }).hasPrefix("HTTP/1.1 401"))
+            #expect(
+                await exchange(port, get("/?token=s3cret"), until: { $0.contains("</html>") }).hasPrefix("HTTP/1.1 200")
+            )
+            #expect(
+                await exchange(
+                    port,
+                    get("/", headers: "Authorization: Bearer s3cret\r\n"),
+                    until: { $0.contains("</html>") }
+                )
+                .hasPrefix("HTTP/1.1 200")
+            )
+        }
+    }
+}

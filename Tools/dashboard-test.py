@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""The dashboard in a real browser: Debian's chromium, headless, driven by selenium through chromium-driver.
+
+Starts `shoal demo --nodes 3 --dashboard 127.0.0.1:0` (a free port), loads the page, and checks that it shows three
+cards in one colour once the nodes converge, with no console error; that the page's propagation figures agree with the
+ones the demo printed within 10 %; that a browser resuming the event stream with Last-Event-ID gets the events after
+it; then, through the page's own controls, it partitions node2 from every other node (pair by pair), writes a burst on
+node2, and sees the colours split (node2 alone differs), heals, and sees one colour again; stops node1 and starts it
+again, adds a column on node0, and sees every card follow. It saves a PNG screenshot of
+the converged page in the output directory (dashboard.png; dashboard-healed.png at the end). Then `shoal serve --dashboard 127.0.0.1:0
+--dashboard-token T` on a database of its own: a request without the token is refused (401), the page with it shows the
+node's card, with no console error. Every wait has a deadline; exit status 0 only if every check passed.
+
+    Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY [NODES]
+"""
+import http.client
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def fail(message):
+    print(f"dashboard test: FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        fail("usage: Tools/dashboard-test.py PATH_TO_SHOAL OUTPUT_DIRECTORY [NODES]")
+    shoal, output = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    nodes = int(sys.argv[3]) if len(sys.argv) == 4 else 3
+    if nodes < 3:
+        fail("the test needs 3 nodes at least")
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not os.access(path, os.X_OK):
+            fail(f"{path} is missing: install Debian's {package} (Tools/setup.sh --tests does)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+    except ImportError:
+        fail("selenium is missing: Tools/setup.sh --tests installs it (Tools/requirements-tests.txt)")
+    os.makedirs(output, exist_ok=True)
+    started = time.monotonic()
+    work = tempfile.mkdtemp(prefix="shoal-dashboard-test.")
+    demo = subprocess.Popen(
+        [shoal, "demo", "--nodes", str(nodes), "--writes", "40", "--dir", work, "--dashboard", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+    )
+    lines, said = [], threading.Condition()
+
+    def read():
+        for line in demo.stdout:
+            with said:
+                lines.append(line.rstrip("\n"))
+                said.notify_all()
+        with said:
+            lines.append(None)
+            said.notify_all()
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def wait_line(pattern, seconds):
+        deadline = time.monotonic() + seconds
+        with said:
+            while True:
+                for line in lines:
+                    if line is None:
+                        fail(f"the demo ended before printing /{pattern}/; it said:\n" + "\n".join(l for l in lines if l))
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    fail(f"the demo did not print /{pattern}/ within {seconds} s; it said:\n" + "\n".join(lines))
+                said.wait(left)
+
+    driver = None
+    try:
+        url = wait_line(r"^dashboard: (http://\S+)", 60).group(1)
+        printed = wait_line(r"propagation .*: p50 ([\d.]+) ms, p95 ([\d.]+) ms over (\d+) applies", 120)
+        cli_p50, cli_p95, cli_samples = float(printed.group(1)), float(printed.group(2)), int(printed.group(3))
+        print(f"dashboard test: demo at {url}; it printed propagation p50 {cli_p50} ms, p95 {cli_p95} ms ({cli_samples} applies)")
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1400,1050", "--hide-scrollbars"):
+            options.add_argument(argument)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.get(url)
+
+        def until(what, check, seconds=30):
+            deadline = time.monotonic() + seconds
+            while True:
+                value = check()
+                if value:
+                    return value
+                if time.monotonic() > deadline:
+                    fail(f"{what}: not within {seconds} s")
+                time.sleep(0.1)  # polling the page's DOM, with a deadline
+
+        colours_js = "return [...document.querySelectorAll('#cards .card .swatch')].map(s => getComputedStyle(s).backgroundColor)"
+        until(f"{nodes} cards", lambda: driver.execute_script("return document.querySelectorAll('#cards .card').length") == nodes)
+        until("the page says converged", lambda: driver.find_element(By.ID, "converged").text == "converged")
+        colours = driver.execute_script(colours_js)
+        if len(set(colours)) != 1:
+            fail(f"converged, yet the cards show {len(set(colours))} colours: {colours}")
+        print(f"dashboard test: {nodes} cards, one colour ({colours[0]})")
+
+        # The page's figures against the ones the demo printed (the same applies, measured the same way).
+        def figure(element):
+            value = driver.find_element(By.ID, element).get_attribute("data-ms")
+            return float(value) if value else None
+        until("the page shows propagation figures", lambda: figure("latency-p50") is not None)
+        page_p50, page_p95 = figure("latency-p50"), figure("latency-p95")
+        for name, page, cli in (("p50", page_p50, cli_p50), ("p95", page_p95, cli_p95)):
+            if abs(page - cli) > 0.10 * max(cli, 1.0):
+                fail(f"propagation {name}: the page shows {page:.1f} ms, the demo printed {cli:.1f} ms (more than 10 % apart)")
+        print(f"dashboard test: propagation on the page p50 {page_p50:.1f} ms, p95 {page_p95:.1f} ms: within 10 % of the demo's")
+        shot = os.path.join(output, "dashboard.png")
+        driver.save_screenshot(shot)
+        print(f"dashboard test: screenshot of the converged page: {shot}")
+        # A browser that reconnects with Last-Event-ID gets the events after it.
+        last = int(driver.execute_script("return window.shoalDashboard.lastEventId"))
+        host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/events", headers={"Last-Event-ID": str(max(last - 1, 0))})
+        response = connection.getresponse()
+        if response.status != 200 or not response.getheader("content-type", "").startswith("text/event-stream"):
+            fail(f"/events answered {response.status} {response.getheader('content-type')}")
+        first_id = None
+        while first_id is None:
+            line = response.fp.readline().decode()
+            if not line:
+                fail("the event stream ended before an event")
+            if line.startswith("id: "):
+                first_id = int(line[4:])
+        connection.close()
+        if last > 1 and first_id != last:
+            fail(f"resumed after event {last - 1}, the stream began at {first_id}, not {last}")
+        print(f"dashboard test: resuming after event {max(last - 1, 0)} began at event {first_id}")
+
+        def control(action, node, peer=""):
+            Select(driver.find_element(By.ID, "node-a")).select_by_value(str(node))
+            Select(driver.find_element(By.ID, "node-b")).select_by_value(str(peer))
+            before = driver.find_element(By.ID, "message").text
+            driver.find_element(By.ID, f"btn-{action}").click()
+            until(f"the {action} control answered", lambda: driver.find_element(By.ID, "message").text not in (before, f"{action}…"), 20)
+            message = driver.find_element(By.ID, "message").text
+            print(f"dashboard test: {action}: {message}")
+            if message.startswith("the control failed") or message.startswith("no "):
+                fail(f"the {action} control failed: {message}")
+
+        # The cards and links are drawn anew with each state: read them in one script, never through an element
+        # that a later state may have replaced.
+        def link_state(a, b):
+            return driver.execute_script(
+                "const l = document.querySelector(`#topology .link[data-a='${arguments[0]}'][data-b='${arguments[1]}']`);"
+                " return l ? l.dataset.state : null", a, b)
+
+        others = [index for index in range(nodes) if index != 2]
+        for other in others:
+            control("partition", 2, other)
+        until("the links of node2 show partitioned",
+              lambda: all(link_state(min(2, o), max(2, o)) == "partitioned" for o in others))
+        if link_state(0, 1) == "partitioned":
+            fail("the link node0-node1 shows partitioned; only node2's were cut")
+        control("burst", 2)
+
+        def split():
+            colours = driver.execute_script(colours_js)
+            rest = {colour for index, colour in enumerate(colours) if index != 2}
+            return len(colours) == nodes and len(rest) == 1 and colours[2] not in rest
+        until("the colours split (node2 alone differs) after the burst on a partitioned node2", split, 30)
+        print("dashboard test: partitioned node2 from the others, wrote on node2: the colours split")
+        control("heal", 2)
+        until("one colour again after the heal", lambda: len(set(driver.execute_script(colours_js))) == 1
+              and driver.find_element(By.ID, "converged").text == "converged", 30)
+        until("the page shows how long the heal took", lambda: figure("heal") is not None, 10)
+        print(f"dashboard test: healed: one colour again, converged {figure('heal'):.0f} ms after the heal")
+        # A node stopped and started again, and a column added on another: the cards follow.
+        def stopped(index):
+            return driver.execute_script(
+                "const c = document.querySelector(`#cards .card[data-node='${arguments[0]}']`);"
+                " return c ? c.classList.contains('stopped') : null", index)
+        control("stop", 1)
+        until("node1's card shows it stopped", lambda: stopped(1) is True)
+        control("start", 1)
+        until("node1 running and converged again", lambda: stopped(1) is False
+              and driver.find_element(By.ID, "converged").text == "converged", 30)
+        control("add-column", 0)
+
+        def schema_everywhere():
+            values = driver.execute_script(
+                "return [...document.querySelectorAll('#cards .card dt')].filter(d => d.textContent === 'schema')"
+                ".map(d => d.nextElementSibling.textContent)")
+            return len(values) == nodes and all(value.startswith("1") for value in values) \
+                and driver.find_element(By.ID, "converged").text == "converged"
+        until("every card at schema position 1 after the column was added, converged", schema_everywhere, 30)
+        print("dashboard test: stopped and started node1, added a column on node0: every node follows")
+        shot = os.path.join(output, "dashboard-healed.png")
+        driver.save_screenshot(shot)
+        print(f"dashboard test: screenshot of the page at the end: {shot}")
+
+        errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
+        if errors:
+            fail("console errors: " + "; ".join(entry.get("message", "") for entry in errors))
+        print("dashboard test: no console errors on the demo's page")
+        serve_dashboard(shoal, work, driver, until)
+    finally:
+        if driver is not None:
+            driver.quit()
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
+                print("dashboard test: the demo did not stop within 30 s of SIGINT", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+    if demo.returncode != 0:
+        fail(f"the demo exited with status {demo.returncode} after SIGINT")
+    print(f"dashboard test: passed in {time.monotonic() - started:.1f} s")
+
+
+def serve_dashboard(shoal, work, driver, until):
+    """`shoal serve --dashboard` with a token: refused without it, the node's card with it, no console error."""
+    from selenium.webdriver.common.by import By
+    database = os.path.join(work, "solo.db")
+    subprocess.run([shoal, "init", "--db", database, "--name", "solo"], check=True, capture_output=True)
+    token = "t0ken-for-the-test"
+    node = subprocess.Popen(
+        [shoal, "serve", "--db", database, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0",
+         "--dashboard", "127.0.0.1:0", "--dashboard-token", token],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+    )
+    try:
+        said = queue.Queue()
+        threading.Thread(target=lambda: [said.put(line) for line in node.stdout] + [said.put(None)], daemon=True).start()
+        url, deadline = None, time.monotonic() + 30
+        while url is None:  # the node prints where it listens, then where the dashboard does
+            try:
+                line = said.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                fail("shoal serve --dashboard did not print its URL within 30 s")
+            if line is None:
+                fail("shoal serve --dashboard ended before printing its URL")
+            if line.startswith("dashboard: "):
+                url = line.split(" ", 1)[1].strip()
+        if not url.endswith("?token=" + token):
+            fail(f"the printed URL does not carry the token: {url}")
+        host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/state")
+        refused = connection.getresponse()
+        refused.read()
+        if refused.status != 401:
+            fail(f"a request without the token got {refused.status}, not 401")
+        driver.get_log("browser")  # what the demo's page logged is behind us
+        driver.get(url)
+        until("the node's card", lambda: driver.execute_script(
+            "return [...document.querySelectorAll('#cards .card .name')].map(e => e.textContent)") == ["solo"])
+        if driver.find_element(By.ID, "controls").is_displayed():
+            fail("a node's dashboard shows the demo's controls")
+        errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
+        if errors:
+            fail("console errors on the node's page: " + "; ".join(entry.get("message", "") for entry in errors))
+        print("dashboard test: shoal serve --dashboard with a token: 401 without it, the node's card with it, no console errors")
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
+if __name__ == "__main__":
+    main()
