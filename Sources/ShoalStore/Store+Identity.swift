@@ -265,7 +265,9 @@ extension Store {
         var sent = Self.readSent(path)
         sent[siteID] = max(sent[siteID] ?? 0, seq)
         let target = Self.sentFilePath(path)
-        let temporary = target + ".tmp"
+        // A name of this process's own: two processes on one file (a node and `shoal sql`) each write theirs, and
+        // neither renames the other's away mid-write.
+        let temporary = target + ".tmp.\(getpid())"
         let text = sent.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value)\n" }.joined()
         var written = false
         if let file = fopen(temporary, "w") {
