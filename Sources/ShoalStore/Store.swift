@@ -199,13 +199,12 @@ public final class Store {
     /// Gives a change log written before entries had parts (one row per transaction and table, its key list grown
     /// in place) the `part` column: every entry becomes its part 0. Once, in one transaction.
     private static func migrateLogParts(_ connection: SQLiteConnection) throws(ShoalError) {
-        guard case .integer(0) = try connection.scalar("SELECT count(*) FROM pragma_table_info('shoal_log') WHERE name = 'part'")
-        else { return }
+        let hasParts = "SELECT count(*) FROM pragma_table_info('shoal_log') WHERE name = 'part'"
+        guard case .integer(0) = try connection.scalar(hasParts) else { return }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
-            if case .integer(0) = try connection.scalar(
-                "SELECT count(*) FROM pragma_table_info('shoal_log') WHERE name = 'part'"
-            ) {
+            // Looked at again under the write lock: another process may have migrated it meanwhile.
+            if case .integer(0) = try connection.scalar(hasParts) {
                 try connection.exec(
                     """
                     CREATE TABLE shoal_log_parts(

@@ -52,18 +52,33 @@ private func serveChain(_ paths: [String], options: [String: [String]] = [:]) as
         let directory = try temporaryDirectory("schema-serve")
         defer { try? FileManager.default.removeItem(at: directory) }
         let paths = try makeCluster(["a", "b", "c"], in: directory)
+        for path in paths {
+            #expect(try shoal("sql", "--db", path, "CREATE TABLE notes(id TEXT PRIMARY KEY, body TEXT)").status == 0)
+            #expect(try shoal("replicate", "--db", path, "notes").status == 0)
+        }
         let nodes = try await serveChain(paths)
         defer { for node in nodes { node.stop() } }
         let (a, b, c) = (paths[0], paths[1], paths[2])
         for (index, path) in paths.enumerated() {
             #expect(try shoal("sql", "--db", path, "INSERT INTO kv VALUES ('before-\(index)', \(index))").status == 0)
         }
+        // b's and c's apps keep writing every table, through their own sqlite3 connections, before, during and after
+        // a's app update.
+        func bAndCWrite(_ round: Int) throws {
+            for (path, name) in [(b, "b"), (c, "c")] {
+                let sql = "INSERT INTO notes VALUES ('\(name)-\(round)', 'round \(round)'); "
+                    + "UPDATE kv SET v = \(round) WHERE k = 'before-\(name == "b" ? 1 : 2)'"
+                #expect(try sqlite3Shell(path, sql).status == 0)
+            }
+        }
+        for round in 0..<4 { try bAndCWrite(round) }
         // a's app update adds a column and writes it; b and c keep writing the columns they have.
         let alter = try shoal("sql", "--db", a, "ALTER TABLE kv ADD COLUMN colour TEXT DEFAULT 'grey'")
         #expect(alter.status == 0, "\(alter.stderr)")
         #expect(try shoal("sql", "--db", a, "INSERT INTO kv VALUES ('from-a', 1, 'red')").status == 0)
         #expect(try shoal("sql", "--db", b, "INSERT INTO kv(k, v) VALUES ('from-b', 2)").status == 0)
         #expect(try shoal("sql", "--db", c, "UPDATE kv SET v = 30 WHERE k = 'before-0'").status == 0)
+        for round in 4..<8 { try bAndCWrite(round) }
         // c's column comes from the sqlite3 shell, behind Shoal's back, once b's row reached c (through b).
         let reached = try await waitUntil(within: 30, checkingEvery: 100) {
             try sqlite3Shell(c, "SELECT count(*) FROM kv WHERE k = 'from-b'").stdout == "1\n"
@@ -78,7 +93,9 @@ private func serveChain(_ paths: [String], options: [String: [String]] = [:]) as
         let converged = try await waitUntil(within: 60, checkingEvery: 200) {
             let all = try paths.map(contents)
             let columns = try paths.map { try SQLiteConnection(path: $0).rows("SELECT name FROM pragma_table_info('kv')") }
+            let notes = try paths.map { try sqlite3Shell($0, "SELECT count(*) FROM notes").stdout }
             return all.allSatisfy { $0 == all[0] } && columns.allSatisfy { $0.count == 4 }
+                && notes.allSatisfy { $0 == "16\n" }
         }
         let described = try paths.map { "\($0): \(try contents($0))" }.joined(separator: "\n")
         #expect(converged, "\(described)\n\(nodes.map(\.output))")
