@@ -26,7 +26,7 @@ public struct RelayServerConfiguration: Sendable {
     /// The largest change set accepted (413 beyond).
     public var maximumEnvelopeBytes = RelayAPI.defaultMaximumEnvelopeBytes
     /// Requests per second each token may make, on average (429 beyond); bursts of twice as many pass.
-    public var requestsPerSecond = 200
+    public var requestsPerSecond = 1_000
     /// The byte budget of a pull's page, at most.
     public var maximumPageBytes = 16 * 1024 * 1024
     /// Open connections at most (the ones beyond wait in the listen backlog); kept under the process's limit of

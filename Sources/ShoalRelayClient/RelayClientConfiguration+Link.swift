@@ -49,7 +49,8 @@ extension RelayClientConfiguration {
             site: site,
             cluster: clusterID,
             backoff: backoff,
-            blockMilliseconds: Self.blockedSiteMilliseconds
+            blockMilliseconds: Self.blockedSiteMilliseconds,
+            spacingMilliseconds: minimumRequestSpacingMilliseconds
         )
     }
 

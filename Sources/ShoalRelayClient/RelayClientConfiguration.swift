@@ -38,6 +38,11 @@ public struct RelayClientConfiguration: Sendable {
     /// itself), a node that holds everything the relay holds uploads a new snapshot; the relay then drops what it
     /// covers, after its retention.
     public var snapshotMinimumBytes: Int64 = 8 * 1024 * 1024
+    /// While writes keep coming, uploads start at most this often, and pulls that brought change sets follow one
+    /// another at most this often: what a busy moment writes goes up in one request, so a member makes at most about
+    /// 100 uploads and 100 pulls a second however fast its app writes (the relay limits each cluster's token, see
+    /// `shoal relay serve --rate-limit`). A write after a quiet moment goes up at once. 0: no pacing.
+    public var minimumRequestSpacingMilliseconds: UInt64 = 10
     /// How long a pull waits at the relay for new change sets (long-poll).
     public var waitMilliseconds = 25_000
     /// Retries after failures: exponential with jitter between these bounds.

@@ -20,6 +20,10 @@ extension RelayLink {
             return link.state.withLock { $0.credentials.seal }
         }
 
+        func relayServed(_ served: VersionVector) {
+            link.state.withLock { $0.served.merge(served) }
+        }
+
         func apply(
             _ batch: ChangeBatch,
             received: [SiteID: UInt64]

@@ -12,7 +12,10 @@ extension RelayLink {
     func pushLoop(_ api: RelayAPIClient) async throws {
         let clock = configuration.clock
         var signals = pushSignals.makeAsyncIterator()
-        var session = RelayUploadSession(backoff: configuration.backoff)
+        var session = RelayUploadSession(
+            backoff: configuration.backoff,
+            spacingMilliseconds: configuration.minimumRequestSpacingMilliseconds
+        )
         var backoff = configuration.backoff
         var random = SystemRandomNumberGenerator()
         var due = true
@@ -21,6 +24,11 @@ extension RelayLink {
                 guard await signals.next() != nil else { return }
             }
             due = false
+            let pause = session.pause(now: clock.monotonicMilliseconds())
+            if pause > 0 {
+                // The signals that come meanwhile are one (the stream keeps the newest): this pass takes them all.
+                do { try await Task.sleep(for: .milliseconds(pause)) } catch { return }
+            }
             let stale = state.withLock { $0.takeHeadsStale() }
             do throws(RelayCallError) {
                 try await epochs(.grantsIfNeeded, api)
@@ -74,6 +82,9 @@ extension RelayLink {
     /// Uploads every transaction the relay's `heads` lack; `false` when the relay's heads moved under it.
     func pushOnce(_ api: RelayAPIClient, heads: inout VersionVector) async throws(RelayCallError) -> Bool {
         let held = try await local { () throws(ShoalError) in try await node.store.servableVector() }
+        // What the relay served this node since its heads were read, it holds: not sent back. Read after what the node
+        // holds: a range is told served before its apply commits, so whatever `held` has of it is here too.
+        heads.merge(state.withLock { $0.served })
         await noteLacking(held: held, heads: heads)
         guard held.advances(heads) else { return true }
         let started = ContinuousClock.now

@@ -62,6 +62,10 @@ struct RelayLinkState: Sendable {
     /// The relay failed to answer: it may come back having lost or rolled back its storage, so the uploader reads its
     /// heads again (and uploads what it lacks) rather than at its next change or periodic check.
     var headsStale = false
+    /// Per site, the end of the ranges the relay served this node since its heads were last read (the pull driver adds
+    /// them before it applies them, ``RelayPullEndpoint/relayServed(_:)``): the relay holds them, so the uploader does not send them back. A
+    /// rollback of the relay after them is found as any other (``headsStale``), and the heads read again clear them.
+    var served = VersionVector()
 
     init(bases: [String], configuredToken: String, credentials: Credentials, pieceBytes: Int, requestBytes: Int) {
         self.bases = bases
@@ -147,8 +151,9 @@ struct RelayLinkState: Sendable {
 
     // MARK: Heads and snapshots
 
-    /// The relay's heads were read: what they say of its sizes is kept.
+    /// The relay's heads were read: what they say of its sizes is kept, and what it served before them is in them.
     mutating func read(_ heads: RelayHeads) {
+        served = VersionVector()
         uncoveredBytes = heads.uncoveredBytes ?? 0
         snapshotBytes = heads.snapshot?.bytes ?? 0
     }

@@ -11,6 +11,9 @@ protocol RelayPullEndpoint {
     mutating func held() async throws(RelayCallError) -> VersionVector
     /// The seal to open a chunk sealed with `epoch` (when no epoch held here is `epoch`, its grant is fetched first).
     mutating func seal(opening epoch: UInt32) async throws(RelayCallError) -> RelaySeal
+    /// The ends of ranges the relay just served whole (``RelayPullSession/takeServed()``), told before they are
+    /// applied: the apply's commit wakes the uploader, which must not send them back.
+    mutating func relayServed(_ served: VersionVector)
     /// Applies `batch` through the node's store in one transaction (``RelayLink/apply(_:received:)``): the changes
     /// applied, what the node holds after (the claim the store took: the session counts a range's claim no further),
     /// and `received` with the batch's highest seqs added.
@@ -66,6 +69,8 @@ enum RelayPullDriver {
         guard case .apply(let batch, let received) = session.opened(envelope, plaintext: plaintext, now: now) else {
             return 0
         }
+        let served = session.takeServed()
+        if !served.isEmpty { endpoint.relayServed(served) }
         let result = try await endpoint.apply(batch, received: received)
         session.applied(envelope, received: result.received, held: result.held)
         return result.applied

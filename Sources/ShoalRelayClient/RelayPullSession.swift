@@ -115,17 +115,33 @@ public struct RelayPullSession: Sendable {
     public private(set) var headsDue = false
     /// The wait the page being read was asked with, as configured.
     private var wait = 0
+    /// How long the page being read took to come back.
+    private var elapsed: UInt64 = 0
+    /// Pulls that brought change sets follow one another at most this often (milliseconds; see
+    /// ``RelayClientConfiguration/minimumRequestSpacingMilliseconds``).
+    let spacingMilliseconds: UInt64
+    /// Per site, the end of the ranges the relay served whole (opened, handed over to be applied) since
+    /// ``takeServed()`` last took them: the relay holds them, so the uploader need not send them back.
+    private var served = VersionVector()
 
     /// The longest encoded change batch a sealed change set may hold once inflated: a value of the maximum size (a batch
     /// cut by bytes still holds a whole change) and a frame's worth of other changes.
     public static let maximumBatchBytes = WireProtocol.maximumValueBytes + WireProtocol.defaultMaximumFrameLength
 
     /// A session for `site` of `cluster`; `backoff` paces pulls after pages that moved nothing.
-    public init(site: SiteID, cluster: String, backoff: Backoff, blockMilliseconds: UInt64 = 60_000) {
+    /// `spacingMilliseconds` paces pulls that brought change sets.
+    public init(
+        site: SiteID,
+        cluster: String,
+        backoff: Backoff,
+        blockMilliseconds: UInt64 = 60_000,
+        spacingMilliseconds: UInt64 = 0
+    ) {
         self.site = site
         self.cluster = cluster
         self.backoff = backoff
         self.blockMilliseconds = blockMilliseconds
+        self.spacingMilliseconds = spacingMilliseconds
     }
 
     // MARK: Pages
@@ -163,7 +179,15 @@ public struct RelayPullSession: Sendable {
     /// its wait was up, the relay answered its waiting pulls as it shut down (it may come back restored from an older
     /// copy, with no request failing) or woke for an upload with nothing for this node: its heads are read first.
     public mutating func answered(chunks: Int, after elapsed: UInt64) {
+        self.elapsed = elapsed
         if chunks == 0, elapsed < UInt64(wait / 2) { headsDue = true }
+    }
+
+    /// Takes the ends of the ranges the relay served whole since the last call: the relay holds them (its uploader
+    /// need not send them back), as of now.
+    public mutating func takeServed() -> VersionVector {
+        defer { served = VersionVector() }
+        return served
     }
 
     /// The relay's heads, read because ``headsDue``, and what the node holds: true when the relay lacks some of it
@@ -323,6 +347,8 @@ public struct RelayPullSession: Sendable {
                 ending[site] = PendingClaim(to: envelope.to, received: 0, requires: requires)
             }
         }
+        // The relay served the range whole: it holds it, whatever the apply makes of it.
+        if envelope.endsRange { served.advance(site, to: envelope.to) }
         return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: received[site].map { [site: $0] } ?? [:])
     }
 
@@ -403,7 +429,8 @@ public struct RelayPullSession: Sendable {
     }
 
     /// Whether the next pull goes at once (nil) or after a wait, in milliseconds: a page that moved nothing (replayed,
-    /// misfiled or refused chunks only) would be answered the same way at once.
+    /// misfiled or refused chunks only) would be answered the same way at once; one that brought change sets is
+    /// followed no sooner than ``spacingMilliseconds`` after it was asked.
     public mutating func pageEnded() -> UInt64? {
         defer { skipped = [] }
         // The relay serves sites in order: a resume point it passed by (or an empty page) names a range it no longer
@@ -415,7 +442,10 @@ public struct RelayPullSession: Sendable {
             return backoff.next()
         }
         backoff.reset()
-        return nil
+        // A page that brought change sets: the next pull follows it no sooner than the spacing after this one was
+        // asked, so what a busy writer uploads meanwhile comes in one page.
+        guard pageEntries > 0, elapsed < spacingMilliseconds else { return nil }
+        return spacingMilliseconds - elapsed
     }
 
     /// A pull failed: ranges under way start again from their first chunk, and the relay's heads are read first (the
@@ -423,6 +453,7 @@ public struct RelayPullSession: Sendable {
     /// pulls that follow).
     public mutating func failed() {
         headsDue = true
+        served = VersionVector()
         // Claims whose apply failed wait again.
         for (site, claim) in claiming { pending[site] = merged(pending[site], claim) }
         claiming = [:]

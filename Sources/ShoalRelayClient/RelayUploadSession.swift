@@ -42,6 +42,10 @@ struct RelayUploadSession: Sendable {
 
     /// How long heads read stay good while nothing fails.
     let headsRefreshMilliseconds: UInt64
+    /// Passes start at most this often (milliseconds; see ``RelayClientConfiguration/minimumRequestSpacingMilliseconds``).
+    let spacingMilliseconds: UInt64
+    /// When the last pass started.
+    private var passStartedMs: UInt64?
     /// The relay's heads as last read (nil: read them before the next upload).
     private(set) var heads: VersionVector?
     /// The heads as last known, kept across failures: what the relay lacks is counted against them meanwhile.
@@ -51,13 +55,22 @@ struct RelayUploadSession: Sendable {
     private var backoff: Backoff
     private var phase = Phase.idle
 
-    init(backoff: Backoff, headsRefreshMilliseconds: UInt64 = 30_000) {
+    init(backoff: Backoff, headsRefreshMilliseconds: UInt64 = 30_000, spacingMilliseconds: UInt64 = 0) {
         self.backoff = backoff
         self.headsRefreshMilliseconds = headsRefreshMilliseconds
+        self.spacingMilliseconds = spacingMilliseconds
+    }
+
+    /// How long to wait before the next pass may start: the spacing since the last one started, so the changes of a
+    /// busy moment (each wakes the uploader) go up together. 0 after a quiet moment: a lone write goes up at once.
+    func pause(now: UInt64) -> UInt64 {
+        guard let passStartedMs, now &- passStartedMs < spacingMilliseconds else { return 0 }
+        return spacingMilliseconds - (now &- passStartedMs)
     }
 
     /// The first step of a pass; `stale`: the relay failed to answer since, and may have come back with less.
     mutating func start(now: UInt64, stale: Bool) -> Step {
+        passStartedMs = now
         if stale { heads = nil }
         guard let heads, now &- headsReadMs <= headsRefreshMilliseconds else {
             phase = .headsForUpload

@@ -78,7 +78,7 @@ extension ShoalCommand.Relay {
         @Option(help: "Largest change set accepted, in bytes (413 beyond).")
         var maxChangesetBytes = RelayAPI.defaultMaximumEnvelopeBytes
         @Option(help: "Requests a second each token may make on average (429 beyond; bursts of twice as many).")
-        var rateLimit = 200
+        var rateLimit = 1_000
         @Option(help: "Open connections at most (kept under the limit of open files, raised to its hard limit).")
         var maxConnections = 10_000
         @Option(help: "Bytes of pull answers held at once across all connections (a pull beyond gets 503).")

@@ -4,6 +4,8 @@ import NIOCore
 import ShoalTestSupport
 import Testing
 
+@testable import ShoalStore
+
 /// One sample of a Prometheus text exposition: its name, labels and value.
 struct MetricSample {
     var name: String
@@ -271,5 +273,45 @@ extension RelayProcessTests {
             timeout: .seconds(10)
         )
         #expect(response.status.code == 404)
+    }
+
+    /// An app writing fast (300 commits in about a second, on its own connection) beside a node that syncs only
+    /// through a relay: the node's uploads and its peer's pulls are paced, so the relay (limited here to 100 requests
+    /// a second, bursts of 200) never refuses one (429, which would hold the cluster up for a second), and the peer
+    /// never sends back what it pulled (every change set that came in was new). Both files end with the same rows,
+    /// read with plain SQLite.
+    @Test func aBusyWriterNeitherFloodsTheRelayNorHasItsChangesSentBack() async throws {
+        let world = try await RelayWorld(
+            "busy-writer", nodes: ["a", "b"], relayArguments: ["--metrics", "--rate-limit", "100"]
+        )
+        defer { world.tearDown() }
+        try await world.serve("a")
+        try await world.serve("b")
+        let writes = 300
+        let path = world.paths["a"]!
+        try await offPool {
+            let app = try SQLiteConnection(path: path)
+            try app.exec("PRAGMA busy_timeout = 30000")
+            for index in 0..<writes {
+                _ = try app.rows("INSERT INTO kv VALUES (?, ?)", [.text("key \(index)"), .integer(Int64(index))])
+                usleep(3_000)  // the app's pace: about 300 commits a second, each its own
+            }
+        }
+        #expect(try await world.converge(["a", "b"]), "\(world.outputs)")
+        let same = try await offPool {
+            let a = try SQLiteConnection(path: world.paths["a"]!).applicationTableContents()
+            return (a == (try SQLiteConnection(path: world.paths["b"]!).applicationTableContents()), a["kv"]?.count)
+        }
+        #expect(same.0 && same.1 == writes, "\(same)")
+
+        let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup)
+        defer { _ = client.shutdown() }
+        let metrics = try #require(try await scrape(client, world.relayURL + "/metrics"))
+        let refused = metrics.samples("shoal_relay_requests_total").filter { $0.labels["status"] == "429" }
+        let requests = metrics.samples("shoal_relay_requests_total").reduce(0) { $0 + $1.value }
+        #expect(refused.isEmpty, "the relay refused requests (\(requests) in all):\n\(metrics.text)\n\(world.outputs)")
+        let received = try #require(metrics.value("shoal_relay_changesets_total", ["direction": "in"]))
+        let stored = try #require(metrics.value("shoal_relay_changesets_stored_total"))
+        #expect(received >= 1 && received == stored, "change sets in: \(received), stored: \(stored)")
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import ShoalCore
+import ShoalProtocol
 import ShoalRelayProtocol
 import ShoalTestSupport
 import Testing
@@ -77,5 +78,55 @@ import Testing
         #expect(session.headsDue)
         let holding = session.headsRead(VersionVector([site: 5]), held: VersionVector([site: 5]))
         #expect(!holding && !session.headsDue)
+    }
+
+    /// However fast the app writes, pulls that bring change sets follow one another no sooner than the spacing after
+    /// the last was asked (what a busy writer uploads meanwhile comes in one page); a long-poll that waited that long
+    /// goes again at once. And the ranges the relay served are handed to the uploader once each, so it never sends
+    /// them back; a failure forgets them (the relay may come back with less).
+    @Test func pullsThatBringChangeSetsArePacedAndWhatTheRelayServedIsNotSentBack() throws {
+        let writer = SiteID(high: 2, low: 2)
+        let seal = RelaySeal(clusterSecret: Array(repeating: 7, count: 32))
+        var chunker = RelayChunker(cluster: "c", seal: seal, heads: VersionVector(), pieceBytes: 1 << 20)
+        let change = Change(
+            table: "kv", primaryKey: [.integer(1)], payload: .column("v", .integer(1)), causalLength: 1,
+            stamp: Stamp(hlc: HLC(rawValue: 1 << 16), site: writer, seq: 1)
+        )
+        let envelopes = try chunker.envelopes(for: ChangeBatch(changes: [change], claim: VersionVector([writer: 1])))
+        #expect(envelopes.count == 1 && envelopes[0].endsRange)
+        var session = RelayPullSession(
+            site: SiteID(high: 9, low: 9), cluster: "c",
+            backoff: Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000, jitter: 1...1),
+            spacingMilliseconds: 10
+        )
+        _ = session.request(held: VersionVector(), now: 0, wait: 25_000, maximumBytes: 1 << 20)
+        session.answered(chunks: 1, after: 3)
+        #expect(session.check(envelopes[0], now: 0) == .open)
+        let piece = session.opened(
+            envelopes[0], plaintext: Result { () throws(ShoalError) in try seal.open(envelopes[0]) }, now: 0
+        )
+        guard case .apply(_, let received) = piece else {
+            Issue.record("the change set was not handed over: \(piece)")
+            return
+        }
+        // Served whole: told before it is applied (the apply's commit wakes the uploader), once.
+        #expect(session.takeServed() == VersionVector([writer: 1]))
+        #expect(session.takeServed().isEmpty)
+        session.applied(envelopes[0], received: received, held: VersionVector([writer: 1]))
+        // Asked 3 ms ago: the next pull waits the other 7.
+        #expect(session.pageEnded() == 7)
+        // A page that came back after the spacing, or one that brought nothing, is followed at once.
+        _ = session.request(held: VersionVector([writer: 1]), now: 30, wait: 25_000, maximumBytes: 1 << 20)
+        session.answered(chunks: 0, after: 25_000)
+        #expect(session.pageEnded() == nil)
+        // Served, then failed before it was taken: forgotten.
+        var again = RelayPullSession(
+            site: SiteID(high: 9, low: 9), cluster: "c", backoff: Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000)
+        )
+        _ = again.request(held: VersionVector(), now: 40, wait: 25_000, maximumBytes: 1 << 20)
+        #expect(again.check(envelopes[0], now: 40) == .open)
+        _ = again.opened(envelopes[0], plaintext: Result { () throws(ShoalError) in try seal.open(envelopes[0]) }, now: 40)
+        again.failed()
+        #expect(again.takeServed().isEmpty)
     }
 }

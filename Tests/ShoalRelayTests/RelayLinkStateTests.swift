@@ -147,6 +147,21 @@ import Testing
         #expect(session.start(now: 40_003, stale: false) == .readHeads && session.lastHeads == heads(7))
     }
 
+    /// Every change wakes the uploader; while changes keep coming, a pass starts no sooner than the spacing after the
+    /// last one started, so a busy moment's changes go up in one request. After a quiet moment, at once.
+    @Test func theUploaderStartsPassesNoCloserThanTheSpacing() {
+        var session = RelayUploadSession(backoff: backoff(), headsRefreshMilliseconds: 30_000, spacingMilliseconds: 20)
+        #expect(session.pause(now: 1_000) == 0)
+        #expect(session.start(now: 1_000, stale: false) == .readHeads)
+        #expect(session.pause(now: 1_004) == 16)
+        #expect(session.pause(now: 1_019) == 1)
+        #expect(session.pause(now: 1_020) == 0)
+        #expect(session.pause(now: 5_000) == 0)
+        var unpaced = RelayUploadSession(backoff: backoff())
+        _ = unpaced.start(now: 1_000, stale: false)
+        #expect(unpaced.pause(now: 1_000) == 0)
+    }
+
     /// A pass in order: heads, upload, whether a snapshot is due; if so the heads again (another node may have just
     /// uploaded one), whether it is still due with those, and only then the snapshot.
     @Test func aSnapshotGoesUpOnlyAfterAWholeUploadAndAFreshReadOfTheHeadsThatStillCallForIt() {

@@ -275,6 +275,13 @@ struct ModelPuller: RelayPullEndpoint {
 
     func seal(opening epoch: UInt32) -> RelaySeal { seal }
 
+    /// The relay can hold no range beyond what was written.
+    func relayServed(_ served: VersionVector) {
+        for (site, seq) in served.entries {
+            #expect(writes.contains { $0.stamp.site == site && $0.stamp.seq >= seq }, "served \(served)")
+        }
+    }
+
     mutating func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
