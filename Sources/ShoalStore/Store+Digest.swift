@@ -518,10 +518,12 @@ extension Store {
     ///
     /// `settlingDigest: false` leaves the digest as last folded when rows changed since (see
     /// ``StoreStatus/digestIsCurrent``): folding a catch-up's million rows takes the write lock for seconds, which a
-    /// status read beside a running node must not do (the node folds them a slice at a time).
+    /// status read beside a running node must not do (the node folds them a slice at a time). Nor does it capture
+    /// other connections' writes then (the node does, at once): such a read takes no write lock at all, so it never
+    /// waits behind the node's transactions.
     public func status(settlingDigest: Bool = true) throws(ShoalError) -> StoreStatus {
         try refreshSchema()
-        try captureForeignWritesIfIdle()
+        if settlingDigest { try captureForeignWritesIfIdle() }
         var tables: [TableStatus] = []
         for table in capture.tables {
             let rows = Int(try connection.scalar("SELECT count(*) FROM \(quote(table.name))").integerValue ?? 0)

@@ -224,7 +224,34 @@ public final class Store {
         }
     }
 
+    /// The metadata tables every Shoal database has from its first open.
+    static let metadataTables = [
+        "shoal_meta", "shoal_sites", "shoal_tables", "shoal_shapes", "shoal_digest", "shoal_row_hashes",
+        "shoal_digest_pending", "shoal_claims", "shoal_fences", "shoal_held", "shoal_log", "shoal_peers",
+        "shoal_conflicts",
+    ]
+
+    /// The site of a database that already has all its metadata (and the node name asked for, if one was), read
+    /// without the write lock; nil when something must be created or recorded.
+    private static func existingMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID? {
+        let names = metadataTables.map { "'\($0)'" }.joined(separator: ", ")
+        let present = try connection.scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (\(names))")
+        guard present.integerValue == Int64(metadataTables.count),
+            case .blob(let bytes) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'site_id'"),
+            let site = SiteID(bytes: bytes)
+        else { return nil }
+        if let nodeName {
+            guard try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'node_name'") == .text(nodeName) else {
+                return nil
+            }
+        }
+        return site
+    }
+
     private static func createMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID {
+        // Read first: opening a database that has everything (`shoal status` beside a node in a catch-up, say) never
+        // waits for the write lock.
+        if let site = try existingMetadata(connection, nodeName: nodeName) { return site }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
             try connection.exec(

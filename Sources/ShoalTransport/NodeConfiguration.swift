@@ -218,11 +218,30 @@ public struct CatchUpProgress: Sendable, Hashable {
     public var remaining: UInt64
     /// Milliseconds since the round began.
     public var milliseconds: UInt64
+    /// Changes applied per second lately: an exponential average over about ``smoothingSeconds`` of the reports
+    /// (0 before a second report).
+    public var recentRate: Double = 0
+
+    /// The time constant of ``recentRate``.
+    public static let smoothingSeconds = 3.0
+    /// No ETA before the catch-up has run this long: its first batches say little of its pace.
+    public static let settlingMilliseconds: UInt64 = 2_000
+
+    /// A catch-up's progress as its round reports it (``recentRate`` is the peer directory's).
+    public init(changes: Int, remaining: UInt64, milliseconds: UInt64) {
+        self.changes = changes
+        self.remaining = remaining
+        self.milliseconds = milliseconds
+    }
 
     /// Changes applied per second so far.
     public var rate: Double { milliseconds > 0 ? Double(changes) * 1_000 / Double(milliseconds) : 0 }
-    /// Seconds left at the rate so far (nil before there is a rate).
-    public var secondsLeft: Double? { rate > 0 ? Double(remaining) / rate : nil }
+    /// Seconds left at the recent rate (nil before the catch-up has settled into a pace).
+    public var secondsLeft: Double? {
+        guard milliseconds >= Self.settlingMilliseconds else { return nil }
+        let pace = recentRate > 0 ? recentRate : rate
+        return pace > 0 ? Double(remaining) / pace : nil
+    }
 }
 
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.

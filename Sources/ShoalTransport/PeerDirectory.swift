@@ -1,3 +1,4 @@
+import Foundation
 import ShoalCore
 import ShoalProtocol
 
@@ -182,13 +183,22 @@ struct PeerDirectory {
         peers[site]?.lastError = reason
     }
 
-    /// Records a finished pull from `site` that took `milliseconds`, at wall time `now`. Returns whether a failure
-    /// ended with it.
-    /// Records how far a catch-up from `site` got.
+    /// Records how far a catch-up from `site` got, with its recent rate: smoothed over the last few seconds
+    /// (``CatchUpProgress/recentRate``), so an ETA follows a catch-up that slows as the table grows.
     mutating func progress(_ site: SiteID, _ progress: CatchUpProgress) {
+        var progress = progress
+        if let last = peers[site]?.catchUp, progress.milliseconds > last.milliseconds, progress.changes >= last.changes {
+            let seconds = Double(progress.milliseconds - last.milliseconds) / 1_000
+            let rate = Double(progress.changes - last.changes) / seconds
+            // An exponential average with a 3-second time constant, whatever the spacing of the reports.
+            let weight = 1 - exp(-seconds / CatchUpProgress.smoothingSeconds)
+            progress.recentRate = last.recentRate > 0 ? last.recentRate + weight * (rate - last.recentRate) : rate
+        }
         peers[site]?.catchUp = progress
     }
 
+    /// Records a finished pull from `site` that took `milliseconds`, at wall time `now`. Returns whether a failure
+    /// ended with it.
     mutating func roundFinished(_ site: SiteID, milliseconds: UInt64, now: UInt64) -> Bool {
         peers[site]?.catchUp = nil
         peers[site]?.lastSuccessfulSync = now

@@ -33,6 +33,27 @@ private func hello(_ site: SiteID, name: String = "b", listenPort: UInt16 = 7_40
         #expect(!directory.isConnected(siteB))
     }
 
+    /// A catch-up's ETA follows its recent pace, not its average since the start: a catch-up that slowed to a
+    /// quarter of its first pace shows an ETA near the truth at the new pace; none before it settled (2 s).
+    @Test func aCatchUpsETAFollowsItsRecentPace() {
+        var directory = PeerDirectory()
+        directory.learnSite(siteB, at: configured)
+        _ = directory.connected(hello(siteB), address: "127.0.0.1:7401", dialed: true, remoteIP: "127.0.0.1")
+        // 10,000 changes a second for 4 s, then 2,500 a second for 12 s; 100,000 left then.
+        var changes = 0
+        for second in 1...16 {
+            changes += second <= 4 ? 10_000 : 2_500
+            let remaining = UInt64(max(0, 160_000 - changes))
+            directory.progress(siteB, CatchUpProgress(changes: changes, remaining: remaining, milliseconds: UInt64(second) * 1_000))
+            if second == 1 { #expect(directory.statuses()[0].catchUp?.secondsLeft == nil) }
+        }
+        let progress = directory.statuses()[0].catchUp
+        let left = progress?.secondsLeft ?? 0
+        // At 2,500 a second, 90,000 changes take 36 s; the average since the start (4,375 a second) would say 20.6.
+        #expect(left > 33 && left < 40, "ETA \(left) s; recent rate \(progress?.recentRate ?? 0)")
+        #expect(abs((progress?.rate ?? 0) - 4_375) < 1)
+    }
+
     @Test func theSameSightingTwiceChangesNothing() {
         var directory = PeerDirectory()
         let candidate = PeerCandidate(siteID: siteB, name: "b", address: configured, origin: .mdns)
