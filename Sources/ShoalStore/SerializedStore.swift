@@ -316,14 +316,18 @@ public actor SerializedStore {
     package static let digestSliceRows = 2_000
 
     /// Brings the digest up to date if it is stale, the last refresh is at least `interval` ms old, and the data
-    /// has been quiet for `quiet` ms, folding in changed rows a slice at a time.
+    /// has been quiet for `quiet` ms, folding in changed rows a slice at a time. Not while an answer to a peer is
+    /// being read (an open delta cursor): folding a bulk import's rows would halve what a catching-up peer gets; the
+    /// fold goes on once the answer is sent.
     package func refreshDigest(
         minimumIntervalMilliseconds interval: UInt64,
         quietMilliseconds quiet: UInt64,
         now: UInt64
     ) throws(ShoalError) -> DigestRefresh {
         if let current = currentDigest() { return .ready(current) }
-        guard now >= digestComputedAt + interval, now >= lastChangeAt + quiet else { return .notDue }
+        guard now >= digestComputedAt + interval, now >= lastChangeAt + quiet, store.openCursors.count == 0 else {
+            return .notDue
+        }
         let version = stateVersion
         guard try store.settleDigest(maxRows: Self.digestSliceRows) else { return .inProgress }
         let digest = try store.digest()

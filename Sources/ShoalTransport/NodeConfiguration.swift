@@ -218,14 +218,19 @@ public struct CatchUpProgress: Sendable, Hashable {
     public var remaining: UInt64
     /// Milliseconds since the round began.
     public var milliseconds: UInt64
-    /// Changes applied per second lately: an exponential average over about ``smoothingSeconds`` of the reports
-    /// (0 before a second report).
+    /// Changes applied per second over the reports of the last ``windowMilliseconds`` (0 until the reports span a
+    /// second).
     public var recentRate: Double = 0
+    /// One report of the round: when (milliseconds since it began) and how many changes were applied by then.
+    struct Report: Sendable, Hashable {
+        var milliseconds: UInt64
+        var changes: Int
+    }
+    /// The reports of the last ``windowMilliseconds``, for ``recentRate``.
+    var reports: [Report] = []
 
-    /// The time constant of ``recentRate``.
-    public static let smoothingSeconds = 3.0
-    /// No ETA before the catch-up has run this long: its first batches say little of its pace.
-    public static let settlingMilliseconds: UInt64 = 2_000
+    /// How far back ``recentRate`` looks.
+    public static let windowMilliseconds: UInt64 = 3_000
 
     /// A catch-up's progress as its round reports it (``recentRate`` is the peer directory's).
     public init(changes: Int, remaining: UInt64, milliseconds: UInt64) {
@@ -236,12 +241,8 @@ public struct CatchUpProgress: Sendable, Hashable {
 
     /// Changes applied per second so far.
     public var rate: Double { milliseconds > 0 ? Double(changes) * 1_000 / Double(milliseconds) : 0 }
-    /// Seconds left at the recent rate (nil before the catch-up has settled into a pace).
-    public var secondsLeft: Double? {
-        guard milliseconds >= Self.settlingMilliseconds else { return nil }
-        let pace = recentRate > 0 ? recentRate : rate
-        return pace > 0 ? Double(remaining) / pace : nil
-    }
+    /// Seconds left at the recent rate (nil before there is one).
+    public var secondsLeft: Double? { recentRate > 0 ? Double(remaining) / recentRate : nil }
 }
 
 /// A configured peer (`--peer`) the node has never reached, so its site id is not known yet.

@@ -183,16 +183,23 @@ struct PeerDirectory {
         peers[site]?.lastError = reason
     }
 
-    /// Records how far a catch-up from `site` got, with its recent rate: smoothed over the last few seconds
-    /// (``CatchUpProgress/recentRate``), so an ETA follows a catch-up that slows as the table grows.
+    /// Records how far a catch-up from `site` got, with its recent rate (``CatchUpProgress/recentRate``): over the
+    /// reports of the last few seconds, so an ETA follows a catch-up whose pace changes, and not before the reports
+    /// span a second (the wait for the first batch and the first batches' pace say little of the rest).
     mutating func progress(_ site: SiteID, _ progress: CatchUpProgress) {
         var progress = progress
-        if let last = peers[site]?.catchUp, progress.milliseconds > last.milliseconds, progress.changes >= last.changes {
-            let seconds = Double(progress.milliseconds - last.milliseconds) / 1_000
-            let rate = Double(progress.changes - last.changes) / seconds
-            // An exponential average with a 3-second time constant, whatever the spacing of the reports.
-            let weight = 1 - exp(-seconds / CatchUpProgress.smoothingSeconds)
-            progress.recentRate = last.recentRate > 0 ? last.recentRate + weight * (rate - last.recentRate) : rate
+        if let last = peers[site]?.catchUp, progress.milliseconds >= last.milliseconds, progress.changes >= last.changes {
+            progress.reports = last.reports
+        }
+        progress.reports.append(CatchUpProgress.Report(milliseconds: progress.milliseconds, changes: progress.changes))
+        let window = CatchUpProgress.windowMilliseconds
+        let windowStart = progress.milliseconds > window ? progress.milliseconds - window : 0
+        while progress.reports.count > 2, progress.reports[1].milliseconds <= windowStart {
+            progress.reports.removeFirst()
+        }
+        if let first = progress.reports.first, progress.milliseconds - first.milliseconds >= 1_000 {
+            progress.recentRate =
+                Double(progress.changes - first.changes) * 1_000 / Double(progress.milliseconds - first.milliseconds)
         }
         peers[site]?.catchUp = progress
     }

@@ -33,8 +33,9 @@ private func hello(_ site: SiteID, name: String = "b", listenPort: UInt16 = 7_40
         #expect(!directory.isConnected(siteB))
     }
 
-    /// A catch-up's ETA follows its recent pace, not its average since the start: a catch-up that slowed to a
-    /// quarter of its first pace shows an ETA near the truth at the new pace; none before it settled (2 s).
+    /// A catch-up's ETA follows its recent pace (the last 3 s of reports), not its average since the start: a
+    /// catch-up that slowed to a quarter of its first pace shows the ETA of the new pace; none before the reports
+    /// span a second.
     @Test func aCatchUpsETAFollowsItsRecentPace() {
         var directory = PeerDirectory()
         directory.learnSite(siteB, at: configured)
