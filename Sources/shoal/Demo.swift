@@ -23,23 +23,7 @@ extension ShoalCommand {
         @Option(help: "Writes per node.") var writes = 200
         @Option(help: "Folder for the databases (default: a new temporary folder).") var dir: String?
         @Option(help: "Seconds to wait for convergence.") var timeout: Double = 30
-        @Option(
-            help: ArgumentHelp(
-                "Serve a live web dashboard at http://HOST:PORT/ and keep the nodes running after they converge, until interrupted (--dashboard alone: \(Self.defaultDashboard)).",
-                valueName: "HOST:PORT"
-            )
-        )
-        var dashboard: String?
-        @Option(
-            help: ArgumentHelp(
-                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
-                valueName: "TOKEN"
-            )
-        )
-        var dashboardToken: String?
-
-        /// Where `--dashboard` given alone listens.
-        static let defaultDashboard = "127.0.0.1:7480"
+        @OptionGroup var dashboardOptions: DashboardOptions
 
         /// `shoal demo … --dashboard` with no address (last, or before another option) gets the default one: the
         /// argument parser has no options whose value may be left out.
@@ -48,7 +32,7 @@ extension ShoalCommand {
             let next = arguments.index(after: at)
             guard next == arguments.endIndex || arguments[next].hasPrefix("-") else { return arguments }
             var given = arguments
-            given.insert(defaultDashboard, at: next)
+            given.insert(DashboardOptions.defaultAddress, at: next)
             return given
         }
 
@@ -72,18 +56,7 @@ extension ShoalCommand {
             // With the Avahi daemon up, nodes find each other by mDNS (their cluster's hint tells them apart from
             // any other node on this machine); without it, they are wired as a full mesh of static peers. With the
             // dashboard, always the mesh, each link through a proxy the page can cut.
-            let dashboardAddress = try dashboard.map { text throws(ShoalError) in
-                guard let parsed = PeerAddress(parsing: text) else {
-                    throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(text)\"")
-                }
-                return parsed
-            }
-            if let dashboardAddress, !DashboardServer.isLoopback(dashboardAddress.host), (dashboardToken ?? "").isEmpty {
-                throw ShoalError(
-                    code: .invalidArgument,
-                    message: "--dashboard \(dashboardAddress) is not a loopback address: give --dashboard-token too (the page's controls stop nodes and write rows)"
-                )
-            }
+            let dashboardAddress = try dashboardOptions.address(exposing: "the page's controls stop nodes and write rows")
             let mdns = dashboardAddress == nil && Self.mdnsAvailable()
             print(
                 "Shoal demo: \(nodes) nodes in \(directory), mode: "
@@ -107,7 +80,7 @@ extension ShoalCommand {
             // The dashboard: its server, what feeds it, and the demo itself, which then keeps the nodes running
             // until SIGINT or SIGTERM.
             let hub = DashboardHub()
-            let token = dashboardToken
+            let token = dashboardOptions.dashboardToken
             let server = DashboardServer(
                 host: dashboardAddress.host,
                 port: dashboardAddress.port,

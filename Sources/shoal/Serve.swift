@@ -67,20 +67,7 @@ extension ShoalCommand {
         var relayCa: String?
         @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
         var metrics: String?
-        @Option(
-            help: ArgumentHelp(
-                "Serve a live web dashboard of this node and its peers at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token).",
-                valueName: "HOST:PORT"
-            )
-        )
-        var dashboard: String?
-        @Option(
-            help: ArgumentHelp(
-                "A token the dashboard's every request must carry (?token=…); needed to listen beyond loopback.",
-                valueName: "TOKEN"
-            )
-        )
-        var dashboardToken: String?
+        @OptionGroup var dashboardOptions: DashboardOptions
 
         func run() async throws {
             // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
@@ -95,18 +82,9 @@ extension ShoalCommand {
                 }
                 return parsed
             }
-            let dashboardAddress = try dashboard.map { text throws(ShoalError) in
-                guard let parsed = PeerAddress(parsing: text) else {
-                    throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(text)\"")
-                }
-                guard DashboardServer.isLoopback(parsed.host) || !(dashboardToken ?? "").isEmpty else {
-                    throw ShoalError(
-                        code: .invalidArgument,
-                        message: "--dashboard \(text) is not a loopback address: give --dashboard-token too (the page shows the node's peers, tables and conflicting values)"
-                    )
-                }
-                return parsed
-            }
+            let dashboardAddress = try dashboardOptions.address(
+                exposing: "the page shows the node's peers, tables and conflicting values"
+            )
             try database.requireExisting()
             let lock = try ServeLock.acquire(database: database.db)
             defer { withExtendedLifetime(lock) {} }
@@ -162,7 +140,7 @@ extension ShoalCommand {
             )
             let dashboardServices: [ServiceGroupConfiguration.ServiceConfiguration] = dashboardAddress.map { address in
                 let hub = DashboardHub()
-                let token = dashboardToken
+                let token = dashboardOptions.dashboardToken
                 let server = DashboardServer(
                     host: address.host,
                     port: address.port,
