@@ -1,9 +1,9 @@
 import ShoalCore
 
 /// What a node's uploader decides, with no I/O: when the relay's heads must be read (first, after a failure, after
-/// the relay failed to answer, and now and then since another uploader or an operator may move them), what to upload
-/// (everything the heads lack), what to do when another uploader moved the heads under an upload (cut again from the
-/// new heads at once the first time, then with backoff), and in which order a pass goes: heads, upload, whether a
+/// the relay failed to answer, after it refused a range for a gap, and now and then since another uploader or an
+/// operator may move them), what to upload (everything the heads lack), what to do when the heads moved under an
+/// upload (read them and cut again at once the first time, then with backoff), and in which order a pass goes: heads, upload, whether a
 /// snapshot is due, the heads read again (another node may have just uploaded one), whether it is still due, the
 /// snapshot. ``RelayLink`` carries out each step and reports its result, which returns the next; time comes in as
 /// `now` (monotonic milliseconds).
@@ -101,6 +101,10 @@ struct RelayUploadSession: Sendable {
         guard finished else {
             raced += 1
             phase = .idle
+            // The relay refused a range for a gap: its heads are not what they seemed (another uploader moved them,
+            // or it lost or rolled back ranges: what an upload answers only ever raises a head known here, so a head
+            // it lost would be refused again and again). They are read again first.
+            self.heads = nil
             return .again(waitMilliseconds: raced > 1 ? backoff.next(using: &random) : 0)
         }
         raced = 0

@@ -13,9 +13,18 @@ import Glibc
 /// look every `safetyMilliseconds` (a watch that could not be set, a log file that came later). Where inotify is
 /// missing, that look is the poll.
 ///
+/// A write to the files comes before the commit is there to see: the writer makes its commit visible in the log's
+/// index, in shared memory (no file event), after it wrote the log and, with `synchronous = FULL` (SQLite's default),
+/// synced it. So each wake-up is followed by a few more soon after (``followUpMilliseconds``), and a commit is seen
+/// within tens of milliseconds however long its writer takes to sync, not at the next safety look.
+///
 /// The watching runs on a thread of its own, which blocks in `poll(2)` (never on Swift's cooperative pool), and ends
 /// when the stream's consumer goes away.
 final class DatabaseFileWatcher: Sendable {
+    /// After a write to the files, the wake-ups that follow, each this long after the one before (a new write starts
+    /// them again).
+    static let followUpMilliseconds: [Int32] = [2, 8, 32, 128]
+
     private let path: String
     private let safetyMilliseconds: Int32
     private let stopped = Atomic<Bool>(false)
@@ -55,10 +64,13 @@ final class DatabaseFileWatcher: Sendable {
         }
         addWatches()
         var buffer = [UInt8](repeating: 0, count: 4096)
+        var followUp: Int?
         while !stopped.load(ordering: .relaxed) {
             var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let ready = descriptor >= 0 ? poll(&entry, 1, safetyMilliseconds) : poll(nil, 0, safetyMilliseconds)
+            let timeout = followUp.map { Self.followUpMilliseconds[$0] } ?? safetyMilliseconds
+            let ready = descriptor >= 0 ? poll(&entry, 1, timeout) : poll(nil, 0, timeout)
             if ready > 0 {
+                followUp = 0
                 // Drain: the events themselves do not matter, only that a write happened. A file moved or removed
                 // (the log deleted when the last other connection closed) is watched again when it is back.
                 var removed = false
@@ -75,6 +87,8 @@ final class DatabaseFileWatcher: Sendable {
                     }
                 }
                 if removed { watched.removeAll() }
+            } else if let step = followUp {
+                followUp = step + 1 < Self.followUpMilliseconds.count ? step + 1 : nil
             } else {
                 addWatches()
             }

@@ -37,6 +37,9 @@ public struct NodeConfiguration: Sendable {
     /// How often the node looks for commits made by other processes where it cannot watch the database's files
     /// (on Linux it is woken by each write to them instead, and looks once a second besides).
     public var localChangePollMilliseconds: UInt64 = 20
+    /// On Linux, how often the node looks for other processes' commits besides being woken by writes to the
+    /// database's files: a safety net (a watch that could not be set, a write-ahead log that came later).
+    public var commitSafetyLookMilliseconds: UInt64 = 1_000
     /// A change batch holds at most this many changes.
     public var maxChangesPerBatch = 5_000
     /// Batches are also cut by size: about this many encoded bytes at most (a single larger row goes alone).

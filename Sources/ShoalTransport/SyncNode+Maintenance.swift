@@ -11,6 +11,7 @@ extension SyncNode {
         _ = try? await worker.changedElsewhere()
         let watcher = DatabaseFileWatcher(
             path: configuration.databasePath,
+            safetyMilliseconds: Int32(clamping: configuration.commitSafetyLookMilliseconds),
             fallbackMilliseconds: Int32(clamping: configuration.localChangePollMilliseconds)
         )
         for await _ in watcher.changes() {

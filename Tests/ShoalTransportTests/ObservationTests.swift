@@ -110,4 +110,31 @@ import Testing
         await b.stop()
         await a.stop()
     }
+
+    /// An app that keeps its connection open with SQLite's default `synchronous = FULL` makes its commit visible only
+    /// after it synced the log, after the file event that wakes the node: each of its commits is still noticed at
+    /// once (the wake-ups that follow an event), not at the safety look, here put off by ten minutes.
+    @Test func anAppCommitWithAFullSyncIsNoticedWithoutTheSafetyLook() async throws {
+        let directory = try temporaryDirectory("full-sync")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try await startNode(in: directory, name: "a") { $0.commitSafetyLookMilliseconds = 600_000 }
+        let commits = EventLog<StoreCommit>()
+        let following = Task { for await commit in await a.node.store.commits() { await commits.append(commit) } }
+        defer { following.cancel() }
+        _ = try await a.node.store.read { _ in 0 }  // subscribed
+        let app = try SQLiteConnection(path: a.path)
+        try app.exec("PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000")
+        let site = a.node.siteID
+        let base = try await a.node.versionVector()[site]
+        for index in 1...5 {
+            _ = try app.rows("INSERT INTO kv(k, v) VALUES (?, ?)", [.text("app \(index)"), .integer(Int64(index))])
+            // A deadline far below the safety look: the commit is noticed by the wake-ups a write starts.
+            let expected = Dot(site: site, seq: base + UInt64(index))
+            #expect(
+                await commits.seen(within: 30) { $0.origin == .otherConnection && $0.dots.contains(expected) },
+                "commit \(index) of the app was not noticed"
+            )
+        }
+        await a.stop()
+    }
 }
