@@ -353,6 +353,20 @@ struct ConnectionDriver {
         session: inout SyncSession,
         stream: some MessageStream
     ) async throws(ShoalError) -> Bool {
+        // Nothing here the peer lacks (a round a peer started because it applied what this node holds too, as every
+        // peer of a mesh does after each write): the empty last batch at once, without a cursor.
+        let local = try await worker.versionVector()
+        if request.versionVector.dominatesOrEquals(local) {
+            let prepared = try session.outgoingBatch(
+                answering: request,
+                ChangeBatch(changes: [], claim: local),
+                isLast: true,
+                estimatedRemaining: 0
+            )
+            try await send(.changeBatch(prepared.message), session: session, to: stream)
+            session.peerIsReading(now: now)
+            return true
+        }
         let cursor = try await worker.openCursor(since: request.versionVector)
         do throws(ShoalError) {
             while let (batch, isLast, remaining) = try await worker.nextBatch(
