@@ -76,7 +76,9 @@ extension RowState {
                 cells.append(.value(stamp, previous: nil))
             case 4:
                 guard let lastStamp else {
-                    throw ShoalError.corruptMetadata("a cell repeats the stamp of a value cell before it, and there is none")
+                    throw ShoalError.corruptMetadata(
+                        "a cell repeats the stamp of a value cell before it, and there is none"
+                    )
                 }
                 cells.append(.value(lastStamp, previous: nil))
             case 3:

@@ -63,8 +63,9 @@ struct RelayLinkState: Sendable {
     /// heads again (and uploads what it lacks) rather than at its next change or periodic check.
     var headsStale = false
     /// Per site, the end of the ranges the relay served this node since its heads were last read (the pull driver adds
-    /// them before it applies them, ``RelayPullEndpoint/relayServed(_:)``): the relay holds them, so the uploader does not send them back. A
-    /// rollback of the relay after them is found as any other (``headsStale``), and the heads read again clear them.
+    /// them before it applies them, ``RelayPullEndpoint/relayServed(_:)``): the relay holds them, so the uploader does
+    /// not send them back. A rollback of the relay after them is found as any other (``headsStale``), and the heads
+    /// read again clear them.
     var served = VersionVector()
 
     init(bases: [String], configuredToken: String, credentials: Credentials, pieceBytes: Int, requestBytes: Int) {

@@ -3,10 +3,11 @@ import ShoalCore
 /// What a node's uploader decides, with no I/O: when the relay's heads must be read (first, after a failure, after
 /// the relay failed to answer, after it refused a range for a gap, and now and then since another uploader or an
 /// operator may move them), what to upload (everything the heads lack), what to do when the heads moved under an
-/// upload (read them and cut again at once the first time, then with backoff), and in which order a pass goes: heads, upload, whether a
-/// snapshot is due, the heads read again (another node may have just uploaded one), whether it is still due, the
-/// snapshot. ``RelayLink`` carries out each step and reports its result, which returns the next; time comes in as
-/// `now` (monotonic milliseconds).
+/// upload (read them and cut again at once the first time, then with backoff), when a pass may start (no closer than
+/// the spacing to the one before), and in which order a pass goes: heads, upload, whether a snapshot is due, the
+/// heads read again (another node may have just uploaded one), whether it is still due, the snapshot. ``RelayLink``
+/// carries out each step and reports its result, which returns the next; time comes in as `now` (monotonic
+/// milliseconds).
 struct RelayUploadSession: Sendable {
     /// What the uploader does next.
     enum Step: Sendable, Equatable {
@@ -42,7 +43,8 @@ struct RelayUploadSession: Sendable {
 
     /// How long heads read stay good while nothing fails.
     let headsRefreshMilliseconds: UInt64
-    /// Passes start at most this often (milliseconds; see ``RelayClientConfiguration/minimumRequestSpacingMilliseconds``).
+    /// Passes start at most this often (milliseconds; see
+    /// ``RelayClientConfiguration/minimumRequestSpacingMilliseconds``).
     let spacingMilliseconds: UInt64
     /// When the last pass started.
     private var passStartedMs: UInt64?

@@ -233,17 +233,21 @@ public final class Store {
 
     /// The site of a database that already has all its metadata (and the node name asked for, if one was), read
     /// without the write lock; nil when something must be created or recorded.
-    private static func existingMetadata(_ connection: SQLiteConnection, nodeName: String?) throws(ShoalError) -> SiteID? {
+    private static func existingMetadata(
+        _ connection: SQLiteConnection,
+        nodeName: String?
+    ) throws(ShoalError) -> SiteID? {
         let names = metadataTables.map { "'\($0)'" }.joined(separator: ", ")
-        let present = try connection.scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (\(names))")
+        let present = try connection.scalar(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (\(names))"
+        )
         guard present.integerValue == Int64(metadataTables.count),
             case .blob(let bytes) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'site_id'"),
             let site = SiteID(bytes: bytes)
         else { return nil }
         if let nodeName {
-            guard try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'node_name'") == .text(nodeName) else {
-                return nil
-            }
+            let stored = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'node_name'")
+            guard stored == .text(nodeName) else { return nil }
         }
         return site
     }

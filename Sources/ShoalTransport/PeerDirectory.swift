@@ -188,7 +188,9 @@ struct PeerDirectory {
     /// span a second (the wait for the first batch and the first batches' pace say little of the rest).
     mutating func progress(_ site: SiteID, _ progress: CatchUpProgress) {
         var progress = progress
-        if let last = peers[site]?.catchUp, progress.milliseconds >= last.milliseconds, progress.changes >= last.changes {
+        if let last = peers[site]?.catchUp, progress.milliseconds >= last.milliseconds,
+            progress.changes >= last.changes
+        {
             progress.reports = last.reports
         }
         progress.reports.append(CatchUpProgress.Report(milliseconds: progress.milliseconds, changes: progress.changes))

@@ -56,7 +56,9 @@ extension ShoalCommand {
             // With the Avahi daemon up, nodes find each other by mDNS (their cluster's hint tells them apart from
             // any other node on this machine); without it, they are wired as a full mesh of static peers. With the
             // dashboard, always the mesh, each link through a proxy the page can cut.
-            let dashboardAddress = try dashboardOptions.address(exposing: "the page's controls stop nodes and write rows")
+            let dashboardAddress = try dashboardOptions.address(
+                exposing: "the page's controls stop nodes and write rows"
+            )
             let mdns = dashboardAddress == nil && Self.mdnsAvailable()
             print(
                 "Shoal demo: \(nodes) nodes in \(directory), mode: "

@@ -208,17 +208,18 @@ private func merged(_ changes: [Change]) -> RowState {
             causalLength: 1,
             lengthStamp: nil,
             cells: [
-                .value(together, previous: nil), .value(together, previous: nil), .empty, .value(together, previous: nil),
-                .value(stamp(21, siteB, 1), previous: nil), .value(stamp(21, siteB, 1), previous: Dot(site: siteA, seq: 4)),
+                .value(together, previous: nil), .value(together, previous: nil), .empty,
+                .value(together, previous: nil), .value(stamp(21, siteB, 1), previous: nil),
+                .value(stamp(21, siteB, 1), previous: Dot(site: siteA, seq: 4)),
                 .counter([siteA: CounterEntry(increments: 1, decrements: 0, seq: 5, hlc: together.hlc)]),
                 .value(stamp(21, siteB, 1), previous: nil),
             ]
         )
         let compact = row.encoded(sites: &sites)
         #expect(try RowState(encoded: compact, columnCount: 8, sites: sites) == row)
-        let one = RowState(causalLength: 1, lengthStamp: nil, cells: [.value(together, previous: nil)]).encoded(sites: &sites)
-        let three = RowState(causalLength: 1, lengthStamp: nil, cells: Array(repeating: .value(together, previous: nil), count: 3))
-            .encoded(sites: &sites)
+        let cell = RowState.Cell.value(together, previous: nil)
+        let one = RowState(causalLength: 1, lengthStamp: nil, cells: [cell]).encoded(sites: &sites)
+        let three = RowState(causalLength: 1, lengthStamp: nil, cells: [cell, cell, cell]).encoded(sites: &sites)
         #expect(three.count == one.count + 2, "\(one.count) bytes for one column, \(three.count) for three")
         // Metadata written before the compact form (each stamp whole) still reads.
         var spelled: [UInt8] = [1, 0, 2, 1]
@@ -228,7 +229,7 @@ private func merged(_ changes: [Change]) -> RowState {
         spelled += [UInt8(sites.index(of: siteA)), 5]
         #expect(
             try RowState(encoded: spelled, columnCount: 2, sites: sites)
-                == RowState(causalLength: 1, lengthStamp: nil, cells: [.value(together, previous: nil), .value(together, previous: nil)])
+                == RowState(causalLength: 1, lengthStamp: nil, cells: [cell, cell])
         )
         // A repeated stamp with no value cell before it is corrupt, not a crash.
         #expect(throws: ShoalError.self) { try RowState(encoded: [1, 0, 1, 4], columnCount: 1, sites: sites) }

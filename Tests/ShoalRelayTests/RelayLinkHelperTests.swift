@@ -121,11 +121,13 @@ import Testing
         #expect(session.pageEnded() == nil)
         // Served, then failed before it was taken: forgotten.
         var again = RelayPullSession(
-            site: SiteID(high: 9, low: 9), cluster: "c", backoff: Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000)
+            site: SiteID(high: 9, low: 9), cluster: "c",
+            backoff: Backoff(initialMilliseconds: 100, maximumMilliseconds: 1_000)
         )
         _ = again.request(held: VersionVector(), now: 40, wait: 25_000, maximumBytes: 1 << 20)
         #expect(again.check(envelopes[0], now: 40) == .open)
-        _ = again.opened(envelopes[0], plaintext: Result { () throws(ShoalError) in try seal.open(envelopes[0]) }, now: 40)
+        let opened = Result { () throws(ShoalError) in try seal.open(envelopes[0]) }
+        _ = again.opened(envelopes[0], plaintext: opened, now: 40)
         again.failed()
         #expect(again.takeServed().isEmpty)
     }

@@ -45,7 +45,8 @@ private func hello(_ site: SiteID, name: String = "b", listenPort: UInt16 = 7_40
         for second in 1...16 {
             changes += second <= 4 ? 10_000 : 2_500
             let remaining = UInt64(max(0, 160_000 - changes))
-            directory.progress(siteB, CatchUpProgress(changes: changes, remaining: remaining, milliseconds: UInt64(second) * 1_000))
+            let report = CatchUpProgress(changes: changes, remaining: remaining, milliseconds: UInt64(second) * 1_000)
+            directory.progress(siteB, report)
             if second == 1 { #expect(directory.statuses()[0].catchUp?.secondsLeft == nil) }
         }
         let progress = directory.statuses()[0].catchUp

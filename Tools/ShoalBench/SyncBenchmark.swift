@@ -316,7 +316,7 @@ struct SyncBenchmark: AsyncParsableCommand {
                             next += 1
                         }
                     }
-                    usleep(2_000)  // sampling at 500 Hz: 2 ms steps, and the readers of 7 nodes leave the machine to them
+                    usleep(2_000)  // 500 Hz: 2 ms steps, and readers of 7 nodes leave the machine to the nodes
                 }
             }
         }
