@@ -3,6 +3,7 @@ import HTTPTypes
 import Hummingbird
 import HummingbirdCore
 import ShoalCore
+import ShoalRelayProtocol
 import Synchronization
 
 /// The relay's metrics, emitted through swift-metrics (the process bootstraps Prometheus; docs/metrics.md lists
@@ -149,6 +150,27 @@ struct RelayMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
             status: status,
             nanoseconds: nanoseconds
         )
+    }
+}
+
+/// Names the relay process on every answer (``RelayAPI/bootHeader``), refusals included.
+struct RelayBootMiddleware<Context: RequestContext>: RouterMiddleware {
+    static var field: HTTPField.Name { HTTPField.Name(RelayAPI.bootHeader)! }
+    let boot: String
+
+    func handle(
+        _ request: Request,
+        context: Context,
+        next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        var response: Response
+        do {
+            response = try await next(request, context)
+        } catch let error as any HTTPResponseError {
+            response = try error.response(from: request, context: context)
+        }
+        response.headers[Self.field] = boot
+        return response
     }
 }
 

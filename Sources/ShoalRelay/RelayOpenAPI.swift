@@ -12,7 +12,8 @@ enum RelayOpenAPI {
             "version": "1",
             "description": "A blind store-and-forward endpoint for sealed change sets. Every route but /v1/health\#
          and /openapi.json needs `Authorization: Bearer TOKEN`; a token reaches its own cluster only. Every refusal\#
-         has a JSON body (RelayErrorBody)."
+         has a JSON body (RelayErrorBody). Every answer carries `Shoal-Relay-Boot`, a random id of the relay process,\#
+         new at each start: a node that meets one it has not seen reads the relay's heads again."
           },
           "security": [{ "bearer": [] }],
           "paths": {

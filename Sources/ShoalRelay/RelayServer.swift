@@ -93,6 +93,8 @@ public struct RelayServer: Sendable {
     let metrics = RelayMetrics()
     let pageMemory: RelayPageMemory
     let health = RelayStorageHealth()
+    /// This process's ``RelayAPI/bootHeader``, on every answer.
+    let boot = (0..<8).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
 
     /// A relay serving `storage` as `configuration` says.
     public init(configuration: RelayServerConfiguration, storage: any RelayStorage) {
@@ -199,6 +201,7 @@ public struct RelayServer: Sendable {
     func makeRouter() -> Router<BasicRequestContext> {
         let router = Router(context: BasicRequestContext.self)
         router.add(middleware: RelayMetricsMiddleware(metrics: metrics))
+        router.add(middleware: RelayBootMiddleware(boot: boot))
         if let registry = configuration.metrics {
             // No token, on purpose: see RelayServerConfiguration.metrics for who should reach it. It is an operator's
             // route, not the API's: the API description leaves it out.

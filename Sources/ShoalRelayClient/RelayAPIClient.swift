@@ -19,8 +19,9 @@ struct RelayAPIClient: Sendable {
     /// This process's uploader id (``RelayAPI/uploaderHeader``).
     let uploaderID: String
     let route: Route
-    /// Told of every answer: the instance, and whether it was a success.
-    let answered: @Sendable (Int, Bool) -> Void
+    /// Told of every answer: the instance, whether it was a success, and the relay process that gave it
+    /// (``RelayAPI/bootHeader``).
+    let answered: @Sendable (Int, Bool, String?) -> Void
 
     // MARK: Endpoints
 
@@ -177,7 +178,7 @@ struct RelayAPIClient: Sendable {
             let (why, problem) = Self.describe(error)
             throw RelayCallError.unreachable(why, instance: used, problem: problem)
         }
-        answered(used, status.code < 300)
+        answered(used, status.code < 300, headers.first(name: RelayAPI.bootHeader))
         guard status.code >= 300 else { return answer }
         let refusal = try? JSONDecoder().decode(RelayErrorBody.self, from: Data(answer))
         let reason = refusal.map { "\($0.message) (\(status.code) \($0.error))" } ?? "HTTP \(status.code)"

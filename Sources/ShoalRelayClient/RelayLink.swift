@@ -50,7 +50,7 @@ public final class RelayLink: Service, Sendable {
             bases: bases,
             uploaderID: uploaderID,
             route: { self.state.withLock { ($0.instance, $0.credentials.token) } },
-            answered: { used, ok in self.markReachable(used, ok: ok) }
+            answered: { used, ok, boot in self.markReachable(used, ok: ok, boot: boot) }
         )
         do {
             try await cancelWhenGracefulShutdown {
@@ -80,11 +80,18 @@ public final class RelayLink: Service, Sendable {
     }
 
     /// Records that instance `used` answered (`ok`: with success).
-    func markReachable(_ used: Int, ok: Bool) {
+    func markReachable(_ used: Int, ok: Bool, boot: String?) {
         let now = configuration.clock.nowMilliseconds()
-        if state.withLock({ $0.answered(used, ok: ok, now: now) }) {
+        let (reachable, restarted) = state.withLock { state in
+            (state.answered(used, ok: ok, now: now), boot.map { state.answered(by: $0) } ?? false)
+        }
+        if reachable {
             configuration.logger.info("relay reachable", metadata: ["url": "\(bases[used])"])
             report(.reachable)
+        }
+        if restarted {
+            configuration.logger.info("another relay process answered; reading its heads again")
+            pushWake.yield()
         }
     }
 

@@ -67,6 +67,11 @@ struct RelayLinkState: Sendable {
     /// not send them back. A rollback of the relay after them is found as any other (``headsStale``), and the heads
     /// read again clear them.
     var served = VersionVector()
+    /// The relay processes that answered (``RelayAPI/bootHeader``), the latest last; at most
+    /// ``rememberedBoots``, so a balancer that spreads requests over several instances wakes nothing once each
+    /// answered.
+    private(set) var boots: [String] = []
+    static let rememberedBoots = 64
 
     init(bases: [String], configuredToken: String, credentials: Credentials, pieceBytes: Int, requestBytes: Int) {
         self.bases = bases
@@ -111,6 +116,25 @@ struct RelayLinkState: Sendable {
         status.reachable = true
         status.sinceMs = now
         lastReported = nil
+        return true
+    }
+
+    /// An answer named relay process `boot`: true when it is new and another one answered before it (a restart,
+    /// perhaps from an older copy, or another instance), and then its heads are to be read again and its key epochs
+    /// checked again, and what the others served no longer counts as held by the relay.
+    mutating func answered(by boot: String) -> Bool {
+        if let known = boots.firstIndex(of: boot) {
+            if known != boots.count - 1 { boots.append(boots.remove(at: known)) }
+            return false
+        }
+        defer {
+            boots.append(boot)
+            if boots.count > Self.rememberedBoots { boots.removeFirst() }
+        }
+        guard !boots.isEmpty else { return false }
+        headsStale = true
+        epochsCheckedMs = nil
+        served = VersionVector()
         return true
     }
 

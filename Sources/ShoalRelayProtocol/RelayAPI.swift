@@ -41,6 +41,10 @@ public enum RelayAPI {
     /// On uploads and pulls: a random id of the uploading process. A pull is not sent back the ranges its own process
     /// uploaded (it holds them), so a node's long-poll is not woken by its own upload.
     public static let uploaderHeader = "Shoal-Uploader"
+    /// On the relay's answers: a random id of the relay process, new at every start. A node that sees it change reads
+    /// the relay's heads again: a relay restored from an older copy, or another instance, may hold less than the
+    /// heads it read before (the read may even have reached the process that was stopping).
+    public static let bootHeader = "Shoal-Relay-Boot"
     /// The longest a pull may wait for new change sets before answering empty, in milliseconds.
     public static let maximumWaitMilliseconds = 30_000
     /// The default byte budget of a pull's page.

@@ -283,14 +283,14 @@ struct ConnectionDriver {
                     if let head = request.answererHead { try await worker.checkHead(head) }
                     gate.serving(true)
                     defer { gate.serving(false) }
-                    guard try await serve(request, session: &session, stream: stream) else {
+                    guard let local = try await serve(request, session: &session, stream: stream) else {
                         actions = session.close(
                             ShoalError(code: .rejected, message: "the node is shutting down"),
                             reason: .shuttingDown
                         )
                         break
                     }
-                    actions += session.served(request, localVersionVector: try await worker.versionVector())
+                    actions += session.served(request, localVersionVector: local)
                 case .apply(let message):
                     actions += try await apply(message, session: &session, stream: stream)
                 case .roundFinished:
@@ -347,12 +347,13 @@ struct ConnectionDriver {
     }
 
     /// Answers the peer's pull, one bounded batch at a time: memory stays flat however much the peer lacks.
-    /// Returns `false` when the node began to stop before the answer's end (the rest is not sent).
+    /// Returns the version vector held here once the answer is sent, or `nil` when the node began to stop before the
+    /// answer's end (the rest is not sent).
     private func serve(
         _ request: SyncRequest,
         session: inout SyncSession,
         stream: some MessageStream
-    ) async throws(ShoalError) -> Bool {
+    ) async throws(ShoalError) -> VersionVector? {
         // Nothing here the peer lacks (a round a peer started because it applied what this node holds too, as every
         // peer of a mesh does after each write): the empty last batch at once, without a cursor.
         let local = try await worker.versionVector()
@@ -365,7 +366,7 @@ struct ConnectionDriver {
             )
             try await send(.changeBatch(prepared.message), session: session, to: stream)
             session.peerIsReading(now: now)
-            return true
+            return local
         }
         let cursor = try await worker.openCursor(since: request.versionVector)
         do throws(ShoalError) {
@@ -397,14 +398,14 @@ struct ConnectionDriver {
                 session.peerIsReading(now: now)
                 if settings.stopping.isSet && !isLast {
                     await worker.closeCursor(cursor)
-                    return false
+                    return nil
                 }
             }
         } catch {
             await worker.closeCursor(cursor)
             throw error
         }
-        return true
+        return try await worker.versionVector()
     }
 
     /// Applies one batch of our pull and tells the session.

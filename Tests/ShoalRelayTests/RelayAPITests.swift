@@ -127,6 +127,10 @@ extension RelayProcessTests {
         let truncated = try await post(client, world, "/v1/changesets", Array(whole.dropLast(5)))
         #expect(truncated.status == 400)
         #expect(json(truncated.body)["error"] as? String == "malformed")
+        // Every answer, refusals included, names the relay process (a node that meets a new one reads its heads again).
+        let field = RelayAPI.bootHeader.lowercased()
+        let boot = try #require(stored.headers[field])
+        #expect(boot.count == 16 && [bare, strangers, truncated].allSatisfy { $0.headers[field] == boot })
         // Garbage: 400.
         let garbage = try await post(client, world, "/v1/changesets", Array("not a change set at all".utf8))
         #expect(garbage.status == 400)

@@ -56,6 +56,26 @@ import Testing
         #expect(link.status.reachable == true && link.status.problem == nil)
     }
 
+    @Test func aRelayProcessNotSeenBeforeMakesTheHeadsBeReadAgainOnceAndInstancesTakingTurnsDoNot() {
+        var link = state()
+        link.served.merge(VersionVector([SiteID(high: 7, low: 7): 9]))
+        // The first process met: the heads are read at the start anyway.
+        let first = [link.answered(by: "a"), link.takeHeadsStale(), link.answered(by: "a")]
+        #expect(first == [false, false, false])
+        // A restart (perhaps from an older copy): read again, check the epochs again, and trust nothing it served.
+        link.epochsCheckedMs = 5
+        let restarted = link.answered(by: "b")
+        let stale = link.takeHeadsStale()
+        #expect(restarted && stale && link.epochsCheckedMs == nil && link.served == VersionVector())
+        // Two instances behind a balancer, answering in turns: no loop of heads reads.
+        let turns = [link.answered(by: "a"), link.answered(by: "b"), link.answered(by: "a"), link.takeHeadsStale()]
+        #expect(turns == [false, false, false, false])
+        // Only the last ones are remembered.
+        for boot in 0..<RelayLinkState.rememberedBoots { _ = link.answered(by: "other \(boot)") }
+        let forgotten = link.answered(by: "b")
+        #expect(forgotten && link.boots.count == RelayLinkState.rememberedBoots)
+    }
+
     @Test func aRepeatingFailureIsSaidOnceAndARefusedRotationTokenFallsBackToTheConfiguredOne() {
         var link = state(token: "configured")
         link.credentials.token = "rotated"
