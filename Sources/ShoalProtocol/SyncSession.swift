@@ -61,6 +61,12 @@ public struct SyncSession: Sendable {
         case apply(ChangeBatchMessage)
         /// Start a pull: call ``SyncSession/startRound(versionVector:now:)`` with the local version vector.
         case wantRound
+        /// Something committed here: send the peer ``WireMessage/holding(_:)`` with the local version vector, unless
+        /// the peer is known to hold all of it already (protocol version 7; an older peer gets a round instead).
+        case announce
+        /// The peer said it now holds this version vector: pull (``wantRound``) when the local one lacks something of
+        /// it; otherwise nothing is to be done.
+        case peerHolds(VersionVector)
         /// Our pull finished: we hold everything the peer held when it answered.
         case roundFinished(requestID: UInt64)
         /// The peer applied our changes and now holds this (and, when given, has this digest).
@@ -261,6 +267,8 @@ public struct SyncSession: Sendable {
             return receivePiece(piece)
         case .ack(let ack):
             return [.peerAcknowledged(ack)]
+        case .holding(let vector):
+            return [.peerHolds(vector)]
         case .ping(let nonce):
             return [.send(.pong(nonce))]
         case .pong(let nonce):
@@ -411,9 +419,17 @@ public struct SyncSession: Sendable {
         }
     }
 
-    /// Something changed locally (or a periodic round is due): pull, so that the peer pulls back.
+    /// A periodic round is due (or, with a peer before version 7, something changed locally): pull, so that the peer
+    /// pulls back.
     public func localChange() -> [Action] {
         phase == .established && !isInspection ? [.wantRound] : []
+    }
+
+    /// Something committed here: tell the peer what this node now holds (``Action/announce``), or, with a peer before
+    /// version 7, start a round.
+    public func committed() -> [Action] {
+        guard phase == .established, !isInspection else { return [] }
+        return (version ?? 0) >= WireProtocol.holdingVersion ? [.announce] : [.wantRound]
     }
 
     /// The whole answer to `request` was sent. When the request's vector holds something the local one lacks,

@@ -55,6 +55,9 @@ extension WireMessage {
             } else {
                 bytes.append(0)
             }
+        case .holding(let vector):
+            bytes.append(Kind.holding.rawValue)
+            bytes.appendVersionVector(vector)
         case .ping(let nonce):
             bytes.append(Kind.ping.rawValue)
             bytes.appendBigEndian(nonce)
@@ -173,6 +176,8 @@ extension WireMessage {
             default: throw malformed("bad digest flag")
             }
             return .ack(Ack(requestID: requestID, versionVector: vector, digest: digest))
+        case .holding:
+            return .holding(try reader.readVersionVector())
         case .ping:
             return .ping(try reader.readBigEndianUInt64())
         case .pong:

@@ -12,8 +12,13 @@ public enum WireProtocol {
     /// it wrote transactions its peers hold with other content; version 5 carries schema changes as change sets (a
     /// replicated `shoal_schema` table) and holds changes for tables and columns a node lacks, so the hello's schema
     /// fingerprint is a position peers may differ in, no longer a condition; version 6 adds compressed frames (message
-    /// type 13: a change batch or a value piece, deflated), which a node sends only on a link of version 6 or more.
-    public static let maximumVersion: UInt16 = 6
+    /// type 13: a change batch or a value piece, deflated), which a node sends only on a link of version 6 or more;
+    /// version 7 adds ``WireMessage/holding(_:)`` (message type 14: "I now hold this version vector"), which a node
+    /// sends its peers at each commit instead of starting a round, so a peer that already holds it costs one small
+    /// message, and one that lacks it pulls at once.
+    public static let maximumVersion: UInt16 = 7
+    /// The first version whose nodes announce their commits with ``WireMessage/holding(_:)``.
+    public static let holdingVersion: UInt16 = 7
     /// The first version whose nodes take compressed frames (``WireMessage/packed(compressing:)``).
     public static let compressionVersion: UInt16 = 6
     /// The first version whose nodes keep syncing across different schemas.
@@ -77,6 +82,9 @@ public enum WireMessage: Hashable, Sendable {
     /// A message encoded ahead of sending, compressed or not (``packed(compressing:)``): its bytes go out as they
     /// are. Decoding never gives one: a compressed frame decodes as the message it holds.
     case encoded(EncodedMessage)
+    /// "I now hold this version vector" (protocol version 7), sent at a commit instead of a round: the receiver pulls
+    /// when it lacks something of it, and otherwise does nothing.
+    case holding(VersionVector)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -93,6 +101,7 @@ public enum WireMessage: Hashable, Sendable {
         case inspectionRequest = 11
         case inspectionAnswer = 12
         case compressed = 13
+        case holding = 14
     }
 }
 

@@ -74,6 +74,10 @@ struct ConnectionDriver {
     private var roundsFinished = 0
     /// Whether the link needs its periodic rounds.
     private var settled = SettledLink()
+    /// What the peer is known to hold: the vectors of its requests, acknowledgements and announcements on this
+    /// connection. A commit here is announced to it only when it lacks something of the local vector, so a change
+    /// applied from this peer is not announced back to it.
+    private var peerHolds = VersionVector()
 
     init(id: Int, address: String, worker: SerializedStore, delegate: any ConnectionDelegate, settings: Settings) {
         self.id = id
@@ -162,7 +166,7 @@ struct ConnectionDriver {
                     actions = session.tick(now: seen.clock)
                 case .localChange:
                     settled.committed()
-                    actions = session.localChange()
+                    actions = session.committed()
                 case .periodic:
                     actions = settled.periodicRoundIsDue() ? session.localChange() : []
                 case .shutdown:
@@ -274,7 +278,16 @@ struct ConnectionDriver {
                         writingSite: await worker.writingSite(),
                         answererHead: head
                     )
+                case .announce:
+                    let local = try await worker.versionVector()
+                    if !peerHolds.dominatesOrEquals(local) { try await write(.holding(local), to: stream) }
+                case .peerHolds(let vector):
+                    peerHolds.merge(vector)
+                    let local = try await worker.versionVector()
+                    settled.heard(level: vector.dominatesOrEquals(local), nothingNew: local.dominatesOrEquals(vector))
+                    if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
                 case .serve(let request):
+                    peerHolds.merge(request.versionVector)
                     if let wall = request.wallClockMilliseconds, let peer {
                         let ahead = await worker.notePeerClock(wall, from: peer)
                         await delegate.connectionClockView(peer: peer, aheadMilliseconds: -ahead)
@@ -308,9 +321,11 @@ struct ConnectionDriver {
                     // Level: the peer holds our vector, or the same data (equal digests): a peer that last synced
                     // through a relay range or a stream file claims only what their changes prove, so a transaction
                     // overwritten before it saw them may stay unclaimed there (Store.claimed).
-                    var level = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
+                    peerHolds.merge(ack.versionVector)
+                    let local = try await worker.versionVector()
+                    var level = ack.versionVector.dominatesOrEquals(local)
                     if !level, let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
-                    settled.acknowledged(level: level)
+                    settled.heard(level: level, nothingNew: local.dominatesOrEquals(ack.versionVector))
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another

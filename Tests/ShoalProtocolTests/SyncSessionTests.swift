@@ -47,6 +47,32 @@ private func refusal(_ actions: [SyncSession.Action]) -> (Rejection.Reason, Shoa
         if case .send(.reject(let rejection)) = actions.first { #expect(rejection.message.hasPrefix("upgrade Shoal on n: ")) }
     }
 
+    @Test func aCommitIsAnnouncedToAPeerOfVersion7AndStartsARoundWithAnOlderOne() throws {
+        let vector = VersionVector([siteA: 3, siteB: 1])
+        var session = SyncSession(local: hello(siteA, versions: 1...WireProtocol.maximumVersion), now: 0)
+        _ = session.start()
+        _ = session.receive(.hello(hello(siteB, versions: 1...WireProtocol.holdingVersion)), now: 1)
+        #expect(session.committed() == [.announce])
+        // The periodic round is still a round.
+        #expect(session.localChange() == [.wantRound])
+        // What the peer says it holds is for the shell to compare with the local vector.
+        #expect(session.receive(.holding(vector), now: 2) == [.peerHolds(vector)])
+        let encoded = WireMessage.holding(vector).encoded()
+        #expect(try WireMessage.decode(encoded) == .holding(vector))
+        #expect(throws: ShoalError.self) { try WireMessage.decode(encoded.dropLast()) }
+        // A peer of version 6 does not read message 14: it gets a round.
+        var older = SyncSession(local: hello(siteA, versions: 1...WireProtocol.maximumVersion), now: 0)
+        _ = older.start()
+        _ = older.receive(.hello(hello(siteB, versions: 1...(WireProtocol.holdingVersion - 1))), now: 1)
+        #expect(older.committed() == [.wantRound])
+        // An inspection takes no announcement.
+        var inspection = SyncSession(local: hello(siteA, versions: 1...WireProtocol.maximumVersion), now: 0)
+        _ = inspection.start()
+        _ = inspection.receive(.inspect(hello(siteB, versions: 1...WireProtocol.maximumVersion)), now: 1)
+        #expect(inspection.committed().isEmpty)
+        #expect(refusal(inspection.receive(.holding(vector), now: 2))?.0 == .malformedMessage)
+    }
+
     @Test func badHellosAreRefusedWithTheirReason() {
         let cases: [(Hello, Rejection.Reason, ShoalError.Code)] = [
             (hello(siteB, versions: 2...3), .versionMismatch, .versionMismatch),
