@@ -67,6 +67,8 @@ public struct SyncSession: Sendable {
         /// The peer said it now holds this version vector: pull (``wantRound``) when the local one lacks something of
         /// it; otherwise nothing is to be done.
         case peerHolds(VersionVector)
+        /// The peer passed on what members it knows of last held (``WireMessage/members(_:)``): for the node to record.
+        case peerReports([MemberGossip])
         /// Our pull finished: we hold everything the peer held when it answered.
         case roundFinished(requestID: UInt64)
         /// The peer applied our changes and now holds this (and, when given, has this digest).
@@ -269,6 +271,8 @@ public struct SyncSession: Sendable {
             return [.peerAcknowledged(ack)]
         case .holding(let vector):
             return [.peerHolds(vector)]
+        case .members(let reports):
+            return [.peerReports(reports)]
         case .ping(let nonce):
             return [.send(.pong(nonce))]
         case .pong(let nonce):

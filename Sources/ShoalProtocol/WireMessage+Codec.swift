@@ -58,6 +58,14 @@ extension WireMessage {
         case .holding(let vector):
             bytes.append(Kind.holding.rawValue)
             bytes.appendVersionVector(vector)
+        case .members(let reports):
+            bytes.append(Kind.members.rawValue)
+            bytes.appendVarint(UInt64(reports.count))
+            for report in reports {
+                bytes.append(contentsOf: report.site.bytes)
+                bytes.appendVarint(report.ageMilliseconds)
+                bytes.appendVersionVector(report.versionVector)
+            }
         case .ping(let nonce):
             bytes.append(Kind.ping.rawValue)
             bytes.appendBigEndian(nonce)
@@ -178,6 +186,16 @@ extension WireMessage {
             return .ack(Ack(requestID: requestID, versionVector: vector, digest: digest))
         case .holding:
             return .holding(try reader.readVersionVector())
+        case .members:
+            let count = try reader.readVarint()
+            guard count <= UInt64(MemberGossip.maximumCount) else { throw malformed("\(count) member reports") }
+            var reports: [MemberGossip] = []
+            for _ in 0..<Int(count) {
+                guard let site = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
+                let age = try reader.readVarint()
+                reports.append(MemberGossip(site: site, ageMilliseconds: age, versionVector: try reader.readVersionVector()))
+            }
+            return .members(reports)
         case .ping:
             return .ping(try reader.readBigEndianUInt64())
         case .pong:

@@ -15,7 +15,8 @@ public enum WireProtocol {
     /// type 13: a change batch or a value piece, deflated), which a node sends only on a link of version 6 or more;
     /// version 7 adds ``WireMessage/holding(_:)`` (message type 14: "I now hold this version vector"), which a node
     /// sends its peers at each commit instead of starting a round, so a peer that already holds it costs one small
-    /// message, and one that lacks it pulls at once.
+    /// message, and one that lacks it pulls at once; and ``WireMessage/members(_:)`` (message type 15: what each
+    /// member was last known to hold, and how long ago), so every node learns what every member holds.
     public static let maximumVersion: UInt16 = 7
     /// The first version whose nodes announce their commits with ``WireMessage/holding(_:)``.
     public static let holdingVersion: UInt16 = 7
@@ -85,6 +86,9 @@ public enum WireMessage: Hashable, Sendable {
     /// "I now hold this version vector" (protocol version 7), sent at a commit instead of a round: the receiver pulls
     /// when it lacks something of it, and otherwise does nothing.
     case holding(VersionVector)
+    /// What each member the sender knows of was last known to hold, and how long ago (protocol version 7): passed on
+    /// from node to node, so every node learns what every member holds, also of members it never meets.
+    case members([MemberGossip])
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -102,6 +106,7 @@ public enum WireMessage: Hashable, Sendable {
         case inspectionAnswer = 12
         case compressed = 13
         case holding = 14
+        case members = 15
     }
 }
 
@@ -257,6 +262,26 @@ public struct Ack: Hashable, Sendable {
         self.requestID = requestID
         self.versionVector = versionVector
         self.digest = digest
+    }
+}
+
+/// One member's last known version vector, as passed on between nodes (``WireMessage/members(_:)``).
+public struct MemberGossip: Hashable, Sendable {
+    /// The most entries one message carries.
+    public static let maximumCount = 4_096
+
+    /// The member, by the site it writes as.
+    public var site: SiteID
+    /// How long before sending this the member said it held ``versionVector``, in milliseconds.
+    public var ageMilliseconds: UInt64
+    /// What it held then.
+    public var versionVector: VersionVector
+
+    /// `site` held `versionVector` `ageMilliseconds` ago.
+    public init(site: SiteID, ageMilliseconds: UInt64, versionVector: VersionVector) {
+        self.site = site
+        self.ageMilliseconds = ageMilliseconds
+        self.versionVector = versionVector
     }
 }
 

@@ -56,6 +56,13 @@ protocol ConnectionDelegate: Sendable {
     func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) async -> ShoalError
     /// The metrics of `peer`, which the driver records its rounds, applies and catch-ups in.
     func metrics(for peer: SiteID) async -> PeerMetrics
+    /// `peer` holds at least `vector` (its request or announcement said so).
+    func connectionPeerHolds(peer: SiteID, _ vector: VersionVector) async
+    /// `peer` passed on what members it knows of last held.
+    func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) async
+    /// What to pass on to `peer` of what members last held: nil when nothing changed since `generation` (what the
+    /// link last passed on) and `refresh` is false. With the generation it is of.
+    func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])?
 }
 
 extension ConnectionDelegate {
@@ -64,4 +71,13 @@ extension ConnectionDelegate {
 
     /// Handles of their own, labelled with the peer's site id.
     func metrics(for peer: SiteID) async -> PeerMetrics { PeerMetrics(label: peer.hex) }
+
+    /// Not recorded.
+    func connectionPeerHolds(peer: SiteID, _ vector: VersionVector) async {}
+
+    /// Not recorded.
+    func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) async {}
+
+    /// Nothing passed on.
+    func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])? { nil }
 }

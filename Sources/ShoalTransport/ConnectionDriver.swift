@@ -78,6 +78,12 @@ struct ConnectionDriver {
     /// connection. A commit here is announced to it only when it lacks something of the local vector, so a change
     /// applied from this peer is not announced back to it.
     private var peerHolds = VersionVector()
+    /// The generation of the member reports this link last passed on (``MemberDirectory/generation``), and how many
+    /// periodic ticks went by since it passed them on whatever their generation (so ages stay fresh).
+    private var membersPassedOn: Int?
+    private var ticksSinceMembersPassedOn = 0
+    /// Periodic ticks between two passings-on of unchanged member reports (a minute at the default interval).
+    static let membersRefreshTicks = 30
 
     init(id: Int, address: String, worker: SerializedStore, delegate: any ConnectionDelegate, settings: Settings) {
         self.id = id
@@ -169,6 +175,17 @@ struct ConnectionDriver {
                     actions = session.committed()
                 case .periodic:
                     actions = settled.periodicRoundIsDue() ? session.localChange() : []
+                    if let peer, (session.version ?? 0) >= WireProtocol.holdingVersion, session.phase == .established {
+                        ticksSinceMembersPassedOn += 1
+                        let refresh = ticksSinceMembersPassedOn >= Self.membersRefreshTicks
+                        if let (generation, reports) = await delegate.memberGossip(
+                            for: peer, since: membersPassedOn, refresh: refresh
+                        ) {
+                            membersPassedOn = generation
+                            ticksSinceMembersPassedOn = 0
+                            if !reports.isEmpty { actions.append(.send(.members(reports))) }
+                        }
+                    }
                 case .shutdown:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "the node is shutting down"),
@@ -282,11 +299,17 @@ struct ConnectionDriver {
                     let local = try await worker.versionVector()
                     if !peerHolds.dominatesOrEquals(local) { try await write(.holding(local), to: stream) }
                 case .peerHolds(let vector):
+                    if vector.advances(peerHolds), let peer { await delegate.connectionPeerHolds(peer: peer, vector) }
                     peerHolds.merge(vector)
                     let local = try await worker.versionVector()
                     settled.heard(level: vector.dominatesOrEquals(local), nothingNew: local.dominatesOrEquals(vector))
                     if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
+                case .peerReports(let reports):
+                    if let peer { await delegate.connectionMemberReports(peer: peer, reports) }
                 case .serve(let request):
+                    if request.versionVector.advances(peerHolds), let peer {
+                        await delegate.connectionPeerHolds(peer: peer, request.versionVector)
+                    }
                     peerHolds.merge(request.versionVector)
                     if let wall = request.wallClockMilliseconds, let peer {
                         let ahead = await worker.notePeerClock(wall, from: peer)

@@ -221,6 +221,7 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
+        members.heard(peer, holds: ack.versionVector, at: configuration.clock.nowMilliseconds(), from: .direct)
         if directory.acknowledged(peer, ack) { failures.clear(peer.hex) }
         wakeAcknowledgementWaiters()
         // Compared apart from the connection's loop: it reads the store.
@@ -243,6 +244,21 @@ extension SyncNode: ConnectionDelegate {
             metadata: ["peer": "\(hello.siteID.hex.prefix(8))", "address": "\(address)"]
         )
         return .accepted
+    }
+
+    func connectionPeerHolds(peer: SiteID, _ vector: VersionVector) {
+        members.heard(peer, holds: vector, at: configuration.clock.nowMilliseconds(), from: .direct)
+    }
+
+    func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) {
+        members.passedOn(reports, by: peer, own: siteID, now: configuration.clock.nowMilliseconds())
+    }
+
+    func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])? {
+        let now = configuration.clock.nowMilliseconds()
+        if let local = try? await worker.versionVector() { members.heard(siteID, holds: local, at: now, from: .local) }
+        guard refresh || generation != members.generation else { return nil }
+        return (members.generation, members.gossip(for: peer, now: now))
     }
 
     func connectionRoundFailed(peer: SiteID, reason: String) {

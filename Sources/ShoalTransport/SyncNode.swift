@@ -67,6 +67,8 @@ public actor SyncNode: Service {
     var divergenceWatch = DivergenceWatch()
     /// Peers whose last acknowledgement carried a digest not yet compared with this node's.
     var uncomparedDigests: Set<SiteID> = []
+    /// What every member was last known to hold (``MemberDirectory``).
+    var members = MemberDirectory()
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -109,6 +111,17 @@ public actor SyncNode: Service {
     /// Peers seen since start, connected or not.
     public func peerStatuses() -> [PeerStatus] {
         directory.statuses()
+    }
+
+    /// What every member this node heard of was last known to hold, when, and who said so (itself included).
+    public func memberStatuses() async -> [MemberStatus] {
+        if let local = try? await worker.versionVector() {
+            members.heard(siteID, holds: local, at: configuration.clock.nowMilliseconds(), from: .local)
+        }
+        var names: [SiteID: String] = [:]
+        for peer in directory.statuses() where !peer.name.isEmpty { names[peer.siteID] = peer.name }
+        names[siteID] = configuration.storeOptions.nodeName
+        return members.statuses(names: names)
     }
 
     /// Configured peers never reached yet: their address, how they were learned, and why they cannot be reached.

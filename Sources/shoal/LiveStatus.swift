@@ -39,6 +39,27 @@ struct LiveStatus: Codable {
         var lacking: UInt64? = nil
     }
 
+    /// A member of the cluster, and what it was last known to hold.
+    struct Member: Codable {
+        var site: String
+        var name: String?
+        var versionVector: [String: UInt64]
+        /// When it said so (wall milliseconds).
+        var reportedAtMs: UInt64
+        /// `direct`, `relayed` (passed on by `via`) or `local`.
+        var source: String
+        var via: String?
+
+        init(_ member: MemberStatus) {
+            site = member.siteID.hex
+            name = member.name?.printable()
+            versionVector = Dictionary(uniqueKeysWithValues: member.versionVector.entries.map { ($0.key.hex, $0.value) })
+            reportedAtMs = member.reportedAtMs
+            source = member.source
+            via = member.via?.hex
+        }
+    }
+
     /// A device that connected with a key the roster does not hold.
     struct PendingDevice: Codable {
         var node: String
@@ -76,6 +97,8 @@ struct LiveStatus: Codable {
     /// How long the node held SQLite's write lock, transaction by transaction, since it started.
     var writeLock: WriteLockHolds? = nil
     var peers: [Peer]
+    /// Every member this node heard of (itself included), and what each was last known to hold.
+    var members: [Member]? = nil
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
 

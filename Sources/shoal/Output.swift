@@ -103,6 +103,17 @@ enum Output {
                 ] as [String: Any]
             } ?? NSNull(),
             "peers": peers,
+            "members": live.map { live in
+                let now = SystemWallClock().nowMilliseconds()
+                return (live.members ?? []).map { member in
+                    [
+                        "site": member.site, "name": member.name.map { $0 as Any } ?? NSNull(),
+                        "version_vector": member.versionVector, "reported_at_ms": member.reportedAtMs,
+                        "age_ms": now &- min(now, member.reportedAtMs), "source": member.source,
+                        "via": member.via.map { $0 as Any } ?? NSNull(),
+                    ] as [String: Any]
+                } as Any
+            } ?? NSNull(),
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
             "version_vector": Dictionary(
@@ -246,6 +257,27 @@ enum Output {
                         + "\(peer.catchUpRemaining ?? 0) to go"
                         + (peer.catchUpSecondsLeft.map { ", ETA \(Int($0.rounded(.up))) s" } ?? "")
                 } ?? "") + "\n"
+        }
+        text += memberLines(live.members ?? [], now: now)
+        return text
+    }
+
+    /// What every member was last known to hold, how long ago, and who said so.
+    static func memberLines(_ members: [LiveStatus.Member], now: UInt64) -> String {
+        guard !members.isEmpty else { return "" }
+        let names = Dictionary(members.compactMap { member in member.name.map { (member.site, $0) } }) { a, _ in a }
+        var text = "members (what each was last known to hold):\n"
+        for member in members {
+            let vector = member.versionVector.sorted { $0.key < $1.key }.map { "\($0.key.prefix(8)):\($0.value)" }
+            let age = (now &- min(now, member.reportedAtMs)) / 1000
+            let source =
+                switch member.source {
+                case "local": "this node"
+                case "direct": "from itself, \(age) s ago"
+                default:
+                    "passed on by \(member.via.map { names[$0] ?? String($0.prefix(8)) } ?? "a peer"), \(age) s ago"
+                }
+            text += "  \(member.name ?? "?") \(member.site.prefix(8)): \(vector.joined(separator: " ")) (\(source))\n"
         }
         return text
     }

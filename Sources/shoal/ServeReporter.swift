@@ -51,6 +51,7 @@ final class ServeReporter: Service, Sendable {
                 unreached: await sync.unreachedPeers()
             )
             status.clockAheadOfPeersMs = await sync.clockAheadOfPeers()
+            status.members = await sync.memberStatuses().map(LiveStatus.Member.init)
             status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {
                 guard let site = SiteID(hex: status.peers[index].site) else { continue }

@@ -1,0 +1,133 @@
+import ShoalCore
+import ShoalProtocol
+
+/// What every member of the cluster was last known to hold, when, and who said so: from its own requests,
+/// acknowledgements and announcements on a link with it, from what peers pass on about members this node does not
+/// meet (``WireMessage/members(_:)``), and from this node itself. Pure: the node feeds it, with the wall clock's time.
+///
+/// A member's entry moves on only when a report holds more than it, or as much but more recently (a quiet member that
+/// still answers stays fresh). Every report is also kept in ``reports``, the history the collection rule of
+/// ``MemberReports`` reads.
+struct MemberDirectory: Sendable {
+    /// Where an entry came from.
+    enum Source: Hashable, Sendable {
+        /// The member itself, on a link with this node.
+        case direct
+        /// Passed on by this peer.
+        case peer(SiteID)
+        /// This node.
+        case local
+    }
+
+    /// One member's last known state.
+    struct Entry: Hashable, Sendable {
+        /// What it held.
+        var versionVector: VersionVector
+        /// When it said so (this node's wall clock, milliseconds).
+        var reportedAtMs: UInt64
+        /// Who told this node.
+        var source: Source
+    }
+
+    /// Per member (the site it writes as), its last known state.
+    private(set) var entries: [SiteID: Entry] = [:]
+    /// Every report, for the collection rule.
+    private(set) var reports = MemberReports()
+    /// Moves on whenever a member is known to hold more (not when an entry only becomes fresher): a link passes the
+    /// entries on when it changed since it last did.
+    private(set) var generation = 0
+
+    /// Records that `site` held `vector` at `reportedAtMs`, as `source` says. Returns whether it holds more than known.
+    @discardableResult
+    mutating func heard(_ site: SiteID, holds vector: VersionVector, at reportedAtMs: UInt64, from source: Source)
+        -> Bool
+    {
+        reports.record(vector, from: site)
+        guard let known = entries[site] else {
+            entries[site] = Entry(versionVector: vector, reportedAtMs: reportedAtMs, source: source)
+            generation += 1
+            return true
+        }
+        if vector.advances(known.versionVector) {
+            var merged = vector
+            merged.merge(known.versionVector)
+            entries[site] = Entry(
+                versionVector: merged,
+                reportedAtMs: max(reportedAtMs, known.reportedAtMs),
+                source: source
+            )
+            generation += 1
+            return true
+        }
+        // Nothing new: a more recent report of the same keeps the member fresh (a direct word beats a passed-on one).
+        if vector == known.versionVector, reportedAtMs > known.reportedAtMs {
+            entries[site]?.reportedAtMs = reportedAtMs
+            if known.source != .direct || source == .direct { entries[site]?.source = source }
+        }
+        return false
+    }
+
+    /// Forgets `site` (a member removed from the roster).
+    mutating func forget(_ site: SiteID) {
+        guard entries.removeValue(forKey: site) != nil else { return }
+        reports.forget(site)
+        generation += 1
+    }
+
+    /// The entries to pass on to `peer` at `now`: every member's but the peer's own, with its age.
+    func gossip(for peer: SiteID, now: UInt64) -> [MemberGossip] {
+        entries.lazy.filter { $0.key != peer }.sorted { $0.key < $1.key }.prefix(MemberGossip.maximumCount).map {
+            MemberGossip(
+                site: $0.key,
+                ageMilliseconds: now &- min(now, $0.value.reportedAtMs),
+                versionVector: $0.value.versionVector
+            )
+        }
+    }
+
+    /// Records what `peer` passed on at `now`, except what it says of `own` (this node knows its own state).
+    mutating func passedOn(_ gossip: [MemberGossip], by peer: SiteID, own: SiteID, now: UInt64) {
+        for report in gossip where report.site != own {
+            let source: Source = report.site == peer ? .direct : .peer(peer)
+            heard(report.site, holds: report.versionVector, at: now &- min(now, report.ageMilliseconds), from: source)
+        }
+    }
+}
+
+/// What a member of the cluster was last known to hold (``SyncNode/memberStatuses()``).
+public struct MemberStatus: Sendable, Hashable {
+    /// The member, by the site it writes as.
+    public var siteID: SiteID
+    /// Its name, when this node met it or the peer that told.
+    public var name: String?
+    /// What it held.
+    public var versionVector: VersionVector
+    /// When it said so (this node's wall clock, milliseconds).
+    public var reportedAtMs: UInt64
+    /// `direct` (on a link with it), `relayed` (passed on by ``via``) or `local` (this node).
+    public var source: String
+    /// The peer that passed it on, for `relayed`.
+    public var via: SiteID?
+}
+
+extension MemberDirectory {
+    /// Every entry, for status, named from `names` where known.
+    func statuses(names: [SiteID: String]) -> [MemberStatus] {
+        entries.sorted { $0.key < $1.key }.map { site, entry in
+            let (source, via): (String, SiteID?) =
+                switch entry.source {
+                case .direct: ("direct", nil)
+                case .local: ("local", nil)
+                case .peer(let peer): ("relayed", peer)
+                }
+            return MemberStatus(
+                siteID: site,
+                name: names[site],
+                versionVector: entry.versionVector,
+                reportedAtMs: entry.reportedAtMs,
+                source: source,
+                via: via
+            )
+        }
+    }
+}
