@@ -231,6 +231,14 @@ struct PeerDirectory {
         return recovered
     }
 
+    /// Records that `site` holds at least `vector` (its request or announcement said so). A digest it reported
+    /// before is of less than that: it is forgotten, so no comparison takes it for the digest of what it holds now.
+    mutating func holds(_ site: SiteID, _ vector: VersionVector) {
+        guard let known = peers[site]?.versionVector, vector.advances(known) else { return }
+        peers[site]?.versionVector.merge(vector)
+        peers[site]?.digest = nil
+    }
+
     /// Records that `site` diverged (same version, different digest), or, with nil, that it no longer is.
     mutating func setDivergence(_ site: SiteID, _ divergence: Divergence?) {
         peers[site]?.divergence = divergence

@@ -248,6 +248,7 @@ extension SyncNode: ConnectionDelegate {
 
     func connectionPeerHolds(peer: SiteID, _ vector: VersionVector) {
         members.heard(peer, holds: vector, at: configuration.clock.nowMilliseconds(), from: .direct)
+        directory.holds(peer, vector)
     }
 
     func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) {

@@ -258,12 +258,12 @@ enum Output {
                         + (peer.catchUpSecondsLeft.map { ", ETA \(Int($0.rounded(.up))) s" } ?? "")
                 } ?? "") + "\n"
         }
-        text += memberLines(live.members ?? [], now: now)
+        text += memberLines(live.members ?? [], ownName: status.nodeName, now: now)
         return text
     }
 
     /// What every member was last known to hold, how long ago, and who said so.
-    static func memberLines(_ members: [LiveStatus.Member], now: UInt64) -> String {
+    static func memberLines(_ members: [LiveStatus.Member], ownName: String?, now: UInt64) -> String {
         guard !members.isEmpty else { return "" }
         let names = Dictionary(members.compactMap { member in member.name.map { (member.site, $0) } }) { a, _ in a }
         var text = "members (what each was last known to hold):\n"
@@ -277,7 +277,8 @@ enum Output {
                 default:
                     "passed on by \(member.via.map { names[$0] ?? String($0.prefix(8)) } ?? "a peer"), \(age) s ago"
                 }
-            text += "  \(member.name ?? "?") \(member.site.prefix(8)): \(vector.joined(separator: " ")) (\(source))\n"
+            let name = member.name ?? (member.source == "local" ? ownName : nil) ?? "?"
+            text += "  \(name) \(member.site.prefix(8)): \(vector.joined(separator: " ")) (\(source))\n"
         }
         return text
     }

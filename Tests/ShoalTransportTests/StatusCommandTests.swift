@@ -117,5 +117,46 @@ private func status(_ path: String) throws -> [String: Any] {
         let text = try shoal(["status", "--db", fresh])
         #expect(text.contains("catching up") || text.contains("same version"), "\(text)")
     }
-}
 
+    /// `shoal status` lists every member the node heard of, what each held, how long ago and who said so.
+    @Test func statusListsWhatEachMemberHolds() async throws {
+        let directory = try temporaryDirectory("status-members")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (first, second) = (directory.appendingPathComponent("a.db").path, directory.appendingPathComponent("b.db").path)
+        for (path, name) in [(first, "a"), (second, "b")] {
+            var options = StoreOptions()
+            options.nodeName = name
+            let store = try Store(path: path, options: options)
+            try store.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+            try store.replicate(table: "t")
+        }
+        let plaintext = ["--no-mdns", "--no-remembered", "--insecure-plaintext", "--cluster", "members"]
+        let a = try RunningProcess(try shoalExecutable(), ["serve", "--db", first, "--listen", "127.0.0.1:0"] + plaintext)
+        defer { a.stop() }
+        guard let listening = await a.line(within: 90, { $0.hasPrefix("listening on") }) else {
+            throw TestSetupError("a did not start: \(a.output)")
+        }
+        let b = try RunningProcess(
+            try shoalExecutable(),
+            ["serve", "--db", second, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
+                + plaintext
+        )
+        defer { b.stop() }
+        _ = try shoal(["sql", "--db", second, "INSERT INTO t(v) VALUES ('from b')"])
+        let bSite = try Store(path: second).status().siteID.hex
+        var members: [[String: Any]] = []
+        let listed = try await waitUntil(within: 60) {
+            members = try status(first)["members"] as? [[String: Any]] ?? []
+            return members.contains {
+                $0["site"] as? String == bSite && ($0["version_vector"] as? [String: Int])?[bSite] == 1
+            }
+        }
+        #expect(listed, "\(members) \(a.output)")
+        let ofB = members.first { $0["site"] as? String == bSite }
+        #expect(ofB?["source"] as? String == "direct" && ofB?["name"] as? String == "b", "\(members)")
+        #expect((ofB?["age_ms"] as? Int).map { $0 >= 0 && $0 < 60_000 } == true)
+        #expect(members.contains { $0["source"] as? String == "local" && $0["site"] as? String != bSite })
+        let text = try shoal(["status", "--db", first])
+        #expect(text.contains("members (what each was last known to hold):") && text.contains("from itself"), "\(text)")
+    }
+}
