@@ -302,7 +302,9 @@ struct ConnectionDriver {
                     if vector.advances(peerHolds), let peer { await delegate.connectionPeerHolds(peer: peer, vector) }
                     peerHolds.merge(vector)
                     let local = try await worker.versionVector()
-                    settled.heard(level: vector.dominatesOrEquals(local), nothingNew: local.dominatesOrEquals(vector))
+                    // Only our own pull tells that the peer holds nothing new for us: the rounds that follow a commit
+                    // carry the digests both ways, which are compared at equal versions.
+                    settled.acknowledged(level: vector.dominatesOrEquals(local))
                     if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
                 case .peerReports(let reports):
                     if let peer { await delegate.connectionMemberReports(peer: peer, reports) }
@@ -348,7 +350,7 @@ struct ConnectionDriver {
                     let local = try await worker.versionVector()
                     var level = ack.versionVector.dominatesOrEquals(local)
                     if !level, let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
-                    settled.heard(level: level, nothingNew: local.dominatesOrEquals(ack.versionVector))
+                    settled.acknowledged(level: level)
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
                     // The peer refused our round (a clock it will not take, …); it stopping, or keeping another

@@ -1,11 +1,11 @@
 /// Whether a link needs its periodic round.
 ///
 /// Every commit is announced (or starts a round, with a peer before protocol version 7); the periodic round is the
-/// safety net under them (a change nobody announced, a digest to compare). A link is settled when the peer holds
-/// nothing new for us (our last pull brought nothing, or what it last said it holds is covered here) and it holds our
-/// version vector (it acknowledged our answer at it, or said so), and nothing committed here since: its periodic
-/// rounds are skipped, at most ``maximumSkips`` in a row. The side that holds something new is never settled, so it
-/// keeps its rounds.
+/// safety net under them (a change nobody announced, a digest to compare). A link is settled when our last pull
+/// brought nothing and the peer acknowledged our last answer at our version vector (or said it holds it), and nothing
+/// committed here since: its periodic rounds are skipped, at most ``maximumSkips`` in a row. The side that holds
+/// something new is never settled, so it keeps its rounds; and after a commit each side pulls once more, so the
+/// digests are compared both ways within a few periodic rounds.
 struct SettledLink {
     /// Periodic rounds skipped in a row at most: digests are compared at the round after (a minute apart at the
     /// default 2 s interval; any commit starts a round at once).
@@ -26,11 +26,9 @@ struct SettledLink {
         pulledNothing = applied == 0
     }
 
-    /// The peer acknowledged our answer or said what it holds: `level` says whether that covers our vector, and
-    /// `nothingNew` whether ours covers it (then a pull would bring nothing).
-    mutating func heard(level: Bool, nothingNew: Bool) {
+    /// The peer acknowledged our answer, or said what it holds; `level` says whether that covers our vector.
+    mutating func acknowledged(level: Bool) {
         peerLevel = level
-        if nothingNew { pulledNothing = true }
     }
 
     /// A periodic round is due: whether to run it (`false`: skipped).

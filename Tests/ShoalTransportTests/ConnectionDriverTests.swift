@@ -332,7 +332,7 @@ private func exchange(
         #expect(due())  // nothing known yet
         link.pullFinished(applied: 0)
         #expect(due())  // the peer has not acknowledged our vector yet
-        link.heard(level: true, nothingNew: false)
+        link.acknowledged(level: true)
         let pattern = (0..<60).map { _ in due() }
         let skips = Array(repeating: false, count: SettledLink.maximumSkips)
         #expect(SettledLink.maximumSkips == 29)
@@ -341,20 +341,12 @@ private func exchange(
         link.committed()
         #expect(due())
         link.pullFinished(applied: 0)
-        link.heard(level: true, nothingNew: false)
+        link.acknowledged(level: true)
         #expect(!due())
         link.pullFinished(applied: 3)
         #expect(due())
         link.pullFinished(applied: 0)
-        link.heard(level: false, nothingNew: false)
-        #expect(due())
-        // The peer said it holds what we hold, no more: settled with no pull of ours (an announced commit).
-        link.committed()
-        link.heard(level: true, nothingNew: true)
-        #expect(!due())
-        // It holds something we lack: not settled.
-        link.committed()
-        link.heard(level: true, nothingNew: false)
+        link.acknowledged(level: false)
         #expect(due())
     }
 
