@@ -86,7 +86,8 @@ import Testing
         #expect(ofC.source == "relayed" && ofC.via == b.node.siteID, "\(statuses)")
         #expect(statuses.first { $0.siteID == b.node.siteID }?.source == "direct")
         #expect(statuses.first { $0.siteID == a.node.siteID }?.source == "local")
-        // c's row reached a, and the rows match outside Shoal.
+        // c's row reaches a (what a member holds may be passed on before the data), and the rows match outside Shoal.
+        #expect(try await waitUntil(within: 30) { try await a.node.versionVector().dominatesOrEquals(target) })
         let rowsA = try sqlite3Shell(a.path, "SELECT k, quote(v) FROM kv ORDER BY k").stdout
         let rowsC = try sqlite3Shell(c.path, "SELECT k, quote(v) FROM kv ORDER BY k").stdout
         #expect(rowsA == rowsC && rowsA.contains("from c"))
