@@ -321,6 +321,15 @@ extension Store {
             )
         }
         var report = ApplyReport()
+        if !replaying {
+            // A transaction this database already holds (its vector covers the dot) is merged here, or was overwritten
+            // by what is: merged again it changes nothing, and it costs a row read. Skipped, it can also never bring
+            // back a row or tombstone collected since. (Held changes replayed once their column arrives have covered
+            // dots: they are not skipped.)
+            let received = changes.count
+            changes.removeAll { held[$0.stamp.site] >= $0.stamp.seq }
+            report.alreadyKnown += received - changes.count
+        }
         let accepted = changes
         // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.
         var holding = changes.map(mustHold)

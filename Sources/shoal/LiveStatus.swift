@@ -53,7 +53,9 @@ struct LiveStatus: Codable {
         init(_ member: MemberStatus) {
             site = member.siteID.hex
             name = member.name?.printable()
-            versionVector = Dictionary(uniqueKeysWithValues: member.versionVector.entries.map { ($0.key.hex, $0.value) })
+            versionVector = Dictionary(
+                uniqueKeysWithValues: member.versionVector.entries.map { ($0.key.hex, $0.value) }
+            )
             reportedAtMs = member.reportedAtMs
             source = member.source
             via = member.via?.hex
