@@ -63,6 +63,7 @@ extension WireMessage {
             bytes.appendVarint(UInt64(reports.count))
             for report in reports {
                 bytes.append(contentsOf: report.site.bytes)
+                bytes.appendString(String(report.name.utf8.prefix(MemberGossip.maximumNameBytes)) ?? "")
                 bytes.appendVarint(report.ageMilliseconds)
                 bytes.appendVersionVector(report.versionVector)
             }
@@ -192,8 +193,12 @@ extension WireMessage {
             var reports: [MemberGossip] = []
             for _ in 0..<Int(count) {
                 guard let site = SiteID(bytes: try reader.readBytes(16)) else { throw malformed("bad site id") }
+                let name = try reader.readString()
+                guard name.utf8.count <= MemberGossip.maximumNameBytes else { throw malformed("a member name too long") }
                 let age = try reader.readVarint()
-                reports.append(MemberGossip(site: site, ageMilliseconds: age, versionVector: try reader.readVersionVector()))
+                reports.append(
+                    MemberGossip(site: site, name: name, ageMilliseconds: age, versionVector: try reader.readVersionVector())
+                )
             }
             return .members(reports)
         case .ping:

@@ -269,17 +269,22 @@ public struct Ack: Hashable, Sendable {
 public struct MemberGossip: Hashable, Sendable {
     /// The most entries one message carries.
     public static let maximumCount = 4_096
+    /// The longest name passed on, in bytes of UTF-8.
+    public static let maximumNameBytes = 64
 
     /// The member, by the site it writes as.
     public var site: SiteID
+    /// Its name, as far as the sender knows it (empty when it does not).
+    public var name: String
     /// How long before sending this the member said it held ``versionVector``, in milliseconds.
     public var ageMilliseconds: UInt64
     /// What it held then.
     public var versionVector: VersionVector
 
-    /// `site` held `versionVector` `ageMilliseconds` ago.
-    public init(site: SiteID, ageMilliseconds: UInt64, versionVector: VersionVector) {
+    /// `site` (named `name`) held `versionVector` `ageMilliseconds` ago.
+    public init(site: SiteID, name: String = "", ageMilliseconds: UInt64, versionVector: VersionVector) {
         self.site = site
+        self.name = name
         self.ageMilliseconds = ageMilliseconds
         self.versionVector = versionVector
     }

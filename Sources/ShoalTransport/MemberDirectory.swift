@@ -31,6 +31,8 @@ struct MemberDirectory: Sendable {
 
     /// Per member (the site it writes as), its last known state.
     private(set) var entries: [SiteID: Entry] = [:]
+    /// Members' names: as they said in their hellos, or as peers passed them on.
+    private(set) var names: [SiteID: String] = [:]
     /// Every report, for the collection rule.
     private(set) var reports = MemberReports()
     /// Moves on whenever a member is known to hold more (not when an entry only becomes fresher): a link passes the
@@ -74,11 +76,18 @@ struct MemberDirectory: Sendable {
         generation += 1
     }
 
-    /// The entries to pass on to `peer` at `now`: every member's but the peer's own, with its age.
+    /// Records `site`'s name as it said it (a hello), over any passed on.
+    mutating func named(_ site: SiteID, _ name: String) {
+        guard !name.isEmpty else { return }
+        names[site] = name
+    }
+
+    /// The entries to pass on to `peer` at `now`: every member's but the peer's own, with its age and name.
     func gossip(for peer: SiteID, now: UInt64) -> [MemberGossip] {
         entries.lazy.filter { $0.key != peer }.sorted { $0.key < $1.key }.prefix(MemberGossip.maximumCount).map {
             MemberGossip(
                 site: $0.key,
+                name: names[$0.key] ?? "",
                 ageMilliseconds: now &- min(now, $0.value.reportedAtMs),
                 versionVector: $0.value.versionVector
             )
@@ -88,6 +97,7 @@ struct MemberDirectory: Sendable {
     /// Records what `peer` passed on at `now`, except what it says of `own` (this node knows its own state).
     mutating func passedOn(_ gossip: [MemberGossip], by peer: SiteID, own: SiteID, now: UInt64) {
         for report in gossip where report.site != own {
+            if names[report.site] == nil, !report.name.isEmpty { names[report.site] = report.name }
             let source: Source = report.site == peer ? .direct : .peer(peer)
             heard(report.site, holds: report.versionVector, at: now &- min(now, report.ageMilliseconds), from: source)
         }
@@ -111,8 +121,8 @@ public struct MemberStatus: Sendable, Hashable {
 }
 
 extension MemberDirectory {
-    /// Every entry, for status, named from `names` where known.
-    func statuses(names: [SiteID: String]) -> [MemberStatus] {
+    /// Every entry, for status, with its name where known.
+    func statuses() -> [MemberStatus] {
         entries.sorted { $0.key < $1.key }.map { site, entry in
             let (source, via): (String, SiteID?) =
                 switch entry.source {

@@ -70,6 +70,7 @@ extension SyncNode {
                 nodeName: configuration.nodeName,
                 listenPort: UInt16(listeningPort ?? 0)
             )
+            members.named(siteID, hello.nodeName)
             let highest = max(hello.versions.lowerBound, min(hello.versions.upperBound, settings.session.highestVersion))
             hello.versions = hello.versions.lowerBound...highest
         } catch {
@@ -186,6 +187,7 @@ extension SyncNode: ConnectionDelegate {
         // While the same failure repeats, its reconnections are not announced each time.
         if !failures.isRepeating(hello.siteID.hex) {
             eventSink.yield(.peerConnected(hello.siteID, name: hello.nodeName, address: address))
+            members.named(hello.siteID, hello.nodeName)
         }
         // Remember where to reach it: the address dialled, at once; for a peer that dialled us, its IP with the port
         // it says it listens on, once a round with it finished (anyone can send a hello; the list would fill with

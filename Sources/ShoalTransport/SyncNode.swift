@@ -118,10 +118,7 @@ public actor SyncNode: Service {
         if let local = try? await worker.versionVector() {
             members.heard(siteID, holds: local, at: configuration.clock.nowMilliseconds(), from: .local)
         }
-        var names: [SiteID: String] = [:]
-        for peer in directory.statuses() where !peer.name.isEmpty { names[peer.siteID] = peer.name }
-        names[siteID] = configuration.storeOptions.nodeName
-        return members.statuses(names: names)
+        return members.statuses()
     }
 
     /// Configured peers never reached yet: their address, how they were learned, and why they cannot be reached.

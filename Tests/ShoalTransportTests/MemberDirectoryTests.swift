@@ -47,10 +47,11 @@ import Testing
         var atB = MemberDirectory()
         atB.heard(b, holds: VersionVector([b: 5]), at: 1_000, from: .local)
         atB.heard(c, holds: VersionVector([c: 7]), at: 900, from: .direct)
+        atB.named(c, "cé")
         atB.heard(a, holds: VersionVector([a: 1]), at: 950, from: .direct)
         let gossip = atB.gossip(for: a, now: 1_000)
         #expect(gossip.map(\.site) == [b, c])
-        #expect(gossip.map(\.ageMilliseconds) == [0, 100])
+        #expect(gossip.map(\.ageMilliseconds) == [0, 100] && gossip.map(\.name) == ["", "cé"])
         // On the wire and back.
         let message = WireMessage.members(gossip)
         #expect(try WireMessage.decode(message.encoded()) == message)
@@ -64,6 +65,7 @@ import Testing
         atA.passedOn(gossip + [aboutA], by: b, own: a, now: 5_000)
         #expect(atA.entries[b] == .init(versionVector: VersionVector([b: 5]), reportedAtMs: 5_000, source: .direct))
         #expect(atA.entries[c] == .init(versionVector: VersionVector([c: 7]), reportedAtMs: 4_900, source: .peer(b)))
+        #expect(atA.names[c] == "cé" && atA.statuses().first { $0.siteID == c }?.name == "cé")
         #expect(atA.entries[a]?.versionVector == VersionVector([a: 2]))
     }
 
@@ -84,6 +86,9 @@ import Testing
         let statuses = await a.node.memberStatuses()
         let ofC = try #require(statuses.first { $0.siteID == cSite })
         #expect(ofC.source == "relayed" && ofC.via == b.node.siteID, "\(statuses)")
+        // Its name is passed on with it, and the others are named as they said in their hellos.
+        let names = [a.node.siteID: "a", b.node.siteID: "b", cSite: "c"]
+        #expect(statuses.map(\.name) == statuses.map { names[$0.siteID] })
         #expect(statuses.first { $0.siteID == b.node.siteID }?.source == "direct")
         #expect(statuses.first { $0.siteID == a.node.siteID }?.source == "local")
         // c's row reaches a (what a member holds may be passed on before the data), and the rows match outside Shoal.
