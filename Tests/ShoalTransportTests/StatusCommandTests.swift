@@ -17,6 +17,24 @@ private func status(_ path: String) throws -> [String: Any] {
     return (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
 }
 
+/// Two plaintext `shoal serve` processes of cluster `cluster`: on `first`, and on `second` dialling it. Stop both.
+private func servePair(_ first: String, _ second: String, cluster: String) async throws
+    -> (RunningProcess, RunningProcess)
+{
+    let plaintext = ["--no-mdns", "--no-remembered", "--insecure-plaintext", "--cluster", cluster]
+    let a = try RunningProcess(try shoalExecutable(), ["serve", "--db", first, "--listen", "127.0.0.1:0"] + plaintext)
+    guard let listening = await a.line(within: 90, { $0.hasPrefix("listening on") }) else {
+        a.stop()
+        throw TestSetupError("a did not start: \(a.output)")
+    }
+    let b = try RunningProcess(
+        try shoalExecutable(),
+        ["serve", "--db", second, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
+            + plaintext
+    )
+    return (a, b)
+}
+
 @Suite struct StatusCommandTests {
     @Test func statusListsAStaticPeerNeverReachedAndKnowsTheNodeRunsEvenWhenItsReportIsLate() async throws {
         let directory = try temporaryDirectory("status")
@@ -90,18 +108,11 @@ private func status(_ path: String) throws -> [String: Any] {
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(rows)) "
                 + "INSERT INTO t SELECT i, 'row ' || i, i * 7, i / 3.0 FROM n"
         )
-        let plaintext = ["--no-mdns", "--no-remembered", "--insecure-plaintext", "--cluster", "catchup"]
-        let a = try RunningProcess(try shoalExecutable(), ["serve", "--db", source, "--listen", "127.0.0.1:0"] + plaintext)
-        defer { a.stop() }
-        guard let listening = await a.line(within: 90, { $0.hasPrefix("listening on") }) else {
-            throw TestSetupError("a did not start: \(a.output)")
+        let (a, b) = try await servePair(source, fresh, cluster: "catchup")
+        defer {
+            b.stop()
+            a.stop()
         }
-        let b = try RunningProcess(
-            try shoalExecutable(),
-            ["serve", "--db", fresh, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
-                + plaintext
-        )
-        defer { b.stop() }
         var seen: [String: Any]?
         let deadline = Date().addingTimeInterval(120)
         while Date() < deadline && seen == nil {
@@ -130,18 +141,11 @@ private func status(_ path: String) throws -> [String: Any] {
             try store.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
             try store.replicate(table: "t")
         }
-        let plaintext = ["--no-mdns", "--no-remembered", "--insecure-plaintext", "--cluster", "members"]
-        let a = try RunningProcess(try shoalExecutable(), ["serve", "--db", first, "--listen", "127.0.0.1:0"] + plaintext)
-        defer { a.stop() }
-        guard let listening = await a.line(within: 90, { $0.hasPrefix("listening on") }) else {
-            throw TestSetupError("a did not start: \(a.output)")
+        let (a, b) = try await servePair(first, second, cluster: "members")
+        defer {
+            b.stop()
+            a.stop()
         }
-        let b = try RunningProcess(
-            try shoalExecutable(),
-            ["serve", "--db", second, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
-                + plaintext
-        )
-        defer { b.stop() }
         _ = try shoal(["sql", "--db", second, "INSERT INTO t(v) VALUES ('from b')"])
         let bSite = try Store(path: second).status().siteID.hex
         var members: [[String: Any]] = []
