@@ -27,10 +27,10 @@ private func servePair(_ first: String, _ second: String, cluster: String) async
         a.stop()
         throw TestSetupError("a did not start: \(a.output)")
     }
+    let address = String(listening.dropFirst("listening on ".count))
     let b = try RunningProcess(
         try shoalExecutable(),
-        ["serve", "--db", second, "--listen", "127.0.0.1:0", "--peer", String(listening.dropFirst("listening on ".count))]
-            + plaintext
+        ["serve", "--db", second, "--listen", "127.0.0.1:0", "--peer", address] + plaintext
     )
     return (a, b)
 }
@@ -133,7 +133,8 @@ private func servePair(_ first: String, _ second: String, cluster: String) async
     @Test func statusListsWhatEachMemberHolds() async throws {
         let directory = try temporaryDirectory("status-members")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let (first, second) = (directory.appendingPathComponent("a.db").path, directory.appendingPathComponent("b.db").path)
+        let first = directory.appendingPathComponent("a.db").path
+        let second = directory.appendingPathComponent("b.db").path
         for (path, name) in [(first, "a"), (second, "b")] {
             var options = StoreOptions()
             options.nodeName = name
