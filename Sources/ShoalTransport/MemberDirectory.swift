@@ -61,10 +61,13 @@ struct MemberDirectory: Sendable {
             generation += 1
             return true
         }
-        // Nothing new: a more recent report of the same keeps the member fresh (a direct word beats a passed-on one).
+        // Nothing new: a more recent report of the same keeps the member fresh. A direct word beats a passed-on one;
+        // a passed-on one replaces another only when it is fresher by more than the milliseconds each hop adds
+        // (ages do not count the time on the wire), so a report going round a loop of peers does not change hands.
         if vector == known.versionVector, reportedAtMs > known.reportedAtMs {
             entries[site]?.reportedAtMs = reportedAtMs
-            if known.source != .direct || source == .direct { entries[site]?.source = source }
+            let fresher = reportedAtMs > known.reportedAtMs + Self.hopAllowanceMilliseconds
+            if source == .direct || (known.source != .direct && fresher) { entries[site]?.source = source }
         }
         return false
     }
@@ -82,9 +85,13 @@ struct MemberDirectory: Sendable {
         names[site] = name
     }
 
-    /// The entries to pass on to `peer` at `now`: every member's but the peer's own, with its age and name.
+    /// How much fresher a passed-on report must be to replace another as the source.
+    static let hopAllowanceMilliseconds: UInt64 = 1_000
+
+    /// The entries to pass on to `peer` at `now`: every member's but the peer's own and those the peer passed on
+    /// (it knows them better), with its age and name.
     func gossip(for peer: SiteID, now: UInt64) -> [MemberGossip] {
-        entries.lazy.filter { $0.key != peer }.sorted { $0.key < $1.key }.prefix(MemberGossip.maximumCount).map {
+        entries.lazy.filter { $0.key != peer && $0.value.source != .peer(peer) }.sorted { $0.key < $1.key }.prefix(MemberGossip.maximumCount).map {
             MemberGossip(
                 site: $0.key,
                 name: names[$0.key] ?? "",

@@ -37,6 +37,15 @@ import Testing
         // A passed-on word of the same does not replace the member's own as the source.
         _ = members.heard(b, holds: VersionVector([b: 3, c: 1]), at: 400, from: .peer(c))
         #expect(members.entries[b]?.source == .direct && members.entries[b]?.reportedAtMs == 400)
+        // What a peer passed on is not passed back to it, and a report that went round a loop (a few ms fresher)
+        // does not change hands; one fresher by more than the allowance does.
+        let aSite = SiteID(high: 9, low: 9)
+        members.heard(aSite, holds: VersionVector([aSite: 1]), at: 400, from: .peer(c))
+        #expect(members.gossip(for: c, now: 500).map(\.site) == [b])
+        members.heard(aSite, holds: VersionVector([aSite: 1]), at: 405, from: .peer(b))
+        #expect(members.entries[aSite]?.source == .peer(c) && members.entries[aSite]?.reportedAtMs == 405)
+        members.heard(aSite, holds: VersionVector([aSite: 1]), at: 2_000, from: .peer(b))
+        #expect(members.entries[aSite]?.source == .peer(b))
         // Every report is in the collection rule's history.
         #expect(members.reports.history[b]?.last == VersionVector([b: 3, c: 1]))
         members.forget(b)
