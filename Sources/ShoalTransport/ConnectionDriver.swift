@@ -301,10 +301,9 @@ struct ConnectionDriver {
                 case .peerHolds(let vector):
                     if vector.advances(peerHolds), let peer { await delegate.connectionPeerHolds(peer: peer, vector) }
                     peerHolds.merge(vector)
+                    // Settles nothing: only our own pull tells that the peer holds nothing new for us, and only its
+                    // acknowledgement carries its digest.
                     let local = try await worker.versionVector()
-                    // Only our own pull tells that the peer holds nothing new for us: the rounds that follow a commit
-                    // carry the digests both ways, which are compared at equal versions.
-                    settled.acknowledged(level: vector.dominatesOrEquals(local))
                     if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
                 case .peerReports(let reports):
                     if let peer { await delegate.connectionMemberReports(peer: peer, reports) }
@@ -343,13 +342,14 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
-                    // Level: the peer holds our vector, or the same data (equal digests): a peer that last synced
-                    // through a relay range or a stream file claims only what their changes prove, so a transaction
-                    // overwritten before it saw them may stay unclaimed there (Store.claimed).
+                    // Level: the peer holds the same data, its digest (carried once current) equal to ours. Equal
+                    // vectors are not enough: until the digests were compared at them, rounds go on, so a divergence
+                    // is found within a few periodic rounds, not at the once-a-minute round of a settled link. (A peer
+                    // that last synced through a relay range or a stream file claims only what their changes prove,
+                    // so its vector may stay short of ours with the same data: Store.claimed.)
                     peerHolds.merge(ack.versionVector)
-                    let local = try await worker.versionVector()
-                    var level = ack.versionVector.dominatesOrEquals(local)
-                    if !level, let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
+                    var level = false
+                    if let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
                     settled.acknowledged(level: level)
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
