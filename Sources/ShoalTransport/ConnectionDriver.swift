@@ -342,14 +342,15 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(let ack):
-                    // Level: the peer holds the same data, its digest (carried once current) equal to ours. Equal
-                    // vectors are not enough: until the digests were compared at them, rounds go on, so a divergence
-                    // is found within a few periodic rounds, not at the once-a-minute round of a settled link. (A peer
-                    // that last synced through a relay range or a stream file claims only what their changes prove,
-                    // so its vector may stay short of ours with the same data: Store.claimed.)
+                    // Level: the peer holds the same data. When both digests are current, they say (a peer that last
+                    // synced through a relay range or a stream file claims only what their changes prove, so its
+                    // vector may stay short of ours with the same data: Store.claimed; and a divergence keeps the
+                    // link's rounds going, so it is found within a few periodic rounds). Otherwise the vectors say.
                     peerHolds.merge(ack.versionVector)
-                    var level = false
-                    if let theirs = ack.digest { level = await worker.comparableDigest()?.bytes == theirs }
+                    var level = ack.versionVector.dominatesOrEquals(try await worker.versionVector())
+                    if let theirs = ack.digest, let ours = await worker.comparableDigest() {
+                        level = ours.bytes == theirs
+                    }
                     settled.acknowledged(level: level)
                     if let peer { await delegate.connectionAcknowledged(peer: peer, ack) }
                 case .peerRefused(let rejection):
