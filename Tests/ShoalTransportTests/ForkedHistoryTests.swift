@@ -65,4 +65,54 @@ import ShoalTestSupport
         }
         await b.stop()
     }
+
+    /// Found by an adversarial try, not fixed yet (the next session's first item): a node restored from a backup of
+    /// its folder (the database and its record of what was sent) whose app writes while the node is down reuses its
+    /// site's numbers that its peer holds with other content. The node notices at the next sync and moves to a fresh
+    /// site on restart, but it claims the old site up to its own write, so the peer's transaction under that number
+    /// never comes back and its own never leaves: equal vectors, different rows. The fix: remember the common prefix
+    /// at the fork, claim the old site only that far, and re-issue the node's own later writes under the fresh site.
+    @Test(.disabled("known bug: a restored node's writes under numbers its peer holds are lost both ways"))
+    func aRestoredNodeWhoseAppWroteWhileItWasDownLosesNothingEitherWay() async throws {
+        let directory = try temporaryDirectory("forked-app-write")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let b = try await startNode(in: directory, name: "b")
+        let path = directory.appendingPathComponent("a.db").path
+        func run(_ body: (RunningNode) async throws -> Void) async throws {
+            let a = try await startNode(in: directory, name: "a", peers: [b.port])
+            try await body(a)
+            await a.stop()
+        }
+        try await run { a in
+            for k in 1...3 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('a\(k)', \(k))") }
+            #expect(try await converge(a, b))
+        }
+        let backup = directory.appendingPathComponent("backup")
+        try FileManager.default.createDirectory(at: backup, withIntermediateDirectories: true)
+        _ = try SQLiteConnection(path: path).rows("VACUUM INTO '\(backup.path)/a.db'")
+        try FileManager.default.copyItem(atPath: path + ".shoal-sent", toPath: backup.path + "/a.db.shoal-sent")
+        try await run { a in
+            for k in 4...6 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('a\(k)', \(k))") }
+            #expect(try await converge(a, b))
+        }
+        // Restored in place with its record; the app writes while the node is down.
+        try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
+        try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
+        try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+        try Store(path: path).execute("INSERT INTO kv(k, v) VALUES ('restored', 0)")
+        // Told by its peer, then restarted: it moves to a fresh site. Every row ends on both sides.
+        let told = try await startNode(in: directory, name: "a", peers: [b.port])
+        _ = await told.log.seen(within: 30) { event in
+            guard case .peerDisconnected(_, let reason) = event else { return false }
+            return reason.contains("restored from an older copy")
+        }
+        await told.stop()
+        let moved = try await startNode(in: directory, name: "a", peers: [b.port])
+        #expect(try await converge(moved, b))
+        await moved.stop()
+        await b.stop()
+        let expected = ["a1", "a2", "a3", "a4", "a5", "a6", "restored"].joined(separator: "\n") + "\n"
+        #expect(try sqlite3Shell(path, "SELECT k FROM kv ORDER BY k").stdout == expected)
+        #expect(try sqlite3Shell(b.path, "SELECT k FROM kv ORDER BY k").stdout == expected)
+    }
 }
