@@ -6,6 +6,20 @@ import ShoalTestSupport
 @testable import ShoalStore
 @testable import ShoalTransport
 
+/// Backs up node `path`'s folder (its database and its record of what it sent) into `backup`.
+private func backUpFolder(of path: String, into backup: URL) throws {
+    try FileManager.default.createDirectory(at: backup, withIntermediateDirectories: true)
+    _ = try SQLiteConnection(path: path).rows("VACUUM INTO '\(backup.path)/a.db'")
+    try FileManager.default.copyItem(atPath: path + ".shoal-sent", toPath: backup.path + "/a.db.shoal-sent")
+}
+
+/// Restores node `path`'s folder in place from `backup` (see ``backUpFolder(of:into:)``).
+private func restoreFolder(of path: String, from backup: URL) throws {
+    try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
+    try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
+    try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+}
+
 @Suite struct ForkedHistoryTests {
     /// A node's folder restored from an older backup (the database and its record of what was sent, in place), then
     /// written to past what its peer holds while the node was down: its file shows nothing, and it would write on
@@ -28,18 +42,14 @@ import ShoalTestSupport
             #expect(try await converge(a, b))
         }
         let backup = directory.appendingPathComponent("backup")
-        try FileManager.default.createDirectory(at: backup, withIntermediateDirectories: true)
-        _ = try SQLiteConnection(path: path).rows("VACUUM INTO '\(backup.path)/a.db'")
-        try FileManager.default.copyItem(atPath: path + ".shoal-sent", toPath: backup.path + "/a.db.shoal-sent")
+        try backUpFolder(of: path, into: backup)
         try await run { a in
             try await a.node.execute("INSERT INTO kv(k, v) VALUES ('two', 2)")
             try await a.node.execute("INSERT INTO kv(k, v) VALUES ('three', 3)")
             #expect(try await converge(a, b))
         }
         // Restored in place, with its old record; the app writes three rows while the node is down.
-        try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
-        try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
-        try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+        try restoreFolder(of: path, from: backup)
         do {
             let app = try Store(path: path)
             #expect(try app.identityChange() == nil)
@@ -88,17 +98,13 @@ import ShoalTestSupport
             #expect(try await converge(a, b))
         }
         let backup = directory.appendingPathComponent("backup")
-        try FileManager.default.createDirectory(at: backup, withIntermediateDirectories: true)
-        _ = try SQLiteConnection(path: path).rows("VACUUM INTO '\(backup.path)/a.db'")
-        try FileManager.default.copyItem(atPath: path + ".shoal-sent", toPath: backup.path + "/a.db.shoal-sent")
+        try backUpFolder(of: path, into: backup)
         try await run { a in
             for k in 4...6 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('a\(k)', \(k))") }
             #expect(try await converge(a, b))
         }
         // Restored in place with its record; the app writes while the node is down.
-        try? FileManager.default.removeItem(atPath: path + ".shoal-sent")
-        try restoreInPlace(path, from: backup.appendingPathComponent("a.db").path)
-        try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
+        try restoreFolder(of: path, from: backup)
         try Store(path: path).execute("INSERT INTO kv(k, v) VALUES ('restored', 0)")
         // Told by its peer, then restarted: it moves to a fresh site. Every row ends on both sides.
         let told = try await startNode(in: directory, name: "a", peers: [b.port])
