@@ -29,52 +29,57 @@ struct MemberDirectory: Sendable {
         var source: Source
     }
 
-    /// Per member (the site it writes as), its last known state.
-    private(set) var entries: [SiteID: Entry] = [:]
+    /// When and from whom each member's latest report came; what it holds is the last of its ``reports``.
+    private var heardFrom: [SiteID: (reportedAtMs: UInt64, source: Source)] = [:]
     /// Members' names: as they said in their hellos, or as peers passed them on.
     private(set) var names: [SiteID: String] = [:]
-    /// Every report, for the collection rule.
+    /// Every report, for the collection rule: each member's last is what it is known to hold.
     private(set) var reports = MemberReports()
     /// Moves on whenever a member is known to hold more (not when an entry only becomes fresher): a link passes the
     /// entries on when it changed since it last did.
     private(set) var generation = 0
+
+    /// Per member (the site it writes as), its last known state.
+    var entries: [SiteID: Entry] {
+        var entries: [SiteID: Entry] = [:]
+        for (site, heard) in heardFrom {
+            guard let vector = reports.history[site]?.last else { continue }
+            entries[site] = Entry(versionVector: vector, reportedAtMs: heard.reportedAtMs, source: heard.source)
+        }
+        return entries
+    }
 
     /// Records that `site` held `vector` at `reportedAtMs`, as `source` says. Returns whether it holds more than known.
     @discardableResult
     mutating func heard(_ site: SiteID, holds vector: VersionVector, at reportedAtMs: UInt64, from source: Source)
         -> Bool
     {
+        let known = reports.history[site]?.last
         reports.record(vector, from: site)
-        guard let known = entries[site] else {
-            entries[site] = Entry(versionVector: vector, reportedAtMs: reportedAtMs, source: source)
+        guard let known, let last = heardFrom[site] else {
+            heardFrom[site] = (reportedAtMs, source)
             generation += 1
             return true
         }
-        if vector.advances(known.versionVector) {
-            var merged = vector
-            merged.merge(known.versionVector)
-            entries[site] = Entry(
-                versionVector: merged,
-                reportedAtMs: max(reportedAtMs, known.reportedAtMs),
-                source: source
-            )
+        if vector.advances(known) {
+            heardFrom[site] = (max(reportedAtMs, last.reportedAtMs), source)
             generation += 1
             return true
         }
         // Nothing new: a more recent report of the same keeps the member fresh. A direct word beats a passed-on one;
         // a passed-on one replaces another only when it is fresher by more than the milliseconds each hop adds
         // (ages do not count the time on the wire), so a report going round a loop of peers does not change hands.
-        if vector == known.versionVector, reportedAtMs > known.reportedAtMs {
-            entries[site]?.reportedAtMs = reportedAtMs
-            let fresher = reportedAtMs > known.reportedAtMs + Self.hopAllowanceMilliseconds
-            if source == .direct || (known.source != .direct && fresher) { entries[site]?.source = source }
+        if vector == known, reportedAtMs > last.reportedAtMs {
+            let fresher = reportedAtMs > last.reportedAtMs + Self.hopAllowanceMilliseconds
+            let replaces = source == .direct || (last.source != .direct && fresher)
+            heardFrom[site] = (reportedAtMs, replaces ? source : last.source)
         }
         return false
     }
 
     /// Forgets `site` (a member removed from the roster).
     mutating func forget(_ site: SiteID) {
-        guard entries.removeValue(forKey: site) != nil else { return }
+        guard heardFrom.removeValue(forKey: site) != nil else { return }
         reports.forget(site)
         generation += 1
     }
@@ -91,7 +96,8 @@ struct MemberDirectory: Sendable {
     /// The entries to pass on to `peer` at `now`: every member's but the peer's own and those the peer passed on
     /// (it knows them better), with its age and name.
     func gossip(for peer: SiteID, now: UInt64) -> [MemberGossip] {
-        entries.lazy.filter { $0.key != peer && $0.value.source != .peer(peer) }.sorted { $0.key < $1.key }.prefix(MemberGossip.maximumCount).map {
+        let passed = entries.filter { $0.key != peer && $0.value.source != .peer(peer) }.sorted { $0.key < $1.key }
+        return passed.prefix(MemberGossip.maximumCount).map {
             MemberGossip(
                 site: $0.key,
                 name: names[$0.key] ?? "",
