@@ -100,6 +100,37 @@ public struct RowState: Hashable, Sendable {
         }
     }
 
+    /// Gives every stamp of transaction `dot` in this row the site and number of `reissued`, keeping its clock (a
+    /// transaction a database restored from an older copy wrote under a number its peers hold with other content,
+    /// issued again under its fresh site).
+    ///
+    /// A counter's entry is the sum of all its site's transactions in the row's life, and the part `dot` added is not
+    /// known: it moves to the fresh site when it is all `dot`'s and its site's later ones, that is when it is zero
+    /// (an insert's default) or `lifeIsReissued` (the row's life began with a reissued transaction), and otherwise
+    /// stays the old site's.
+    public mutating func reissue(_ dot: Dot, as reissued: Dot, lifeIsReissued: Bool) {
+        func moved(_ stamp: Stamp) -> Stamp {
+            stamp.dot == dot ? Stamp(hlc: stamp.hlc, site: reissued.site, seq: reissued.seq) : stamp
+        }
+        if let stamp = lengthStamp { lengthStamp = moved(stamp) }
+        for index in cells.indices {
+            switch cells[index] {
+            case .empty: break
+            case .value(let stamp, let previous):
+                cells[index] = .value(moved(stamp), previous: previous == dot ? reissued : previous)
+            case .counter(var entries):
+                guard let entry = entries[dot.site], entry.seq == dot.seq,
+                    lifeIsReissued || (entry.increments == 0 && entry.decrements == 0)
+                else { continue }
+                entries[dot.site] = nil
+                entries[reissued.site] = CounterEntry(
+                    increments: entry.increments, decrements: entry.decrements, seq: reissued.seq, hlc: entry.hlc
+                )
+                cells[index] = .counter(entries)
+            }
+        }
+    }
+
     /// Every stamp this row holds, for the delta query: a change must be sent while its dot is not covered.
     public var dots: Set<Dot> {
         var result = Set<Dot>()

@@ -12,7 +12,8 @@ import Darwin
 /// another), would go on issuing the sequence numbers its peers already hold, or that the original issues, with
 /// other content; so before it writes anything, it moves to a fresh site. What it holds of the old site stays that
 /// site's history (it is a prefix of it), claimed as far as it goes: peers send back what the old site wrote later,
-/// and nothing is lost.
+/// and nothing is lost. A restored file claims the old site only as far as it had sent it: what it wrote past that,
+/// after the restore, is issued again under the fresh site.
 public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
     /// What was found.
     public enum Reason: String, Sendable {
@@ -50,9 +51,8 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
                 + "that it and the original never write under the same numbers; nothing is lost"
         case .forked:
             return "this database wrote transactions under numbers a peer holds with other content (it was restored "
-                + "from an older copy whose record of what it had sent was lost, and written to since): \(sites), so "
-                + "that it writes no more such; rows those transactions wrote may differ between nodes until they are "
-                + "written again: shoal verify --peer lists them"
+                + "from an older copy and written to since): \(sites); those transactions are issued again under it, "
+                + "and peers send back what they hold under the old numbers, so nothing is lost"
         case .copiedFromAnotherMachine:
             return "this database was copied from another machine: \(sites). It is another node than the original: "
                 + "give it a key and a membership of its own (remove its .shoal-key file, then run shoal invite on a "
@@ -157,12 +157,21 @@ extension Store {
                 try connection.rows(
                     "INSERT INTO shoal_sites(idx, site) VALUES (?, ?)", [.integer(freshIndex), .blob(fresh.bytes)]
                 )
-                // What the old site wrote here is its history up to here: held as another site's, claimed that far.
+                // What the old site wrote here is its history as far as it is shared: held as another site's, claimed
+                // that far. A copy shares all it holds. A restored file shares what it sent; what it holds past that
+                // may be what it wrote after the restore, under numbers its peers hold with other content: issued
+                // again under the fresh site once the store is open (``reissueForkedWrites()``), while peers send
+                // back what the old site wrote there.
+                var shared = ownSeq
+                if reason == .restored || reason == .forked {
+                    shared = min(ownSeq, Int64(clamping: readSentRecord(path).sent[site] ?? 0))
+                }
                 try connection.rows(
                     "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
                         + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)",
-                    [.integer(index), .integer(ownSeq)]
+                    [.integer(index), .integer(shared)]
                 )
+                if shared < ownSeq { try setMeta(reissueKey, .text("\(index) \(shared)")) }
                 // The fresh site's clocks start after the old site's.
                 if let last = try connection.scalar(
                     "SELECT max(hlc) FROM shoal_log WHERE site = ?", [.integer(index)]
@@ -210,7 +219,114 @@ extension Store {
     /// holds: the database moves to a fresh site when it next opens.
     func noteOwnSiteEvidence(_ seq: UInt64) {
         if (Self.readSent(path)[siteID] ?? 0) >= seq { return }
-        recordSent(upTo: seq)
+        recordSent(upTo: seq, heldByPeer: true)
+    }
+
+    /// The `shoal_meta` key naming the old site whose transactions past a number are to be issued again under the
+    /// fresh site, and that number: `"INDEX SEQ"`.
+    static let reissueKey = "reissue_after"
+
+    /// Issues again, under this database's fresh site, the transactions its old site wrote past what it had sent
+    /// (see ``checkIdentity(_:path:site:machine:now:)``): each keeps its clock, its order and its rows' values, and
+    /// takes the fresh site's next number. Peers hold other content under the old numbers, and send it back; this
+    /// database's own writes reach them under the new ones. Nothing is lost either way. One transaction, once; a
+    /// process killed before it commits does it at the next opening.
+    func reissueForkedWrites() throws(ShoalError) {
+        guard case .text(let spec) = try connection.scalar("SELECT value FROM shoal_meta WHERE key = ?",
+            [.text(Self.reissueKey)]) else { return }
+        try beginWriting()
+        do throws(ShoalError) {
+            let fields = spec.split(separator: " ").compactMap { Int64($0) }
+            if fields.count == 2, fields[0] != ownSiteIndex {
+                let (oldIndex, shared) = (fields[0], fields[1])
+                try refreshSites()
+                let oldSite = try sites.site(at: UInt64(oldIndex))
+                var entries: [(seq: Int64, table: Int64, keys: [UInt8])] = []
+                for row in try connection.rows(
+                    "SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? ORDER BY seq, tbl, part",
+                    [.integer(oldIndex), .integer(shared)]
+                ) {
+                    guard case .integer(let seq) = row[0], case .integer(let table) = row[1],
+                        case .blob(let keys) = row[2]
+                    else { continue }
+                    entries.append((seq, table, keys))
+                }
+                let tablesByID = Dictionary(uniqueKeysWithValues: capture.tables.map { ($0.id, $0) })
+                let bornForked = try rowsOnlyForkedWritesTouched(
+                    entries, tables: tablesByID, oldIndex: oldIndex, shared: shared
+                )
+                var next = try connection.scalar(
+                    "SELECT coalesce(max(seq), 0) FROM shoal_log WHERE site = ?", [.integer(ownSiteIndex)]
+                ).integerValue ?? 0
+                var reissued: [Int64: Int64] = [:]
+                for seq in Set(entries.map(\.seq)).sorted() {
+                    next += 1
+                    reissued[seq] = next
+                    try connection.rows(
+                        "UPDATE shoal_log SET site = ?, seq = ? WHERE site = ? AND seq = ?",
+                        [.integer(ownSiteIndex), .integer(next), .integer(oldIndex), .integer(seq)]
+                    )
+                }
+                for (seq, tableID, keys) in entries {
+                    guard let table = tablesByID[tableID], let fresh = reissued[seq] else { continue }
+                    let dot = Dot(site: oldSite, seq: UInt64(seq))
+                    var reader = ByteReader(keys)
+                    while !reader.isAtEnd {
+                        let key = try Self.readLogKey(&reader, table: table)
+                        guard var state = try loadState(table: table, key: key) else { continue }
+                        // The row's life began with a reissued transaction: its counters hold nothing older.
+                        let life = state.lengthStamp
+                        let lifeIsReissued = life?.site == siteID || (life?.site == oldSite && life!.seq > shared)
+                            || (life == nil && bornForked[tableID]?.contains(key) == true)
+                        state.reissue(dot, as: Dot(site: siteID, seq: UInt64(fresh)), lifeIsReissued: lifeIsReissued)
+                        try saveState(state, table: table, key: key)
+                    }
+                }
+                if !reissued.isEmpty {
+                    options.logger.error(
+                        """
+                        transactions written after a restore, under numbers peers hold with other content, are issued \
+                        again under this database's fresh site; peers send back what they hold there
+                        """,
+                        metadata: ["transactions": "\(reissued.count)", "after_seq": "\(shared)"]
+                    )
+                }
+            }
+            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.reissueKey)])
+            try connection.exec("COMMIT")
+        } catch {
+            abandonWrite()
+            throw error
+        }
+    }
+
+    /// The rows, per table, that the reissued transactions (`entries`) touch and no other logged transaction does:
+    /// rows they created, in their first life (a row written before is in an earlier transaction's entry, which
+    /// compaction keeps while that transaction holds a value or a counter entry of the row).
+    private func rowsOnlyForkedWritesTouched(
+        _ entries: [(seq: Int64, table: Int64, keys: [UInt8])],
+        tables: [Int64: ReplicatedTable],
+        oldIndex: Int64,
+        shared: Int64
+    ) throws(ShoalError) -> [Int64: Set<[SQLValue]>] {
+        var candidates: [Int64: Set<[SQLValue]>] = [:]
+        for (_, tableID, keys) in entries {
+            guard let table = tables[tableID] else { continue }
+            var reader = ByteReader(keys)
+            while !reader.isAtEnd { candidates[tableID, default: []].insert(try Self.readLogKey(&reader, table: table)) }
+        }
+        for (tableID, _) in candidates {
+            guard let table = tables[tableID] else { continue }
+            for row in try connection.rows(
+                "SELECT keys FROM shoal_log WHERE tbl = ? AND NOT (site = ? AND seq > ?)",
+                [.integer(tableID), .integer(oldIndex), .integer(shared)]
+            ) {
+                guard case .blob(let keys) = row[0] else { continue }
+                var reader = ByteReader(keys)
+                while !reader.isAtEnd { candidates[tableID]?.remove(try Self.readLogKey(&reader, table: table)) }
+            }
+        }
+        return candidates
     }
 
     /// What the sent file records for a site that wrote under numbers a peer holds with other content.
@@ -247,7 +363,7 @@ extension Store {
         guard try select.step() else { return }
         let held = HLC(rawValue: UInt64(bitPattern: select.columnInt64(0)))
         guard held != head.hlc else { return }
-        recordSent(upTo: Self.forkedMarker)
+        recordSent(upTo: Self.forkedMarker, heldByPeer: true)
         throw ShoalError(
             code: .siteConflict,
             message: "the peer holds transaction \(head.seq) of this database's own site \(siteID.hex.prefix(8)) with "
@@ -257,21 +373,24 @@ extension Store {
         )
     }
 
-    /// Records that this site's transactions up to `seq` are about to be sent, beside what every site this file
-    /// wrote as before had sent (a backup of any age restored later is then told). Best effort: a file that cannot
-    /// be written only weakens the check at open, and says so once.
-    func recordSent(upTo seq: UInt64) {
+    /// Records that this site's transactions up to `seq` are about to be sent (or, `heldByPeer`, that a peer showed
+    /// it holds them), beside what every site this file wrote as before had sent (a backup of any age restored later
+    /// is then told). Best effort: a file that cannot be written only weakens the check at open, and says so once.
+    func recordSent(upTo seq: UInt64, heldByPeer: Bool = false) {
         guard Self.isOnDisk(path) else { return }
-        var sent = Self.readSent(path)
-        sent[siteID] = max(sent[siteID] ?? 0, seq)
+        var record = Self.readSentRecord(path)
+        if heldByPeer {
+            record.held[siteID] = max(record.held[siteID] ?? 0, seq)
+        } else {
+            record.sent[siteID] = max(record.sent[siteID] ?? 0, seq)
+        }
         let target = Self.sentFilePath(path)
         // A name of this process's own: two processes on one file (a node and `shoal sql`) each write theirs, and
         // neither renames the other's away mid-write.
         let temporary = target + ".tmp.\(getpid())"
-        let text = sent.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value)\n" }.joined()
         var written = false
         if let file = fopen(temporary, "w") {
-            written = fputs(text, file) >= 0 && fflush(file) == 0 && fsync(fileno(file)) == 0
+            written = fputs(record.text, file) >= 0 && fflush(file) == 0 && fsync(fileno(file)) == 0
             fclose(file)
             written = written && rename(temporary, target) == 0
         }
@@ -284,18 +403,49 @@ extension Store {
         }
     }
 
-    /// What the sent file records: per site this file wrote as, the highest transaction an answer carried.
-    static func readSent(_ path: String) -> [SiteID: UInt64] {
-        guard let file = fopen(sentFilePath(path), "r") else { return [:] }
-        defer { fclose(file) }
+    /// What the sent file records, per site this file wrote as: the highest transaction an answer carried, and the
+    /// highest a peer showed it holds.
+    struct SentRecord {
+        /// How far this file's own answers (and uploads, and streams) carried the site's transactions: what it holds
+        /// of them up to there is the site's shared history.
         var sent: [SiteID: UInt64] = [:]
+        /// How far a peer showed it holds the site's transactions, beyond what the file holds (``forkedMarker``: a
+        /// peer holds one of them with other content).
+        var held: [SiteID: UInt64] = [:]
+
+        /// One line per site and kind: `SITE SEQ` for what was sent, `SITE SEQ held` for what a peer holds (older
+        /// builds read the first kind only).
+        var text: String {
+            sent.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value)\n" }.joined()
+                + held.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value) held\n" }.joined()
+        }
+    }
+
+    /// What the sent file records.
+    static func readSentRecord(_ path: String) -> SentRecord {
+        guard let file = fopen(sentFilePath(path), "r") else { return SentRecord() }
+        defer { fclose(file) }
+        var record = SentRecord()
         var buffer = [CChar](repeating: 0, count: 128)
         while fgets(&buffer, Int32(buffer.count), file) != nil {
             let fields = String(cString: buffer).split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
-            guard fields.count == 2, let site = SiteID(hex: fields[0]), let seq = UInt64(fields[1]) else { continue }
-            sent[site] = max(sent[site] ?? 0, seq)
+            guard fields.count == 2 || (fields.count == 3 && fields[2] == "held"), let site = SiteID(hex: fields[0]),
+                let seq = UInt64(fields[1])
+            else { continue }
+            // Older builds wrote what a peer showed on the same line as what was sent; the fork marker is never sent.
+            if fields.count == 3 || seq == forkedMarker {
+                record.held[site] = max(record.held[site] ?? 0, seq)
+            } else {
+                record.sent[site] = max(record.sent[site] ?? 0, seq)
+            }
         }
-        return sent
+        return record
+    }
+
+    /// Per site this file wrote as, the highest transaction an answer carried or a peer showed it holds.
+    static func readSent(_ path: String) -> [SiteID: UInt64] {
+        let record = readSentRecord(path)
+        return record.sent.merging(record.held) { max($0, $1) }
     }
 
     /// Whether `path` names a file of its own (not an in-memory database, nor a URI).

@@ -180,6 +180,9 @@ public final class Store {
         try refreshSchema()
         try installMissingCaptureTriggers()
         try upgradeCaptureTriggers()
+        // Writes a restored file made under numbers its peers hold, issued again under its fresh site. (A read-only
+        // file only delays this.)
+        do { try reissueForkedWrites() } catch { if error.sqlite?.isReadOnly != true { throw error } }
         // A column added but not adopted, or values held for one that is here now (a process killed between the
         // steps): adopted and replayed now. (A read-only file only delays this.)
         _ = try? adoptSchemaChanges()
