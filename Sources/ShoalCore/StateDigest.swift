@@ -78,6 +78,13 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         rowCount += other.rowCount
     }
 
+    /// Whether a row counts in the digest: every row but a tombstone (a deleted row whose data row is gone, as it
+    /// should be). Tombstones are collected at different times on different nodes (once every member holds the
+    /// delete): a node that collected one and a node that still keeps it hold the same rows, so the same digest.
+    public static func counts(_ state: RowState?, hasData: Bool) -> Bool {
+        hasData || state?.isAlive != false
+    }
+
     /// The SHA-256 of one row: its table, key, metadata, whether the table holds a data row for it, and that
     /// row's stored values.
     ///

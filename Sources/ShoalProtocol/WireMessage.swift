@@ -16,8 +16,12 @@ public enum WireProtocol {
     /// version 7 adds ``WireMessage/holding(_:)`` (message type 14: "I now hold this version vector"), which a node
     /// sends its peers at each commit instead of starting a round, so a peer that already holds it costs one small
     /// message, and one that lacks it pulls at once; and ``WireMessage/members(_:)`` (message type 15: what each
-    /// member was last known to hold, and how long ago), so every node learns what every member holds.
-    public static let maximumVersion: UInt16 = 7
+    /// member was last known to hold, and how long ago), so every node learns what every member holds; version 8
+    /// changes what the digest in an ``Ack`` and an ``InspectionAnswer`` covers: tombstones are left out (nodes collect
+    /// them at different times), so a node compares its digest with a peer's only on a link of version 8 or more.
+    public static let maximumVersion: UInt16 = 8
+    /// The first version whose digests leave tombstones out: older peers' digests are not compared.
+    public static let tombstoneFreeDigestVersion: UInt16 = 8
     /// The first version whose nodes announce their commits with ``WireMessage/holding(_:)``.
     public static let holdingVersion: UInt16 = 7
     /// The first version whose nodes take compressed frames (``WireMessage/packed(compressing:)``).

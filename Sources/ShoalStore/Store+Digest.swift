@@ -52,8 +52,8 @@ public struct StoreStatus: Sendable, Hashable {
 // changed since the last read, never the table size. A table without a stored sum (just replicated, or a
 // database from before) is scanned once.
 extension Store {
-    /// The order-independent digest of every replicated row (alive or deleted) with its clocks and values, as
-    /// maintained incrementally. Paused tables are left out.
+    /// The order-independent digest of every replicated row with its clocks and values (tombstones left out: see
+    /// ``StateDigest/counts(_:hasData:)``), as maintained incrementally. Paused tables are left out.
     public func digest() throws(ShoalError) -> StateDigest {
         try refreshSchema()
         try captureForeignWritesIfIdle()
@@ -112,7 +112,7 @@ extension Store {
         try refreshSites()
         var digest = StateDigest()
         for table in capture.tables {
-            try scanRows(of: table) { hash, _ throws(ShoalError) in digest.add(rowHash: hash) }
+            try scanRows(of: table) { hash, _ throws(ShoalError) in if let hash { digest.add(rowHash: hash) } }
             // Data rows Shoal holds no metadata for count too: a file with such a row never matches one without.
             try scanRowsWithoutMetadata(of: table) { key, values throws(ShoalError) in
                 digest.add(
@@ -343,14 +343,16 @@ extension Store {
             try select.bind(key)
             let values: [SQLValue]? = try select.step() ? Array(select.row().dropFirst()) : nil
             select.reset()
-            newHash = StateDigest.rowHash(
-                table: table.name,
-                primaryKey: key,
-                state: state,
-                columns: table.columns,
-                values: values,
-                defaults: table.defaults
-            )
+            if StateDigest.counts(state, hasData: values != nil) {
+                newHash = StateDigest.rowHash(
+                    table: table.name,
+                    primaryKey: key,
+                    state: state,
+                    columns: table.columns,
+                    values: values,
+                    defaults: table.defaults
+                )
+            }
         }
         guard oldHash != newHash else { return }
         if let oldHash { digest.subtract(rowHash: oldHash) }
@@ -406,11 +408,12 @@ extension Store {
         var scanned = 0
         var last: [SQLValue]?
         try scanRows(of: table, after: after, limit: max(1, maxRows)) { hash, key throws(ShoalError) in
+            scanned += 1
+            last = key
+            guard let hash else { return }
             digest.add(rowHash: hash)
             try insert.bind([.integer(table.id), .blob(SQLValue.encodeKey(key)), .blob(hash)])
             try insert.run()
-            scanned += 1
-            last = key
         }
         let save = try statement(
             "INSERT INTO shoal_meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
@@ -451,6 +454,7 @@ extension Store {
         let insert = try statement("INSERT INTO shoal_row_hashes(tbl, key, hash) VALUES (?, ?, ?)")
         var digest = StateDigest()
         try scanRows(of: table) { hash, key throws(ShoalError) in
+            guard let hash else { return }
             digest.add(rowHash: hash)
             try insert.bind([.integer(table.id), .blob(SQLValue.encodeKey(key)), .blob(hash)])
             try insert.run()
@@ -464,7 +468,7 @@ extension Store {
         of table: ReplicatedTable,
         after: [SQLValue]? = nil,
         limit: Int? = nil,
-        _ body: (_ hash: [UInt8], _ key: [SQLValue]) throws(ShoalError) -> Void
+        _ body: (_ hash: [UInt8]?, _ key: [SQLValue]) throws(ShoalError) -> Void
     ) throws(ShoalError) {
         try scanRowStates(of: table, after: after, limit: limit) { hash, key, _, _ throws(ShoalError) in
             try body(hash, key)
@@ -476,7 +480,7 @@ extension Store {
         of table: ReplicatedTable,
         after: [SQLValue]? = nil,
         limit: Int? = nil,
-        _ body: (_ hash: [UInt8], _ key: [SQLValue], _ state: RowState, _ hasData: Bool) throws(ShoalError) -> Void
+        _ body: (_ hash: [UInt8]?, _ key: [SQLValue], _ state: RowState, _ hasData: Bool) throws(ShoalError) -> Void
     ) throws(ShoalError) {
         let keys = table.keyColumns.indices.map { "c.k\($0)" }
         let values = table.columns.map { "d.\(quote($0))" }
@@ -502,14 +506,16 @@ extension Store {
             let state = try RowState(encoded: meta, columnCount: table.columns.count, sites: sites)
             let key = Array(row[0..<keyCount])
             let hasData = row[keyCount + 1] == .integer(1)
-            let hash = StateDigest.rowHash(
-                table: table.name,
-                primaryKey: key,
-                state: state,
-                columns: table.columns,
-                values: hasData ? Array(row[(keyCount + 2)...]) : nil,
-                defaults: table.defaults
-            )
+            let hash =
+                StateDigest.counts(state, hasData: hasData)
+                ? StateDigest.rowHash(
+                    table: table.name,
+                    primaryKey: key,
+                    state: state,
+                    columns: table.columns,
+                    values: hasData ? Array(row[(keyCount + 2)...]) : nil,
+                    defaults: table.defaults
+                ) : nil
             try body(hash, key, state, hasData)
         }
     }

@@ -92,7 +92,7 @@ extension Store {
                     try storedHash.bind([.integer(table.id), .blob(SQLValue.encodeKey(key))])
                     let stored: [UInt8]? = try storedHash.step() ? storedHash.columnBytes(0) : nil
                     storedHash.reset()
-                    if let stored, stored != hash { note(table, key, .valuesChangedUncaptured) }
+                    if let stored, let hash, stored != hash { note(table, key, .valuesChangedUncaptured) }
                 }
             }
             try scanRowsWithoutMetadata(of: table) { key, _ throws(ShoalError) in note(table, key, .dataWithoutMetadata) }
@@ -123,8 +123,9 @@ extension Store {
 extension Store {
     /// The row hash's format (``StateDigest/rowHash(table:primaryKey:state:columns:values:)``): 2 hashes the data
     /// row's presence and every stored value; 3 leaves out columns never written that hold their default (so that
-    /// adding a column changes no row's hash).
-    static let digestFormat: Int64 = 3
+    /// adding a column changes no row's hash); 4 leaves out tombstones (``StateDigest/counts(_:hasData:)``), which
+    /// nodes collect at different times.
+    static let digestFormat: Int64 = 4
 
     /// Drops a maintained digest of an older format (its row hashes no longer match what a scan computes): the
     /// next ``digest()`` or ``settleDigest(maxRows:)`` scans each table once.

@@ -103,6 +103,16 @@ public enum PeerVerifier {
                         + "list rows (version \(WireProtocol.inspectionVersion) can); upgrade it, then run this again"
                 )
             }
+            guard peer.versions.upperBound >= WireProtocol.tombstoneFreeDigestVersion else {
+                throw ShoalError(
+                    code: .versionMismatch,
+                    message: "the node at \(address) (\(peer.nodeName.printable())) speaks protocol versions "
+                        + "\(peer.versions.lowerBound)-\(peer.versions.upperBound): it runs an older Shoal whose "
+                        + "digests count deleted rows, which this one leaves out (version "
+                        + "\(WireProtocol.tombstoneFreeDigestVersion)), so every table would differ; upgrade it, then "
+                        + "run this again"
+                )
+            }
             try await send(.inspect(hello))
             let (local, theirs) = try await tables(store: store)
             var report = VerifyReport(
