@@ -311,6 +311,12 @@ extension Store {
         if capture.tableNumbers[Self.schemaTable] == nil, changes.contains(where: { $0.table == Self.schemaTable }) {
             try prepareSchemaTableInTransaction()
         }
+        // So does the first floor of collected tombstones (see ``collectedTable``).
+        if capture.tableNumbers[Self.collectedTable] == nil,
+            changes.contains(where: { $0.table == Self.collectedTable })
+        {
+            try prepareCollectedTableInTransaction()
+        }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {

@@ -547,7 +547,7 @@ extension Store {
             siteID: siteID,
             nodeName: try nodeName(),
             versionVector: try versionVector(),
-            tables: tables.filter { $0.name != Self.schemaTable },
+            tables: tables.filter { $0.name != Self.schemaTable && $0.name != Self.collectedTable },
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
             digest: settlingDigest ? try digest() : try digestAsFolded(),

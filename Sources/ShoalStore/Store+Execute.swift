@@ -393,6 +393,9 @@ extension Store {
             var keys: [UInt8] = []
             // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
             var freshTemplate: [UInt8]?
+            // A row new to this node starts its life above every tombstone collected in the table (see
+            // ``causalLengthFloor(_:)``): nodes that still keep one for its key must take the row.
+            let floor = try causalLengthFloor(table.name)
             var fresh: [PendingKey] = []
             var general: [(key: PendingKey, write: PendingWrite)] = []
             for (pendingKey, write) in pendingTable.rows {
@@ -402,6 +405,7 @@ extension Store {
                 }
                 if freshTemplate == nil {
                     var state = RowState(columnCount: table.columns.count)
+                    state.causalLength = floor
                     state.recordLocalWrite(
                         existedBefore: false,
                         existsAfter: true,
@@ -431,6 +435,7 @@ extension Store {
                 let key = pendingKey.values
                 let stored = try loadState(table: table, key: key)
                 var state = stored ?? RowState(columnCount: table.columns.count)
+                if stored == nil, write.existsAfter { state.causalLength = floor }
                 var existsAfter = write.existsAfter
                 // A write that would start a new life must find its data row: a row another connection updated
                 // and an apply since deleted (or one gone behind Shoal's back) is not brought back as NULLs.

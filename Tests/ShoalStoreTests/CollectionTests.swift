@@ -1,0 +1,116 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+/// Tombstones collected once every member holds the delete (the cut): their metadata goes, nothing brings the rows
+/// back, and a row inserted again later beats the tombstone where it is still kept.
+@Suite struct CollectionTests {
+    private func tombstones(_ store: Store) throws -> Int {
+        try store.status().tables.first { $0.name == "items" }?.tombstones ?? -1
+    }
+
+    private func clockRows(_ store: Store) throws -> Int64 {
+        try store.connection.scalar("SELECT count(*) FROM shoal_clock_\(store.capture.tables[0].id)").integerValue ?? -1
+    }
+
+    @Test func aStableDeleteIsCollectedAndNeitherAReplayNorALateConcurrentWriteBringsItBack() throws {
+        let directory = try temporaryDirectory("collect")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        let c = try makeFileStore(directory, "c")
+        try a.transaction {
+            for id in 1...100 {
+                try a.execute("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", [.integer(Int64(id)), .text("row \(id)"), .integer(1)])
+            }
+        }
+        try sync(a, b)
+        try sync(a, c)
+        // c updates row 10 while a deletes it, unaware of each other; the delete wins everywhere (causal length).
+        try c.execute("UPDATE items SET name = 'late' WHERE id = 10")
+        let concurrent = try c.changes(since: a.versionVector())
+        try a.execute("DELETE FROM items WHERE id <= 50")
+        let deletes = try a.changes(since: b.versionVector())
+        for (from, to) in [(a, b), (c, a), (a, c), (c, b), (b, a)] { try sync(from, to) }
+        #expect(try a.versionVector() == b.versionVector() && b.versionVector() == c.versionVector())
+        #expect(try tombstones(a) == 50)
+
+        // Every member holds everything: the cut is the vector. Collected in slices of 40 logged rows at most.
+        let cut = try a.versionVector()
+        var passes = 0
+        var collected = 0
+        while true {
+            let report = try a.collectTombstones(upTo: cut, maxRows: 40)
+            passes += 1
+            collected += report.collected
+            if report.reachedCut { break }
+        }
+        #expect(collected == 50 && passes > 1)
+        #expect(try tombstones(a) == 0 && clockRows(a) == 50)
+        // A second pass has nothing to do.
+        #expect(try a.collectTombstones(upTo: cut).collected == 0)
+        // The floor a recorded reaches b; b, which keeps its tombstones, holds the same rows.
+        try sync(a, b)
+        #expect(try a.digest() == b.digest())
+        #expect(try a.fullScanDigest() == a.digest())
+
+        // The delete replayed, and the concurrent update sent late: transactions a holds, skipped.
+        for batch in deletes { _ = try a.apply(batch.changes, claim: batch.claim, received: [:]) }
+        for batch in concurrent { _ = try a.apply(batch.changes, claim: batch.claim, received: [:]) }
+        #expect(try tombstones(a) == 0 && clockRows(a) == 50)
+        #expect(try rows(a, "SELECT count(*) FROM items WHERE id <= 50") == [[.integer(0)]])
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
+    }
+
+    /// A row inserted again where its tombstone was collected starts its life above the table's floor, so a node that
+    /// still keeps the tombstone takes it; so does a row inserted by a node that caught up from the collector and
+    /// never saw the row at all.
+    @Test func aRowInsertedAgainAfterCollectionBeatsTheTombstoneWhereItIsKept() throws {
+        let directory = try temporaryDirectory("collect-floor")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        try sync(a, b)
+        try a.execute("DELETE FROM items WHERE id IN (1, 2)")
+        try sync(a, b)
+        #expect(try a.collectTombstones(upTo: a.versionVector()).collected == 2)
+        // b keeps its tombstones (it has not collected yet).
+        #expect(try tombstones(b) == 2)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'again')")
+        // A device that catches up from a (and learns a's floor with the rows) inserts row 2.
+        let joiner = try makeFileStore(directory, "joiner")
+        try sync(a, joiner)
+        #expect(try rows(joiner, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
+        try joiner.execute("INSERT INTO items(id, name) VALUES (2, 'new here')")
+        for (from, to) in [(a, b), (joiner, b), (b, a), (b, joiner), (joiner, a), (a, joiner)] { try sync(from, to) }
+        let expected: [[SQLValue]] = [[.integer(1), .text("again")], [.integer(2), .text("new here")], [.integer(3), .text("three")]]
+        for store in [a, b, joiner] {
+            #expect(try rows(store, "SELECT id, name FROM items ORDER BY id") == expected)
+        }
+        #expect(try a.digest() == b.digest() && b.digest() == joiner.digest())
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("joiner.db")))
+    }
+
+    /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
+    @Test func onlyTheCutsTombstonesGo() throws {
+        let directory = try temporaryDirectory("collect-cut")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three'), (4, 'four')")
+        try a.execute("BEGIN; DELETE FROM items WHERE id = 1; UPDATE items SET name = 'TWO' WHERE id = 2; COMMIT")
+        let cut = try a.versionVector()
+        try a.execute("DELETE FROM items WHERE id = 3")
+        let report = try a.collectTombstones(upTo: cut)
+        #expect(report.collected == 1 && report.reachedCut)
+        #expect(try tombstones(a) == 1)
+        #expect(try a.collectTombstones(upTo: a.versionVector()).collected == 1)
+        #expect(try tombstones(a) == 0)
+        #expect(try rows(a, "SELECT id, name FROM items ORDER BY id") == [[.integer(2), .text("TWO")], [.integer(4), .text("four")]])
+        #expect(try a.fullScanDigest() == a.digest())
+    }
+}
