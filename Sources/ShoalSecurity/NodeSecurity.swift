@@ -151,6 +151,8 @@ public final class NodeSecurity: PeerAuthorizer {
             }
             let previous = trust.roster
             let gone = trust.replaceRoster(roster)
+            // Deletes are collected once every current member holds them.
+            await node.setMembers(Self.memberSites(roster))
             if !gone.isEmpty {
                 let closed = await node.closeConnections(of: gone)
                 // Not dialled again either (its remembered address is forgotten).
@@ -167,6 +169,11 @@ public final class NodeSecurity: PeerAuthorizer {
             logger.warning("cannot read the roster", metadata: ["error": "\(error.message)"])
             return false
         }
+    }
+
+    /// The sites the current members' memberships name (removed nodes left out).
+    static func memberSites(_ roster: Roster) -> Set<SiteID> {
+        Set(roster.members.values.filter { roster.removed[$0.nodeID] == nil }.compactMap(\.siteID))
     }
 
     // MARK: - PeerAuthorizer
@@ -299,7 +306,10 @@ public final class NodeSecurity: PeerAuthorizer {
                 return try store.rosterRecords()
             }
             let cluster = keyFile.cluster.id
-            trust.replaceRoster(Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster))
+            let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
+            trust.replaceRoster(roster)
+            // The device counts for collection from now on, before its first sync.
+            await node.setMembers(Self.memberSites(roster))
             let welcome = JoinWelcome(cluster: keyFile.cluster, records: records)
             let sealed = try ChaChaPoly.seal(welcome.encoded, using: confirmation.sessionKey).combined
             try await outbound.write(.join(.welcome(sealed: Array(sealed))))

@@ -259,6 +259,18 @@ public actor SerializedStore {
         try store.compactLog(maxEntries: maxEntries)
     }
 
+    /// See ``Store/collectTombstones(upTo:maxRows:)``. A pass that collected something raised the tables' floors (a
+    /// change of this node, which peers are told of); the rows it left are the same, so the digest is too.
+    package func collectTombstones(upTo cut: VersionVector, maxRows: Int) throws(ShoalError) -> CollectionReport {
+        let report = try store.collectTombstones(upTo: cut, maxRows: maxRows)
+        if report.collected > 0 {
+            markChanged()
+            _ = try? versionVector()
+            publish(.local)
+        }
+        return report
+    }
+
     /// Runs `body` on the store without counting it as a change of the data (reads, and Shoal's local tables).
     public func read<T: Sendable>(_ body: (Store) throws(ShoalError) -> T) throws(ShoalError) -> T {
         try body(store)

@@ -69,6 +69,11 @@ public actor SyncNode: Service {
     var uncomparedDigests: Set<SiteID> = []
     /// What every member was last known to hold (``MemberDirectory``).
     var members = MemberDirectory()
+    /// The cluster's current members (the sites their memberships name), when known (``setMembers(_:)``): tombstones
+    /// are collected only then.
+    var collectionMembers: Set<SiteID>?
+    /// What collection did since the node started (``collectionStatus()``).
+    var collection = CollectionProgress()
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -272,6 +277,9 @@ public actor SyncNode: Service {
             group.addTask { try await self.periodicRounds() }
             if configuration.compactionIntervalMilliseconds > 0 {
                 group.addTask { try await self.compactPeriodically() }
+            }
+            if configuration.collectionIntervalMilliseconds > 0 {
+                group.addTask { try await self.collectPeriodically() }
             }
             if configuration.metricsIntervalMilliseconds > 0 {
                 group.addTask { try await self.sampleMetricsPeriodically() }

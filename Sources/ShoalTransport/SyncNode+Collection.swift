@@ -1,0 +1,121 @@
+import ShoalCore
+import ShoalStore
+
+/// What collection did since the node started.
+struct CollectionProgress: Sendable {
+    /// The last cut collected up to.
+    var cut = VersionVector()
+    /// Tombstones collected in all.
+    var collected = 0
+    /// When the last pass that collected something ended (wall milliseconds).
+    var lastCollectedAtMs: UInt64?
+}
+
+/// Whether and how far deletes are collected, and who holds collection back (``SyncNode/collectionStatus()``).
+public struct CollectionStatus: Sendable, Hashable {
+    /// A member whose reports hold collection back.
+    public struct Waiting: Sendable, Hashable {
+        /// The member, by the site its membership names.
+        public var siteID: SiteID
+        /// Its name, when known.
+        public var name: String?
+        /// When it last reported what it holds (wall milliseconds); nil if it never did to this node.
+        public var lastReportMs: UInt64?
+    }
+
+    /// Whether the cluster's membership is known (a roster): tombstones are collected only then.
+    public var membersKnown: Bool
+    /// Per site, up to which transaction every member holds the deletes, with every write made before them here.
+    public var cut: VersionVector
+    /// Tombstones collected since the node started.
+    public var collected: Int
+    /// When a pass last collected something (wall milliseconds).
+    public var lastCollectedAtMs: UInt64?
+    /// Members that lack something this node holds, or never reported: the deletes they lack keep their tombstones.
+    public var waitingFor: [Waiting]
+}
+
+/// Tombstones collected exactly when every member holds the delete (see ``Store/collectTombstones(upTo:maxRows:)``):
+/// the members come from the roster (``setMembers(_:)``), what each holds from ``MemberDirectory``.
+extension SyncNode {
+    /// Sets the cluster's current members, by the sites their memberships name (the security layer calls this with
+    /// the roster, and again whenever it changes). Removed members stop counting, and what they reported is forgotten;
+    /// a member added counts at once, so collection waits for its first report.
+    public func setMembers(_ memberSites: Set<SiteID>) {
+        let current = memberSites.union([siteID])
+        for site in members.entries.keys where !current.contains(site) { members.forget(site) }
+        collectionMembers = current
+    }
+
+    /// Where collection stands.
+    public func collectionStatus() async -> CollectionStatus {
+        let held = (try? await worker.versionVector()) ?? VersionVector()
+        members.heard(siteID, holds: held, at: configuration.clock.nowMilliseconds(), from: .local)
+        guard let current = collectionMembers else {
+            return CollectionStatus(
+                membersKnown: false, cut: VersionVector(), collected: collection.collected,
+                lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: []
+            )
+        }
+        let entries = members.entries
+        let waiting = current.subtracting([siteID]).sorted().compactMap { site -> CollectionStatus.Waiting? in
+            let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
+            if let usable, usable.dominatesOrEquals(held) { return nil }
+            return CollectionStatus.Waiting(
+                siteID: site, name: members.names[site], lastReportMs: entries[site]?.reportedAtMs
+            )
+        }
+        return CollectionStatus(
+            membersKnown: true,
+            cut: members.reports.stableCut(members: current, own: siteID, held: held),
+            collected: collection.collected,
+            lastCollectedAtMs: collection.lastCollectedAtMs,
+            waitingFor: waiting
+        )
+    }
+
+    /// Looks every interval whether the members' reports moved the cut, and collects up to it, a slice of at most
+    /// ``collectionSliceRows`` logged rows per write transaction (the next slice after whatever waits for the store).
+    func collectPeriodically() async throws {
+        while !Task.isCancelled {
+            try await Task.sleep(for: .milliseconds(configuration.collectionIntervalMilliseconds))
+            try await collectOnce()
+        }
+    }
+
+    /// One look, and the collection it calls for (for tests, too).
+    func collectOnce() async throws {
+        guard let current = collectionMembers else { return }
+        let held = worker.latestVersionVector.withLock { $0 }
+        let cut = members.reports.stableCut(members: current, own: siteID, held: held)
+        guard !cut.entries.isEmpty, cut != collection.cut else { return }
+        var collected = 0
+        while !Task.isCancelled {
+            let pass: CollectionReport
+            do {
+                pass = try await worker.collectTombstones(upTo: cut, maxRows: Self.collectionSliceRows)
+            } catch {
+                configuration.logger.warning("collecting tombstones failed", metadata: ["error": "\(error)"])
+                return
+            }
+            collected += pass.collected
+            // An answer being read: the next look tries again.
+            if pass.deferred { break }
+            if pass.reachedCut {
+                collection.cut = cut
+                break
+            }
+            await Task.yield()
+        }
+        guard collected > 0 else { return }
+        collection.collected += collected
+        collection.lastCollectedAtMs = configuration.clock.nowMilliseconds()
+        configuration.logger.info(
+            "collected tombstones every member holds the delete of",
+            metadata: ["tombstones": "\(collected)"]
+        )
+    }
+
+    /// How many logged rows one collection transaction looks at, at most.
+    static let collectionSliceRows = 10_000
+}

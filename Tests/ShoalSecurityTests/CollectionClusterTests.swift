@@ -1,0 +1,106 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalSecurity
+@testable import ShoalStore
+@testable import ShoalTransport
+
+/// Deletes collected over real TLS links once every member of the roster holds them: with every member online the
+/// tombstones go everywhere; with one member away they all stay, status names it, and they go once it is back.
+@Suite struct CollectionClusterTests {
+    private func tombstones(_ node: SecuredNode) async throws -> Int {
+        try await node.node.store.read { store throws(ShoalError) in
+            try store.status(settlingDigest: false).tables.first { $0.name == "kv" }?.tombstones ?? -1
+        }
+    }
+
+    private func rows(_ node: SecuredNode) throws -> String {
+        try sqlite3Shell(node.path, "SELECT k, quote(v) FROM kv ORDER BY k").stdout
+    }
+
+    /// Rounds and member reports every 200 ms, collection looks every 100 ms.
+    private func fast(_ configuration: inout NodeConfiguration) {
+        configuration.roundIntervalMilliseconds = 200
+        configuration.collectionIntervalMilliseconds = 100
+    }
+
+    private func waitForTombstones(_ nodes: [SecuredNode], toBe count: Int, within seconds: Double = 60) async throws
+        -> Bool
+    {
+        try await waitUntil(within: seconds, checkingEvery: 100) {
+            for node in nodes where try await tombstones(node) != count { return false }
+            return true
+        }
+    }
+
+    @Test func withEveryMemberOnlineTheTombstonesGoEverywhereAndNothingComesBack() async throws {
+        let directory = try temporaryDirectory("collect-cluster")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let a = try await startSecured(paths[0], configure: fast)
+        let b = try await startSecured(paths[1], peers: [a.port], configure: fast)
+        let c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        try await a.node.execute("BEGIN")
+        for index in 0..<300 {
+            try await a.node.execute("INSERT INTO kv(k, v) VALUES (?, ?)", [.text("k\(index)"), .blob([UInt8(index % 256), 0])])
+        }
+        try await a.node.execute("COMMIT")
+        for node in [b, c] { #expect(try await holds(node, key: "k299")) }
+        try await b.node.execute("DELETE FROM kv WHERE k >= 'k1'")
+        try await c.node.execute("UPDATE kv SET v = 'kept' WHERE k = 'k0'")
+        // Every delete reaches every member, then every member learns that every member holds it, and collects.
+        let expected = "k0|'kept'\n"
+        let converged = try await waitUntil(within: 60) {
+            for node in [a, b, c] where try rows(node) != expected { return false }
+            return true
+        }
+        #expect(converged)
+        #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        for node in [a, b, c] { #expect(try rows(node) == expected) }
+        let status = await a.node.collectionStatus()
+        #expect(status.membersKnown && status.collected > 0)
+        // The floors the collections raised reach every member in turn: then a waits for no one.
+        #expect(try await waitUntil(within: 30) { await a.node.collectionStatus().waitingFor.isEmpty })
+        // A row inserted again after collection, where the others collected too: it lives everywhere.
+        try await c.node.execute("INSERT INTO kv(k, v) VALUES ('k5', 'again')")
+        for node in [a, b] { #expect(try await holds(node, key: "k5")) }
+        let digests = [try await a.node.digest(), try await b.node.digest()]
+        #expect(digests[0] == digests[1])
+        for node in [c, b, a] { await node.stop() }
+        #expect(try rows(a) == rows(b) && rows(b) == rows(c))
+    }
+
+    @Test func aMemberAwayHoldsEveryTombstoneBackAndStatusNamesItUntilItReturns() async throws {
+        let directory = try temporaryDirectory("collect-away")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let a = try await startSecured(paths[0], configure: fast)
+        let b = try await startSecured(paths[1], peers: [a.port], configure: fast)
+        var c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        for index in 0..<50 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
+        #expect(try await holds(c, key: "k49"))
+        await c.stop()
+        try await a.node.execute("DELETE FROM kv WHERE v < 40")
+        #expect(try await holds(b, key: "k45"))
+        let deleted = try await waitUntil(within: 30) {
+            try await b.node.execute("SELECT count(*) FROM kv").rows == [[.integer(10)]]
+        }
+        #expect(deleted)
+        // c lacks the deletes: a and b keep every tombstone, and say whom they wait for.
+        let waiting = try await waitUntil(within: 30) {
+            await a.node.collectionStatus().waitingFor.map(\.siteID) == [c.node.siteID]
+        }
+        #expect(waiting)
+        let kept = [try await tombstones(a), try await tombstones(b)]
+        #expect(kept == [40, 40])
+        // Back: it gets the deletes, reports holding them, and the tombstones go everywhere.
+        c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        #expect(await a.node.collectionStatus().waitingFor.isEmpty)
+        for node in [c, b, a] { await node.stop() }
+        #expect(try rows(a) == rows(b) && rows(b) == rows(c))
+        #expect(try rows(a).split(separator: "\n").count == 10)
+    }
+}
