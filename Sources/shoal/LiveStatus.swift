@@ -62,6 +62,26 @@ struct LiveStatus: Codable {
         }
     }
 
+    /// Deletes collected once every member holds them (``SyncNode/collectionStatus()``).
+    struct Collection: Codable {
+        /// A member that lacks something this node holds, or never reported: the deletes it lacks wait for it.
+        struct Waiting: Codable {
+            var site: String
+            var name: String?
+            /// Its node id (for `shoal trust remove`), from the roster.
+            var node: String?
+            /// When it last reported what it holds (wall milliseconds); nil if it never did to this node.
+            var lastReportMs: UInt64?
+        }
+
+        /// Whether the cluster's membership is known (a roster): tombstones are collected only then.
+        var membersKnown: Bool
+        /// Tombstones collected since the node started.
+        var collected: Int
+        var lastCollectedAtMs: UInt64?
+        var waitingFor: [Waiting]
+    }
+
     /// A device that connected with a key the roster does not hold.
     struct PendingDevice: Codable {
         var node: String
@@ -101,6 +121,8 @@ struct LiveStatus: Codable {
     var peers: [Peer]
     /// Every member this node heard of (itself included), and what each was last known to hold.
     var members: [Member]? = nil
+    /// Where the collection of tombstones stands.
+    var collection: Collection? = nil
 
     static func path(forDatabase database: String) -> String { database + ".shoal-status.json" }
 

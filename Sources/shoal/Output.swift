@@ -114,6 +114,23 @@ enum Output {
                     ] as [String: Any]
                 } as Any
             } ?? NSNull(),
+            "collection": live?.collection.map { collection in
+                let now = SystemWallClock().nowMilliseconds()
+                return [
+                    "members_known": collection.membersKnown,
+                    "collected": collection.collected,
+                    "last_collected_at_ms": collection.lastCollectedAtMs.map { $0 as Any } ?? NSNull(),
+                    "tombstones": status.tables.reduce(0) { $0 + $1.tombstones },
+                    "waiting_for": collection.waitingFor.map { member in
+                        [
+                            "site": member.site, "name": member.name.map { $0 as Any } ?? NSNull(),
+                            "node": member.node.map { $0 as Any } ?? NSNull(),
+                            "last_report_ms": member.lastReportMs.map { $0 as Any } ?? NSNull(),
+                            "silent_ms": member.lastReportMs.map { (now &- min(now, $0)) as Any } ?? NSNull(),
+                        ] as [String: Any]
+                    },
+                ] as [String: Any]
+            } ?? NSNull(),
             "site": status.siteID.hex,
             "name": status.nodeName.map { $0 as Any } ?? NSNull(),
             "version_vector": Dictionary(
@@ -259,6 +276,36 @@ enum Output {
                 } ?? "") + "\n"
         }
         text += memberLines(live.members ?? [], ownName: status.nodeName, now: now)
+        text += collectionLines(live.collection, tombstones: status.tables.reduce(0) { $0 + $1.tombstones }, now: now)
+        return text
+    }
+
+    /// Whether deletes are collected, and whom their tombstones wait for, with what to do.
+    static func collectionLines(_ collection: LiveStatus.Collection?, tombstones: Int, now: UInt64) -> String {
+        guard let collection else { return "" }
+        var text = ""
+        if !collection.membersKnown {
+            if tombstones > 0 {
+                text += "deletes: \(tombstones) tombstones kept: they are collected only in a cluster with a roster "
+                    + "(links with TLS), which names every member that must hold a delete first\n"
+            }
+            return text
+        }
+        if tombstones > 0, !collection.waitingFor.isEmpty {
+            let who = collection.waitingFor.map { member in
+                let name = "\(member.name ?? "?") \(member.site.prefix(8))"
+                guard let last = member.lastReportMs else { return "\(name) (never heard from)" }
+                return "\(name) (last heard from \((now &- min(now, last)) / 1000) s ago)"
+            }
+            let nodes = collection.waitingFor.compactMap(\.node)
+            text += "deletes: \(tombstones) tombstones wait for \(who.joined(separator: ", ")), which lack deletes "
+                + "this node holds: bring \(who.count == 1 ? "it" : "them") online"
+                + (nodes.isEmpty ? "" : ", or remove \(who.count == 1 ? "it" : "them") from the cluster ("
+                    + nodes.map { "shoal trust remove \($0)" }.joined(separator: "; ") + ")") + "\n"
+        } else if collection.collected > 0 {
+            text += "deletes: \(collection.collected) tombstones collected since the node started"
+                + (tombstones > 0 ? ", \(tombstones) more once every member holds their deletes" : "") + "\n"
+        }
         return text
     }
 

@@ -52,6 +52,21 @@ final class ServeReporter: Service, Sendable {
             )
             status.clockAheadOfPeersMs = await sync.clockAheadOfPeers()
             status.members = await sync.memberStatuses().map(LiveStatus.Member.init)
+            let collection = await sync.collectionStatus()
+            let roster = security?.trust.roster
+            status.collection = LiveStatus.Collection(
+                membersKnown: collection.membersKnown,
+                collected: collection.collected,
+                lastCollectedAtMs: collection.lastCollectedAtMs,
+                waitingFor: collection.waitingFor.map { member in
+                    LiveStatus.Collection.Waiting(
+                        site: member.siteID.hex,
+                        name: member.name?.printable(),
+                        node: roster?.members.values.first { $0.siteID == member.siteID }?.nodeID.description,
+                        lastReportMs: member.lastReportMs
+                    )
+                }
+            )
             status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {
                 guard let site = SiteID(hex: status.peers[index].site) else { continue }
