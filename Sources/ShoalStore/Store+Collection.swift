@@ -56,7 +56,9 @@ extension Store {
     /// highest any node collected there.
     func causalLengthFloor(_ table: String) throws(ShoalError) -> UInt64 {
         guard capture.tableNumbers[Self.collectedTable] != nil else { return 0 }
-        let select = try statement("SELECT max(cl) FROM \(Self.collectedTable) WHERE tbl = ? AND typeof(cl) = 'integer'")
+        let select = try statement(
+            "SELECT max(cl) FROM \(Self.collectedTable) WHERE tbl = ? AND typeof(cl) = 'integer'"
+        )
         try select.bind([.text(table)])
         defer { select.reset() }
         guard try select.step(), case .integer(let floor) = select.column(0), floor > 0 else { return 0 }
@@ -84,7 +86,9 @@ extension Store {
     /// before it saw them (see ``MemberReports/stableCut(members:own:held:)``). Not while an answer to a peer is being
     /// read.
     @discardableResult
-    public func collectTombstones(upTo cut: VersionVector, maxRows: Int = 10_000) throws(ShoalError) -> CollectionReport {
+    public func collectTombstones(upTo cut: VersionVector, maxRows: Int = 10_000) throws(ShoalError)
+        -> CollectionReport
+    {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "collect tombstones outside of any open transaction")
         }
@@ -119,7 +123,9 @@ extension Store {
                 let from = done[index] ?? 0
                 try select.bind([.integer(index), .integer(from), .integer(upTo)])
                 var entries: [(seq: Int64, table: Int64, keys: [UInt8])] = []
-                while try select.step() { entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2))) }
+                while try select.step() {
+                    entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
+                }
                 select.reset()
                 // A transaction is collected whole or not at all in a pass: the mark moves past whole transactions.
                 var last = from

@@ -313,7 +313,9 @@ extension Store {
         for (_, tableID, keys) in entries {
             guard let table = tables[tableID] else { continue }
             var reader = ByteReader(keys)
-            while !reader.isAtEnd { candidates[tableID, default: []].insert(try Self.readLogKey(&reader, table: table)) }
+            while !reader.isAtEnd {
+                candidates[tableID, default: []].insert(try Self.readLogKey(&reader, table: table))
+            }
         }
         for (tableID, _) in candidates {
             guard let table = tables[tableID] else { continue }

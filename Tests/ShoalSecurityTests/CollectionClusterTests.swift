@@ -44,7 +44,9 @@ import Testing
         let c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
         try await a.node.execute("BEGIN")
         for index in 0..<300 {
-            try await a.node.execute("INSERT INTO kv(k, v) VALUES (?, ?)", [.text("k\(index)"), .blob([UInt8(index % 256), 0])])
+            try await a.node.execute(
+                "INSERT INTO kv(k, v) VALUES (?, ?)", [.text("k\(index)"), .blob([UInt8(index % 256), 0])]
+            )
         }
         try await a.node.execute("COMMIT")
         for node in [b, c] { #expect(try await holds(node, key: "k299")) }

@@ -36,7 +36,9 @@ import Testing
         defer { a.stop() }
         let (b, _) = try await Self.serve(paths[1], peer: address)
         defer { b.stop() }
-        for index in 0..<20 { try shoal(arguments: ["sql", "--db", paths[0], "INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))"]) }
+        for index in 0..<20 {
+            try shoal(arguments: ["sql", "--db", paths[0], "INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))"])
+        }
         var (c, _) = try await Self.serve(paths[2], peer: address)
         let caughtUp = try await waitUntil(within: 60) {
             try sqlite3Shell(paths[2], "SELECT count(*) FROM kv").stdout == "20\n"

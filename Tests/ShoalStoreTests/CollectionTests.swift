@@ -24,7 +24,9 @@ import Testing
         let c = try makeFileStore(directory, "c")
         try a.transaction {
             for id in 1...100 {
-                try a.execute("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", [.integer(Int64(id)), .text("row \(id)"), .integer(1)])
+                try a.execute(
+                    "INSERT INTO items(id, name, qty) VALUES (?, ?, ?)", [.integer(Int64(id)), .text("row \(id)"), .integer(1)]
+                )
             }
         }
         try sync(a, b)
@@ -87,13 +89,15 @@ import Testing
         #expect(try rows(joiner, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
         try joiner.execute("INSERT INTO items(id, name) VALUES (2, 'new here')")
         for (from, to) in [(a, b), (joiner, b), (b, a), (b, joiner), (joiner, a), (a, joiner)] { try sync(from, to) }
-        let expected: [[SQLValue]] = [[.integer(1), .text("again")], [.integer(2), .text("new here")], [.integer(3), .text("three")]]
+        let expected: [[SQLValue]] = [
+            [.integer(1), .text("again")], [.integer(2), .text("new here")], [.integer(3), .text("three")],
+        ]
         for store in [a, b, joiner] {
             #expect(try rows(store, "SELECT id, name FROM items ORDER BY id") == expected)
         }
         #expect(try a.digest() == b.digest() && b.digest() == joiner.digest())
-        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
-        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("joiner.db")))
+        let file = { (name: String) in directory.appendingPathComponent("\(name).db") }
+        #expect(try sameContents(file("a"), file("b")) && sameContents(file("a"), file("joiner")))
     }
 
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
@@ -110,7 +114,10 @@ import Testing
         #expect(try tombstones(a) == 1)
         #expect(try a.collectTombstones(upTo: a.versionVector()).collected == 1)
         #expect(try tombstones(a) == 0)
-        #expect(try rows(a, "SELECT id, name FROM items ORDER BY id") == [[.integer(2), .text("TWO")], [.integer(4), .text("four")]])
+        #expect(
+            try rows(a, "SELECT id, name FROM items ORDER BY id")
+                == [[.integer(2), .text("TWO")], [.integer(4), .text("four")]]
+        )
         #expect(try a.fullScanDigest() == a.digest())
     }
 }
