@@ -28,12 +28,14 @@ struct SyncBenchmark: AsyncParsableCommand {
     var textRows = 20_000
     @Option(help: "Timed runs of each mode for the text catch-up (the median is reported).") var textRuns = 3
     @Option(help: "Connections timed for the handshake figure.") var handshakes = 300
+    @Option(help: "Rows deleted for the collection figures (three TLS members; then again with one away).")
+    var collectRows = 100_000
     @Option(help: "Milliseconds between the app's inserts, for app-writer.") var appWriteInterval = 5
     @Option(help: "The app connection's busy timeout in milliseconds, for app-writer.") var appBusyTimeout = 5_000
     @Option(
         help: """
             Run one part only: handshake, catchup, one-transaction, text, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, chain, idle, idle-cost, converge or app-writer (not run by default).
+            propagation-big, chain, idle, idle-cost, converge, collect, or app-writer (not run by default).
             """
     )
     var only: String?
@@ -71,6 +73,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
         if only == nil || only == "converge" { figures += try await converge(directory + "/converge") }
+        if only == nil || only == "collect" { figures += try await collect(directory + "/collect") }
         if only == "app-writer" { figures += try appWriter(directory + "/app-writer") }
         printFigures(figures, json: json, width: 40)
     }
@@ -422,6 +425,126 @@ struct SyncBenchmark: AsyncParsableCommand {
             ("idle_cpu_percent_mean", cpu.reduce(0, +) / Double(cpu.count)),
             ("idle_cpu_percent_max", cpu.max() ?? 0),
             ("idle_disk_bytes_per_s_mean", written.reduce(0, +) / Double(written.count)),
+        ]
+    }
+
+    /// Deletes collected once every member holds them: three TLS members (a mesh, rounds every second), `collectRows`
+    /// rows deleted in one transaction on one; the seconds from the delete until every node holds it, then until no
+    /// node keeps a tombstone, and Shoal's metadata bytes per deleted row before and after. Then one member is stopped,
+    /// as many rows again are deleted: the tombstones kept 10 s later (all of them), and the seconds from its return
+    /// until none is kept. And one collection pass's cost, timed in this process on a copy: milliseconds per 10,000
+    /// tombstones.
+    private func collect(_ directory: String) async throws -> [(String, Double)] {
+        let count = 3
+        let paths = (0..<count).map { directory + "/n\($0).db" }
+        for (index, path) in paths.enumerated() {
+            let store = try makeDatabase(path, name: "n\(index)")
+            guard index == 0 else { continue }
+            let insert = try store.prepare("INSERT INTO t(id, a, b, c) VALUES (?, ?, ?, ?)")
+            try store.transaction {
+                for id in 0..<(2 * collectRows) {
+                    try insert.execute([.integer(Int64(id)), .text("row \(id)"), .integer(Int64(id)), .real(0.5)])
+                }
+            }
+        }
+        try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
+        var nodes: [ServeProcess] = []
+        defer { for node in nodes { node.stop() } }
+        func start(_ index: Int, peers: [Int]) throws -> ServeProcess {
+            try ServeProcess.startIsolated(
+                database: paths[index], name: "n\(index)", peers: peers, extra: ["--round-interval", "1000"]
+            )
+        }
+        for index in 0..<count { nodes.append(try start(index, peers: nodes.map(\.port))) }
+        func counts(_ index: Int) throws -> (rows: Int64, tombstones: Int) {
+            let status = try Store(path: paths[index]).status(settlingDigest: false)
+            let table = status.tables.first { $0.name == "t" }
+            return (Int64(table?.rows ?? -1), table?.tombstones ?? -1)
+        }
+        func metadataBytes(_ index: Int) throws -> Double {
+            let rows = try Store(path: paths[index]).execute(
+                "SELECT sum(pgsize) FROM dbstat WHERE name LIKE 'shoal\\_%' ESCAPE '\\'"
+            ).rows
+            guard case .integer(let bytes) = rows.first?.first else { return 0 }
+            return Double(bytes)
+        }
+        func waitFor(_ what: String, within seconds: Double = 600, _ condition: () throws -> Bool) async throws
+            -> Double
+        {
+            let started = Clock.now()
+            while try !condition() {
+                guard Clock.now() - started < seconds else {
+                    throw ServeError(message: "\(what) did not happen in time")
+                }
+                try await Task.sleep(for: .milliseconds(100))  // polling a condition with a deadline
+            }
+            return Clock.now() - started
+        }
+        let total = Int64(2 * collectRows)
+        _ = try await waitFor("the first catch-up") { try (0..<count).allSatisfy { try counts($0).rows == total } }
+        let before = try metadataBytes(0)
+
+        // Every member online.
+        let deleted = Clock.now()
+        try Store(path: paths[0]).execute("DELETE FROM t WHERE id < ?", [.integer(Int64(collectRows))])
+        let left = total - Int64(collectRows)
+        _ = try await waitFor("the delete's spread") { try (0..<count).allSatisfy { try counts($0).rows == left } }
+        let spread = Clock.now() - deleted
+        let tombstonesAtSpread = try counts(0).tombstones
+        let collected = try await waitFor("collection") {
+            try (0..<count).allSatisfy { try counts($0).tombstones == 0 }
+        }
+        let after = try metadataBytes(0)
+
+        // One member away.
+        nodes[2].stop()
+        try Store(path: paths[0]).execute("DELETE FROM t WHERE id < ?", [.integer(2 * Int64(collectRows))])
+        _ = try await waitFor("the second delete's spread") { try (0..<2).allSatisfy { try counts($0).rows == 0 } }
+        try await Task.sleep(for: .seconds(10))  // a span of time in which collection must not happen
+        let keptAway = (try counts(0).tombstones + counts(1).tombstones) / 2
+        let returned = Clock.now()
+        nodes[2] = try start(2, peers: [nodes[0].port, nodes[1].port])
+        _ = try await waitFor("collection after the return") {
+            try (0..<count).allSatisfy { try counts($0).rows == 0 && counts($0).tombstones == 0 }
+        }
+        let afterReturn = Clock.now() - returned
+        for node in nodes { node.stop() }
+
+        // One pass's cost, on a copy of a member with every tombstone still kept.
+        let copy = directory + "/pass.db"
+        let pass = try makeDatabase(copy, name: "pass")
+        let insert = try pass.prepare("INSERT INTO t(id, a, b, c) VALUES (?, 'row', ?, 0.5)")
+        try pass.transaction {
+            for id in 0..<collectRows { try insert.execute([.integer(Int64(id)), .integer(Int64(id))]) }
+        }
+        try pass.execute("DELETE FROM t")
+        let cut = try pass.versionVector()
+        var passMilliseconds: [Double] = []
+        while true {
+            let started = Clock.now()
+            let report = try pass.collectTombstones(upTo: cut, maxRows: 10_000)
+            if report.collected > 0 {
+                passMilliseconds.append((Clock.now() - started) * 1000 * 10_000 / Double(report.collected))
+            }
+            if report.reachedCut { break }
+        }
+        passMilliseconds.sort()
+        return [
+            ("collect_rows", Double(collectRows)),
+            ("collect_delete_spread_seconds", spread),
+            ("collect_tombstones_at_spread", Double(tombstonesAtSpread)),
+            ("collect_seconds_after_spread", collected),
+            // Shoal's metadata bytes per row of the table before the delete, and what the delete added per deleted
+            // row once collected (negative: pages freed for reuse are still counted by dbstat until reused).
+            ("collect_metadata_bytes_per_row_before", before / Double(total)),
+            ("collect_metadata_bytes_per_deleted_row_after", (after - before) / Double(collectRows)),
+            ("collect_tombstones_kept_with_one_away", Double(keptAway)),
+            ("collect_seconds_after_return", afterReturn),
+            (
+                "collect_pass_ms_per_10k_median",
+                passMilliseconds.isEmpty ? 0 : passMilliseconds[passMilliseconds.count / 2]
+            ),
+            ("collect_pass_ms_per_10k_max", passMilliseconds.last ?? 0),
         ]
     }
 
