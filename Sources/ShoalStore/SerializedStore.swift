@@ -267,6 +267,8 @@ public actor SerializedStore {
             markChanged()
             _ = try? versionVector()
             publish(.local)
+            // The pages the tombstones held go back to the file system, a bounded number at a time.
+            _ = try? store.reclaimFreePages()
         }
         return report
     }

@@ -199,6 +199,31 @@ extension Store {
         }
     }
 
+    /// Gives free pages back to the file system, `maxPages` at most in one short write transaction, when the file
+    /// vacuums incrementally (files Shoal creates do; see ``vacuum()``); returns how many. Collected tombstones and a
+    /// compacted log free pages that SQLite reuses for new rows anyway: this also shrinks the file.
+    @discardableResult
+    public func reclaimFreePages(maxPages: Int = 4_096) throws(ShoalError) -> Int {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else { return 0 }
+        guard try connection.scalar("PRAGMA auto_vacuum").integerValue == 2 else { return 0 }
+        let free = Int(try connection.scalar("PRAGMA freelist_count").integerValue ?? 0)
+        guard free > 0 else { return 0 }
+        let pages = min(free, maxPages)
+        try connection.exec("PRAGMA incremental_vacuum(\(pages))")
+        return pages
+    }
+
+    /// Rewrites the whole file, and makes it vacuum incrementally from now on (a file an app created before Shoal
+    /// does not): its free pages go back to the file system. It needs as much free disk as the file's size, and
+    /// holds the write lock while it runs (other connections wait, a running node included).
+    public func vacuum() throws(ShoalError) {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "vacuum outside of any open transaction")
+        }
+        try connection.exec("PRAGMA auto_vacuum = INCREMENTAL")
+        try connection.exec("VACUUM")
+    }
+
     /// Removes a row's metadata.
     func deleteState(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) {
         let delete = try statement("DELETE FROM \(table.clockTable) WHERE \(table.clockKeyPredicate)")

@@ -157,6 +157,12 @@ public final class Store {
         self.hybridClock = HybridClock(maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
         self.fenceGate = options.fenceGate
         if path != ":memory:" && !path.isEmpty {
+            // A new file gives pages back as they are freed (collected tombstones, a compacted log): see
+            // ``reclaimFreePages(maxPages:)``. (A file an app made first keeps its setting; `shoal compact --vacuum`
+            // changes it.)
+            if try connection.scalar("PRAGMA page_count").integerValue == 0 {
+                try connection.exec("PRAGMA auto_vacuum = INCREMENTAL")
+            }
             _ = try connection.rows("PRAGMA journal_mode = WAL")
         }
         // The write-ahead log grows with the largest transaction (a catch-up, a bulk import); once checkpointed and

@@ -454,6 +454,14 @@ extension ShoalCommand {
         )
 
         @OptionGroup var database: DatabaseOptions
+        @Flag(
+            help: """
+                Also rewrite the whole file (VACUUM), so that the pages freed by collected tombstones and the \
+                compacted log go back to the file system, and make the file give them back on its own from now on \
+                (files shoal init creates do already). Needs free disk as large as the file; writers wait meanwhile.
+                """
+        )
+        var vacuum = false
 
         func run() throws {
             let store = try database.open()
@@ -466,6 +474,13 @@ extension ShoalCommand {
                 total.keysDropped += pass.keysDropped
             } while !pass.reachedEnd
             print(total)
+            if vacuum {
+                let before = try FileManager.default.attributesOfItem(atPath: database.db)[.size] as? Int ?? 0
+                try store.vacuum()
+                _ = try store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                let after = try FileManager.default.attributesOfItem(atPath: database.db)[.size] as? Int ?? 0
+                print("vacuumed: \(before) bytes before, \(after) after; free pages now go back to the file system")
+            }
         }
     }
 

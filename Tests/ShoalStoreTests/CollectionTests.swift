@@ -100,6 +100,52 @@ import Testing
         #expect(try sameContents(file("a"), file("b")) && sameContents(file("a"), file("joiner")))
     }
 
+    /// A file Shoal created gives the pages of collected tombstones back to the file system; one an app created
+    /// first does once `vacuum()` (shoal compact --vacuum) made it.
+    @Test func collectedPagesGoBackToTheFileSystem() throws {
+        let directory = try temporaryDirectory("collect-space")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        func pages(_ store: Store) throws -> (count: Int64, free: Int64) {
+            (
+                try store.connection.scalar("PRAGMA page_count").integerValue ?? -1,
+                try store.connection.scalar("PRAGMA freelist_count").integerValue ?? -1
+            )
+        }
+        func fill(_ store: Store) throws {
+            try store.transaction {
+                for id in 0..<3_000 {
+                    try store.execute(
+                        "INSERT INTO items(id, name) VALUES (?, ?)",
+                        [.integer(Int64(id)), .text(String(repeating: "x", count: 500))]
+                    )
+                }
+            }
+        }
+        let made = try makeFileStore(directory, "made")
+        #expect(try made.connection.scalar("PRAGMA auto_vacuum") == .integer(2))
+        try fill(made)
+        let full = try pages(made).count
+        try made.execute("DELETE FROM items")
+        #expect(try made.collectTombstones(upTo: made.versionVector()).collected == 3_000)
+        while try made.reclaimFreePages(maxPages: 100) > 0 {}
+        let emptied = try pages(made)
+        #expect(emptied.free == 0 && emptied.count < full / 4, "\(full) pages full, \(emptied) emptied")
+
+        // A file the app created before Shoal opened it keeps freed pages until it is vacuumed once.
+        let path = directory.appendingPathComponent("app.db").path
+        _ = try sqlite3Shell(path, "CREATE TABLE app_own(x)")
+        let app = try Store(path: path)
+        try makeItems(app)
+        #expect(try app.connection.scalar("PRAGMA auto_vacuum") == .integer(0))
+        try fill(app)
+        try app.execute("DELETE FROM items")
+        _ = try app.collectTombstones(upTo: app.versionVector())
+        #expect(try app.reclaimFreePages() == 0 && pages(app).free > 0)
+        try app.vacuum()
+        #expect(try app.connection.scalar("PRAGMA auto_vacuum") == .integer(2) && pages(app).free == 0)
+        #expect(try app.fullScanDigest() == app.digest())
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
