@@ -335,6 +335,10 @@ extension Store {
             let received = changes.count
             changes.removeAll { held[$0.stamp.site] >= $0.stamp.seq }
             report.alreadyKnown += received - changes.count
+        } else {
+            // Held changes merged now get log entries under numbers collection may have passed while they were held:
+            // it looks at them again (see ``collectTombstones(upTo:maxRows:)``).
+            try reopenCollection(for: changes)
         }
         let accepted = changes
         // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.

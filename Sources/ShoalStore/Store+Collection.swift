@@ -115,7 +115,6 @@ extension Store {
             let select = try statement(
                 "SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? ORDER BY seq, tbl, part"
             )
-            let deleteHash = try statement("DELETE FROM shoal_row_hashes WHERE tbl = ? AND key = ?")
             var floors: [String: UInt64] = [:]
             var reached: [Int64: Int64] = [:]
             sites: for (index, upTo) in due {
@@ -150,9 +149,10 @@ extension Store {
                             guard let state = try loadState(table: table, key: key), !state.isAlive,
                                 state.lengthStamp?.dot == dot, try !dataRowExists(table: table, key: key)
                             else { continue }
+                            // Its hash in the digest is left alone: a tombstone has none once folded, and a row
+                            // deleted since the last fold still has its live hash there, which the fold takes out
+                            // (it finds no metadata now: no hash to add back).
                             try deleteState(table: table, key: key)
-                            try deleteHash.bind([.integer(table.id), .blob(SQLValue.encodeKey(key))])
-                            try deleteHash.run()
                             floors[table.name] = max(floors[table.name] ?? 0, state.causalLength)
                             report.collected += 1
                         }
@@ -177,6 +177,22 @@ extension Store {
         } catch {
             abandonWrite()
             throw error
+        }
+    }
+
+    /// Moves the collection marks of the sites of `changes` back before them: held changes merged now log
+    /// transactions a pass may have gone past while they were held (inside the caller's write transaction).
+    func reopenCollection(for changes: [Change]) throws(ShoalError) {
+        var earliest: [SiteID: UInt64] = [:]
+        for change in changes {
+            earliest[change.stamp.site] = min(earliest[change.stamp.site] ?? .max, change.stamp.seq)
+        }
+        for (site, seq) in earliest {
+            guard let index = sites.existingIndex(of: site) else { continue }
+            try connection.rows(
+                "UPDATE shoal_meta SET value = min(value, ?) WHERE key = ?",
+                [.integer(Int64(clamping: seq) - 1), .text("collected_\(index)")]
+            )
         }
     }
 
