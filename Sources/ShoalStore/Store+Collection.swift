@@ -112,55 +112,69 @@ extension Store {
         try beginWriting()
         do throws(ShoalError) {
             try stampForeignWrites()
+            // At most one more entry than the budget can look at (each lists a row at least).
             let select = try statement(
-                "SELECT seq, tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? ORDER BY seq, tbl, part"
+                "SELECT seq, tbl, part, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? "
+                    + "ORDER BY seq, tbl, part LIMIT ?"
             )
             var floors: [String: UInt64] = [:]
             var reached: [Int64: Int64] = [:]
             sites: for (index, upTo) in due {
                 let site = try sites.site(at: UInt64(index))
                 let from = done[index] ?? 0
-                try select.bind([.integer(index), .integer(from), .integer(upTo)])
-                var entries: [(seq: Int64, table: Int64, keys: [UInt8])] = []
+                try select.bind([.integer(index), .integer(from), .integer(upTo), .integer(Int64(maxRows) + 1)])
+                var entries: [(seq: Int64, table: Int64, part: Int64, keys: [UInt8])] = []
                 while try select.step() {
-                    entries.append((select.columnInt64(0), select.columnInt64(1), select.columnBytes(2)))
+                    entries.append(
+                        (select.columnInt64(0), select.columnInt64(1), select.columnInt64(2), select.columnBytes(3))
+                    )
                 }
                 select.reset()
-                // A transaction is collected whole or not at all in a pass: the mark moves past whole transactions.
-                var last = from
-                var position = 0
-                while position < entries.count {
-                    let seq = entries[position].seq
-                    var end = position
-                    while end < entries.count, entries[end].seq == seq { end += 1 }
-                    let rows = entries[position..<end].reduce(0) { $0 + $1.keys.count / 9 + 1 }
-                    if report.examined > 0, report.examined + rows > maxRows {
-                        report.reachedCut = false
-                        reached[index] = last
-                        break sites
+                let complete = entries.count <= maxRows
+                // Where the last pass stopped inside this range (in memory: after a restart, the range is looked at
+                // again from its mark, which only costs time).
+                let resume = collectionResume.flatMap { $0.site == index && $0.seq > from ? $0 : nil }
+                for entry in entries {
+                    var offset = 0
+                    if let resume {
+                        let here = (entry.seq, entry.table, entry.part)
+                        let there = (resume.seq, resume.table, resume.part)
+                        if here < there { continue }
+                        if here == there { offset = min(resume.offset, entry.keys.count) }
                     }
-                    let dot = Dot(site: site, seq: UInt64(seq))
-                    for entry in entries[position..<end] {
-                        guard let table = tablesByID[entry.table] else { continue }
-                        var reader = ByteReader(entry.keys)
-                        while !reader.isAtEnd {
-                            let key = try Self.readLogKey(&reader, table: table)
-                            report.examined += 1
-                            guard let state = try loadState(table: table, key: key), !state.isAlive,
-                                state.lengthStamp?.dot == dot, try !dataRowExists(table: table, key: key)
-                            else { continue }
-                            // Its hash in the digest is left alone: a tombstone has none once folded, and a row
-                            // deleted since the last fold still has its live hash there, which the fold takes out
-                            // (it finds no metadata now: no hash to add back).
-                            try deleteState(table: table, key: key)
-                            floors[table.name] = max(floors[table.name] ?? 0, state.causalLength)
-                            report.collected += 1
+                    guard let table = tablesByID[entry.table] else { continue }
+                    let dot = Dot(site: site, seq: UInt64(entry.seq))
+                    var reader = ByteReader(Array(entry.keys[offset...]))
+                    while !reader.isAtEnd {
+                        if report.examined >= maxRows {
+                            // The budget ran out inside this transaction: the mark stays before it.
+                            collectionResume = (index, entry.seq, entry.table, entry.part, offset + reader.offset)
+                            reached[index] = entry.seq - 1
+                            report.reachedCut = false
+                            break sites
                         }
+                        let key = try Self.readLogKey(&reader, table: table)
+                        report.examined += 1
+                        guard let state = try loadState(table: table, key: key), !state.isAlive,
+                            state.lengthStamp?.dot == dot, try !dataRowExists(table: table, key: key)
+                        else { continue }
+                        // Its hash in the digest is left alone: a tombstone has none once folded, and a row
+                        // deleted since the last fold still has its live hash there, which the fold takes out
+                        // (it finds no metadata now: no hash to add back).
+                        try deleteState(table: table, key: key)
+                        floors[table.name] = max(floors[table.name] ?? 0, state.causalLength)
+                        report.collected += 1
                     }
-                    last = seq
-                    position = end
                 }
-                reached[index] = upTo
+                collectionResume = nil
+                if complete {
+                    reached[index] = upTo
+                } else {
+                    // More entries than were read: the last one's transaction may go on past them.
+                    reached[index] = (entries.last?.seq ?? from + 1) - 1
+                    report.reachedCut = false
+                    break sites
+                }
             }
             for (index, seq) in reached {
                 try connection.rows(

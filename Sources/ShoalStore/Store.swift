@@ -118,6 +118,8 @@ public final class Store {
     var compactionPosition: (site: Int64, seq: Int64, table: Int64, part: Int64)?
     /// The entry a compaction slice stopped inside (its rows from `offset` on not looked at yet), resumed first.
     var compactionResume: (site: Int64, seq: Int64, table: Int64, part: Int64, offset: Int)?
+    /// Where the last collection pass stopped inside a log entry (its budget ran out there); the next goes on from it.
+    var collectionResume: (site: Int64, seq: Int64, table: Int64, part: Int64, offset: Int)?
     /// How many rows one compaction slice looks at, at most: one short write transaction.
     static let compactionRowsPerSlice = 4_000
     /// The `data_version` at which the outboxes were last found empty or drained (nil: look again).

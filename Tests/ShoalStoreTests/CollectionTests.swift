@@ -204,6 +204,27 @@ import Testing
         #expect(try extraTombstones(b) == 0)
     }
 
+    /// One transaction that deleted many rows is collected over several passes, none looking at more than its budget
+    /// (a write transaction holds SQLite's lock only that long), each going on where the last stopped.
+    @Test func aLargeDeleteIsCollectedInSlicesWithinItsTransaction() throws {
+        let directory = try temporaryDirectory("collect-slices")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        try a.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) "
+                + "INSERT INTO items(id, name) SELECT i, 'row ' || i FROM n"
+        )
+        try a.execute("DELETE FROM items")
+        let cut = try a.versionVector()
+        var passes: [CollectionReport] = []
+        repeat { passes.append(try a.collectTombstones(upTo: cut, maxRows: 30)) } while !passes.last!.reachedCut
+        // The insert's 100 logged rows are looked at too (none is a tombstone), then the delete's.
+        #expect(passes.map(\.collected).reduce(0, +) == 100 && passes.count == 7)
+        #expect(passes.allSatisfy { $0.examined <= 30 } && passes.contains { $0.collected == 30 })
+        #expect(try a.status().tables.first { $0.name == "items" }?.tombstones == 0)
+        #expect(try a.collectTombstones(upTo: cut).examined == 0)
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
