@@ -74,12 +74,24 @@ extension SyncNode {
         )
     }
 
-    /// Looks every interval whether the members' reports moved the cut, and collects up to it, a slice of at most
-    /// ``collectionSliceRows`` logged rows per write transaction (the next slice after whatever waits for the store).
+    /// Looks whether the members' reports moved the cut whenever a member is known to hold more, and every interval
+    /// regardless, at most five times a second; collects up to it, a slice of at most ``collectionSliceRows`` logged
+    /// rows per write transaction (the next slice after whatever waits for the store). A look that finds the cut
+    /// where it was costs no store access.
     func collectPeriodically() async throws {
-        while !Task.isCancelled {
-            try await Task.sleep(for: .milliseconds(configuration.collectionIntervalMilliseconds))
+        let (waker, interval) = (collectionWaker, configuration.collectionIntervalMilliseconds)
+        let ticker = Task {
+            while !Task.isCancelled {
+                try await Task.sleep(for: .milliseconds(interval))
+                waker.yield()
+            }
+        }
+        defer { ticker.cancel() }
+        for await _ in collectionWakes {
+            guard !Task.isCancelled else { return }
             try await collectOnce()
+            // Wakes meanwhile (every report of a round) are one look.
+            try await Task.sleep(for: .milliseconds(min(200, interval)))
         }
     }
 

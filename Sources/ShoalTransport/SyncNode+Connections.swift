@@ -223,7 +223,9 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) {
-        members.heard(peer, holds: ack.versionVector, at: configuration.clock.nowMilliseconds(), from: .direct)
+        if members.heard(peer, holds: ack.versionVector, at: configuration.clock.nowMilliseconds(), from: .direct) {
+            collectionWaker.yield()
+        }
         if directory.acknowledged(peer, ack) { failures.clear(peer.hex) }
         wakeAcknowledgementWaiters()
         // Compared apart from the connection's loop: it reads the store.
@@ -249,12 +251,16 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionPeerHolds(peer: SiteID, _ vector: VersionVector) {
-        members.heard(peer, holds: vector, at: configuration.clock.nowMilliseconds(), from: .direct)
+        if members.heard(peer, holds: vector, at: configuration.clock.nowMilliseconds(), from: .direct) {
+            collectionWaker.yield()
+        }
         directory.holds(peer, vector)
     }
 
     func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) {
+        let generation = members.generation
         members.passedOn(reports, by: peer, own: siteID, now: configuration.clock.nowMilliseconds())
+        if members.generation != generation { collectionWaker.yield() }
     }
 
     func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])? {

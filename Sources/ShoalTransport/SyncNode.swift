@@ -20,6 +20,9 @@ public actor SyncNode: Service {
     /// Events as they happen, for observers and tests.
     public nonisolated let events: AsyncStream<NodeEvent>
     let eventSink: AsyncStream<NodeEvent>.Continuation
+    /// Wakes the collection loop: a member is known to hold more, or its interval passed (``collectPeriodically()``).
+    let collectionWakes: AsyncStream<Void>
+    let collectionWaker: AsyncStream<Void>.Continuation
     /// The node's site id.
     public nonisolated let siteID: SiteID
     /// The port the node listens on, once ``run()`` has bound it.
@@ -105,6 +108,7 @@ public actor SyncNode: Service {
             )
         )
         (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
+        (collectionWakes, collectionWaker) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
     /// Open connections (handshaking or established).
