@@ -94,6 +94,8 @@ package struct NodeMetrics: Sendable {
     static let queueDepth = "shoal_node_queue_depth"
     static let connectedPeers = "shoal_node_peers_connected"
     static let divergedPeers = "shoal_node_diverged_peers"
+    static let tombstonesCollected = "shoal_node_tombstones_collected_total"
+    static let collectionWaiting = "shoal_node_collection_waiting_members"
     static let peerDiverged = "shoal_node_peer_diverged"
     static let changeBytesSent = "shoal_node_change_bytes_sent_total"
     static let changeBytesUncompressed = "shoal_node_change_bytes_uncompressed_total"
@@ -107,6 +109,10 @@ package struct NodeMetrics: Sendable {
     let connected = Gauge(label: NodeMetrics.connectedPeers)
     /// Peers that hold the same changes but different rows (an error: see `Divergence`).
     let diverged = Gauge(label: NodeMetrics.divergedPeers)
+    /// Tombstones collected (every member held their deletes).
+    let tombstonesCollected = Counter(label: NodeMetrics.tombstonesCollected)
+    /// Members the collection of deletes waits for (they lack something this node holds, or never reported).
+    let collectionWaiting = Gauge(label: NodeMetrics.collectionWaiting)
     /// Change frames sent to every peer, for ``SyncNode/changeTraffic``.
     let traffic: ChangeTrafficCounter
     private var peers: [SiteID: PeerMetrics] = [:]

@@ -58,12 +58,8 @@ extension SyncNode {
             )
         }
         let entries = members.entries
-        let waiting = current.subtracting([siteID]).sorted().compactMap { site -> CollectionStatus.Waiting? in
-            let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
-            if let usable, usable.dominatesOrEquals(held) { return nil }
-            return CollectionStatus.Waiting(
-                siteID: site, name: members.names[site], lastReportMs: entries[site]?.reportedAtMs
-            )
+        let waiting = waitingMembers(held: held).map { site in
+            CollectionStatus.Waiting(siteID: site, name: members.names[site], lastReportMs: entries[site]?.reportedAtMs)
         }
         return CollectionStatus(
             membersKnown: true,
@@ -72,6 +68,16 @@ extension SyncNode {
             lastCollectedAtMs: collection.lastCollectedAtMs,
             waitingFor: waiting
         )
+    }
+
+    /// The members (but this node) that lack something of `held`, by their last reports this node holds whole, or
+    /// never reported: the deletes they lack keep their tombstones. Empty while the members are not known.
+    func waitingMembers(held: VersionVector) -> [SiteID] {
+        guard let current = collectionMembers else { return [] }
+        return current.subtracting([siteID]).sorted().filter { site in
+            let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
+            return !(usable?.dominatesOrEquals(held) ?? false)
+        }
     }
 
     /// Looks whether the members' reports moved the cut whenever a member is known to hold more, and every interval
@@ -122,6 +128,7 @@ extension SyncNode {
         guard collected > 0 else { return }
         collection.collected += collected
         collection.lastCollectedAtMs = configuration.clock.nowMilliseconds()
+        nodeMetrics.tombstonesCollected.increment(by: collected)
         configuration.logger.info(
             "collected tombstones every member holds the delete of",
             metadata: ["tombstones": "\(collected)"]

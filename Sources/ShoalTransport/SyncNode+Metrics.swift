@@ -35,6 +35,7 @@ extension SyncNode {
         }
         nodeMetrics.connected.record(connected)
         nodeMetrics.diverged.record(divergenceWatch.diverged.count)
+        nodeMetrics.collectionWaiting.record(waitingMembers(held: held).count)
     }
 
     /// How long (in milliseconds) this node has held the oldest change that a holder of `vector` lacks: 0 when it

@@ -162,6 +162,18 @@ extension RelayProcessTests {
             }
         )
 
+        // A delete both members hold is collected on both: counted, and no member waits to be heard from.
+        try await world.write("a", "DELETE FROM kv WHERE k = 'a1'")
+        for name in ["a", "b"] {
+            var last: Scrape?
+            let collected = try await waitUntil(within: 30, checkingEvery: 200) {
+                last = try await scrape(client, urls[name]!)
+                return (last?.value("shoal_node_tombstones_collected_total") ?? 0) >= 1
+                    && last?.value("shoal_node_collection_waiting_members") == 0
+            }
+            #expect(collected, "node \(name) did not count the collection:\n\(last?.text ?? "")")
+        }
+
         // Only /metrics is served.
         let other = try await client.execute(HTTPClientRequest(url: urls["a"]! + "x"), timeout: .seconds(10))
         #expect(other.status.code == 404)
