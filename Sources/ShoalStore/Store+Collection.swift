@@ -42,14 +42,10 @@ extension Store {
 
     /// Creates and replicates ``collectedTable`` inside the caller's write transaction, if it is missing.
     func prepareCollectedTableInTransaction() throws(ShoalError) {
-        try refreshSchema()
-        guard capture.tableNumbers[Self.collectedTable] == nil else { return }
-        try connection.exec(
-            "CREATE TABLE IF NOT EXISTS \(Self.collectedTable)(tbl TEXT NOT NULL, site BLOB NOT NULL, "
-                + "cl INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(tbl, site))"
+        try prepareInternalTableInTransaction(
+            Self.collectedTable, columns: "tbl TEXT NOT NULL, site BLOB NOT NULL, cl INTEGER NOT NULL DEFAULT 0, "
+                + "PRIMARY KEY(tbl, site)"
         )
-        _ = try replicateInTransaction(Self.collectedTable, counters: [])
-        try refreshSchema()
     }
 
     /// The causal length a row new to this node starts from in `table` (even: its first life is one more): the

@@ -64,14 +64,20 @@ extension Store {
 
     /// Creates and replicates ``schemaTable`` inside the caller's write transaction, if it is missing.
     func prepareSchemaTableInTransaction() throws(ShoalError) {
+        try prepareInternalTableInTransaction(
+            Self.schemaTable, columns: "tbl TEXT NOT NULL, col TEXT NOT NULL, definition TEXT NOT NULL DEFAULT '', "
+                + "PRIMARY KEY(tbl, col)"
+        )
+    }
+
+    /// Creates and replicates one of Shoal's own replicated tables (`columns`: its definition's inside) inside the
+    /// caller's write transaction, if it is missing.
+    func prepareInternalTableInTransaction(_ name: String, columns: String) throws(ShoalError) {
         // Another process on the file (the node beside the app) may have made it since this connection looked.
         try refreshSchema()
-        guard capture.tableNumbers[Self.schemaTable] == nil else { return }
-        try connection.exec(
-            "CREATE TABLE IF NOT EXISTS \(Self.schemaTable)(tbl TEXT NOT NULL, col TEXT NOT NULL, "
-                + "definition TEXT NOT NULL DEFAULT '', PRIMARY KEY(tbl, col))"
-        )
-        _ = try replicateInTransaction(Self.schemaTable, counters: [])
+        guard capture.tableNumbers[name] == nil else { return }
+        try connection.exec("CREATE TABLE IF NOT EXISTS \(name)(\(columns))")
+        _ = try replicateInTransaction(name, counters: [])
         try refreshSchema()
     }
 
