@@ -27,8 +27,8 @@ public final class NodeSecurity: PeerAuthorizer {
     /// The name in its certificate.
     public let name: String
     private let node = Mutex<SyncNode?>(nil)
-    /// The records the roster was last computed from.
-    private let lastRecords = Mutex<[[UInt8]]>([])
+    /// The roster records last acted on (nil: none yet, so the first reading acts even on an empty roster).
+    private let lastRecords = Mutex<[[UInt8]]?>(nil)
     private let logger: Logger
     private let clock: any WallClock
 
@@ -145,7 +145,7 @@ public final class NodeSecurity: PeerAuthorizer {
                     }
                 } catch {
                     // Tried again at the next reading.
-                    lastRecords.withLock { $0 = [] }
+                    lastRecords.withLock { $0 = nil }
                     throw error
                 }
             }

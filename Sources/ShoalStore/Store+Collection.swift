@@ -113,6 +113,7 @@ extension Store {
                 "SELECT seq, tbl, part, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? "
                     + "ORDER BY seq, tbl, part LIMIT ?"
             )
+            let dropHeld = try statement("DELETE FROM shoal_held WHERE tbl = ? AND pk = ? AND cl <= ?")
             var floors: [String: UInt64] = [:]
             var reached: [Int64: Int64] = [:]
             sites: for (index, upTo) in due {
@@ -158,6 +159,13 @@ extension Store {
                         // deleted since the last fold still has its live hash there, which the fold takes out
                         // (it finds no metadata now: no hash to add back).
                         try deleteState(table: table, key: key)
+                        // Values held for a column this node lacks yet, which the delete beat: they go with it, or a
+                        // replay once the column is added would bring the row back.
+                        try dropHeld.bind([
+                            .text(table.name), .blob(SQLValue.encodeKey(key)),
+                            .integer(Int64(clamping: state.causalLength)),
+                        ])
+                        try dropHeld.run()
                         floors[table.name] = max(floors[table.name] ?? 0, state.causalLength)
                         report.collected += 1
                     }

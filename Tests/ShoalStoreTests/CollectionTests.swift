@@ -225,6 +225,41 @@ import Testing
         #expect(try a.collectTombstones(upTo: cut).examined == 0)
     }
 
+    /// A node following schema changes by hand holds a peer's values for a column it lacks; it deletes the row, the
+    /// tombstone is collected, then its app adds the column: the held value the delete beat must not bring the row
+    /// back (found by a test beside shoal serve: it did).
+    @Test func valuesHeldForAMissingColumnGoWithTheTombstoneThatBeatThem() throws {
+        let directory = try temporaryDirectory("collect-held-column")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        var manual = StoreOptions()
+        manual.schemaChanges = .manual
+        let bPath = directory.appendingPathComponent("b.db").path
+        do { _ = try makeFileStore(directory, "b") }
+        let b = try Store(path: bPath, options: manual)
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        try sync(a, b)
+        let alter = "ALTER TABLE items ADD COLUMN colour TEXT DEFAULT 'grey'"
+        try a.execute(alter)
+        try a.execute("UPDATE items SET colour = 'red' WHERE id IN (1, 2)")
+        try sync(a, b)
+        #expect(try b.heldChanges()["items"] ?? 0 >= 2)
+        try b.execute("DELETE FROM items WHERE id = 2")
+        try sync(b, a)
+        try sync(a, b)
+        #expect(try b.collectTombstones(upTo: b.versionVector()).collected == 1)
+        try b.execute(alter)
+        _ = try b.replayHeldValues()
+        #expect(
+            try rows(b, "SELECT id, name, colour FROM items ORDER BY id") == [[.integer(1), .text("one"), .text("red")]]
+        )
+        #expect(try b.heldChanges().isEmpty)
+        #expect(try a.collectTombstones(upTo: a.versionVector()).collected == 1)
+        try sync(b, a)
+        try sync(a, b)
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
