@@ -62,6 +62,9 @@ public final class ShoalNode: Service, Sendable {
         configuration.rememberPeers = options.rememberPeers
         configuration.roundIntervalMilliseconds = options.roundIntervalMilliseconds
         configuration.compactionIntervalMilliseconds = options.compactionIntervalMilliseconds
+        if options.collectDeletes {
+            configuration.collectionIntervalMilliseconds = NodeConfiguration.defaultCollectionIntervalMilliseconds
+        }
         configuration.logger = options.logger
         configuration.session.compression = options.compression
         configuration.compressesLoopback = options.compressesLoopback

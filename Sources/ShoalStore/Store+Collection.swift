@@ -114,6 +114,8 @@ extension Store {
                     + "ORDER BY seq, tbl, part LIMIT ?"
             )
             let dropHeld = try statement("DELETE FROM shoal_held WHERE tbl = ? AND pk = ? AND cl <= ?")
+            // Per table, the collected rows' keys (as the change log lists them), for the digest's fold.
+            var pending: [Int64: [UInt8]] = [:]
             var floors: [String: UInt64] = [:]
             var reached: [Int64: Int64] = [:]
             sites: for (index, upTo) in due {
@@ -156,8 +158,10 @@ extension Store {
                             state.lengthStamp?.dot == dot, try !dataRowExists(table: table, key: key)
                         else { continue }
                         // Its hash in the digest is left alone: a tombstone has none once folded, and a row
-                        // deleted since the last fold still has its live hash there, which the fold takes out
-                        // (it finds no metadata now: no hash to add back).
+                        // deleted since the last fold still has its live hash there, which the fold takes out (it
+                        // finds no metadata now: no hash to add back). The fold is told of the row here: compaction
+                        // may drop the delete's log entry (it holds nothing now) before the fold reads it.
+                        appendLogKey(key, to: &pending[table.id, default: []])
                         try deleteState(table: table, key: key)
                         // Values held for a column this node lacks yet, which the delete beat: they go with it, or a
                         // replay once the column is added would bring the row back.
@@ -179,6 +183,11 @@ extension Store {
                     report.reachedCut = false
                     break sites
                 }
+            }
+            let notePending = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
+            for (table, keys) in pending {
+                try notePending.bind([.integer(table), .blob(keys)])
+                try notePending.run()
             }
             for (index, seq) in reached {
                 try connection.rows(
@@ -212,6 +221,13 @@ extension Store {
                 [.integer(Int64(clamping: seq) - 1), .text("collected_\(index)")]
             )
         }
+    }
+
+    /// Looks at the whole change log again at the next pass: tombstones of any transaction may be back (a table
+    /// replicated again with the metadata it kept aside).
+    func reopenCollection() throws(ShoalError) {
+        try connection.rows("DELETE FROM shoal_meta WHERE key LIKE 'collected\\_%' ESCAPE '\\'")
+        collectionResume = nil
     }
 
     /// Raises this node's floors (``collectedTable``) to `floors` where they are lower (inside the caller's write

@@ -195,6 +195,8 @@ extension Store {
                     + "count as this node's writes and its counter values as this node's increments"
             )
         }
+        // The tombstones it kept aside come back, under transactions collection may have passed meanwhile.
+        if archive != nil { try reopenCollection() }
         let restored = try archive.map { archive throws(ShoalError) in
             try restoreArchivedRows(archive, table: number)
         } ?? [:]

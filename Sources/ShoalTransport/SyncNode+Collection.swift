@@ -23,6 +23,8 @@ public struct CollectionStatus: Sendable, Hashable {
         public var lastReportMs: UInt64?
     }
 
+    /// Whether this node collects tombstones at all (``NodeConfiguration/collectionIntervalMilliseconds``).
+    public var enabled = true
     /// Whether the cluster's membership is known (a roster): tombstones are collected only then.
     public var membersKnown: Bool
     /// Per site, up to which transaction every member holds the deletes, with every write made before them here.
@@ -51,10 +53,11 @@ extension SyncNode {
     public func collectionStatus() async -> CollectionStatus {
         let held = (try? await worker.versionVector()) ?? VersionVector()
         members.heard(siteID, holds: held, at: configuration.clock.nowMilliseconds(), from: .local)
-        guard let current = collectionMembers else {
+        let enabled = configuration.collectionIntervalMilliseconds > 0
+        guard enabled, let current = collectionMembers else {
             return CollectionStatus(
-                membersKnown: false, cut: VersionVector(), collected: collection.collected,
-                lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: []
+                enabled: enabled, membersKnown: collectionMembers != nil, cut: VersionVector(),
+                collected: collection.collected, lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: []
             )
         }
         let entries = members.entries
@@ -73,7 +76,7 @@ extension SyncNode {
     /// The members (but this node) that lack something of `held`, by their last reports this node holds whole, or
     /// never reported: the deletes they lack keep their tombstones. Empty while the members are not known.
     func waitingMembers(held: VersionVector) -> [SiteID] {
-        guard let current = collectionMembers else { return [] }
+        guard configuration.collectionIntervalMilliseconds > 0, let current = collectionMembers else { return [] }
         return current.subtracting([siteID]).sorted().filter { site in
             let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
             return !(usable?.dominatesOrEquals(held) ?? false)

@@ -74,6 +74,8 @@ struct LiveStatus: Codable {
             var lastReportMs: UInt64?
         }
 
+        /// Whether the node collects tombstones at all (`shoal serve --collect-deletes`).
+        var enabled: Bool? = nil
         /// Whether the cluster's membership is known (a roster): tombstones are collected only then.
         var membersKnown: Bool
         /// Tombstones collected since the node started.

@@ -117,6 +117,7 @@ enum Output {
             "collection": live?.collection.map { collection in
                 let now = SystemWallClock().nowMilliseconds()
                 return [
+                    "enabled": collection.enabled ?? true,
                     "members_known": collection.membersKnown,
                     "collected": collection.collected,
                     "last_collected_at_ms": collection.lastCollectedAtMs.map { $0 as Any } ?? NSNull(),
@@ -284,6 +285,13 @@ enum Output {
     static func collectionLines(_ collection: LiveStatus.Collection?, tombstones: Int, now: UInt64) -> String {
         guard let collection else { return "" }
         var text = ""
+        if collection.enabled == false {
+            if tombstones > 0 {
+                text += "deletes: \(tombstones) tombstones kept: collection is off (shoal serve --collect-deletes "
+                    + "turns it on)\n"
+            }
+            return text
+        }
         if !collection.membersKnown {
             if tombstones > 0 {
                 text += "deletes: \(tombstones) tombstones kept: they are collected only in a cluster with a roster "

@@ -38,6 +38,13 @@ extension ShoalCommand {
         @Option(help: "Milliseconds between periodic rounds.") var roundInterval: UInt64 = 2_000
         @Option(help: "Milliseconds between change-log compactions (0: never).")
         var compactionInterval: UInt64 = 60_000
+        @Flag(
+            help: """
+                Collect tombstones once every member of the roster holds their deletes (off by default: a member \
+                restored from a backup taken before a delete its peers collected would keep that row).
+                """
+        )
+        var collectDeletes = false
         @Flag(help: "Send change batches uncompressed, to peers and to the relay (for measuring, or for a relay that members older than compression pull from).")
         var noCompression = false
         @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")
@@ -93,6 +100,7 @@ extension ShoalCommand {
             options.name = name
             options.roundIntervalMilliseconds = roundInterval
             options.compactionIntervalMilliseconds = compactionInterval
+            options.collectDeletes = collectDeletes
             options.mdns = !noMdns
             options.rememberPeers = !noRemembered
             options.peers = try peers.map { text in

@@ -55,6 +55,7 @@ final class ServeReporter: Service, Sendable {
             let collection = await sync.collectionStatus()
             let roster = security?.trust.roster
             status.collection = LiveStatus.Collection(
+                enabled: collection.enabled,
                 membersKnown: collection.membersKnown,
                 collected: collection.collected,
                 lastCollectedAtMs: collection.lastCollectedAtMs,

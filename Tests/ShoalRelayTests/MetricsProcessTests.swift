@@ -97,7 +97,7 @@ extension RelayProcessTests {
         // Written apart, before either node runs: the same row with two values (a conflict), and rows of each.
         try await world.write("a", "INSERT INTO kv VALUES ('shared', 'from a'), ('a1', 1), ('a2', 2)")
         try await world.write("b", "INSERT INTO kv VALUES ('shared', 'from b'), ('b1', 1)")
-        let metricsOption = ["--metrics", "127.0.0.1:0"]
+        let metricsOption = ["--metrics", "127.0.0.1:0", "--collect-deletes"]
         let a = try await world.serve("a", relay: false, extra: metricsOption)
         let b = try await world.serve("b", relay: false, peers: ["a"], extra: metricsOption)
         var urls: [String: String] = [:]

@@ -16,7 +16,7 @@ import Testing
     private static func serve(_ path: String, peer: String?) async throws -> (RunningProcess, String) {
         let node = try RunningProcess(
             try shoalExecutable(),
-            ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+            ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0", "--collect-deletes"]
                 + (peer.map { ["--peer", $0] } ?? [])
         )
         guard let listening = await node.line(within: 60, { $0.hasPrefix("listening on") }) else {

@@ -452,7 +452,8 @@ struct SyncBenchmark: AsyncParsableCommand {
         defer { for node in nodes { node.stop() } }
         func start(_ index: Int, peers: [Int]) throws -> ServeProcess {
             try ServeProcess.startIsolated(
-                database: paths[index], name: "n\(index)", peers: peers, extra: ["--round-interval", "1000"]
+                database: paths[index], name: "n\(index)", peers: peers,
+                extra: ["--round-interval", "1000", "--collect-deletes"]
             )
         }
         for index in 0..<count { nodes.append(try start(index, peers: nodes.map(\.port))) }
