@@ -280,6 +280,31 @@ import Testing
         #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
     }
 
+    /// Found by an adversarial try, not fixed yet (older than collection, which makes it unmendable): a node that
+    /// applied a transaction and then unreplicated its table still claims the transaction, so a node catching up from
+    /// it alone covers the transaction without its rows, and is never sent them again. The answer skips the log entries
+    /// of a table not replicated (`DeltaCursor`, "guard let table = tablesByID[row.table]") and claims the transaction.
+    /// Capping the claim there is correct but stops the node relaying that site's later transactions for good; better,
+    /// at the unreplicate, keep the table's logged transactions as held changes, which are forwarded verbatim.
+    @Test(.disabled("known bug: a node that unreplicated a table passes on claims without the table's rows"))
+    func aNodeCatchingUpFromOneThatUnreplicatedTheTableStillGetsItsRows() throws {
+        let directory = try temporaryDirectory("unreplicate-claims")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        let c = try makeFileStore(directory, "c")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        try sync(a, b)
+        try sync(a, c)
+        try a.execute("DELETE FROM items WHERE id = 2")
+        try sync(a, b)
+        try b.unreplicate(table: "items")
+        try sync(b, c)
+        try sync(a, c)
+        #expect(try rows(c, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("c.db")))
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
