@@ -394,8 +394,15 @@ extension Store {
             // A brand-new row of a table without counters gets the same metadata as every other: encode it once.
             var freshTemplate: [UInt8]?
             // A row new to this node starts its life above every tombstone collected in the table (see
-            // ``causalLengthFloor(_:)``): nodes that still keep one for its key must take the row.
-            let floor = try causalLengthFloor(table.name)
+            // ``causalLengthFloor(_:)``): nodes that still keep one for its key must take the row. Read at the first
+            // such row, not for every write.
+            var knownFloor: UInt64?
+            func floor() throws(ShoalError) -> UInt64 {
+                if let knownFloor { return knownFloor }
+                let read = try causalLengthFloor(table.name)
+                knownFloor = read
+                return read
+            }
             var fresh: [PendingKey] = []
             var general: [(key: PendingKey, write: PendingWrite)] = []
             for (pendingKey, write) in pendingTable.rows {
@@ -405,7 +412,7 @@ extension Store {
                 }
                 if freshTemplate == nil {
                     var state = RowState(columnCount: table.columns.count)
-                    state.causalLength = floor
+                    state.causalLength = try floor()
                     state.recordLocalWrite(
                         existedBefore: false,
                         existsAfter: true,
@@ -435,7 +442,7 @@ extension Store {
                 let key = pendingKey.values
                 let stored = try loadState(table: table, key: key)
                 var state = stored ?? RowState(columnCount: table.columns.count)
-                if stored == nil, write.existsAfter { state.causalLength = floor }
+                if stored == nil, write.existsAfter { state.causalLength = try floor() }
                 var existsAfter = write.existsAfter
                 // A write that would start a new life must find its data row: a row another connection updated
                 // and an apply since deleted (or one gone behind Shoal's back) is not brought back as NULLs.

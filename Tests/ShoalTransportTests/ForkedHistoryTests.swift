@@ -20,6 +20,14 @@ private func restoreFolder(of path: String, from backup: URL) throws {
     try FileManager.default.copyItem(atPath: backup.path + "/a.db.shoal-sent", toPath: path + ".shoal-sent")
 }
 
+/// Runs node `a` (in `directory`, dialling `peer`) for `body`, and lets it go before its file is touched again (its
+/// connection closes with it).
+private func runA(in directory: URL, peer: RunningNode, _ body: (RunningNode) async throws -> Void) async throws {
+    let a = try await startNode(in: directory, name: "a", peers: [peer.port])
+    try await body(a)
+    await a.stop()
+}
+
 @Suite struct ForkedHistoryTests {
     /// A node's folder restored from an older backup (the database and its record of what was sent, in place), then
     /// written to past what its peer holds while the node was down: its file shows nothing, and it would write on
@@ -29,11 +37,8 @@ private func restoreFolder(of path: String, from backup: URL) throws {
         defer { try? FileManager.default.removeItem(at: directory) }
         let b = try await startNode(in: directory, name: "b")
         let path = directory.appendingPathComponent("a.db").path
-        // Each run of the node is let go before its file is touched (its connection closes with it).
         func run(_ body: (RunningNode) async throws -> Void) async throws {
-            let a = try await startNode(in: directory, name: "a", peers: [b.port])
-            try await body(a)
-            await a.stop()
+            try await runA(in: directory, peer: b, body)
         }
         var site = SiteID(high: 0, low: 0)
         try await run { a in
@@ -90,9 +95,7 @@ private func restoreFolder(of path: String, from backup: URL) throws {
         let b = try await startNode(in: directory, name: "b")
         let path = directory.appendingPathComponent("a.db").path
         func run(_ body: (RunningNode) async throws -> Void) async throws {
-            let a = try await startNode(in: directory, name: "a", peers: [b.port])
-            try await body(a)
-            await a.stop()
+            try await runA(in: directory, peer: b, body)
         }
         var site = SiteID(high: 0, low: 0)
         try await run { a in
