@@ -145,6 +145,21 @@ public struct RowState: Hashable, Sendable {
         }
         return result
     }
+
+    /// ``dots`` with the clock each transaction wrote here.
+    public var dotClocks: [Dot: HLC] {
+        var result: [Dot: HLC] = [:]
+        if let lengthStamp { result[lengthStamp.dot] = lengthStamp.hlc }
+        for cell in cells {
+            switch cell {
+            case .empty: break
+            case .value(let stamp, _): result[stamp.dot] = stamp.hlc
+            case .counter(let entries):
+                for (site, entry) in entries { result[Dot(site: site, seq: entry.seq)] = entry.hlc }
+            }
+        }
+        return result
+    }
 }
 
 /// What merging one change into a row did.

@@ -142,6 +142,9 @@ extension Store {
         var deleted: [[SQLValue]] = []
         // Tombstones kept as they were: no write records them, so the digest is told of them here.
         var tombstones: [UInt8] = []
+        // Every restored stamp is logged again under its transaction (unreplicating dropped the table's log): this
+        // node claims those transactions, so an answer must still send what they wrote.
+        var logKeys: [Dot: (hlc: HLC, keys: [UInt8])] = [:]
         while try select.step() {
             let row = select.row()
             let key = Array(row.dropLast())
@@ -164,6 +167,7 @@ extension Store {
                 }
             }
             try saveState(state, table: table, key: key)
+            for (dot, hlc) in state.dotClocks { appendLogKey(key, to: &logKeys[dot, default: (hlc, [])].keys) }
             guard try dataRowExists(table: table, key: key) else {
                 if archived.isAlive { deleted.append(key) } else { appendLogKey(key, to: &tombstones) }
                 continue
@@ -183,6 +187,7 @@ extension Store {
             }
             restored[key] = (archived.isAlive, delta, changed)
         }
+        for (dot, entry) in logKeys { try appendLog(dot: dot, table: table.id, hlc: entry.hlc, keys: entry.keys) }
         for key in deleted { capture.addExistingRow(table: number, key: key, existed: true, exists: false) }
         try noteDigestPending(site: -1, seq: 0, table: table.id, keys: tombstones)
         return restored

@@ -264,7 +264,23 @@ extension Store {
             if first.key != second.key { return first.key.lexicographicallyPrecedes(second.key) }
             return first.change.columnName == nil && second.change.columnName != nil
         }
-        let changes = keyed.map(\.change)
+        // A counter's changes for a column replicated here as a plain one (or the other way round: the table was
+        // replicated again with other counters) stay held, as they were written.
+        var changes: [Change] = []
+        var mismatched: [Change] = []
+        for (_, change) in keyed {
+            if let column = change.columnName, let number = capture.tableNumbers[change.table],
+                let index = capture.tables[number].columnIndex[column]
+            {
+                let isCounter = if case .counter = change.payload { true } else { false }
+                if isCounter != capture.tables[number].isCounter[index] {
+                    mismatched.append(change)
+                    continue
+                }
+            }
+            changes.append(change)
+        }
+        _ = try hold(mismatched, logging: false)
         _ = try applyInTransaction(changes, claim: VersionVector(), since: nil, replaying: true)
         heldMayReplay = false
         try connection.rows(
@@ -279,7 +295,7 @@ extension Store {
                 ).integerValue ?? 0
             )
         }
-        let merged = max(0, changes.count - stillHeld)
+        let merged = max(0, changes.count + mismatched.count - stillHeld)
         if merged > 0 { options.logger.info("replayed held changes", metadata: ["changes": "\(merged)"]) }
         return merged
     }

@@ -285,8 +285,10 @@ extension Store {
     /// the digest) and keeps the table and its rows. Works on paused tables (even one that is gone), which is
     /// the way out after another tool changed a replicated table's shape.
     ///
-    /// Changes of this table that peers have not received yet are not sent any more. `replicate(table:)`
-    /// afterwards replicates it again, its rows becoming changes of this node.
+    /// What the table's transactions wrote until now stays with this node as held changes, forwarded to peers like
+    /// the changes that arrive for the table later (this node has claimed those transactions, so a peer catching up
+    /// from it alone is still sent their rows); the app's writes from now on are not captured. `replicate(table:)`
+    /// afterwards replicates it again, continuing the rows' history.
     public func unreplicate(table: String) throws(ShoalError) {
         guard capture.hasUncommittedWork == false, connection.isAutocommit else {
             throw ShoalError(code: .invalidArgument, message: "unreplicate a table outside of any open transaction")
@@ -301,6 +303,7 @@ extension Store {
             else {
                 throw ShoalError(code: .notReplicated, message: "table \(table) is not replicated")
             }
+            if let replicated = capture.tables.first(where: { $0.id == id }) { try holdTransactions(of: replicated) }
             // The metadata is kept aside: replicating the table again continues its history (see `ClockArchive`).
             try archiveClock(ofTable: id, name: table)
             try connection.exec("DROP TABLE IF EXISTS shoal_clock_\(id)")
@@ -326,5 +329,26 @@ extension Store {
         }
         schemaVersion = -1
         try refreshSchema()
+    }
+
+    /// Keeps what every transaction still has in `table` as held changes logged under the same transactions (inside
+    /// the caller's transaction, before the table's metadata and log go): what an answer would have sent of them.
+    private func holdTransactions(of table: ReplicatedTable) throws(ShoalError) {
+        try refreshSites()
+        let keys = table.keyColumns.indices.map { "k\($0)" }.joined(separator: ", ")
+        let select = try connection.prepare("SELECT \(keys), meta FROM shoal_clock_\(table.id)")
+        var changes: [Change] = []
+        while try select.step() {
+            let row = select.row()
+            guard case .blob(let bytes) = row.last! else { continue }
+            let key = Array(row.dropLast())
+            let state = try RowState(encoded: bytes, columnCount: table.columns.count, sites: sites)
+            for dot in state.dots { _ = try collect(dot: dot, table: table, key: key, into: &changes) }
+            if changes.count >= 10_000 {
+                _ = try hold(changes)
+                changes.removeAll(keepingCapacity: true)
+            }
+        }
+        _ = try hold(changes)
     }
 }

@@ -280,29 +280,42 @@ import Testing
         #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("b.db")))
     }
 
-    /// Found by an adversarial try, not fixed yet (older than collection, which makes it unmendable): a node that
-    /// applied a transaction and then unreplicated its table still claims the transaction, so a node catching up from
-    /// it alone covers the transaction without its rows, and is never sent them again. The answer skips the log entries
-    /// of a table not replicated (`DeltaCursor`, "guard let table = tablesByID[row.table]") and claims the transaction.
-    /// Capping the claim there is correct but stops the node relaying that site's later transactions for good; better,
-    /// at the unreplicate, keep the table's logged transactions as held changes, which are forwarded verbatim.
-    @Test(.disabled("known bug: a node that unreplicated a table passes on claims without the table's rows"))
-    func aNodeCatchingUpFromOneThatUnreplicatedTheTableStillGetsItsRows() throws {
+    /// Found by an adversarial try: a node that applied a transaction and then unreplicated its table still claims
+    /// the transaction, so a node catching up from it alone used to cover the transaction without its rows, and was
+    /// never sent them again (the answer skipped the log entries of a table not replicated). The table's transactions
+    /// are kept as held changes at the unreplicate, and logged again when it is replicated again.
+    @Test(arguments: [false, true])
+    func aNodeCatchingUpFromOneThatUnreplicatedTheTableStillGetsItsRows(replicatesAgain: Bool) throws {
         let directory = try temporaryDirectory("unreplicate-claims")
         defer { try? FileManager.default.removeItem(at: directory) }
         let a = try makeFileStore(directory, "a")
         let b = try makeFileStore(directory, "b")
         let c = try makeFileStore(directory, "c")
-        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three'), (4, 'four')")
         try sync(a, b)
         try sync(a, c)
         try a.execute("DELETE FROM items WHERE id = 2")
+        try a.execute("UPDATE items SET name = 'FOUR' WHERE id = 4")
+        try a.execute("UPDATE items SET hits = hits + 5 WHERE id = 1")
         try sync(a, b)
+        try b.execute("UPDATE items SET name = 'THREE', hits = hits + 2 WHERE id = 3")
+        try b.execute("UPDATE items SET hits = hits - 1 WHERE id = 1")
         try b.unreplicate(table: "items")
+        if replicatesAgain { _ = try b.replicate(table: "items", counters: ["hits"]) }
         try sync(b, c)
         try sync(a, c)
-        #expect(try rows(c, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
+        try sync(c, a)
+        let expected: [[SQLValue]] = [
+            [.integer(1), .text("one"), .integer(4)], [.integer(3), .text("THREE"), .integer(2)],
+            [.integer(4), .text("FOUR"), .integer(0)],
+        ]
+        #expect(try rows(c, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+        #expect(try rows(a, "SELECT id, name, hits FROM items ORDER BY id") == expected)
         #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("c.db")))
+        if replicatesAgain {
+            #expect(try rows(b, "SELECT id, name, hits FROM items ORDER BY id") == expected)
+            #expect(try b.digest() == c.digest())
+        }
     }
 
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
