@@ -49,9 +49,9 @@ public struct ShoalNodeOptions: Sendable {
     public var roundIntervalMilliseconds: UInt64 = 2_000
     /// Milliseconds between change-log compactions (0: never).
     public var compactionIntervalMilliseconds: UInt64 = 60_000
-    /// Whether the node collects tombstones once every member of the roster holds their deletes (off by default:
+    /// Whether the node collects tombstones once every member of the roster holds their deletes (on by default:
     /// see ``NodeConfiguration/collectionIntervalMilliseconds``).
-    public var collectDeletes = false
+    public var collectDeletes = true
     /// Whether change batches are compressed where that pays: on peer links of protocol version 6 and more, and before
     /// they are sealed for the relay (members of builds before compression cannot open compressed change sets).
     public var compression = true

@@ -118,7 +118,7 @@ extension Store {
     public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
         try captureForeignWritesIfIdle()
-        let held = try readServableVector()
+        var held = try readServableVector()
         if since[siteID] > held[siteID] {
             // The asker holds more of this database's own history than this database does: this file was restored
             // from an older copy (in a way its opening did not see: under a running node, or without the file that
@@ -133,6 +133,11 @@ extension Store {
                     + "older copy or lost commits it had sent, and its later writes would reuse numbers the peer holds "
                     + "with other content, so nothing is sent. \(Self.restartToMove)"
             )
+        }
+        if held[siteID] > since[siteID], try awaitsFreshState() {
+            // This database lost history and has not taken its fresh state yet: its own writes wait (see
+            // `Store+FreshState.swift`), neither sent nor claimed.
+            held = VersionVector(held.entries.merging([siteID: since[siteID]]) { $1 })
         }
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)

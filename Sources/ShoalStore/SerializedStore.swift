@@ -259,6 +259,24 @@ public actor SerializedStore {
         try store.compactLog(maxEntries: maxEntries)
     }
 
+    /// See ``Store/awaitsFreshState()``.
+    package func awaitsFreshState() throws(ShoalError) -> Bool { try store.awaitsFreshState() }
+
+    /// See ``Store/freshStateTaken()``.
+    package func freshStateTaken() throws(ShoalError) { try store.freshStateTaken() }
+
+    /// See ``Store/takeFreshState(table:keys:peerVector:)``.
+    package func takeFreshState(table: String, keys: [[UInt8]], peerVector: VersionVector) throws(ShoalError)
+        -> FreshStateReport
+    {
+        let report = try store.takeFreshState(table: table, keys: keys, peerVector: peerVector)
+        if report.removed + report.orphaned > 0 {
+            markChanged()
+            publish(.local)
+        }
+        return report
+    }
+
     /// See ``Store/collectTombstones(upTo:maxRows:)``. A pass that collected something raised the tables' floors (a
     /// change of this node, which peers are told of); the rows it left are the same, so the digest is too.
     package func collectTombstones(upTo cut: VersionVector, maxRows: Int) throws(ShoalError) -> CollectionReport {

@@ -188,6 +188,8 @@ extension Store {
                 if reason == .copiedFromAnotherMachine { identity = fresh }
                 try setMeta("identity_site", .blob(identity.bytes))
                 try setMeta("identity_change", .text(made.encoded))
+                // It may hold rows its peers deleted and collected since: see ``takeFreshState(table:keys:peerVector:)``.
+                try setMeta(freshStateKey, .integer(Int64(clamping: now)))
                 // The digest's bookkeeping follows the local site's sequence numbers: it is rebuilt.
                 try connection.exec(
                     """

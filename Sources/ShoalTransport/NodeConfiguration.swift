@@ -32,11 +32,11 @@ public struct NodeConfiguration: Sendable {
     /// slice of 5,000 entries at a time, one slice a second until the end of the log; 0 turns it off.
     public var compactionIntervalMilliseconds: UInt64 = 60_000
     /// How often the node looks whether every member now holds more of the deletes it keeps tombstones for, and
-    /// collects those (see ``SyncNode/setMembers(_:)``); 0 (the default): never. Off by default until a member
-    /// restored from a backup taken before a delete its peers collected can take a fresh state: it would keep that
-    /// row. A look that finds nothing new costs no disk access.
+    /// collects those (see ``SyncNode/setMembers(_:)``); 0 (the default of this low-level configuration): never.
+    /// `shoal serve` and ``ShoalNode`` set ``defaultCollectionIntervalMilliseconds`` unless told not to collect. A
+    /// look that finds nothing new costs no disk access.
     public var collectionIntervalMilliseconds: UInt64 = 0
-    /// The interval `shoal serve --collect-deletes` sets.
+    /// The interval `shoal serve` and ``ShoalNode`` set (unless `--no-collect-deletes`).
     public static let defaultCollectionIntervalMilliseconds: UInt64 = 2_000
     /// How often the node updates the metrics it samples rather than counts (queue depth, each peer's staleness and
     /// gap, connected peers: see ``SyncNode``); 0 turns that off. Cheap: no database access.

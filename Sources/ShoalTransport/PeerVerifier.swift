@@ -130,6 +130,7 @@ public enum PeerVerifier {
             let mine = Dictionary(uniqueKeysWithValues: local.tables.map { ($0.name, $0) })
             let others = Dictionary(uniqueKeysWithValues: theirs.tables.map { ($0.name, $0) })
             report.tables = Set(mine.keys).union(others.keys).sorted()
+            report.peerTables = others.keys.sorted()
             for table in report.tables {
                 let here = mine[table]
                 let there = others[table]

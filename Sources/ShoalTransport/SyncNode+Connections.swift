@@ -231,6 +231,13 @@ extension SyncNode: ConnectionDelegate {
         // Compared apart from the connection's loop: it reads the store.
         if ack.digest != nil { uncomparedDigests.insert(peer) }
         Task { await self.compareAcknowledgedDigests(refreshing: true) }
+        if awaitingFreshState {
+            offerFreshState(
+                peer: peer,
+                peerVector: ack.versionVector,
+                localVector: worker.latestVersionVector.withLock { $0 }
+            )
+        }
     }
 
     /// Admits an inspection (`shoal verify --peer`) from a peer the authorizer lets in: apart from the sync links,

@@ -23,6 +23,9 @@ public actor SyncNode: Service {
     /// Wakes the collection loop: a member is known to hold more, or its interval passed (``collectPeriodically()``).
     let collectionWakes: AsyncStream<Void>
     let collectionWaker: AsyncStream<Void>.Continuation
+    /// Peers offered for a fresh state while the database awaits one (``takeFreshStateWhenOffered()``).
+    let freshStateSources: AsyncStream<PeerAddress>
+    let freshStateSource: AsyncStream<PeerAddress>.Continuation
     /// The node's site id.
     public nonisolated let siteID: SiteID
     /// The port the node listens on, once ``run()`` has bound it.
@@ -77,6 +80,8 @@ public actor SyncNode: Service {
     var collectionMembers: Set<SiteID>?
     /// What collection did since the node started (``collectionStatus()``).
     var collection = CollectionProgress()
+    /// Whether the database awaits its fresh state (``Store/awaitsFreshState()``), as read at start.
+    var awaitingFreshState = false
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -109,6 +114,10 @@ public actor SyncNode: Service {
         )
         (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
         (collectionWakes, collectionWaker) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        (freshStateSources, freshStateSource) = AsyncStream.makeStream(
+            of: PeerAddress.self,
+            bufferingPolicy: .bufferingNewest(1)
+        )
     }
 
     /// Open connections (handshaking or established).
@@ -274,6 +283,10 @@ public actor SyncNode: Service {
                     listener.close()
                     Task { await self.closeAllConnections() }
                 }
+            }
+            if (try? await worker.awaitsFreshState()) == true {
+                awaitingFreshState = true
+                group.addTask { await self.takeFreshStateWhenOffered() }
             }
             group.addTask { await self.followCommits() }
             group.addTask { await self.followPeerSources() }

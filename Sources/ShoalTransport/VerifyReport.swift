@@ -46,6 +46,8 @@ public struct VerifyReport: Sendable, Hashable {
     public var tables: [String]
     /// Tables whose digests differ.
     public var differingTables: [String]
+    /// Tables the peer replicates.
+    public var peerTables: [String] = []
     /// The rows that differ, by table and key order, at most the limit asked for.
     public var rows: [Row]
     /// Whether more rows differ than were listed.

@@ -74,7 +74,7 @@ struct LiveStatus: Codable {
             var lastReportMs: UInt64?
         }
 
-        /// Whether the node collects tombstones at all (`shoal serve --collect-deletes`).
+        /// Whether the node collects tombstones at all (not with `shoal serve --no-collect-deletes`).
         var enabled: Bool? = nil
         /// Whether the cluster's membership is known (a roster): tombstones are collected only then.
         var membersKnown: Bool

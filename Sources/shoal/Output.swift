@@ -287,8 +287,8 @@ enum Output {
         var text = ""
         if collection.enabled == false {
             if tombstones > 0 {
-                text += "deletes: \(tombstones) tombstones kept: collection is off (shoal serve --collect-deletes "
-                    + "turns it on)\n"
+                text += "deletes: \(tombstones) tombstones kept: collection is off (the node runs with "
+                    + "--no-collect-deletes)\n"
             }
             return text
         }

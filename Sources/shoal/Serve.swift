@@ -39,12 +39,13 @@ extension ShoalCommand {
         @Option(help: "Milliseconds between change-log compactions (0: never).")
         var compactionInterval: UInt64 = 60_000
         @Flag(
+            inversion: .prefixedNo,
             help: """
-                Collect tombstones once every member of the roster holds their deletes (off by default: a member \
-                restored from a backup taken before a delete its peers collected would keep that row).
+                Collect tombstones once every member of the roster holds their deletes (on by default; a member \
+                restored from an older backup or a copied file takes a fresh state from its first peer).
                 """
         )
-        var collectDeletes = false
+        var collectDeletes = true
         @Flag(help: "Send change batches uncompressed, to peers and to the relay (for measuring, or for a relay that members older than compression pull from).")
         var noCompression = false
         @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")

@@ -106,4 +106,55 @@ import Testing
         #expect(try rows(a) == rows(b) && rows(b) == rows(c))
         #expect(try rows(a).split(separator: "\n").count == 10)
     }
+    /// A member restored from a backup taken before deletes its peers have since collected holds those rows alive,
+    /// and no tombstone is left anywhere to tell it. It takes a fresh state from a peer before its own writes leave
+    /// it: the collected rows go, nothing comes back anywhere (its app's write to one of them goes to its conflict
+    /// log), and what its app writes to rows that live still reaches the others. Rows compared outside Shoal.
+    @Test func aMemberRestoredFromABackupBeforeCollectedDeletesTakesAFreshState() async throws {
+        let directory = try temporaryDirectory("collect-restore")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let a = try await startSecured(paths[0], configure: fast)
+        let b = try await startSecured(paths[1], peers: [a.port], configure: fast)
+        var c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        for index in 0..<50 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
+        #expect(try await holds(c, key: "k49"))
+        let backup = directory.appendingPathComponent("c-backup.db").path
+        #expect(try sqlite3Shell(paths[2], "VACUUM INTO '\(backup)'").status == 0)
+        try await a.node.execute("DELETE FROM kv WHERE v < 40")
+        try await c.node.execute("UPDATE kv SET v = 1000 WHERE k = 'k45'")
+        #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        #expect(try rows(a).split(separator: "\n").count == 10 && rows(a).contains("k45|1000"))
+        await c.stop()
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: paths[2] + suffix) }
+        try FileManager.default.copyItem(atPath: backup, toPath: paths[2])
+        #expect(try sqlite3Shell(paths[2], "SELECT count(*) FROM kv").stdout == "50\n")
+        // c's app writes while its node is down: to a row its peers deleted and collected (orphaned), and to one they
+        // keep.
+        #expect(try sqlite3Shell(paths[2], "UPDATE kv SET v = 77 WHERE k = 'k5'; UPDATE kv SET v = 88 WHERE k = 'k47'")
+            .status == 0)
+        c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        #expect(try await c.node.store.read { store throws(ShoalError) in try store.awaitsFreshState() })
+        try await c.node.execute("INSERT INTO kv(k, v) VALUES ('after', 1)")
+        let expected = try rows(a).replacingOccurrences(of: "k47|47", with: "k47|88")
+        let settled = try await waitUntil(within: 90) {
+            for node in [a, b, c] where try rows(node) != "after|1\n" + expected { return false }
+            return true
+        }
+        #expect(settled, "\((try? rows(c)) ?? "")")
+        let taken = try await waitUntil(within: 30) {
+            try await !c.node.store.read { store throws(ShoalError) in try store.awaitsFreshState() }
+        }
+        #expect(taken)
+        // The orphaned write is in c's conflict log, and nowhere in the tables.
+        #expect(try sqlite3Shell(paths[2], "SELECT count(*) FROM shoal_conflicts WHERE local_value = 77").stdout == "1\n")
+        #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        #expect(try await a.node.digest() == c.node.digest())
+        for node in [c, b, a] { await node.stop() }
+        #expect(try rows(a) == rows(b) && rows(b) == rows(c))
+        #expect(
+            try SQLiteConnection(path: paths[0]).applicationTableContents()
+                == SQLiteConnection(path: paths[2]).applicationTableContents()
+        )
+    }
 }

@@ -16,6 +16,44 @@ func makeItems(_ store: Store) throws {
     try store.replicate(table: "items", counters: ["hits"])
 }
 
+/// What a node does for a database awaiting its fresh state (`SyncNode+FreshState.swift`), store to store, once
+/// `restored` holds all `peer` holds: takes the peer's word for the rows alive in `restored` that the peer does not hold,
+/// then lets its own writes be sent again.
+@discardableResult
+func takeFreshState(_ restored: Store, from peer: Store) throws -> FreshStateReport {
+    var report = FreshStateReport()
+    guard try restored.awaitsFreshState() else { return report }
+    func keys(_ store: Store, _ table: String) throws -> [[UInt8]] {
+        var result: [[UInt8]] = []
+        var after: [UInt8]?
+        while true {
+            let page = try store.rowHashes(of: table, after: after, limit: 100)
+            result += page.rows.map(\.key)
+            after = page.rows.last?.key
+            if page.isLast { return result }
+        }
+    }
+    let peerVector = try peer.versionVector()
+    for table in try peer.tableDigests().tables.map(\.name) {
+        let theirs = Set(try keys(peer, table))
+        let part = try restored.takeFreshState(
+            table: table,
+            keys: try keys(restored, table).filter { !theirs.contains($0) },
+            peerVector: peerVector
+        )
+        report.removed += part.removed
+        report.orphaned += part.orphaned
+    }
+    try restored.freshStateTaken()
+    return report
+}
+
+/// ``takeFreshState(_:from:)`` when a node would: `store` awaits its fresh state and holds all `peer` holds.
+func freshStateIfDue(_ store: Store, from peer: Store) throws {
+    guard try store.awaitsFreshState(), try store.versionVector().dominatesOrEquals(peer.versionVector()) else { return }
+    try takeFreshState(store, from: peer)
+}
+
 /// Every change `from` holds that `to` lacks, applied as the protocol does: batches in order, with claims, the last
 /// completing the answer unless an earlier batch withheld something.
 @discardableResult

@@ -778,6 +778,8 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(change.reason == .forked && change.previousSite == original && moved.siteID != original)
         #expect(change.description.contains("issued again") && change.description.contains("nothing is lost"))
         try moved.execute("INSERT INTO items(id, name) VALUES (50, 'after the move')")
+        try sync(b, moved)
+        try takeFreshState(moved, from: b)
         try sync(moved, b)
         try sync(b, moved)
         #expect(try rows(b, "SELECT name FROM items WHERE id = 50") == [[.text("after the move")]])
@@ -864,6 +866,11 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
             // The app writes on: a new row and an edit of one the backup holds.
             try restored.execute("INSERT INTO items(id, name) VALUES (4, 'after the restore')")
             try restored.execute("UPDATE items SET name = 'one, edited after the restore' WHERE id = 1")
+            // Its own writes wait until it took a fresh state from a peer (nothing was collected here: nothing goes).
+            try sync(restored, b)
+            #expect(try b.versionVector()[restored.siteID] == 0)
+            try sync(b, restored)
+            #expect(try takeFreshState(restored, from: b) == FreshStateReport())
             // Nothing is refused and nothing is lost: the peer sends back what the old site wrote after the backup.
             try sync(restored, b)
             try sync(b, restored)
@@ -894,6 +901,8 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try twice.identityChange()?.reason == .restored)
         #expect(twice.siteID != original && twice.siteID != firstFresh)
         try twice.execute("INSERT INTO items(id, name) VALUES (6, 'six')")
+        try sync(b, twice)
+        try takeFreshState(twice, from: b)
         try sync(twice, b)
         try sync(b, twice)
         #expect(try rows(twice, "SELECT id FROM items ORDER BY id") == (1...6).map { [.integer(Int64($0))] })
@@ -955,6 +964,9 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         try a.execute("INSERT INTO items(id, name, qty) VALUES (2, 'from the original', 2)")
         try copy.execute("INSERT INTO items(id, name, qty) VALUES (3, 'from the copy', 3)")
         try sync(a, peer)
+        // The copy sends its own writes once it took its fresh state from a peer (nothing to remove here).
+        try sync(peer, copy)
+        #expect(try takeFreshState(copy, from: peer) == FreshStateReport())
         try sync(copy, peer)
         try sync(peer, a)
         try sync(peer, copy)

@@ -1,0 +1,161 @@
+import ShoalCore
+
+/// What one look at a peer's rows did for a database awaiting its fresh state.
+public struct FreshStateReport: Sendable, Hashable {
+    /// Rows the peer deleted and collected while this database was away: removed here.
+    public var removed = 0
+    /// Rows the peer deleted and collected, which this database wrote to since it lost history (writes no peer has
+    /// seen): removed here, and each of those writes put in the conflict log.
+    public var orphaned = 0
+
+    public init() {}
+}
+
+/// A database that lost part of its history takes a fresh state from a peer before its own writes leave it.
+///
+/// Tombstones are collected once every member holds the delete (see ``collectTombstones(upTo:maxRows:)``), and a
+/// member is counted as holding what it showed it held. A database restored from an older copy, or a file copied from
+/// another node, holds less than that: it may hold rows alive that its peers deleted and collected since. Syncing
+/// cannot tell it so, since no tombstone is left to send: it claims the delete's transaction (its peer sends it, with
+/// nothing of the collected row in it) and keeps the row. And what it writes to such a row would bring a part of it
+/// back on every peer (a peer that collected the row takes the write as a row new to it).
+///
+/// So such a database is marked when it moves to its fresh site (``IdentityChange``). Until it took its fresh state
+/// its answers leave out its own writes (``deltaCursor(since:)``: neither sent nor claimed), and once it holds all a
+/// peer holds, it lists the rows in which it differs from that peer (an inspection, as `shoal verify --peer`), and
+/// takes the peer's word for the rows alive here that the peer does not hold (``takeFreshState(table:keys:peerVector:)``):
+/// - every write of the row is one the peer holds: the peer holds all of it and not the row, so it deleted the row,
+///   by a delete that was stable since (it was collected). The row goes here too, as a collected delete;
+/// - the row's life is one the peer holds, but this database wrote to it since it lost history (writes the peer lacks):
+///   the row was collected all the same while it was away, and those writes are orphaned. The row goes, and each write
+///   is put in the conflict log (`shoal conflicts`), so nothing goes silently;
+/// - a row whose life began here since (an insert the peer has not seen) stays, and travels as usual.
+/// Then its own writes are sent again. Rows the two both hold with other values are left to the merge rules.
+extension Store {
+    /// The `shoal_meta` key that marks a database awaiting its fresh state.
+    static let freshStateKey = "fresh_state"
+
+    /// Whether this database moved to a fresh site after losing history (restored from an older copy, or copied from
+    /// another node's file) and has not taken its fresh state from a peer yet: its own writes are held back until then.
+    public func awaitsFreshState() throws(ShoalError) -> Bool {
+        let select = try statement("SELECT 1 FROM shoal_meta WHERE key = '\(Self.freshStateKey)'")
+        defer { select.reset() }
+        return try select.step()
+    }
+
+    /// Records that this database took its fresh state: its own writes are sent again.
+    public func freshStateTaken() throws(ShoalError) {
+        try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.freshStateKey)])
+    }
+
+    /// Takes a peer's word, in one transaction, for the rows of `table` under the encoded `keys`
+    /// (``SQLValue/encodeKey(_:)``) alive here that a peer holding `peerVector` does not hold (see the extension's
+    /// comment). Does nothing unless this database awaits its fresh state.
+    public func takeFreshState(
+        table name: String,
+        keys: [[UInt8]],
+        peerVector: VersionVector
+    ) throws(ShoalError) -> FreshStateReport {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "take a fresh state outside of any open transaction")
+        }
+        var report = FreshStateReport()
+        guard try awaitsFreshState(), !keys.isEmpty else { return report }
+        try refreshSchema()
+        guard let number = capture.tableNumbers[name], openCursors.count == 0 else { return report }
+        let table = capture.tables[number]
+        try refreshSites()
+        try beginWriting()
+        capture.isSuspended = true
+        let triggersWereOn = suspendAppTriggers()
+        defer {
+            capture.isSuspended = false
+            setTriggers(enabled: triggersWereOn)
+        }
+        do throws(ShoalError) {
+            let delete = try statement("DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)")
+            let dropHeld = try statement("DELETE FROM shoal_held WHERE tbl = ? AND pk = ?")
+            var pending: [UInt8] = []
+            var orphans: [ConflictRecord] = []
+            for encoded in keys {
+                var reader = ByteReader(encoded)
+                var key: [SQLValue] = []
+                while !reader.isAtEnd { key.append(try SQLValue.decode(from: &reader)) }
+                guard key.count == table.keyColumns.count, let state = try loadState(table: table, key: key),
+                    state.isAlive, try dataRowExists(table: table, key: key)
+                else { continue }
+                let unseen = state.dots.filter { !peerVector.covers($0) }
+                if !unseen.isEmpty {
+                    // A life the peer holds: its first (no stamp) when the peer holds a write of it, or one a write
+                    // made here overwrote.
+                    let lifeIsHeld =
+                        state.lengthStamp.map { peerVector.covers($0.dot) }
+                        ?? (unseen.count < state.dots.count
+                            || state.cells.contains { cell in
+                                if case .value(_, let previous?) = cell { peerVector.covers(previous) } else { false }
+                            })
+                    guard lifeIsHeld else { continue }
+                    let values = try dataValues(table: table, key: key)
+                    for (index, cell) in state.cells.enumerated() {
+                        let written: Stamp? =
+                            switch cell {
+                            case .empty: nil
+                            case .value(let stamp, _): stamp
+                            case .counter(let entries):
+                                entries.first { unseen.contains(Dot(site: $0.key, seq: $0.value.seq)) }.map {
+                                    Stamp(hlc: $0.value.hlc, site: $0.key, seq: $0.value.seq)
+                                }
+                            }
+                        guard let written, unseen.contains(written.dot) else { continue }
+                        orphans.append(
+                            ConflictRecord(
+                                table: table.name, primaryKey: key, column: table.columns[index],
+                                localValue: values[index], localStamp: written, remoteValue: .null,
+                                remoteStamp: Stamp(hlc: .zero, site: written.site, seq: 0), winner: .remote
+                            )
+                        )
+                    }
+                    report.orphaned += 1
+                } else {
+                    report.removed += 1
+                }
+                try delete.bind(key)
+                try delete.run()
+                try deleteState(table: table, key: key)
+                try dropHeld.bind([.text(table.name), .blob(encoded)])
+                try dropHeld.run()
+                // The fold takes the row's hash out of the digest (it finds no metadata to add back).
+                appendLogKey(key, to: &pending)
+            }
+            if !pending.isEmpty {
+                let note = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
+                try note.bind([.integer(table.id), .blob(pending)])
+                try note.run()
+            }
+            try record(orphans)
+            try connection.exec("COMMIT")
+        } catch {
+            abandonWrite()
+            throw error
+        }
+        if report.removed > 0 {
+            options.logger.notice(
+                """
+                removed rows a peer deleted while this database was away (restored from an older copy, or \
+                copied): the peer holds every write of them and no longer the rows
+                """,
+                metadata: ["table": "\(table.name.printable())", "rows": "\(report.removed)"]
+            )
+        }
+        if report.orphaned > 0 {
+            options.logger.warning(
+                """
+                rows this database wrote to after it lost history (restored from an older copy, or copied) were \
+                deleted by peers meanwhile: removed, and the writes put in the conflict log (shoal conflicts)
+                """,
+                metadata: ["table": "\(table.name.printable())", "rows": "\(report.orphaned)"]
+            )
+        }
+        return report
+    }
+}

@@ -1,0 +1,80 @@
+import Logging
+import ShoalCore
+import ShoalStore
+
+/// A database that lost history (restored from an older copy, or copied from another node's file) takes a fresh
+/// state from a peer before its own writes leave it (see `Store+FreshState.swift`): once it holds all a peer holds
+/// (the peer's acknowledgement shows a vector this node's covers), the rows in which the two differ are listed as
+/// `shoal verify --peer` lists them, on a connection of their own, and the rows the peer deleted and collected while
+/// this database was away go here too. Then its own writes are sent again.
+extension SyncNode {
+    /// Rows listed in one look at a peer; more than that takes another look.
+    static let freshStateRows = 100_000
+
+    /// Asks for a look at `peer` if this database awaits its fresh state and holds all the peer acknowledged holding.
+    func offerFreshState(peer: SiteID, peerVector: VersionVector, localVector: VersionVector) {
+        guard awaitingFreshState, localVector.dominatesOrEquals(peerVector),
+            let address = directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
+        else { return }
+        freshStateSource.yield(address)
+    }
+
+    /// Takes the fresh state from the peers offered (``offerFreshState(peer:peerVector:localVector:)``), one look at a
+    /// time, until one look covered every row that differs.
+    func takeFreshStateWhenOffered() async {
+        for await address in freshStateSources {
+            guard !Task.isCancelled, awaitingFreshState else { return }
+            do {
+                let report = try await PeerVerifier.verify(
+                    configuration: configuration,
+                    address: address,
+                    limit: Self.freshStateRows
+                )
+                // The peer moved on meanwhile: a later acknowledgement offers it again.
+                guard report.localVersionVector.dominatesOrEquals(report.peerVersionVector) else { continue }
+                // Only tables the peer replicates: a table it does not lists every row here as missing there.
+                let theirs = Set(report.peerTables)
+                var keys: [String: [[UInt8]]] = [:]
+                for row in report.rows where row.difference == .missingOnPeer && theirs.contains(row.table) {
+                    keys[row.table, default: []].append(SQLValue.encodeKey(row.key))
+                }
+                var taken = FreshStateReport()
+                for (table, rows) in keys.sorted(by: { $0.key < $1.key }) {
+                    let part = try await worker.takeFreshState(
+                        table: table,
+                        keys: rows,
+                        peerVector: report.peerVersionVector
+                    )
+                    taken.removed += part.removed
+                    taken.orphaned += part.orphaned
+                }
+                if taken.removed + taken.orphaned > 0 {
+                    _ = try? await refreshDigest(waiting: false)
+                    signalChangeWatchers()
+                }
+                guard !report.truncated else { continue }
+                try await worker.freshStateTaken()
+                awaitingFreshState = false
+                freshStateSource.finish()
+                configuration.logger.notice(
+                    "took a fresh state from a peer after losing history (restored or copied); this node's own writes are sent again",
+                    metadata: [
+                        "peer": "\(report.peerName)", "removed": "\(taken.removed)", "orphaned": "\(taken.orphaned)",
+                    ]
+                )
+                broadcast(.localChange)
+                signalChangeWatchers()
+                return
+            } catch {
+                configuration.logger.warning(
+                    """
+                    could not compare rows with a peer to take a fresh state (this database lost history: restored \
+                    or copied); its own writes wait, and it tries again at the peer's next acknowledgement
+                    """,
+                    metadata: ["peer": "\(address)", "error": "\(error)"]
+                )
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+}
