@@ -533,6 +533,7 @@ extension Store {
         report.clockRefusals = refusals
         report.fenced = fenced
         report.acceptedHighest = Self.highestSeqs(accepted)
+        if !accepted.isEmpty || since != nil || !claim.isEmpty { recordHolds() }
         if !conflicts.isEmpty {
             try record(conflicts)
             report.conflicts = conflicts.count

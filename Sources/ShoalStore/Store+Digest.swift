@@ -31,6 +31,9 @@ public struct StoreStatus: Sendable, Hashable {
     /// Set when the database moved to a fresh site (its file was restored from an older copy, or copied): what
     /// happened, in plain words.
     public var identityChange: IdentityChange?
+    /// Whether the database lost history and awaits its fresh state from a peer: its own writes wait until then (see
+    /// ``Store/awaitsFreshState()``).
+    public var awaitsFreshState = false
     /// How many schema changes this node holds (see ``Store/schemaTable``): its schema position.
     public var schemaChanges = 0
     /// Schema changes recorded but not made here yet (`table.column`, or a table's name): a peer's change this node
@@ -557,6 +560,7 @@ extension Store {
         (status.schemaChanges, status.schemaPending) = try schemaPosition()
         status.schemaConflicts = try schemaConflicts()
         status.heldChanges = try heldChanges()
+        status.awaitsFreshState = try awaitsFreshState()
         return status
     }
 }

@@ -8,6 +8,7 @@ public struct FreshStateReport: Sendable, Hashable {
     /// seen): removed here, and each of those writes put in the conflict log.
     public var orphaned = 0
 
+    /// A report of a look that did nothing yet.
     public init() {}
 }
 
@@ -46,6 +47,8 @@ extension Store {
     /// Records that this database took its fresh state: its own writes are sent again.
     public func freshStateTaken() throws(ShoalError) {
         try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.freshStateKey)])
+        // What it held before it lost history no longer counts: what it holds now does.
+        recordHolds(resetting: true)
     }
 
     /// Takes a peer's word, in one transaction, for the rows of `table` under the encoded `keys`

@@ -388,13 +388,18 @@ extension Store {
         } else {
             record.sent[siteID] = max(record.sent[siteID] ?? 0, seq)
         }
+        writeSentRecord(record, synced: true)
+    }
+
+    /// Replaces the sent file with `record` (synced to disk first with `synced`). Best effort; says once if it fails.
+    func writeSentRecord(_ record: SentRecord, synced: Bool) {
         let target = Self.sentFilePath(path)
         // A name of this process's own: two processes on one file (a node and `shoal sql`) each write theirs, and
         // neither renames the other's away mid-write.
         let temporary = target + ".tmp.\(getpid())"
         var written = false
         if let file = fopen(temporary, "w") {
-            written = fputs(record.text, file) >= 0 && fflush(file) == 0 && fsync(fileno(file)) == 0
+            written = fputs(record.text, file) >= 0 && fflush(file) == 0 && (!synced || fsync(fileno(file)) == 0)
             fclose(file)
             written = written && rename(temporary, target) == 0
         }
@@ -407,6 +412,45 @@ extension Store {
         }
     }
 
+    /// Records beside the file what this database holds of every site, when that grew (no sync to disk: it is
+    /// evidence, not a promise). Peers collect a delete once every member holds it, counting what this node told them
+    /// it holds; a copy of this file restored later (in place, or with its own writes all sent, so that nothing else
+    /// shows it) holds less, and then takes a fresh state (``noteLostHistory()``). `resetting` replaces the record with
+    /// what the file holds now (once its fresh state is taken).
+    func recordHolds(resetting: Bool = false) {
+        guard Self.isOnDisk(path), let vector = try? readVersionVector(),
+            resetting || !recordedHolds.dominatesOrEquals(vector)
+        else { return }
+        var record = Self.readSentRecord(path)
+        if resetting {
+            record.holds = vector.entries
+        } else {
+            record.holds.merge(vector.entries) { max($0, $1) }
+        }
+        recordedHolds = VersionVector(record.holds)
+        writeSentRecord(record, synced: false)
+    }
+
+    /// Marks this database as awaiting a fresh state (see `Store+FreshState.swift`) when it holds less of some site
+    /// than the sent file records it held (``recordHolds(resetting:)``): it is an older copy of itself.
+    func noteLostHistory() throws(ShoalError) {
+        guard Self.isOnDisk(path) else { return }
+        let recorded = VersionVector(Self.readSentRecord(path).holds)
+        guard !recorded.isEmpty, try !versionVector().dominatesOrEquals(recorded), try !awaitsFreshState() else {
+            return
+        }
+        try connection.rows(
+            "INSERT OR IGNORE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.freshStateKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
+        )
+        options.logger.warning(
+            """
+            this database holds less than it held before (restored from an older copy): it takes a fresh state \
+            from its first peer before its own writes leave it
+            """
+        )
+    }
+
     /// What the sent file records, per site this file wrote as: the highest transaction an answer carried, and the
     /// highest a peer showed it holds.
     struct SentRecord {
@@ -416,12 +460,15 @@ extension Store {
         /// How far a peer showed it holds the site's transactions, beyond what the file holds (``forkedMarker``: a
         /// peer holds one of them with other content).
         var held: [SiteID: UInt64] = [:]
+        /// What this database held of every site (``Store/recordHolds(resetting:)``).
+        var holds: [SiteID: UInt64] = [:]
 
-        /// One line per site and kind: `SITE SEQ` for what was sent, `SITE SEQ held` for what a peer holds (older
-        /// builds read the first kind only).
+        /// One line per site and kind: `SITE SEQ` for what was sent, `SITE SEQ held` for what a peer holds, `SITE SEQ
+        /// holds` for what this database held (older builds read the first kind only, or the first two).
         var text: String {
             sent.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value)\n" }.joined()
                 + held.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value) held\n" }.joined()
+                + holds.sorted { $0.key < $1.key }.map { "\($0.key.hex) \($0.value) holds\n" }.joined()
         }
     }
 
@@ -433,9 +480,13 @@ extension Store {
         var buffer = [CChar](repeating: 0, count: 128)
         while fgets(&buffer, Int32(buffer.count), file) != nil {
             let fields = String(cString: buffer).split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
-            guard fields.count == 2 || (fields.count == 3 && fields[2] == "held"), let site = SiteID(hex: fields[0]),
-                let seq = UInt64(fields[1])
+            guard fields.count == 2 || (fields.count == 3 && ["held", "holds"].contains(fields[2])),
+                let site = SiteID(hex: fields[0]), let seq = UInt64(fields[1])
             else { continue }
+            if fields.count == 3 && fields[2] == "holds" {
+                record.holds[site] = max(record.holds[site] ?? 0, seq)
+                continue
+            }
             // Older builds wrote what a peer showed on the same line as what was sent; the fork marker is never sent.
             if fields.count == 3 || seq == forkedMarker {
                 record.held[site] = max(record.held[site] ?? 0, seq)

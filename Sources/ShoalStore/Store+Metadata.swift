@@ -170,7 +170,7 @@ extension Store {
         try inReadSnapshot { () throws(ShoalError) in try readVersionVector() }
     }
 
-    private func readVersionVector() throws(ShoalError) -> VersionVector {
+    func readVersionVector() throws(ShoalError) -> VersionVector {
         try refreshSites()
         var vector = VersionVector()
         for row in try connection.rows("SELECT site, seq FROM shoal_claims") {

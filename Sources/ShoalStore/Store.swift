@@ -144,6 +144,8 @@ public final class Store {
     var heldMayReplay = true
     /// Whether the failure to record what was sent (``recordSent(upTo:)``) was logged.
     var warnedSentRecord = false
+    /// What the sent file records this database holds (``recordHolds()``), as last written by this connection.
+    var recordedHolds = VersionVector()
 
     /// The local site's index in `shoal_sites` in a new database.
     static let localSiteIndex: Int64 = 1
@@ -191,6 +193,9 @@ public final class Store {
         // Writes a restored file made under numbers its peers hold, issued again under its fresh site. (A read-only
         // file only delays this.)
         do { try reissueForkedWrites() } catch { if error.sqlite?.isReadOnly != true { throw error } }
+        // A copy that holds less than this file once held (restored in place, its own writes all sent): see
+        // ``noteLostHistory()``.
+        do { try noteLostHistory() } catch { if error.sqlite?.isReadOnly != true { throw error } }
         // A column added but not adopted, or values held for one that is here now (a process killed between the
         // steps): adopted and replayed now. (A read-only file only delays this.)
         _ = try? adoptSchemaChanges()

@@ -162,6 +162,7 @@ enum Output {
             "identity_change": status.identityChange.map {
                 ["reason": $0.reason.rawValue, "previous_site": $0.previousSite.hex, "message": $0.description] as Any
             } ?? NSNull(),
+            "awaits_fresh_state": status.awaitsFreshState,
         ])
     }
 
@@ -190,6 +191,10 @@ enum Output {
     ) -> String {
         var text = "site:       \(status.siteID.hex)\n"
         if let change = status.identityChange { text += "identity:   \(change)\n" }
+        if status.awaitsFreshState {
+            text += "fresh state: awaited (this database lost history): its own writes wait until it has compared "
+                + "rows with a peer it can dial; serve it with a peer online\n"
+        }
         if let name = status.nodeName { text += "name:       \(name)\n" }
         if let keyFile {
             text += "node id:    \(keyFile.identity.nodeID)\n"

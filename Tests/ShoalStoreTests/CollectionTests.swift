@@ -318,6 +318,56 @@ import Testing
         }
     }
 
+    /// A member that never wrote is restored in place (same file, same inode) from a backup taken before deletes its
+    /// peers have since collected: nothing about its own site shows it, but it holds less than the record beside the
+    /// file says it held, so it awaits a fresh state, takes it from a peer, and the collected rows go. With its own
+    /// writes made since held back until then: an update of a collected row goes to the conflict log, a new row stays.
+    @Test func aMemberRestoredInPlaceWithNothingOfItsOwnTakesAFreshState() throws {
+        let directory = try temporaryDirectory("restore-in-place-collected")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let path = directory.appendingPathComponent("b.db").path
+        let backup = directory.appendingPathComponent("b-backup.db").path
+        do {
+            let b = try makeFileStore(directory, "b")
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+            try sync(a, b)
+            try RawConnection(path: path).exec("VACUUM INTO '\(backup)'")
+            try a.execute("DELETE FROM items WHERE id IN (1, 2)")
+            try sync(a, b)
+            // Both hold the deletes: both collect them.
+            for store in [a, b] { #expect(try store.collectTombstones(upTo: a.versionVector()).collected == 2) }
+            #expect(try !b.awaitsFreshState())
+        }
+        try restoreInPlace(path, from: backup)
+        let b = try Store(path: path)
+        #expect(try b.identityChange() == nil)
+        #expect(try b.awaitsFreshState())
+        try b.execute("UPDATE items SET name = 'ONE' WHERE id = 1")
+        try b.execute("INSERT INTO items(id, name) VALUES (4, 'four')")
+        // Its own writes wait; what the peer sends tells it nothing of rows 1 and 2.
+        try sync(b, a)
+        #expect(try rows(a, "SELECT id FROM items ORDER BY id") == [[.integer(3)]])
+        try sync(a, b)
+        #expect(try rows(b, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)], [.integer(3)], [.integer(4)]])
+        var expected = FreshStateReport()
+        (expected.removed, expected.orphaned) = (1, 1)
+        #expect(try takeFreshState(b, from: a) == expected)
+        #expect(try !b.awaitsFreshState())
+        try sync(b, a)
+        for store in [a, b] {
+            #expect(
+                try rows(store, "SELECT id, name FROM items ORDER BY id")
+                    == [[.integer(3), .text("three")], [.integer(4), .text("four")]]
+            )
+        }
+        #expect(try b.digest() == a.digest())
+        #expect(try sameContents(directory.appendingPathComponent("a.db"), URL(fileURLWithPath: path)))
+        #expect(try rows(b, "SELECT count(*) FROM shoal_conflicts WHERE local_value = 'ONE'") == [[.integer(1)]])
+        // Opened again, it no longer awaits one.
+        #expect(try !Store(path: path).awaitsFreshState())
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
