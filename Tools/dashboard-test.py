@@ -211,6 +211,28 @@ def main():
                 and driver.find_element(By.ID, "converged").text == "converged"
         until("every card at schema position 1 after the column was added, converged", schema_everywhere, 30)
         print("dashboard test: stopped and started node1, added a column on node0: every node follows")
+
+        def tombstones():
+            values = driver.execute_script(
+                "return [...document.querySelectorAll('#cards .card dt')].filter(d => d.textContent === 'tombstones')"
+                ".map(d => d.nextElementSibling.textContent)")
+            return [int(value) if value.isdigit() else None for value in values]
+        def rows():
+            return driver.execute_script(
+                "return [...document.querySelectorAll('#cards .card dt')].filter(d => d.textContent === 'rows')"
+                ".map(d => d.nextElementSibling.textContent)")
+        rows_before = rows()
+        control("delete-rows", 0)
+        until("every card shows fewer rows after deleting rows on node0",
+              lambda: len(set(rows())) == 1 and rows()[0].isdigit() and rows_before[0].isdigit()
+              and int(rows()[0]) < int(rows_before[0]), 30)
+        rows_after = rows()
+        # Every member holds the deletes, then every member collects them: the tombstones fall to 0 on every card.
+        until("every card at 0 tombstones after deleting rows, converged",
+              lambda: len(tombstones()) == nodes and all(value == 0 for value in tombstones())
+              and driver.find_element(By.ID, "converged").text == "converged", 60)
+        print(f"dashboard test: deleted rows on node0: rows {rows_before[0]} -> {rows_after[0]} on every card, "
+              "tombstones 0 everywhere once every member held the deletes")
         shot = os.path.join(output, "dashboard-healed.png")
         driver.save_screenshot(shot)
         print(f"dashboard test: screenshot of the page at the end: {shot}")

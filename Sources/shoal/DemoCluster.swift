@@ -395,7 +395,7 @@ actor DemoCluster {
             )
             let after = try rows()
             said =
-                "\(names[index]) deleted \(before - after) rows; the others delete them too (tombstones stay: not collected yet)"
+                "\(names[index]) deleted \(before - after) rows; the others delete them too; their tombstones go once every node holds the deletes"
         }
         message = said
         return said
