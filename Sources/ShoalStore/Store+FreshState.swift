@@ -7,6 +7,8 @@ public struct FreshStateReport: Sendable, Hashable {
     /// Rows the peer deleted and collected, which this database wrote to since it lost history (writes no peer has
     /// seen): removed here, and each of those writes put in the conflict log.
     public var orphaned = 0
+    /// Whether the look was put off because an answer to a peer was being read: nothing was done, try again.
+    public var deferred = false
 
     /// A report of a look that did nothing yet.
     public init() {}
@@ -65,7 +67,12 @@ extension Store {
         var report = FreshStateReport()
         guard try awaitsFreshState(), !keys.isEmpty else { return report }
         try refreshSchema()
-        guard let number = capture.tableNumbers[name], openCursors.count == 0 else { return report }
+        guard let number = capture.tableNumbers[name] else { return report }
+        guard openCursors.count == 0 else {
+            // Removing rows an answer may be about to send would make it claim what it does not carry.
+            report.deferred = true
+            return report
+        }
         let table = capture.tables[number]
         try refreshSites()
         try beginWriting()

@@ -47,12 +47,17 @@ extension SyncNode {
                     )
                     taken.removed += part.removed
                     taken.orphaned += part.orphaned
+                    taken.deferred = taken.deferred || part.deferred
                 }
                 if taken.removed + taken.orphaned > 0 {
                     _ = try? await refreshDigest(waiting: false)
                     signalChangeWatchers()
                 }
-                guard !report.truncated else { continue }
+                // An answer being read put a table off, or more rows differ than were listed: another look.
+                guard !report.truncated, !taken.deferred else {
+                    try? await Task.sleep(for: .milliseconds(200))
+                    continue
+                }
                 try await worker.freshStateTaken()
                 awaitingFreshState = false
                 freshStateSource.finish()

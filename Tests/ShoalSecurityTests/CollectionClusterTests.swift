@@ -74,15 +74,24 @@ import Testing
         #expect(try rows(a) == rows(b) && rows(b) == rows(c))
     }
 
-    @Test func aMemberAwayHoldsEveryTombstoneBackAndStatusNamesItUntilItReturns() async throws {
-        let directory = try temporaryDirectory("collect-away")
-        defer { try? FileManager.default.removeItem(at: directory) }
+    /// Members a, b and c (c dials both), and 50 rows a wrote that c holds.
+    private func threeMembersHoldingFiftyRows(
+        in directory: URL
+    ) async throws -> (paths: [String], a: SecuredNode, b: SecuredNode, c: SecuredNode) {
         let paths = try makeCluster(["a", "b", "c"], in: directory)
         let a = try await startSecured(paths[0], configure: fast)
         let b = try await startSecured(paths[1], peers: [a.port], configure: fast)
-        var c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
+        let c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
         for index in 0..<50 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
         #expect(try await holds(c, key: "k49"))
+        return (paths, a, b, c)
+    }
+
+    @Test func aMemberAwayHoldsEveryTombstoneBackAndStatusNamesItUntilItReturns() async throws {
+        let directory = try temporaryDirectory("collect-away")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (paths, a, b, first) = try await threeMembersHoldingFiftyRows(in: directory)
+        var c = first
         await c.stop()
         try await a.node.execute("DELETE FROM kv WHERE v < 40")
         #expect(try await holds(b, key: "k45"))
@@ -113,12 +122,8 @@ import Testing
     @Test func aMemberRestoredFromABackupBeforeCollectedDeletesTakesAFreshState() async throws {
         let directory = try temporaryDirectory("collect-restore")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let paths = try makeCluster(["a", "b", "c"], in: directory)
-        let a = try await startSecured(paths[0], configure: fast)
-        let b = try await startSecured(paths[1], peers: [a.port], configure: fast)
-        var c = try await startSecured(paths[2], peers: [a.port, b.port], configure: fast)
-        for index in 0..<50 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
-        #expect(try await holds(c, key: "k49"))
+        let (paths, a, b, first) = try await threeMembersHoldingFiftyRows(in: directory)
+        var c = first
         let backup = directory.appendingPathComponent("c-backup.db").path
         #expect(try sqlite3Shell(paths[2], "VACUUM INTO '\(backup)'").status == 0)
         try await a.node.execute("DELETE FROM kv WHERE v < 40")
