@@ -10,6 +10,9 @@ public struct TableStatus: Sendable, Hashable {
     public var tombstones: Int
     /// The columns that merge as counters (``Store/replicate(table:counters:)``), in table order.
     public var counterColumns: [String]
+    /// The bytes of the table's row metadata (its clock table's pages, from SQLite's `dbstat`; nil where SQLite was
+    /// built without it). The change log, shared by every table, is not counted.
+    public var metadataBytes: Int64?
 }
 
 /// A summary of a store.
@@ -542,7 +545,11 @@ extension Store {
                     name: table.name,
                     rows: rows,
                     tombstones: max(0, tracked - rows),
-                    counterColumns: table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] }
+                    counterColumns: table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] },
+                    // One b-tree's pages (dbstat walks only the one named).
+                    metadataBytes: try? connection.scalar(
+                        "SELECT sum(pgsize) FROM dbstat WHERE name = ?", [.text(table.clockTable)]
+                    ).integerValue
                 )
             )
         }

@@ -141,6 +141,10 @@ enum Output {
                 [
                     "name": table.name, "rows": table.rows, "tombstones": table.tombstones,
                     "counters": table.counterColumns,
+                    "metadata_bytes": table.metadataBytes.map { $0 as Any } ?? NSNull(),
+                    "metadata_bytes_per_row": table.metadataBytes.map { bytes -> Any in
+                        table.rows + table.tombstones == 0 ? 0 : Double(bytes) / Double(table.rows + table.tombstones)
+                    } ?? NSNull(),
                 ] as [String: Any]
             },
             "paused_tables": status.pausedTables.map { table in

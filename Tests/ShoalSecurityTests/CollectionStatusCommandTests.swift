@@ -66,6 +66,11 @@ import Testing
             return collection?["tombstones"] as? Int == 0 && (collection?["collected"] as? Int ?? 0) == 15
         }
         #expect(collected)
+        // Each table's metadata in bytes, and per row (live or deleted), as SQLite's dbstat counts its pages.
+        let table = (try Self.status(paths[0])["tables"] as? [[String: Any]])?.first { $0["name"] as? String == "kv" }
+        let bytes = table?["metadata_bytes"] as? Int ?? 0
+        #expect(bytes > 0 && bytes % 4096 == 0, "\(String(describing: table))")
+        #expect(table?["metadata_bytes_per_row"] as? Double == Double(bytes) / 5, "\(String(describing: table))")
         for path in paths {
             #expect(try sqlite3Shell(path, "SELECT k, v FROM kv ORDER BY k").stdout
                 == sqlite3Shell(paths[0], "SELECT k, v FROM kv ORDER BY k").stdout)
