@@ -262,6 +262,12 @@ public actor SerializedStore {
     /// See ``Store/awaitsFreshState()``.
     package func awaitsFreshState() throws(ShoalError) -> Bool { try store.awaitsFreshState() }
 
+    /// See ``Store/freshStateFloor()``.
+    package func freshStateFloor() throws(ShoalError) -> VersionVector { try store.freshStateFloor() }
+
+    /// See ``Store/knowsOfCollection()``.
+    package func knowsOfCollection() throws(ShoalError) -> Bool { try store.knowsOfCollection() }
+
     /// See ``Store/freshStateTaken()``.
     package func freshStateTaken() throws(ShoalError) { try store.freshStateTaken() }
 

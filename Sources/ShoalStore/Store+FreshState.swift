@@ -26,7 +26,8 @@ public struct FreshStateReport: Sendable, Hashable {
 /// So such a database is marked when it moves to its fresh site (``IdentityChange``). Until it took its fresh state
 /// its answers leave out its own writes (``deltaCursor(since:)``: neither sent nor claimed), and once it holds all a
 /// peer holds, it lists the rows in which it differs from that peer (an inspection, as `shoal verify --peer`), and
-/// takes the peer's word for the rows alive here that the peer does not hold (``takeFreshState(table:keys:peerVector:)``):
+/// takes the peer's word for the rows alive here that the peer does not hold
+/// (``takeFreshState(table:keys:peerVector:)``):
 /// - every write of the row is one the peer holds: the peer holds all of it and not the row, so it deleted the row,
 ///   by a delete that was stable since (it was collected). The row goes here too, as a collected delete;
 /// - the row's life is one the peer holds, but this database wrote to it since it lost history (writes the peer lacks):
@@ -37,6 +38,36 @@ public struct FreshStateReport: Sendable, Hashable {
 extension Store {
     /// The `shoal_meta` key that marks a database awaiting its fresh state.
     static let freshStateKey = "fresh_state"
+    /// The `shoal_meta` key of what this database held of other sites before it lost history (``freshStateFloor()``).
+    static let freshStateFloorKey = "fresh_state_floor"
+
+    static func encodeFloor(_ entries: [SiteID: UInt64]) -> String {
+        entries.sorted { $0.key < $1.key }.map { "\($0.key.hex):\($0.value)" }.joined(separator: ",")
+    }
+
+    /// What this database held of the other sites before it lost history, as the record beside the file says (empty
+    /// without one): a peer it takes its fresh state from must hold at least that, or it may be as stale as this
+    /// database (another restored copy) and not know of the deletes collected meanwhile.
+    public func freshStateFloor() throws(ShoalError) -> VersionVector {
+        guard case .text(let text) = try connection.scalar(
+            "SELECT value FROM shoal_meta WHERE key = ?", [.text(Self.freshStateFloorKey)]
+        ) else { return VersionVector() }
+        var entries: [SiteID: UInt64] = [:]
+        for item in text.split(separator: ",") {
+            let parts = item.split(separator: ":")
+            guard parts.count == 2, let site = SiteID(hex: String(parts[0])), let seq = UInt64(parts[1]) else {
+                continue
+            }
+            entries[site] = seq
+        }
+        return VersionVector(entries)
+    }
+
+    /// Whether any node ever collected a tombstone in a table this database knows of (a floor in ``collectedTable``).
+    public func knowsOfCollection() throws(ShoalError) -> Bool {
+        guard capture.tableNumbers[Self.collectedTable] != nil else { return false }
+        return try connection.scalar("SELECT 1 FROM \(Self.collectedTable) WHERE cl > 0 LIMIT 1") != .null
+    }
 
     /// Whether this database moved to a fresh site after losing history (restored from an older copy, or copied from
     /// another node's file) and has not taken its fresh state from a peer yet: its own writes are held back until then.
@@ -48,7 +79,9 @@ extension Store {
 
     /// Records that this database took its fresh state: its own writes are sent again.
     public func freshStateTaken() throws(ShoalError) {
-        try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.freshStateKey)])
+        try connection.rows(
+            "DELETE FROM shoal_meta WHERE key IN (?, ?)", [.text(Self.freshStateKey), .text(Self.freshStateFloorKey)]
+        )
         // What it held before it lost history no longer counts: what it holds now does.
         recordHolds(resetting: true)
     }

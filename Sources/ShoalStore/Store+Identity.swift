@@ -188,8 +188,12 @@ extension Store {
                 if reason == .copiedFromAnotherMachine { identity = fresh }
                 try setMeta("identity_site", .blob(identity.bytes))
                 try setMeta("identity_change", .text(made.encoded))
-                // It may hold rows its peers deleted and collected since: see ``takeFreshState(table:keys:peerVector:)``.
+                // It may hold rows its peers deleted and collected since: see
+                // ``takeFreshState(table:keys:peerVector:)``.
                 try setMeta(freshStateKey, .integer(Int64(clamping: now)))
+                let record = readSentRecord(path)
+                let own = Set([site, fresh, identity]).union(record.sent.keys).union(record.held.keys)
+                try setMeta(freshStateFloorKey, .text(encodeFloor(record.holds.filter { !own.contains($0.key) })))
                 // The digest's bookkeeping follows the local site's sequence numbers: it is rebuilt.
                 try connection.exec(
                     """
@@ -442,6 +446,12 @@ extension Store {
         try connection.rows(
             "INSERT OR IGNORE INTO shoal_meta(key, value) VALUES (?, ?)",
             [.text(Self.freshStateKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
+        )
+        let record = Self.readSentRecord(path)
+        let own = Set([siteID, identitySiteID]).union(record.sent.keys).union(record.held.keys)
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.freshStateFloorKey), .text(Self.encodeFloor(recorded.entries.filter { !own.contains($0.key) }))]
         )
         options.logger.warning(
             """

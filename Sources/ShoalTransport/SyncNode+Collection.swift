@@ -66,7 +66,7 @@ extension SyncNode {
         }
         return CollectionStatus(
             membersKnown: true,
-            cut: members.reports.stableCut(members: current, own: siteID, held: held),
+            cut: members.reports.stableCut(members: current, own: registry.localSite, held: held),
             collected: collection.collected,
             lastCollectedAtMs: collection.lastCollectedAtMs,
             waitingFor: waiting
@@ -77,7 +77,7 @@ extension SyncNode {
     /// never reported: the deletes they lack keep their tombstones. Empty while the members are not known.
     func waitingMembers(held: VersionVector) -> [SiteID] {
         guard configuration.collectionIntervalMilliseconds > 0, let current = collectionMembers else { return [] }
-        return current.subtracting([siteID]).sorted().filter { site in
+        return current.subtracting([registry.localSite]).sorted().filter { site in
             let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
             return !(usable?.dominatesOrEquals(held) ?? false)
         }
@@ -108,7 +108,7 @@ extension SyncNode {
     func collectOnce() async throws {
         guard let current = collectionMembers else { return }
         let held = worker.latestVersionVector.withLock { $0 }
-        let cut = members.reports.stableCut(members: current, own: siteID, held: held)
+        let cut = members.reports.stableCut(members: current, own: registry.localSite, held: held)
         guard !cut.entries.isEmpty, cut != collection.cut else { return }
         var collected = 0
         while !Task.isCancelled {

@@ -266,7 +266,7 @@ extension SyncNode: ConnectionDelegate {
 
     func connectionMemberReports(peer: SiteID, _ reports: [MemberGossip]) {
         let generation = members.generation
-        members.passedOn(reports, by: peer, own: siteID, now: configuration.clock.nowMilliseconds())
+        members.passedOn(reports, by: peer, own: registry.localSite, now: configuration.clock.nowMilliseconds())
         if members.generation != generation { collectionWaker.yield() }
     }
 

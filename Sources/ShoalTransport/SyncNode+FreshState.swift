@@ -11,9 +11,12 @@ extension SyncNode {
     /// Rows listed in one look at a peer; more than that takes another look.
     static let freshStateRows = 100_000
 
-    /// Asks for a look at `peer` if this database awaits its fresh state and holds all the peer acknowledged holding.
+    /// Asks for a look at `peer` if this database awaits its fresh state, holds all the peer acknowledged holding, and
+    /// the peer holds all this database held before it lost history (``Store/freshStateFloor()``: a peer that holds
+    /// less may be another stale copy, that knows nothing of what was collected meanwhile).
     func offerFreshState(peer: SiteID, peerVector: VersionVector, localVector: VersionVector) {
         guard awaitingFreshState, localVector.dominatesOrEquals(peerVector),
+            peerVector.dominatesOrEquals(freshStateFloor),
             let address = directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
         else { return }
         freshStateSource.yield(address)
@@ -22,8 +25,20 @@ extension SyncNode {
     /// Takes the fresh state from the peers offered (``offerFreshState(peer:peerVector:localVector:)``), one look at a
     /// time, until one look covered every row that differs.
     func takeFreshStateWhenOffered() async {
-        for await address in freshStateSources {
+        let (source, interval) = (freshStateSource, configuration.roundIntervalMilliseconds)
+        let ticker = Task {
+            while !Task.isCancelled {
+                try await Task.sleep(for: .milliseconds(max(interval, 200)))
+                source.yield(nil)
+            }
+        }
+        defer { ticker.cancel() }
+        for await offered in freshStateSources {
             guard !Task.isCancelled, awaitingFreshState else { return }
+            guard let address = offered else {
+                if await freshStateNeedsNoPeer() { await freshStateTaken(from: "the relay", removed: 0, orphaned: 0) }
+                continue
+            }
             do {
                 let report = try await PeerVerifier.verify(
                     configuration: configuration,
@@ -58,17 +73,7 @@ extension SyncNode {
                     try? await Task.sleep(for: .milliseconds(200))
                     continue
                 }
-                try await worker.freshStateTaken()
-                awaitingFreshState = false
-                freshStateSource.finish()
-                configuration.logger.notice(
-                    "took a fresh state from a peer after losing history (restored or copied); this node's own writes are sent again",
-                    metadata: [
-                        "peer": "\(report.peerName)", "removed": "\(taken.removed)", "orphaned": "\(taken.orphaned)",
-                    ]
-                )
-                broadcast(.localChange)
-                signalChangeWatchers()
+                await freshStateTaken(from: report.peerName, removed: taken.removed, orphaned: taken.orphaned)
                 return
             } catch {
                 configuration.logger.warning(
@@ -81,5 +86,33 @@ extension SyncNode {
                 try? await Task.sleep(for: .seconds(1))
             }
         }
+    }
+
+    /// Whether a node that reaches its cluster through the relay alone may take its fresh state without a peer: it
+    /// holds all the relay holds, and no node ever collected a tombstone in a table it knows of (a collector's floors
+    /// travel through the relay like any change), so nothing it holds was collected elsewhere. (Members heard only
+    /// through the relay hold collection back, so a cluster that meets only there never collects.)
+    private func freshStateNeedsNoPeer() async -> Bool {
+        guard !relayHeads.isEmpty, worker.latestVersionVector.withLock({ $0 }).dominatesOrEquals(relayHeads),
+            relayHeads.dominatesOrEquals(freshStateFloor)
+        else { return false }
+        return (try? await worker.knowsOfCollection()) == false
+    }
+
+    private func freshStateTaken(from source: String, removed: Int, orphaned: Int) async {
+        do {
+            try await worker.freshStateTaken()
+        } catch {
+            configuration.logger.warning("could not record the fresh state taken", metadata: ["error": "\(error)"])
+            return
+        }
+        awaitingFreshState = false
+        freshStateSource.finish()
+        configuration.logger.notice(
+            "took a fresh state after losing history (restored or copied); this node's own writes are sent again",
+            metadata: ["from": "\(source)", "removed": "\(removed)", "orphaned": "\(orphaned)"]
+        )
+        broadcast(.localChange)
+        signalChangeWatchers()
     }
 }

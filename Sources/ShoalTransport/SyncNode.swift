@@ -24,8 +24,8 @@ public actor SyncNode: Service {
     let collectionWakes: AsyncStream<Void>
     let collectionWaker: AsyncStream<Void>.Continuation
     /// Peers offered for a fresh state while the database awaits one (``takeFreshStateWhenOffered()``).
-    let freshStateSources: AsyncStream<PeerAddress>
-    let freshStateSource: AsyncStream<PeerAddress>.Continuation
+    let freshStateSources: AsyncStream<PeerAddress?>
+    let freshStateSource: AsyncStream<PeerAddress?>.Continuation
     /// The node's site id.
     public nonisolated let siteID: SiteID
     /// The port the node listens on, once ``run()`` has bound it.
@@ -82,6 +82,8 @@ public actor SyncNode: Service {
     var collection = CollectionProgress()
     /// Whether the database awaits its fresh state (``Store/awaitsFreshState()``), as read at start.
     var awaitingFreshState = false
+    /// What a peer must hold to give that fresh state (``Store/freshStateFloor()``), as read at start.
+    var freshStateFloor = VersionVector()
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -115,7 +117,7 @@ public actor SyncNode: Service {
         (events, eventSink) = AsyncStream.makeStream(of: NodeEvent.self, bufferingPolicy: .bufferingNewest(10_000))
         (collectionWakes, collectionWaker) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         (freshStateSources, freshStateSource) = AsyncStream.makeStream(
-            of: PeerAddress.self,
+            of: PeerAddress?.self,
             bufferingPolicy: .bufferingNewest(1)
         )
     }
@@ -286,6 +288,7 @@ public actor SyncNode: Service {
             }
             if (try? await worker.awaitsFreshState()) == true {
                 awaitingFreshState = true
+                freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
                 group.addTask { await self.takeFreshStateWhenOffered() }
             }
             group.addTask { await self.followCommits() }

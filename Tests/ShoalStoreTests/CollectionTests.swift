@@ -328,6 +328,7 @@ import Testing
         let a = try makeFileStore(directory, "a")
         let path = directory.appendingPathComponent("b.db").path
         let backup = directory.appendingPathComponent("b-backup.db").path
+        var heldOfA: UInt64 = 0
         do {
             let b = try makeFileStore(directory, "b")
             try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two'), (3, 'three')")
@@ -338,11 +339,14 @@ import Testing
             // Both hold the deletes: both collect them.
             for store in [a, b] { #expect(try store.collectTombstones(upTo: a.versionVector()).collected == 2) }
             #expect(try !b.awaitsFreshState())
+            heldOfA = try b.versionVector()[a.siteID]
         }
         try restoreInPlace(path, from: backup)
         let b = try Store(path: path)
         #expect(try b.identityChange() == nil)
         #expect(try b.awaitsFreshState())
+        // A peer it takes its fresh state from must hold what it held of the others before: not another stale copy.
+        #expect(try b.freshStateFloor() == VersionVector([a.siteID: heldOfA]))
         try b.execute("UPDATE items SET name = 'ONE' WHERE id = 1")
         try b.execute("INSERT INTO items(id, name) VALUES (4, 'four')")
         // Its own writes wait; what the peer sends tells it nothing of rows 1 and 2.
