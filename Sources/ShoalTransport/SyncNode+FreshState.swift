@@ -35,7 +35,8 @@ extension SyncNode {
         defer { ticker.cancel() }
         for await offered in freshStateSources {
             guard !Task.isCancelled, awaitingFreshState else { return }
-            guard let address = offered else {
+            // A tick: a link that settled sends no acknowledgements, so the peers' last known vectors are looked at.
+            guard let address = offered ?? freshStateCandidate() else {
                 if await freshStateNeedsNoPeer() { await freshStateTaken(from: "the relay", removed: 0, orphaned: 0) }
                 continue
             }
@@ -86,6 +87,19 @@ extension SyncNode {
                 try? await Task.sleep(for: .seconds(1))
             }
         }
+    }
+
+    /// A connected peer this node could take its fresh state from now (see
+    /// ``offerFreshState(peer:peerVector:localVector:)``), by what it last acknowledged or announced holding.
+    private func freshStateCandidate() -> PeerAddress? {
+        let local = worker.latestVersionVector.withLock { $0 }
+        for (site, connected, vector) in directory.acknowledgedVectors().sorted(by: { $0.site < $1.site })
+        where connected && local.dominatesOrEquals(vector) && vector.dominatesOrEquals(freshStateFloor) {
+            if let address = directory.status(of: site)?.listeningAddress.flatMap(PeerAddress.init(parsing:)) {
+                return address
+            }
+        }
+        return nil
     }
 
     /// Whether a node that reaches its cluster through the relay alone may take its fresh state without a peer: it
