@@ -19,13 +19,18 @@ public struct MemberReports: Sendable, Hashable {
     public init() {}
 
     /// Records that `member` reported holding `vector`. Reports only grow: one that adds nothing to the last is
-    /// dropped, and one that lacks part of it is merged with it (a report from an older path arrived late).
-    public mutating func record(_ vector: VersionVector, from member: SiteID) {
+    /// dropped, and one that lacks part of it is merged with it (a report from an older path arrived late). But what
+    /// the member itself (`direct`) says it holds of its own site is taken as said: one that lost history (restored
+    /// from an older copy) no longer holds writes it reported and never sent, which no node will ever hold; merged
+    /// in, they would leave every later report of it out of the stable cut for good. (A lower own entry only lowers
+    /// the cut.)
+    public mutating func record(_ vector: VersionVector, from member: SiteID, direct: Bool = false) {
         var reports = history[member] ?? []
         var report = vector
         if let last = reports.last {
             guard report.advances(last) else { return }
             report.merge(last)
+            if direct { report = VersionVector(report.entries.merging([member: vector[member]]) { $1 }) }
         }
         reports.append(report)
         if reports.count > Self.historyLimit { reports.removeFirst(reports.count - Self.historyLimit) }

@@ -55,7 +55,8 @@ struct MemberDirectory: Sendable {
         -> Bool
     {
         let known = reports.history[site]?.last
-        reports.record(vector, from: site)
+        let direct = if case .direct = source { true } else { false }
+        reports.record(vector, from: site, direct: direct)
         guard let known, let last = heardFrom[site] else {
             heardFrom[site] = (reportedAtMs, source)
             generation += 1

@@ -40,6 +40,22 @@ import Testing
         #expect(reports.history[a]?.last == VersionVector([a: 40, b: 1]))
     }
 
+    /// A member reports its own write 4, then loses it (restored from an older copy before it sent it): no node will
+    /// ever hold it. What the member itself says of its own site afterwards is taken as said, so its later reports
+    /// count again; merged with the lost one, none would ever be held whole. A passed-on report is merged as before.
+    @Test func whatAMemberSaysOfItsOwnSiteIsTakenAsSaid() {
+        var reports = MemberReports()
+        reports.record(VersionVector([a: 4, b: 2]), from: a, direct: true)
+        let held = VersionVector([a: 3, b: 5, own: 1])
+        #expect(reports.stableCut(members: [a, own], own: own, held: held).isEmpty)
+        reports.record(VersionVector([a: 3, b: 5]), from: a, direct: true)
+        #expect(reports.history[a]?.last == VersionVector([a: 3, b: 5]))
+        #expect(reports.stableCut(members: [a, own], own: own, held: held) == VersionVector([a: 3, b: 5]))
+        // Passed on by a peer, an older word of the member's own site does not lower it.
+        reports.record(VersionVector([a: 2, b: 6]), from: a)
+        #expect(reports.history[a]?.last == VersionVector([a: 3, b: 6]))
+    }
+
     /// Sites write, sync with each other pairwise, and report what they hold to a collector, at random. Whenever the
     /// collector's cut covers a delete, every write concurrent with that delete (made by a site that had not seen it,
     /// or before it) is already held by the collector: a late update can never find the row forgotten.

@@ -158,11 +158,17 @@ import Testing
         // (Its peers may wait for a report of c that they hold whole, which comes with c's next write or its
         // periodic report, once a minute at most: hence the longer wait.)
         try await c.node.execute("DELETE FROM kv WHERE k = 'k45'")
-        let collectedAgain = try await waitForTombstones([a, b, c], toBe: 0, within: 150)
+        let collectedAgain = try await waitForTombstones([a, b, c], toBe: 0, within: 40)
         var left: [String] = []
+        let identity = try await c.node.store.read { store throws(ShoalError) in store.identitySiteID }
         for node in [a, b, c] {
             let status = await node.node.collectionStatus()
-            left.append("\(try await tombstones(node)) waiting for \(status.waitingFor.map(\.siteID)) cut \(status.cut)")
+            let heard = await node.node.members.reports.history[identity]?.last.map { "\($0)" } ?? "none"
+            left.append(
+                "\(try await tombstones(node)) waiting for \(status.waitingFor.map(\.siteID)) cut \(status.cut) holds "
+                    + "\(try await node.node.store.read { store throws(ShoalError) in try store.versionVector() }) "
+                    + "last report of c \(heard)"
+            )
         }
         #expect(collectedAgain, "\(left) c is \(c.node.siteID)")
         // The floors the collections raised reach every member in turn: then c waits for no one.
