@@ -106,6 +106,8 @@ extension Store {
                 changes, claim: claim, since: since, carried: received, completing: completing
             )
             try connection.exec("COMMIT")
+            // After the commit: another process opening the file meanwhile must not find more recorded than it holds.
+            recordHolds()
             return report
         } catch {
             try? connection.exec("ROLLBACK")
@@ -156,6 +158,7 @@ extension Store {
             // even when it arrived whole (a live answer's is taken whole: see `claimed`).
             _ = try applyInTransaction([], claim: claim, since: since, carried: carried)
             try connection.exec("COMMIT")
+            recordHolds()
             return total
         } catch {
             try? connection.exec("ROLLBACK")
@@ -533,7 +536,6 @@ extension Store {
         report.clockRefusals = refusals
         report.fenced = fenced
         report.acceptedHighest = Self.highestSeqs(accepted)
-        if !accepted.isEmpty || since != nil || !claim.isEmpty { recordHolds() }
         if !conflicts.isEmpty {
             try record(conflicts)
             report.conflicts = conflicts.count
