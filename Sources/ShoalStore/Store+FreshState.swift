@@ -41,8 +41,12 @@ extension Store {
     /// The `shoal_meta` key of what this database held of other sites before it lost history (``freshStateFloor()``).
     static let freshStateFloorKey = "fresh_state_floor"
 
-    static func encodeFloor(_ entries: [SiteID: UInt64]) -> String {
-        entries.sorted { $0.key < $1.key }.map { "\($0.key.hex):\($0.value)" }.joined(separator: ",")
+    /// The floor ``freshStateFloor()`` reads, from the record beside the file: what it held of every site but those
+    /// this file wrote as (`own`, and every site the record says it sent or a peer showed held), as stored.
+    static func freshStateFloorText(_ record: SentRecord, own: Set<SiteID>) -> String {
+        let own = own.union(record.sent.keys).union(record.held.keys)
+        return record.holds.filter { !own.contains($0.key) }.sorted { $0.key < $1.key }
+            .map { "\($0.key.hex):\($0.value)" }.joined(separator: ",")
     }
 
     /// What this database held of the other sites before it lost history, as the record beside the file says (empty

@@ -191,9 +191,8 @@ extension Store {
                 // It may hold rows its peers deleted and collected since: see
                 // ``takeFreshState(table:keys:peerVector:)``.
                 try setMeta(freshStateKey, .integer(Int64(clamping: now)))
-                let record = readSentRecord(path)
-                let own = Set([site, fresh, identity]).union(record.sent.keys).union(record.held.keys)
-                try setMeta(freshStateFloorKey, .text(encodeFloor(record.holds.filter { !own.contains($0.key) })))
+                let floor = freshStateFloorText(readSentRecord(path), own: [site, fresh, identity])
+                try setMeta(freshStateFloorKey, .text(floor))
                 // The digest's bookkeeping follows the local site's sequence numbers: it is rebuilt.
                 try connection.exec(
                     """
@@ -439,7 +438,8 @@ extension Store {
     /// than the sent file records it held (``recordHolds(resetting:)``): it is an older copy of itself.
     func noteLostHistory() throws(ShoalError) {
         guard Self.isOnDisk(path) else { return }
-        let recorded = VersionVector(Self.readSentRecord(path).holds)
+        let record = Self.readSentRecord(path)
+        let recorded = VersionVector(record.holds)
         guard !recorded.isEmpty, try !versionVector().dominatesOrEquals(recorded), try !awaitsFreshState() else {
             return
         }
@@ -447,11 +447,9 @@ extension Store {
             "INSERT OR IGNORE INTO shoal_meta(key, value) VALUES (?, ?)",
             [.text(Self.freshStateKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
         )
-        let record = Self.readSentRecord(path)
-        let own = Set([siteID, identitySiteID]).union(record.sent.keys).union(record.held.keys)
         try connection.rows(
             "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
-            [.text(Self.freshStateFloorKey), .text(Self.encodeFloor(recorded.entries.filter { !own.contains($0.key) }))]
+            [.text(Self.freshStateFloorKey), .text(Self.freshStateFloorText(record, own: [siteID, identitySiteID]))]
         )
         options.logger.warning(
             """

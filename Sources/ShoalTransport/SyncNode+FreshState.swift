@@ -15,11 +15,16 @@ extension SyncNode {
     /// the peer holds all this database held before it lost history (``Store/freshStateFloor()``: a peer that holds
     /// less may be another stale copy, that knows nothing of what was collected meanwhile).
     func offerFreshState(peer: SiteID, peerVector: VersionVector, localVector: VersionVector) {
-        guard awaitingFreshState, localVector.dominatesOrEquals(peerVector),
-            peerVector.dominatesOrEquals(freshStateFloor),
-            let address = directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
+        guard awaitingFreshState, let address = freshStateAddress(peer, peerVector: peerVector, local: localVector)
         else { return }
         freshStateSource.yield(address)
+    }
+
+    /// Where to look at `peer` for the fresh state, if it can give it: this node holds all it holds, and it holds
+    /// the floor.
+    private func freshStateAddress(_ peer: SiteID, peerVector: VersionVector, local: VersionVector) -> PeerAddress? {
+        guard local.dominatesOrEquals(peerVector), peerVector.dominatesOrEquals(freshStateFloor) else { return nil }
+        return directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
     }
 
     /// Takes the fresh state from the peers offered (``offerFreshState(peer:peerVector:localVector:)``), one look at a
@@ -93,13 +98,8 @@ extension SyncNode {
     /// ``offerFreshState(peer:peerVector:localVector:)``), by what it last acknowledged or announced holding.
     private func freshStateCandidate() -> PeerAddress? {
         let local = worker.latestVersionVector.withLock { $0 }
-        for (site, connected, vector) in directory.acknowledgedVectors().sorted(by: { $0.site < $1.site })
-        where connected && local.dominatesOrEquals(vector) && vector.dominatesOrEquals(freshStateFloor) {
-            if let address = directory.status(of: site)?.listeningAddress.flatMap(PeerAddress.init(parsing:)) {
-                return address
-            }
-        }
-        return nil
+        return directory.acknowledgedVectors().sorted(by: { $0.site < $1.site }).lazy.filter(\.connected)
+            .compactMap { self.freshStateAddress($0.site, peerVector: $0.vector, local: local) }.first
     }
 
     /// Whether a node that reaches its cluster through the relay alone may take its fresh state without a peer: it
