@@ -64,6 +64,7 @@ public final class ShoalNode: Service, Sendable {
         configuration.compactionIntervalMilliseconds = options.compactionIntervalMilliseconds
         if options.collectDeletes {
             configuration.collectionIntervalMilliseconds = NodeConfiguration.defaultCollectionIntervalMilliseconds
+            configuration.collectionHorizonMilliseconds = options.collectionHorizonMilliseconds
         }
         configuration.logger = options.logger
         configuration.session.compression = options.compression

@@ -52,6 +52,9 @@ public struct ShoalNodeOptions: Sendable {
     /// Whether the node collects tombstones once every member of the roster holds their deletes (on by default:
     /// see ``NodeConfiguration/collectionIntervalMilliseconds``).
     public var collectDeletes = true
+    /// How long a member may stay silent before tombstones are collected without it (0, the default: wait for every
+    /// member however long; see ``NodeConfiguration/collectionHorizonMilliseconds``).
+    public var collectionHorizonMilliseconds: UInt64 = 0
     /// Whether change batches are compressed where that pays: on peer links of protocol version 6 and more, and before
     /// they are sealed for the relay (members of builds before compression cannot open compressed change sets).
     public var compression = true

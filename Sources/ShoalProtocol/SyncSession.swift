@@ -69,6 +69,8 @@ public struct SyncSession: Sendable {
         case peerHolds(VersionVector)
         /// The peer passed on what members it knows of last held (``WireMessage/members(_:)``): for the node to record.
         case peerReports([MemberGossip])
+        /// The peer took a fresh state covering this (``WireMessage/freshState(_:)``): for the node to record.
+        case peerTookFreshState(VersionVector)
         /// Our pull finished: we hold everything the peer held when it answered.
         case roundFinished(requestID: UInt64)
         /// The peer applied our changes and now holds this (and, when given, has this digest).
@@ -273,6 +275,8 @@ public struct SyncSession: Sendable {
             return [.peerHolds(vector)]
         case .members(let reports):
             return [.peerReports(reports)]
+        case .freshState(let vector):
+            return [.peerTookFreshState(vector)]
         case .ping(let nonce):
             return [.send(.pong(nonce))]
         case .pong(let nonce):

@@ -58,6 +58,9 @@ extension WireMessage {
         case .holding(let vector):
             bytes.append(Kind.holding.rawValue)
             bytes.appendVersionVector(vector)
+        case .freshState(let vector):
+            bytes.append(Kind.freshState.rawValue)
+            bytes.appendVersionVector(vector)
         case .members(let reports):
             bytes.append(Kind.members.rawValue)
             bytes.appendVarint(UInt64(reports.count))
@@ -187,6 +190,8 @@ extension WireMessage {
             return .ack(Ack(requestID: requestID, versionVector: vector, digest: digest))
         case .holding:
             return .holding(try reader.readVersionVector())
+        case .freshState:
+            return .freshState(try reader.readVersionVector())
         case .members:
             let count = try reader.readVarint()
             guard count <= UInt64(MemberGossip.maximumCount) else { throw malformed("\(count) member reports") }

@@ -18,8 +18,12 @@ public enum WireProtocol {
     /// message, and one that lacks it pulls at once; and ``WireMessage/members(_:)`` (message type 15: what each
     /// member was last known to hold, and how long ago), so every node learns what every member holds; version 8
     /// changes what the digest in an ``Ack`` and an ``InspectionAnswer`` covers: tombstones are left out (nodes collect
-    /// them at different times), so a node compares its digest with a peer's only on a link of version 8 or more.
-    public static let maximumVersion: UInt16 = 8
+    /// them at different times), so a node compares its digest with a peer's only on a link of version 8 or more;
+    /// version 9 adds ``WireMessage/freshState(_:)`` (message type 16: "the last fresh state I took covers this"), by
+    /// which a member suspended for collection shows its peers that it may be pulled from again.
+    public static let maximumVersion: UInt16 = 9
+    /// The first version whose nodes tell their peers of the fresh state they took (``WireMessage/freshState(_:)``).
+    public static let freshStateVersion: UInt16 = 9
     /// The first version whose digests leave tombstones out: older peers' digests are not compared.
     public static let tombstoneFreeDigestVersion: UInt16 = 8
     /// The first version whose nodes announce their commits with ``WireMessage/holding(_:)``.
@@ -93,6 +97,10 @@ public enum WireMessage: Hashable, Sendable {
     /// What each member the sender knows of was last known to hold, and how long ago (protocol version 7): passed on
     /// from node to node, so every node learns what every member holds, also of members it never meets.
     case members([MemberGossip])
+    /// "The last fresh state I took covers this version vector" (protocol version 9): a member suspended for
+    /// collection by a peer's horizon shows that peer that it took a fresh state holding every delete the peer
+    /// collected without it, so the peer pulls from it again.
+    case freshState(VersionVector)
 
     /// The type byte of each message.
     enum Kind: UInt8 {
@@ -111,6 +119,7 @@ public enum WireMessage: Hashable, Sendable {
         case compressed = 13
         case holding = 14
         case members = 15
+        case freshState = 16
     }
 }
 

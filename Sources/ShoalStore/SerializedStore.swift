@@ -46,6 +46,13 @@ public actor SerializedStore {
         publish(origin)
     }
 
+    /// A write of Shoal's own tables by this node: counted, and announced like the app's.
+    private func wroteLocally() {
+        markChanged()
+        _ = try? versionVector()
+        publish(.local)
+    }
+
     private func markChanged() {
         stateVersion += 1
         lastChangeAt = clock.nowMilliseconds()
@@ -268,8 +275,43 @@ public actor SerializedStore {
     /// See ``Store/knowsOfCollection()``.
     package func knowsOfCollection() throws(ShoalError) -> Bool { try store.knowsOfCollection() }
 
-    /// See ``Store/freshStateTaken()``.
-    package func freshStateTaken() throws(ShoalError) { try store.freshStateTaken() }
+    /// See ``Store/freshStateTaken(covering:)``; then settles the suspensions it covers.
+    package func freshStateTaken(covering covers: VersionVector) throws(ShoalError) {
+        try store.freshStateTaken(covering: covers)
+        if try store.settleSuspensions() > 0 { wroteLocally() }
+    }
+
+    /// See ``Store/freshStateCovers()``.
+    package func freshStateCovers() throws(ShoalError) -> VersionVector { try store.freshStateCovers() }
+
+    /// See ``Store/suspend(_:cut:)``.
+    @discardableResult
+    package func suspend(_ sites: Set<SiteID>, cut: VersionVector) throws(ShoalError) -> [SiteID] {
+        let written = try store.suspend(sites, cut: cut)
+        if !written.isEmpty { wroteLocally() }
+        return written
+    }
+
+    /// See ``Store/suspensions()``, with this node's own record (``Store/ownSuspensions()``).
+    package func suspensions() throws(ShoalError) -> (rows: [Suspension], own: [SiteID: VersionVector]) {
+        (try store.suspensions(), try store.ownSuspensions())
+    }
+
+    /// See ``Store/readmit(_:covering:)``.
+    package func readmit(_ site: SiteID, covering covers: VersionVector) throws(ShoalError) -> Bool {
+        try store.readmit(site, covering: covers)
+    }
+
+    /// See ``Store/settleSuspensions()``.
+    @discardableResult
+    package func settleSuspensions() throws(ShoalError) -> Int {
+        let settled = try store.settleSuspensions()
+        if settled > 0 { wroteLocally() }
+        return settled
+    }
+
+    /// See ``Store/awaitFreshStateIfSuspended()``.
+    package func awaitFreshStateIfSuspended() throws(ShoalError) -> Bool { try store.awaitFreshStateIfSuspended() }
 
     /// See ``Store/takeFreshState(table:keys:peerVector:)``.
     package func takeFreshState(table: String, keys: [[UInt8]], peerVector: VersionVector) throws(ShoalError)

@@ -320,6 +320,12 @@ extension Store {
         {
             try prepareCollectedTableInTransaction()
         }
+        // And the first suspension (see ``suspendedTable``).
+        if capture.tableNumbers[Self.suspendedTable] == nil,
+            changes.contains(where: { $0.table == Self.suspendedTable })
+        {
+            try prepareSuspendedTableInTransaction()
+        }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {

@@ -557,7 +557,7 @@ extension Store {
             siteID: siteID,
             nodeName: try nodeName(),
             versionVector: try versionVector(),
-            tables: tables.filter { $0.name != Self.schemaTable && $0.name != Self.collectedTable },
+            tables: tables.filter { ![Self.schemaTable, Self.collectedTable, Self.suspendedTable].contains($0.name) },
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
             digest: settlingDigest ? try digest() : try digestAsFolded(),

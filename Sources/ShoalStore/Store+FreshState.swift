@@ -56,15 +56,7 @@ extension Store {
         guard case .text(let text) = try connection.scalar(
             "SELECT value FROM shoal_meta WHERE key = ?", [.text(Self.freshStateFloorKey)]
         ) else { return VersionVector() }
-        var entries: [SiteID: UInt64] = [:]
-        for item in text.split(separator: ",") {
-            let parts = item.split(separator: ":")
-            guard parts.count == 2, let site = SiteID(hex: String(parts[0])), let seq = UInt64(parts[1]) else {
-                continue
-            }
-            entries[site] = seq
-        }
-        return VersionVector(entries)
+        return Self.vector(fromText: text)
     }
 
     /// Whether any node ever collected a tombstone in a table this database knows of (a floor in ``collectedTable``).
@@ -81,10 +73,16 @@ extension Store {
         return try select.step()
     }
 
-    /// Records that this database took its fresh state: its own writes are sent again.
-    public func freshStateTaken() throws(ShoalError) {
+    /// Records that this database took its fresh state, covering `covers` (the vector of the peer it took it from):
+    /// its own writes are sent again, and the suspensions naming it that `covers` covers are settled
+    /// (``settleSuspensions()``).
+    public func freshStateTaken(covering covers: VersionVector = VersionVector()) throws(ShoalError) {
         try connection.rows(
             "DELETE FROM shoal_meta WHERE key IN (?, ?)", [.text(Self.freshStateKey), .text(Self.freshStateFloorKey)]
+        )
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.freshStateCoversKey), .text(Self.vectorText(covers))]
         )
         // What it held before it lost history no longer counts: what it holds now does.
         recordHolds(resetting: true)

@@ -63,6 +63,13 @@ protocol ConnectionDelegate: Sendable {
     /// What to pass on to `peer` of what members last held: nil when nothing changed since `generation` (what the
     /// link last passed on) and `refresh` is false. With the generation it is of.
     func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])?
+    /// Whether this node pulls from `peer`: not from a member suspended for collection that has not shown a fresh
+    /// state covering the suspension (see `Store+Suspension.swift`).
+    func mayPull(from peer: SiteID) async -> Bool
+    /// `peer` took a fresh state covering `vector` (``WireMessage/freshState(_:)``).
+    func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async
+    /// What the last fresh state this node took covers, to tell its peers; nil if it took none.
+    func freshStateCoverage() async -> VersionVector?
 }
 
 extension ConnectionDelegate {
@@ -80,4 +87,13 @@ extension ConnectionDelegate {
 
     /// Nothing passed on.
     func memberGossip(for peer: SiteID, since generation: Int?, refresh: Bool) async -> (Int, [MemberGossip])? { nil }
+
+    /// Pulls from every peer.
+    func mayPull(from peer: SiteID) async -> Bool { true }
+
+    /// Not recorded.
+    func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async {}
+
+    /// None.
+    func freshStateCoverage() async -> VersionVector? { nil }
 }

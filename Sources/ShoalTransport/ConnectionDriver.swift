@@ -82,6 +82,8 @@ struct ConnectionDriver {
     /// periodic ticks went by since it passed them on whatever their generation (so ages stay fresh).
     private var membersPassedOn: Int?
     private var ticksSinceMembersPassedOn = 0
+    /// What this link last told the peer that this node's last fresh state covers.
+    private var freshStatePassedOn: VersionVector?
     /// Periodic ticks between two passings-on of unchanged member reports (a minute at the default interval).
     static let membersRefreshTicks = 30
 
@@ -186,6 +188,12 @@ struct ConnectionDriver {
                             if !reports.isEmpty { actions.append(.send(.members(reports))) }
                         }
                     }
+                    if (session.version ?? 0) >= WireProtocol.freshStateVersion, session.phase == .established,
+                        let covers = await delegate.freshStateCoverage(), covers != freshStatePassedOn
+                    {
+                        freshStatePassedOn = covers
+                        actions.append(.send(.freshState(covers)))
+                    }
                 case .shutdown:
                     actions = session.close(
                         ShoalError(code: .rejected, message: "the node is shutting down"),
@@ -277,6 +285,8 @@ struct ConnectionDriver {
                 case .answerInspection(let request):
                     try await write(.inspectionAnswer(try await worker.inspect(request)), to: stream)
                 case .wantRound:
+                    // A member suspended for collection is not pulled from until it took a fresh state.
+                    if let peer, session.outstandingRequest == nil, !(await delegate.mayPull(from: peer)) { break }
                     if session.outstandingRequest == nil {
                         roundStarted = now
                         appliedThisRound = 0
@@ -307,6 +317,8 @@ struct ConnectionDriver {
                     if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
                 case .peerReports(let reports):
                     if let peer { await delegate.connectionMemberReports(peer: peer, reports) }
+                case .peerTookFreshState(let vector):
+                    if let peer { await delegate.connectionPeerTookFreshState(peer: peer, vector) }
                 case .serve(let request):
                     if request.versionVector.advances(peerHolds), let peer {
                         await delegate.connectionPeerHolds(peer: peer, request.versionVector)

@@ -38,6 +38,10 @@ public struct NodeConfiguration: Sendable {
     public var collectionIntervalMilliseconds: UInt64 = 0
     /// The interval `shoal serve` and ``ShoalNode`` set (unless `--no-collect-deletes`).
     public static let defaultCollectionIntervalMilliseconds: UInt64 = 2_000
+    /// How long a member may stay silent (no report of what it holds reached this node) before this node collects
+    /// tombstones without it (`shoal serve --gc-horizon`); 0, the default, waits for every member however long. A
+    /// member collected without is suspended: it takes a fresh state when it comes back (see `Store+Suspension.swift`).
+    public var collectionHorizonMilliseconds: UInt64 = 0
     /// How often the node updates the metrics it samples rather than counts (queue depth, each peer's staleness and
     /// gap, connected peers: see ``SyncNode``); 0 turns that off. Cheap: no database access.
     public var metricsIntervalMilliseconds: UInt64 = 1_000

@@ -35,6 +35,9 @@ public struct CollectionStatus: Sendable, Hashable {
     public var lastCollectedAtMs: UInt64?
     /// Members that lack something this node holds, or never reported: the deletes they lack keep their tombstones.
     public var waitingFor: [Waiting]
+    /// Members silent longer than the horizon (``NodeConfiguration/collectionHorizonMilliseconds``): collected
+    /// without, they take a fresh state when they come back.
+    public var suspended: [Waiting] = []
 }
 
 /// Tombstones collected exactly when every member holds the delete (see ``Store/collectTombstones(upTo:maxRows:)``):
@@ -61,16 +64,32 @@ extension SyncNode {
             )
         }
         let entries = members.entries
-        let waiting = waitingMembers(held: held).map { site in
-            CollectionStatus.Waiting(siteID: site, name: members.names[site], lastReportMs: entries[site]?.reportedAtMs)
+        let silent = silentMembers()
+        let described = { (site: SiteID) in
+            CollectionStatus.Waiting(siteID: site, name: self.members.names[site], lastReportMs: entries[site]?.reportedAtMs)
         }
         return CollectionStatus(
             membersKnown: true,
-            cut: members.reports.stableCut(members: current, own: registry.localSite, held: held),
+            cut: members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held),
             collected: collection.collected,
             lastCollectedAtMs: collection.lastCollectedAtMs,
-            waitingFor: waiting
+            waitingFor: waitingMembers(held: held).filter { !silent.contains($0) }.map(described),
+            suspended: silent.sorted().map(described)
         )
+    }
+
+    /// The members (but this node) silent longer than the horizon: no report of what they hold reached this node for
+    /// that long. Empty without a horizon; a member that never reported to this node is not counted silent (it holds
+    /// collection back, as status says).
+    func silentMembers() -> Set<SiteID> {
+        let horizon = configuration.collectionHorizonMilliseconds
+        guard horizon > 0, let current = collectionMembers else { return [] }
+        let now = configuration.clock.nowMilliseconds()
+        let entries = members.entries
+        return current.subtracting([registry.localSite, siteID]).filter { site in
+            guard let reported = entries[site]?.reportedAtMs else { return false }
+            return now > reported && now - reported > horizon
+        }
     }
 
     /// The members (but this node) that lack something of `held`, by their last reports this node holds whole, or
@@ -108,8 +127,29 @@ extension SyncNode {
     func collectOnce() async throws {
         guard let current = collectionMembers else { return }
         let held = worker.latestVersionVector.withLock { $0 }
-        let cut = members.reports.stableCut(members: current, own: registry.localSite, held: held)
+        let silent = silentMembers()
+        let cut = members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held)
         guard !cut.entries.isEmpty, cut != collection.cut else { return }
+        if !silent.isEmpty {
+            // Recorded before the first pass that leaves them out, in a transaction of its own: the notice reaches
+            // every node ahead of what the pass removes, and this node pulls from them no more.
+            do {
+                let written = try await worker.suspend(silent, cut: cut)
+                if !written.isEmpty {
+                    configuration.logger.notice(
+                        """
+                        collecting deletes without members silent longer than the horizon: they take a fresh state \
+                        when they come back (writes of theirs to rows collected meanwhile go to their conflict log)
+                        """,
+                        metadata: ["members": "\(written.map { self.members.names[$0] ?? String($0.hex.prefix(8)) })"]
+                    )
+                }
+            } catch {
+                configuration.logger.warning("could not record a suspension", metadata: ["error": "\(error)"])
+                return
+            }
+            await refreshSuspensions()
+        }
         var collected = 0
         while !Task.isCancelled {
             let pass: CollectionReport

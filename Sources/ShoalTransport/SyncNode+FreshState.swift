@@ -28,7 +28,8 @@ extension SyncNode {
     }
 
     /// Takes the fresh state from the peers offered (``offerFreshState(peer:peerVector:localVector:)``), one look at a
-    /// time, until one look covered every row that differs.
+    /// time, until one look covered every row that differs, whenever this database awaits one: at start, or once a
+    /// peer suspended it for collection (looked for at each tick after the vector moved: ``refreshSuspensions()``).
     func takeFreshStateWhenOffered() async {
         let (source, interval) = (freshStateSource, configuration.roundIntervalMilliseconds)
         let ticker = Task {
@@ -38,11 +39,20 @@ extension SyncNode {
             }
         }
         defer { ticker.cancel() }
+        var lookedAt = worker.latestVersionVector.withLock { $0 }
         for await offered in freshStateSources {
-            guard !Task.isCancelled, awaitingFreshState else { return }
+            guard !Task.isCancelled else { return }
+            let held = worker.latestVersionVector.withLock { $0 }
+            if held != lookedAt {
+                lookedAt = held
+                await refreshSuspensions()
+            }
+            guard awaitingFreshState else { continue }
             // A tick: a link that settled sends no acknowledgements, so the peers' last known vectors are looked at.
             guard let address = offered ?? freshStateCandidate() else {
-                if await freshStateNeedsNoPeer() { await freshStateTaken(from: "the relay", removed: 0, orphaned: 0) }
+                if await freshStateNeedsNoPeer() {
+                    await freshStateTaken(from: "the relay", covering: relayHeads, removed: 0, orphaned: 0)
+                }
                 continue
             }
             do {
@@ -79,8 +89,12 @@ extension SyncNode {
                     try? await Task.sleep(for: .milliseconds(200))
                     continue
                 }
-                await freshStateTaken(from: report.peerName, removed: taken.removed, orphaned: taken.orphaned)
-                return
+                await freshStateTaken(
+                    from: report.peerName,
+                    covering: report.peerVersionVector,
+                    removed: taken.removed,
+                    orphaned: taken.orphaned
+                )
             } catch {
                 configuration.logger.warning(
                     """
@@ -113,20 +127,73 @@ extension SyncNode {
         return (try? await worker.knowsOfCollection()) == false
     }
 
-    private func freshStateTaken(from source: String, removed: Int, orphaned: Int) async {
+    private func freshStateTaken(from source: String, covering covers: VersionVector, removed: Int, orphaned: Int)
+        async
+    {
         do {
-            try await worker.freshStateTaken()
+            try await worker.freshStateTaken(covering: covers)
         } catch {
             configuration.logger.warning("could not record the fresh state taken", metadata: ["error": "\(error)"])
             return
         }
         awaitingFreshState = false
-        freshStateSource.finish()
+        lastFreshStateCovers = covers
+        await refreshSuspensions()
         configuration.logger.notice(
-            "took a fresh state after losing history (restored or copied); this node's own writes are sent again",
+            """
+            took a fresh state (this database lost history, or peers collected deletes without it while it was \
+            silent); this node's own writes are sent again
+            """,
             metadata: ["from": "\(source)", "removed": "\(removed)", "orphaned": "\(orphaned)"]
         )
         broadcast(.localChange)
         signalChangeWatchers()
+    }
+}
+
+/// Members suspended for collection (see `Store+Suspension.swift`): not pulled from until they took a fresh state; and
+/// this node, once suspended, takes one.
+extension SyncNode {
+    /// Whether this node pulls from `peer`: not from a member suspended for collection until it told this node of a
+    /// fresh state covering every cut collected without it.
+    func mayPull(from peer: SiteID) -> Bool {
+        guard let cut = suspendedSites[peer] else { return true }
+        return peerFreshStates[peer]?.dominatesOrEquals(cut) ?? false
+    }
+
+    /// `peer` told this node of the fresh state it took: this node's own suspension of it is lifted if it covers it.
+    func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async {
+        peerFreshStates[peer] = vector
+        if (try? await worker.readmit(peer, covering: vector)) == true {
+            configuration.logger.notice(
+                "a member this node collected deletes without took a fresh state: it is pulled from again",
+                metadata: ["peer": "\(peer.hex.prefix(8))"]
+            )
+        }
+        await refreshSuspensions()
+    }
+
+    func freshStateCoverage() -> VersionVector? { lastFreshStateCovers }
+
+    /// Reads the suspensions again: who not to pull from, a notice of this node's deleted while it still collects
+    /// without the member (written again), and whether this node itself was suspended (it then awaits a fresh state,
+    /// and settles the notices its last fresh state covers).
+    func refreshSuspensions() async {
+        guard let (rows, own) = try? await worker.suspensions() else { return }
+        var cuts = own
+        for row in rows { cuts[row.site, default: VersionVector()].merge(row.cut) }
+        suspendedSites = cuts
+        for (site, cut) in own.sorted(by: { $0.key < $1.key })
+        where !rows.contains(where: { $0.site == site && $0.by == siteID }) {
+            _ = try? await worker.suspend([site], cut: cut)
+        }
+        let mine: Set<SiteID> = [siteID, registry.localSite]
+        guard rows.contains(where: { mine.contains($0.site) }) else { return }
+        if !awaitingFreshState, (try? await worker.awaitFreshStateIfSuspended()) == true {
+            awaitingFreshState = true
+            freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
+            broadcast(.periodic)
+        }
+        _ = try? await worker.settleSuspensions()
     }
 }

@@ -84,6 +84,13 @@ public actor SyncNode: Service {
     var awaitingFreshState = false
     /// What a peer must hold to give that fresh state (``Store/freshStateFloor()``), as read at start.
     var freshStateFloor = VersionVector()
+    /// Members suspended for collection (by this node or another), with the cuts their fresh state must cover: not
+    /// pulled from until they showed one (``mayPull(from:)``).
+    var suspendedSites: [SiteID: VersionVector] = [:]
+    /// What the last fresh state each peer took covers, as it told this node.
+    var peerFreshStates: [SiteID: VersionVector] = [:]
+    /// What the last fresh state this node took covers, to tell its peers.
+    var lastFreshStateCovers: VersionVector?
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -289,8 +296,10 @@ public actor SyncNode: Service {
             if (try? await worker.awaitsFreshState()) == true {
                 awaitingFreshState = true
                 freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
-                group.addTask { await self.takeFreshStateWhenOffered() }
             }
+            lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
+            await refreshSuspensions()
+            group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }
             group.addTask { await self.followPeerSources() }
             group.addTask { try await self.watchLocalChanges() }

@@ -46,6 +46,14 @@ extension ShoalCommand {
                 """
         )
         var collectDeletes = true
+        @Option(
+            help: ArgumentHelp(
+                "Collect tombstones without a member silent longer than this (e.g. 30m, 12h, 7d; default: wait for every member).",
+                discussion: "A member collected without is suspended for collection only: when it comes back it takes a fresh state from a peer before its own writes leave it, and its writes to rows deleted and collected meanwhile go to its conflict log (shoal conflicts; restorable with shoal conflicts restore). Give every member the same horizon.",
+                valueName: "duration"
+            )
+        )
+        var gcHorizon: HorizonDuration?
         @Flag(help: "Send change batches uncompressed, to peers and to the relay (for measuring, or for a relay that members older than compression pull from).")
         var noCompression = false
         @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")
@@ -102,6 +110,7 @@ extension ShoalCommand {
             options.roundIntervalMilliseconds = roundInterval
             options.compactionIntervalMilliseconds = compactionInterval
             options.collectDeletes = collectDeletes
+            options.collectionHorizonMilliseconds = gcHorizon?.milliseconds ?? 0
             options.mdns = !noMdns
             options.rememberPeers = !noRemembered
             options.peers = try peers.map { text in
@@ -239,6 +248,21 @@ extension ShoalCommand {
 }
 
 /// `shoal serve --schema-changes`: how the node follows its peers' schema changes.
+/// A horizon given as a number and a unit: `ms`, `s`, `m`, `h` or `d` (`90s`, `30m`, `7d`).
+struct HorizonDuration: ExpressibleByArgument, Hashable {
+    var milliseconds: UInt64
+
+    init?(argument: String) {
+        let units: [(String, UInt64)] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]
+        guard let (unit, scale) = units.first(where: { argument.hasSuffix($0.0) }),
+            let count = UInt64(argument.dropLast(unit.count)), count > 0
+        else { return nil }
+        let (product, overflow) = count.multipliedReportingOverflow(by: scale)
+        guard !overflow else { return nil }
+        milliseconds = product
+    }
+}
+
 enum SchemaChangesMode: String, ExpressibleByArgument, CaseIterable {
     case automatic
     case manual

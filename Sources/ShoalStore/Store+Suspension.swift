@@ -1,0 +1,218 @@
+import ShoalCore
+
+/// A member suspended for collection: a node with a horizon (`shoal serve --gc-horizon`) collected tombstones without
+/// waiting for it, since it was silent longer than the horizon.
+public struct Suspension: Sendable, Hashable {
+    /// The member, by the site its membership names.
+    public var site: SiteID
+    /// The node that collected without it.
+    public var by: SiteID
+    /// How far that node collected without it: a fresh state the member takes must cover this.
+    public var cut: VersionVector
+
+    public init(site: SiteID, by: SiteID, cut: VersionVector) {
+        self.site = site
+        self.by = by
+        self.cut = cut
+    }
+}
+
+/// Members suspended for collection, and how they come back.
+///
+/// A node with a horizon collects tombstones without the members silent longer than it. Such a member may still hold
+/// rows alive that were deleted and collected meanwhile, and writes to them no peer has seen: a node lacking the
+/// tombstone would take them as rows new to it. So before the first pass that leaves a member out, the collector
+/// records it in the replicated table ``suspendedTable`` (one row per member and collector, with the cut it collected
+/// up to), which reaches every node ahead of the collection's effects. Then:
+/// - no node pulls from a suspended member (``SyncNode`` checks each round) until it showed that it took a fresh state
+///   covering every such cut; it may pull from them meanwhile, and others answer it;
+/// - the member, once it holds a row naming it, awaits a fresh state (its own writes wait, as a restored copy's do),
+///   takes it from a peer that holds the cuts (`Store+FreshState.swift`: rows collected meanwhile go, its writes to
+///   them go to the conflict log), tells its peers, and deletes the rows naming it.
+extension Store {
+    /// The replicated table of suspensions: `(site, by)` → the cut `by` collected up to without `site`, as text
+    /// (`hex:seq,…`).
+    public static let suspendedTable = "shoal_suspended"
+    /// The `shoal_meta` key of what the last fresh state this database took covers (the peer's vector then).
+    static let freshStateCoversKey = "fresh_state_covers"
+
+    /// Creates and replicates ``suspendedTable`` inside the caller's write transaction, if it is missing.
+    func prepareSuspendedTableInTransaction() throws(ShoalError) {
+        try prepareInternalTableInTransaction(
+            Self.suspendedTable,
+            columns: "site BLOB NOT NULL, by BLOB NOT NULL, cut TEXT NOT NULL DEFAULT '', PRIMARY KEY(site, by)"
+        )
+    }
+
+    /// A version vector as stored in text (`hex:seq,…`, by site).
+    static func vectorText(_ vector: VersionVector) -> String {
+        vector.entries.sorted { $0.key < $1.key }.map { "\($0.key.hex):\($0.value)" }.joined(separator: ",")
+    }
+
+    /// The version vector `text` (``vectorText(_:)``) holds; what is not an entry is passed over.
+    static func vector(fromText text: String) -> VersionVector {
+        var entries: [SiteID: UInt64] = [:]
+        for item in text.split(separator: ",") {
+            let parts = item.split(separator: ":")
+            guard parts.count == 2, let site = SiteID(hex: String(parts[0])), let seq = UInt64(parts[1]) else {
+                continue
+            }
+            entries[site] = max(entries[site] ?? 0, seq)
+        }
+        return VersionVector(entries)
+    }
+
+    /// Records, in one transaction, that this node collects without `sites` up to `cut`: in its own record (which
+    /// only ``readmit(_:covering:)`` lifts) and, as a write of this node, in ``suspendedTable`` (a row already
+    /// covering it is left alone; one deleted meanwhile is written again). Returns the sites whose row was written.
+    @discardableResult
+    public func suspend(_ sites: Set<SiteID>, cut: VersionVector) throws(ShoalError) -> [SiteID] {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "record a suspension outside of any open transaction")
+        }
+        guard !sites.isEmpty else { return [] }
+        let recorded = try suspensions().filter { $0.by == siteID }
+        let own = try ownSuspensions()
+        let due = sites.sorted().compactMap { site -> (SiteID, VersionVector)? in
+            var merged = own[site] ?? VersionVector()
+            merged.merge(cut)
+            let row = recorded.first { $0.site == site }?.cut ?? VersionVector()
+            return row.dominatesOrEquals(merged) ? nil : (site, merged)
+        }
+        guard !due.isEmpty else { return [] }
+        try beginWriting()
+        do throws(ShoalError) {
+            try prepareSuspendedTableInTransaction()
+            for (site, merged) in due {
+                try connection.rows(
+                    "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+                    [.text(Self.suspensionKeyPrefix + site.hex), .text(Self.vectorText(merged))]
+                )
+                try connection.rows(
+                    "INSERT OR REPLACE INTO \(Self.suspendedTable)(site, by, cut) VALUES (?, ?, ?)",
+                    [.blob(site.bytes), .blob(siteID.bytes), .text(Self.vectorText(merged))]
+                )
+                capture.statementSucceeded()
+            }
+            try flushCaptured()
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+        } catch {
+            abandonWrite()
+            throw error
+        }
+        return due.map(\.0)
+    }
+
+    /// The `shoal_meta` key prefix of this node's own record of the members it collects without (by site, in hex).
+    static let suspensionKeyPrefix = "suspension_"
+
+    /// The members this node collects without, as its own record says, with how far it collected without them: it
+    /// does not pull from them until they showed a fresh state covering that.
+    public func ownSuspensions() throws(ShoalError) -> [SiteID: VersionVector] {
+        var result: [SiteID: VersionVector] = [:]
+        for row in try connection.rows(
+            "SELECT key, value FROM shoal_meta WHERE key LIKE 'suspension\\_%' ESCAPE '\\'"
+        ) {
+            guard case .text(let key) = row[0], case .text(let cut) = row[1],
+                let site = SiteID(hex: String(key.dropFirst(Self.suspensionKeyPrefix.count)))
+            else { continue }
+            result[site] = Self.vector(fromText: cut)
+        }
+        return result
+    }
+
+    /// Lifts this node's own suspension of `site` if `covers` (the vector of the fresh state it took) covers how far
+    /// this node collected without it. Returns whether it was lifted.
+    @discardableResult
+    public func readmit(_ site: SiteID, covering covers: VersionVector) throws(ShoalError) -> Bool {
+        guard let cut = try ownSuspensions()[site], covers.dominatesOrEquals(cut) else { return false }
+        try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.suspensionKeyPrefix + site.hex)])
+        return true
+    }
+
+    /// Every suspension this database holds (in ``suspendedTable``).
+    public func suspensions() throws(ShoalError) -> [Suspension] {
+        try refreshSchema()
+        guard capture.tableNumbers[Self.suspendedTable] != nil else { return [] }
+        return try connection.rows("SELECT site, by, cut FROM \(Self.suspendedTable)").compactMap { row in
+            guard case .blob(let site) = row[0], let site = SiteID(bytes: site), case .blob(let by) = row[1],
+                let by = SiteID(bytes: by), case .text(let cut) = row[2]
+            else { return nil }
+            return Suspension(site: site, by: by, cut: Self.vector(fromText: cut))
+        }
+    }
+
+    /// What the last fresh state this database took covers (empty if it took none).
+    public func freshStateCovers() throws(ShoalError) -> VersionVector {
+        guard case .text(let text) = try connection.scalar(
+            "SELECT value FROM shoal_meta WHERE key = ?", [.text(Self.freshStateCoversKey)]
+        ) else { return VersionVector() }
+        return Self.vector(fromText: text)
+    }
+
+    /// The suspensions naming this database (by its site or its membership's) that its last fresh state does not
+    /// cover.
+    public func unsettledSuspensions() throws(ShoalError) -> [Suspension] {
+        let own: Set<SiteID> = [siteID, identitySiteID]
+        let covers = try freshStateCovers()
+        return try suspensions().filter { own.contains($0.site) && !covers.dominatesOrEquals($0.cut) }
+    }
+
+    /// Marks this database as awaiting a fresh state that covers the suspensions naming it (``unsettledSuspensions()``),
+    /// if any; its floor is what it holds of other sites now, and their cuts. Returns whether it awaits one now.
+    @discardableResult
+    public func awaitFreshStateIfSuspended() throws(ShoalError) -> Bool {
+        let unsettled = try unsettledSuspensions()
+        guard !unsettled.isEmpty else { return try awaitsFreshState() }
+        var floor = try versionVector()
+        floor.merge(try freshStateFloor())
+        for suspension in unsettled { floor.merge(suspension.cut) }
+        let own: Set<SiteID> = [siteID, identitySiteID]
+        floor = VersionVector(floor.entries.filter { !own.contains($0.key) })
+        try connection.rows(
+            "INSERT OR IGNORE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.freshStateKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
+        )
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.freshStateFloorKey), .text(Self.vectorText(floor))]
+        )
+        options.logger.warning(
+            """
+            a peer collected deleted rows without this node, silent longer than its horizon: this node takes a fresh \
+            state before its own writes leave it (rows collected meanwhile go, and its writes to them go to the \
+            conflict log)
+            """,
+            metadata: ["by": "\(unsettled.map { $0.by.hex.prefix(8) })"]
+        )
+        return true
+    }
+
+    /// Deletes, as a write of this node, the suspensions naming it that its last fresh state covers. Returns how many.
+    @discardableResult
+    public func settleSuspensions() throws(ShoalError) -> Int {
+        guard connection.isAutocommit, !capture.hasUncommittedWork, try !awaitsFreshState() else { return 0 }
+        let own: Set<SiteID> = [siteID, identitySiteID]
+        let covers = try freshStateCovers()
+        let settled = try suspensions().filter { own.contains($0.site) && covers.dominatesOrEquals($0.cut) }
+        guard !settled.isEmpty else { return 0 }
+        try beginWriting()
+        do throws(ShoalError) {
+            for suspension in settled {
+                try connection.rows(
+                    "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
+                    [.blob(suspension.site.bytes), .blob(suspension.by.bytes)]
+                )
+                capture.statementSucceeded()
+            }
+            try flushCaptured()
+            try connection.exec("COMMIT")
+            transactionStamp = nil
+        } catch {
+            abandonWrite()
+            throw error
+        }
+        return settled.count
+    }
+}
