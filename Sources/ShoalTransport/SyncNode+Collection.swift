@@ -78,16 +78,17 @@ extension SyncNode {
         )
     }
 
-    /// The members (but this node) silent longer than the horizon: no report of what they hold reached this node for
-    /// that long. Empty without a horizon; a member that never reported to this node is not counted silent (it holds
-    /// collection back, as status says).
+    /// The members (but this node) silent longer than the horizon: not connected to this node, and no report of what
+    /// they hold reached it for that long (reports of members it does not meet are passed on about once a minute).
+    /// Empty without a horizon; a member that never reported to this node is not counted silent (it holds collection
+    /// back, as status says).
     func silentMembers() -> Set<SiteID> {
         let horizon = configuration.collectionHorizonMilliseconds
         guard horizon > 0, let current = collectionMembers else { return [] }
         let now = configuration.clock.nowMilliseconds()
         let entries = members.entries
         return current.subtracting([registry.localSite, siteID]).filter { site in
-            guard let reported = entries[site]?.reportedAtMs else { return false }
+            guard !directory.isConnected(site), let reported = entries[site]?.reportedAtMs else { return false }
             return now > reported && now - reported > horizon
         }
     }
@@ -134,7 +135,8 @@ extension SyncNode {
             // Recorded before the first pass that leaves them out, in a transaction of its own: the notice reaches
             // every node ahead of what the pass removes, and this node pulls from them no more.
             do {
-                let written = try await worker.suspend(silent, cut: cut)
+                let known = suspendedSites
+                let written = try await worker.suspend(silent, cut: cut).filter { known[$0] == nil }
                 if !written.isEmpty {
                     configuration.logger.notice(
                         """

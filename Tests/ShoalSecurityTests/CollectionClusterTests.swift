@@ -182,4 +182,56 @@ import Testing
                 == SQLiteConnection(path: paths[2]).applicationTableContents()
         )
     }
+
+    /// With a horizon, a member silent longer than it is collected without: a and b collect while c is away, and say
+    /// so. Back, c is pulled from by no one until it took a fresh state: its app's write (made while its node was
+    /// down) to a row deleted and collected meanwhile goes to its conflict log, restorable; its write to a kept row
+    /// reaches everyone; nothing comes back. Rows compared outside Shoal.
+    @Test func aMemberSilentPastTheHorizonIsCollectedWithoutAndTakesAFreshStateWhenItReturns() async throws {
+        let directory = try temporaryDirectory("collect-horizon")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let horizon = { (configuration: inout NodeConfiguration) in
+            fast(&configuration)
+            configuration.collectionHorizonMilliseconds = 1_500
+        }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let a = try await startSecured(paths[0], configure: horizon)
+        let b = try await startSecured(paths[1], peers: [a.port], configure: horizon)
+        var c = try await startSecured(paths[2], peers: [a.port, b.port], configure: horizon)
+        for index in 0..<50 { try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
+        #expect(try await holds(c, key: "k49"))
+        let site = c.node.siteID
+        await c.stop()
+        #expect(try sqlite3Shell(paths[2], "UPDATE kv SET v = 77 WHERE k = 'k5'; UPDATE kv SET v = 88 WHERE k = 'k47'")
+            .status == 0)
+        try await a.node.execute("DELETE FROM kv WHERE v < 40")
+        #expect(try await waitForTombstones([a, b], toBe: 0))
+        #expect(await a.node.collectionStatus().suspended.map(\.siteID) == [site])
+        #expect(await a.node.collectionStatus().waitingFor.isEmpty)
+        #expect(try rows(a).split(separator: "\n").count == 10)
+
+        c = try await startSecured(paths[2], peers: [a.port, b.port], configure: horizon)
+        let expected = try rows(a).replacingOccurrences(of: "k47|47", with: "k47|88")
+        let settled = try await waitUntil(within: 90) {
+            for node in [a, b, c] where try rows(node) != expected { return false }
+            return true
+        }
+        #expect(settled, "a: \((try? rows(a)) ?? "")\nc: \((try? rows(c)) ?? "")")
+        #expect(try sqlite3Shell(paths[2], "SELECT count(*) FROM shoal_conflicts WHERE local_value = 77").stdout == "1\n")
+        // The notices are settled everywhere, and c counts again.
+        let settledEverywhere = try await waitUntil(within: 30) {
+            for node in [a, b, c]
+            where try sqlite3Shell(node.path, "SELECT count(*) FROM shoal_suspended").stdout != "0\n" { return false }
+            return true
+        }
+        #expect(settledEverywhere)
+        #expect(try await waitUntil(within: 30) { await a.node.collectionStatus().suspended.isEmpty })
+        #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        for node in [c, b, a] { await node.stop() }
+        #expect(try rows(a) == rows(b) && rows(b) == rows(c))
+        #expect(
+            try SQLiteConnection(path: paths[0]).applicationTableContents()
+                == SQLiteConnection(path: paths[2]).applicationTableContents()
+        )
+    }
 }
