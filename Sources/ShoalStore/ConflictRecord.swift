@@ -27,6 +27,14 @@ public struct ConflictRecord: Sendable, Hashable {
     /// When it was recorded (milliseconds since the Unix epoch); 0 before it is stored.
     public var recordedAt: UInt64 = 0
 
+    /// Whether this is a write orphaned while offline: this node wrote it while it had lost history or was silent
+    /// longer than its peers' horizon, to a row its peers deleted and collected meanwhile (``Store/takeFreshState(table:keys:peerVector:)``).
+    /// Its value is kept here and nowhere else; ``Store/restoreOrphanedWrites(table:)`` writes it again.
+    public var isOrphaned: Bool { remoteValue == .null && remoteStamp.hlc == .zero && winner == .remote }
+
+    /// Why it is in the log: "orphaned while offline", or "concurrent write".
+    public var reason: String { isOrphaned ? "orphaned while offline" : "concurrent write" }
+
     /// A conflict between the value held here and one that arrived, not yet recorded.
     public init(
         table: String,
@@ -103,6 +111,63 @@ extension Store {
             record.recordedAt = UInt64(recorded)
             return record
         }
+    }
+
+    /// Writes again, as new writes of this node, the writes orphaned while offline (``ConflictRecord/isOrphaned``) in
+    /// the conflict log, of `table` or of every table: each row comes back with the newest orphaned value of each of
+    /// its columns (a row alive again meanwhile takes them as an update), and the records restored leave the log.
+    /// Returns how many rows were written. The row's other columns take their defaults.
+    public func restoreOrphanedWrites(table: String? = nil) throws(ShoalError) -> Int {
+        try refreshSchema()
+        var rows: [String: (table: String, key: [SQLValue], values: [(String, SQLValue)], ids: [Int64])] = [:]
+        var order: [String] = []
+        let records = try connection.rows(
+            "SELECT id, tbl, pk, col, local_value FROM shoal_conflicts WHERE winner = 'remote' AND remote_hlc = 0 "
+                + "AND remote_value IS NULL ORDER BY id DESC"
+        )
+        for record in records {
+            guard case .integer(let id) = record[0], case .text(let name) = record[1], case .blob(let key) = record[2],
+                case .text(let column) = record[3], table == nil || table == name
+            else { continue }
+            let label = name + "\u{0}" + key.map { String($0) }.joined(separator: ",")
+            if rows[label] == nil {
+                var reader = ByteReader(key)
+                var values: [SQLValue] = []
+                while !reader.isAtEnd { values.append(try SQLValue.decode(from: &reader)) }
+                rows[label] = (name, values, [], [])
+                order.append(label)
+            }
+            rows[label]?.ids.append(id)
+            // Newest first: the first value seen of a column is the one kept.
+            if rows[label]?.values.contains(where: { $0.0 == column }) == false {
+                rows[label]?.values.append((column, record[4]))
+            }
+        }
+        guard !order.isEmpty else { return 0 }
+        var restored = 0
+        try execute("BEGIN IMMEDIATE")
+        do throws(ShoalError) {
+            for label in order {
+                guard let row = rows[label], let number = capture.tableNumbers[row.table] else { continue }
+                let shape = capture.tables[number]
+                guard row.key.count == shape.keyColumns.count else { continue }
+                let columns = shape.keyColumns + row.values.map(\.0)
+                let updates = row.values.map { "\(quote($0.0)) = excluded.\(quote($0.0))" }
+                let sql =
+                    "INSERT INTO \(quote(shape.name))(\(columns.map(quote).joined(separator: ", "))) VALUES ("
+                    + Array(repeating: "?", count: columns.count).joined(separator: ", ") + ") ON CONFLICT("
+                    + shape.keyColumns.map(quote).joined(separator: ", ") + ") DO "
+                    + (updates.isEmpty ? "NOTHING" : "UPDATE SET " + updates.joined(separator: ", "))
+                _ = try execute(sql, row.key + row.values.map(\.1))
+                for id in row.ids { try connection.rows("DELETE FROM shoal_conflicts WHERE id = ?", [.integer(id)]) }
+                restored += 1
+            }
+            try execute("COMMIT")
+        } catch {
+            _ = try? execute("ROLLBACK")
+            throw error
+        }
+        return restored
     }
 
     /// How many conflicts the log holds.

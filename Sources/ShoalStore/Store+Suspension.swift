@@ -160,13 +160,13 @@ extension Store {
     }
 
     /// Marks this database as awaiting a fresh state that covers the suspensions naming it (``unsettledSuspensions()``),
-    /// if any; its floor is what it holds of other sites now, and their cuts. Returns whether it awaits one now.
+    /// if any; its floor is their cuts. Returns whether it awaits one now.
     @discardableResult
     public func awaitFreshStateIfSuspended() throws(ShoalError) -> Bool {
         let unsettled = try unsettledSuspensions()
         guard !unsettled.isEmpty else { return try awaitsFreshState() }
-        var floor = try versionVector()
-        floor.merge(try freshStateFloor())
+        // A peer holding the cuts holds every delete collected without this node, collected or as a tombstone.
+        var floor = try freshStateFloor()
         for suspension in unsettled { floor.merge(suspension.cut) }
         let own: Set<SiteID> = [siteID, identitySiteID]
         floor = VersionVector(floor.entries.filter { !own.contains($0.key) })

@@ -66,6 +66,8 @@ protocol ConnectionDelegate: Sendable {
     /// Whether this node pulls from `peer`: not from a member suspended for collection that has not shown a fresh
     /// state covering the suspension (see `Store+Suspension.swift`).
     func mayPull(from peer: SiteID) async -> Bool
+    /// `peer` answered a pull of this node in full, holding at least `vector` then (its last batch's claim).
+    func connectionAnswered(peer: SiteID, holding vector: VersionVector) async
     /// `peer` took a fresh state covering `vector` (``WireMessage/freshState(_:)``).
     func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async
     /// What the last fresh state this node took covers, to tell its peers; nil if it took none.
@@ -90,6 +92,9 @@ extension ConnectionDelegate {
 
     /// Pulls from every peer.
     func mayPull(from peer: SiteID) async -> Bool { true }
+
+    /// Not recorded.
+    func connectionAnswered(peer: SiteID, holding vector: VersionVector) async {}
 
     /// Not recorded.
     func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async {}

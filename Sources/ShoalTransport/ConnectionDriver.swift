@@ -506,6 +506,9 @@ struct ConnectionDriver {
                 milliseconds: now - roundStarted
             )
         }
+        if message.isLast, !withheldThisRound, let peer {
+            await delegate.connectionAnswered(peer: peer, holding: message.batch.claim)
+        }
         if message.isLast, let refusal = clockRefusal, let batch = clockRefusalBatch {
             clockRefusal = nil
             clockRefusalBatch = nil

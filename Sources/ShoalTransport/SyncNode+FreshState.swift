@@ -175,6 +175,13 @@ extension SyncNode {
 
     func freshStateCoverage() -> VersionVector? { lastFreshStateCovers }
 
+    /// A peer answered a pull in full: while this node awaits its fresh state, the peer may give it (a peer that
+    /// does not pull from this node, as one that suspended it, sends no acknowledgement to offer it by).
+    func connectionAnswered(peer: SiteID, holding vector: VersionVector) {
+        guard awaitingFreshState else { return }
+        offerFreshState(peer: peer, peerVector: vector, localVector: worker.latestVersionVector.withLock { $0 })
+    }
+
     /// Reads the suspensions again: who not to pull from, a notice of this node's deleted while it still collects
     /// without the member (written again), and whether this node itself was suspended (it then awaits a fresh state,
     /// and settles the notices its last fresh state covers).

@@ -513,17 +513,32 @@ extension ShoalCommand {
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "How many to show.") var limit = 20
+        @Flag(
+            help: """
+                Write again the writes orphaned while offline (rows this node wrote to while restored, copied or \
+                silent past its peers' horizon, which they deleted and collected meanwhile): each row comes back \
+                with them, as a new write that syncs.
+                """
+        )
+        var restore = false
+        @Option(help: "With --restore: only this table's.") var table: String?
 
         func run() throws {
             let store = try database.open()
+            if restore {
+                let restored = try store.restoreOrphanedWrites(table: table)
+                print("restored \(restored) row\(restored == 1 ? "" : "s") orphaned while offline")
+                return
+            }
             let rows = try store.conflicts(limit: limit).map { conflict in
                 [
                     SQLValue.text(conflict.table), .text(conflict.primaryKey.map(\.description).joined(separator: ",")),
                     .text(conflict.column), conflict.localValue, conflict.remoteValue, .text(conflict.winner.rawValue),
+                    .text(conflict.reason),
                 ]
             }
             print(
-                Output.table(columns: ["table", "key", "column", "local", "remote", "winner"], rows: rows),
+                Output.table(columns: ["table", "key", "column", "local", "remote", "winner", "reason"], rows: rows),
                 terminator: ""
             )
         }

@@ -227,8 +227,19 @@ import Testing
         #expect(settledEverywhere)
         #expect(try await waitUntil(within: 30) { await a.node.collectionStatus().suspended.isEmpty })
         #expect(try await waitForTombstones([a, b, c], toBe: 0))
+        // c's operator lists the orphaned write and restores it beside the running node: a new write, everywhere.
+        let listed = try shoal("conflicts", "--db", paths[2])
+        #expect(listed.stdout.contains("orphaned while offline"), "\(listed.stdout)")
+        let restored = try shoal("conflicts", "--db", paths[2], "--restore")
+        #expect(restored.status == 0 && restored.stdout.contains("restored 1 row"), "\(restored.stderr)")
+        let back = try await waitUntil(within: 30) {
+            for node in [a, b, c] where try !rows(node).contains("k5|77") { return false }
+            return true
+        }
+        #expect(back)
         for node in [c, b, a] { await node.stop() }
         #expect(try rows(a) == rows(b) && rows(b) == rows(c))
+        #expect(try rows(a).split(separator: "\n").count == 11)
         #expect(
             try SQLiteConnection(path: paths[0]).applicationTableContents()
                 == SQLiteConnection(path: paths[2]).applicationTableContents()
