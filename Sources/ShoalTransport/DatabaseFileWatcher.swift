@@ -15,15 +15,16 @@ import Glibc
 ///
 /// A write to the files comes before the commit is there to see: the writer makes its commit visible in the log's
 /// index, in shared memory (no file event), after it wrote the log and, with `synchronous = FULL` (SQLite's default),
-/// synced it. So each wake-up is followed by a few more soon after (``followUpMilliseconds``), and a commit is seen
-/// within tens of milliseconds however long its writer takes to sync, not at the next safety look.
+/// synced it. So each wake-up is followed by a few more (``followUpMilliseconds``), soon after and then further apart
+/// (one cheap read each): a commit is seen within tens of milliseconds, or about as long after its writer's sync ended
+/// when that took longer (a disk busy with other work can take seconds), not at the next safety look.
 ///
 /// The watching runs on a thread of its own, which blocks in `poll(2)` (never on Swift's cooperative pool), and ends
 /// when the stream's consumer goes away.
 final class DatabaseFileWatcher: Sendable {
     /// After a write to the files, the wake-ups that follow, each this long after the one before (a new write starts
     /// them again).
-    static let followUpMilliseconds: [Int32] = [2, 8, 32, 128]
+    static let followUpMilliseconds: [Int32] = [2, 8, 32, 128, 512, 1_024, 2_048, 4_096]
 
     private let path: String
     private let safetyMilliseconds: Int32

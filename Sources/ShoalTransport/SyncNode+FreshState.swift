@@ -39,7 +39,9 @@ extension SyncNode {
             }
         }
         defer { ticker.cancel() }
+        lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
         var lookedAt = worker.latestVersionVector.withLock { $0 }
+        await refreshSuspensions()
         for await offered in freshStateSources {
             guard !Task.isCancelled else { return }
             let held = worker.latestVersionVector.withLock { $0 }

@@ -297,8 +297,6 @@ public actor SyncNode: Service {
                 awaitingFreshState = true
                 freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
             }
-            lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
-            await refreshSuspensions()
             group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }
             group.addTask { await self.followPeerSources() }
