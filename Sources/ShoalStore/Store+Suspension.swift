@@ -10,6 +10,7 @@ public struct Suspension: Sendable, Hashable {
     /// How far that node collected without it: a fresh state the member takes must cover this.
     public var cut: VersionVector
 
+    /// A suspension of `site` by `by`, who collected up to `cut` without it.
     public init(site: SiteID, by: SiteID, cut: VersionVector) {
         self.site = site
         self.by = by

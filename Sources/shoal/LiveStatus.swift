@@ -82,6 +82,9 @@ struct LiveStatus: Codable {
         var collected: Int
         var lastCollectedAtMs: UInt64?
         var waitingFor: [Waiting]
+        /// Members silent longer than the horizon (`--gc-horizon`), collected without: they take a fresh state when
+        /// they come back.
+        var suspended: [Waiting]? = nil
     }
 
     /// A device that connected with a key the roster does not hold.

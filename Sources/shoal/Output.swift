@@ -116,20 +116,22 @@ enum Output {
             } ?? NSNull(),
             "collection": live?.collection.map { collection in
                 let now = SystemWallClock().nowMilliseconds()
+                let member = { (member: LiveStatus.Collection.Waiting) -> [String: Any] in
+                    [
+                        "site": member.site, "name": member.name.map { $0 as Any } ?? NSNull(),
+                        "node": member.node.map { $0 as Any } ?? NSNull(),
+                        "last_report_ms": member.lastReportMs.map { $0 as Any } ?? NSNull(),
+                        "silent_ms": member.lastReportMs.map { (now &- min(now, $0)) as Any } ?? NSNull(),
+                    ]
+                }
                 return [
                     "enabled": collection.enabled ?? true,
                     "members_known": collection.membersKnown,
                     "collected": collection.collected,
                     "last_collected_at_ms": collection.lastCollectedAtMs.map { $0 as Any } ?? NSNull(),
                     "tombstones": status.tables.reduce(0) { $0 + $1.tombstones },
-                    "waiting_for": collection.waitingFor.map { member in
-                        [
-                            "site": member.site, "name": member.name.map { $0 as Any } ?? NSNull(),
-                            "node": member.node.map { $0 as Any } ?? NSNull(),
-                            "last_report_ms": member.lastReportMs.map { $0 as Any } ?? NSNull(),
-                            "silent_ms": member.lastReportMs.map { (now &- min(now, $0)) as Any } ?? NSNull(),
-                        ] as [String: Any]
-                    },
+                    "waiting_for": collection.waitingFor.map(member),
+                    "suspended": (collection.suspended ?? []).map(member),
                 ] as [String: Any]
             } ?? NSNull(),
             "site": status.siteID.hex,
@@ -307,6 +309,15 @@ enum Output {
                     + "(links with TLS), which names every member that must hold a delete first\n"
             }
             return text
+        }
+        if let suspended = collection.suspended, !suspended.isEmpty {
+            let who = suspended.map { member in
+                "\(member.name ?? "?") \(member.site.prefix(8))"
+                    + (member.lastReportMs.map { " (last heard from \((now &- min(now, $0)) / 1000) s ago)" } ?? "")
+            }
+            text += "deletes: collected without \(who.joined(separator: ", ")), silent past the horizon: "
+                + "\(who.count == 1 ? "it takes" : "they take") a fresh state when back (writes to rows collected "
+                + "meanwhile go to \(who.count == 1 ? "its" : "their") conflict log: shoal conflicts --restore)\n"
         }
         if tombstones > 0, !collection.waitingFor.isEmpty {
             let who = collection.waitingFor.map { member in

@@ -110,6 +110,13 @@ extension ShoalCommand {
             options.roundIntervalMilliseconds = roundInterval
             options.compactionIntervalMilliseconds = compactionInterval
             options.collectDeletes = collectDeletes
+            if let gcHorizon, gcHorizon.milliseconds < HorizonDuration.minimumMilliseconds {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--gc-horizon must be at least 2m: what members hold is passed on about once a minute, "
+                        + "so a member that is only reached through others may look silent for that long"
+                )
+            }
             options.collectionHorizonMilliseconds = gcHorizon?.milliseconds ?? 0
             options.mdns = !noMdns
             options.rememberPeers = !noRemembered
@@ -251,6 +258,8 @@ extension ShoalCommand {
 /// A horizon given as a number and a unit: `ms`, `s`, `m`, `h` or `d` (`90s`, `30m`, `7d`).
 struct HorizonDuration: ExpressibleByArgument, Hashable {
     var milliseconds: UInt64
+    /// The shortest horizon taken: twice the interval at which member reports are passed on.
+    static let minimumMilliseconds: UInt64 = 120_000
 
     init?(argument: String) {
         let units: [(String, UInt64)] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]

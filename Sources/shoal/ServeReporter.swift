@@ -54,19 +54,21 @@ final class ServeReporter: Service, Sendable {
             status.members = await sync.memberStatuses().map(LiveStatus.Member.init)
             let collection = await sync.collectionStatus()
             let roster = security?.trust.roster
+            let described = { (member: CollectionStatus.Waiting) in
+                LiveStatus.Collection.Waiting(
+                    site: member.siteID.hex,
+                    name: member.name?.printable(),
+                    node: roster?.members.values.first { $0.siteID == member.siteID }?.nodeID.description,
+                    lastReportMs: member.lastReportMs
+                )
+            }
             status.collection = LiveStatus.Collection(
                 enabled: collection.enabled,
                 membersKnown: collection.membersKnown,
                 collected: collection.collected,
                 lastCollectedAtMs: collection.lastCollectedAtMs,
-                waitingFor: collection.waitingFor.map { member in
-                    LiveStatus.Collection.Waiting(
-                        site: member.siteID.hex,
-                        name: member.name?.printable(),
-                        node: roster?.members.values.first { $0.siteID == member.siteID }?.nodeID.description,
-                        lastReportMs: member.lastReportMs
-                    )
-                }
+                waitingFor: collection.waitingFor.map(described),
+                suspended: collection.suspended.map(described)
             )
             status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {
