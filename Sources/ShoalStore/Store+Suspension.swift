@@ -81,8 +81,7 @@ extension Store {
             return row.dominatesOrEquals(merged) ? nil : (site, merged)
         }
         guard !due.isEmpty else { return [] }
-        try beginWriting()
-        do throws(ShoalError) {
+        try writingOwnChanges { () throws(ShoalError) in
             try prepareSuspendedTableInTransaction()
             for (site, merged) in due {
                 try connection.rows(
@@ -95,6 +94,15 @@ extension Store {
                 )
                 capture.statementSucceeded()
             }
+        }
+        return due.map(\.0)
+    }
+
+    /// Runs `body` in a write transaction of its own, whose captured statements are changes of this node.
+    private func writingOwnChanges(_ body: () throws(ShoalError) -> Void) throws(ShoalError) {
+        try beginWriting()
+        do throws(ShoalError) {
+            try body()
             try flushCaptured()
             try connection.exec("COMMIT")
             transactionStamp = nil
@@ -102,7 +110,6 @@ extension Store {
             abandonWrite()
             throw error
         }
-        return due.map(\.0)
     }
 
     /// The `shoal_meta` key prefix of this node's own record of the members it collects without (by site, in hex).
@@ -198,8 +205,7 @@ extension Store {
         let covers = try freshStateCovers()
         let settled = try suspensions().filter { own.contains($0.site) && covers.dominatesOrEquals($0.cut) }
         guard !settled.isEmpty else { return 0 }
-        try beginWriting()
-        do throws(ShoalError) {
+        try writingOwnChanges { () throws(ShoalError) in
             for suspension in settled {
                 try connection.rows(
                     "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
@@ -207,12 +213,6 @@ extension Store {
                 )
                 capture.statementSucceeded()
             }
-            try flushCaptured()
-            try connection.exec("COMMIT")
-            transactionStamp = nil
-        } catch {
-            abandonWrite()
-            throw error
         }
         return settled.count
     }
