@@ -45,8 +45,7 @@ extension Store {
     /// this file wrote as (`own`, and every site the record says it sent or a peer showed held), as stored.
     static func freshStateFloorText(_ record: SentRecord, own: Set<SiteID>) -> String {
         let own = own.union(record.sent.keys).union(record.held.keys)
-        return record.holds.filter { !own.contains($0.key) }.sorted { $0.key < $1.key }
-            .map { "\($0.key.hex):\($0.value)" }.joined(separator: ",")
+        return vectorText(VersionVector(record.holds.filter { !own.contains($0.key) }))
     }
 
     /// What this database held of the other sites before it lost history, as the record beside the file says (empty
