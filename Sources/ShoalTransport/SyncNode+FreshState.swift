@@ -39,13 +39,15 @@ extension SyncNode {
             }
         }
         defer { ticker.cancel() }
-        lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
-        var lookedAt = worker.latestVersionVector.withLock { $0 }
-        await refreshSuspensions()
+        // Suspensions exist only where deletes are collected (a roster): elsewhere the store is not read for them.
+        var lookedAt: VersionVector?
         for await offered in freshStateSources {
             guard !Task.isCancelled else { return }
             let held = worker.latestVersionVector.withLock { $0 }
-            if held != lookedAt {
+            if collectionMembers != nil, configuration.collectionIntervalMilliseconds > 0, held != lookedAt {
+                if lookedAt == nil {
+                    lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
+                }
                 lookedAt = held
                 await refreshSuspensions()
             }
