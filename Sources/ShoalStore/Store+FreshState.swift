@@ -7,6 +7,10 @@ public struct FreshStateReport: Sendable, Hashable {
     /// Rows the peer deleted and collected, which this database wrote to since it lost history (writes no peer has
     /// seen): removed here, and each of those writes put in the conflict log.
     public var orphaned = 0
+    /// Rows this database began since it lost history, not knowing yet how far peers had collected tombstones in
+    /// their table: written again as lives above that floor (``Store/causalLengthFloor(_:)``), as a row new to this
+    /// database is, so that every node keeps them, whether it still holds a tombstone of the key or collected it.
+    public var lifted = 0
     /// Whether the look was put off because an answer to a peer was being read: nothing was done, try again.
     public var deferred = false
 
@@ -119,6 +123,7 @@ extension Store {
         do throws(ShoalError) {
             let delete = try statement("DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)")
             let dropHeld = try statement("DELETE FROM shoal_held WHERE tbl = ? AND pk = ?")
+            let floor = try causalLengthFloor(table.name)
             var pending: [UInt8] = []
             var orphans: [ConflictRecord] = []
             for encoded in keys {
@@ -138,7 +143,14 @@ extension Store {
                             || state.cells.contains { cell in
                                 if case .value(_, let previous?) = cell { peerVector.covers(previous) } else { false }
                             })
-                    guard lifeIsHeld else { continue }
+                    guard lifeIsHeld else {
+                        // A life begun here, below a tombstone a peer may still hold or have collected for the key.
+                        if state.causalLength <= floor {
+                            try liftAbove(floor, table: number, key: key)
+                            report.lifted += 1
+                        }
+                        continue
+                    }
                     let values = try dataValues(table: table, key: key)
                     for (index, cell) in state.cells.enumerated() {
                         let written: Stamp? =
@@ -171,6 +183,11 @@ extension Store {
                 // The fold takes the row's hash out of the digest (it finds no metadata to add back).
                 appendLogKey(key, to: &pending)
             }
+            if report.lifted > 0 {
+                capture.isSuspended = false
+                try flushCaptured()
+                transactionStamp = nil
+            }
             if !pending.isEmpty {
                 let note = try statement("INSERT INTO shoal_digest_pending(tbl, keys) VALUES (?, ?)")
                 try note.bind([.integer(table.id), .blob(pending)])
@@ -191,6 +208,15 @@ extension Store {
                 metadata: ["table": "\(table.name.printable())", "rows": "\(report.removed)"]
             )
         }
+        if report.lifted > 0 {
+            options.logger.notice(
+                """
+                rows this database began after it lost history were written again above the tombstones peers \
+                collected in their table, so that every node keeps them
+                """,
+                metadata: ["table": "\(table.name.printable())", "rows": "\(report.lifted)"]
+            )
+        }
         if report.orphaned > 0 {
             options.logger.warning(
                 """
@@ -201,5 +227,23 @@ extension Store {
             )
         }
         return report
+    }
+
+    /// Ends the life begun here of the row under `key` at `floor` (even) and writes it again as a new life, from the
+    /// data row as it is (counters from their current values), inside the caller's write transaction: flushed with
+    /// the transaction's other captured writes, under one new dot.
+    private func liftAbove(_ floor: UInt64, table number: Int, key: [SQLValue]) throws(ShoalError) {
+        let table = capture.tables[number]
+        var ended = RowState(columnCount: table.columns.count)
+        ended.causalLength = floor
+        try saveState(ended, table: table, key: key)
+        var delta = table.noDelta
+        if table.hasCounters {
+            let values = try dataValues(table: table, key: key)
+            for index in table.columns.indices where table.isCounter[index] {
+                delta[index] = values[index].integerValue ?? 0
+            }
+        }
+        capture.addExistingRow(table: number, key: key, counterDelta: delta)
     }
 }

@@ -82,9 +82,10 @@ extension SyncNode {
                     )
                     taken.removed += part.removed
                     taken.orphaned += part.orphaned
+                    taken.lifted += part.lifted
                     taken.deferred = taken.deferred || part.deferred
                 }
-                if taken.removed + taken.orphaned > 0 {
+                if taken.removed + taken.orphaned + taken.lifted > 0 {
                     _ = try? await refreshDigest(waiting: false)
                     signalChangeWatchers()
                 }

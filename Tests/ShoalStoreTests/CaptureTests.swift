@@ -43,6 +43,7 @@ func takeFreshState(_ restored: Store, from peer: Store) throws -> FreshStateRep
         )
         report.removed += part.removed
         report.orphaned += part.orphaned
+        report.lifted += part.lifted
         #expect(!part.deferred)
     }
     try restored.freshStateTaken()

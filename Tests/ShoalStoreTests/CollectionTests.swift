@@ -355,7 +355,8 @@ import Testing
         try sync(a, b)
         #expect(try rows(b, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)], [.integer(3)], [.integer(4)]])
         var expected = FreshStateReport()
-        (expected.removed, expected.orphaned) = (1, 1)
+        // Row 4 began here below the floor of the deletes collected meanwhile: written again above it.
+        (expected.removed, expected.orphaned, expected.lifted) = (1, 1, 1)
         #expect(try takeFreshState(b, from: a) == expected)
         #expect(try !b.awaitsFreshState())
         try sync(b, a)
@@ -370,6 +371,53 @@ import Testing
         #expect(try rows(b, "SELECT count(*) FROM shoal_conflicts WHERE local_value = 'ONE'") == [[.integer(1)]])
         // Opened again, it no longer awaits one.
         #expect(try !Store(path: path).awaitsFreshState())
+    }
+
+    /// A member restored from a backup that predates its peers' collection begins, before its fresh state, a row whose
+    /// key they had deleted: it does not know their floor yet, so the row's life starts below the delete. Collectors
+    /// hold no tombstone of the key and would take that life, a node still keeping the tombstone would not. The fresh
+    /// state writes such a row again above the floor, as a row new to a node that knows the floor is: every node keeps
+    /// it, with the same rows and digest, checked outside Shoal too.
+    @Test func aRowBegunBeforeTheFreshStateIsKeptEverywhereAboveTheFloor() throws {
+        let directory = try temporaryDirectory("restore-begun-below-floor")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let keeper = try makeFileStore(directory, "keeper")
+        let path = directory.appendingPathComponent("b.db").path
+        let backup = directory.appendingPathComponent("b-backup.db").path
+        do {
+            let b = try makeFileStore(directory, "b")
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            for store in [b, keeper] { try sync(a, store) }
+            try RawConnection(path: path).exec("VACUUM INTO '\(backup)'")
+            try a.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
+            for store in [b, keeper] { try sync(a, store) }
+            try a.execute("DELETE FROM items WHERE id = 2")
+            for store in [b, keeper] { try sync(a, store) }
+            // a and b collect the delete; keeper keeps its tombstone.
+            for store in [a, b] { #expect(try store.collectTombstones(upTo: a.versionVector()).collected == 1) }
+        }
+        try restoreInPlace(path, from: backup)
+        let b = try Store(path: path)
+        #expect(try b.awaitsFreshState())
+        // The backup never held row 2: the app begins it again, and adds a row of its own.
+        try b.execute("INSERT INTO items(id, name) VALUES (2, 'again'), (3, 'three')")
+        try sync(a, b)
+        let report = try takeFreshState(b, from: a)
+        #expect(report.lifted == 2 && report.orphaned == 0 && report.removed == 0)
+        for store in [a, keeper] {
+            try sync(b, store)
+            try sync(store, b)
+        }
+        try sync(a, keeper)
+        let expected: [[SQLValue]] = [[.integer(1), .text("one")], [.integer(2), .text("again")], [.integer(3), .text("three")]]
+        for store in [a, b, keeper] {
+            #expect(try rows(store, "SELECT id, name FROM items ORDER BY id") == expected)
+            #expect(try store.digest() == a.digest())
+            #expect(try store.verify().isConsistent)
+        }
+        let files = ["a", "b", "keeper"].map { directory.appendingPathComponent("\($0).db") }
+        #expect(try sameContents(files[0], files[1]) && sameContents(files[0], files[2]))
     }
 
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
