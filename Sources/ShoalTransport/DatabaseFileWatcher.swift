@@ -20,7 +20,8 @@ import Glibc
 /// when that took longer (a disk busy with other work can take seconds), not at the next safety look.
 ///
 /// The watching runs on a thread of its own, which blocks in `poll(2)` (never on Swift's cooperative pool), and ends
-/// when the stream's consumer goes away.
+/// when the stream's consumer goes away. That thread sets the watches after the stream was handed out, so the stream's
+/// first element comes once they are set, whether anything was written or not: a commit made before is seen then.
 final class DatabaseFileWatcher: Sendable {
     /// After a write to the files, the wake-ups that follow, each this long after the one before (a new write starts
     /// them again).
@@ -64,8 +65,11 @@ final class DatabaseFileWatcher: Sendable {
             }
         }
         addWatches()
+        // A commit made before the watches were set sent no event to them (a node starts watching after its first
+        // look, and an app may commit in between): look once now, and follow up as after a write.
+        continuation.yield()
         var buffer = [UInt8](repeating: 0, count: 4096)
-        var followUp: Int?
+        var followUp: Int? = 0
         while !stopped.load(ordering: .relaxed) {
             var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
             let timeout = followUp.map { Self.followUpMilliseconds[$0] } ?? safetyMilliseconds

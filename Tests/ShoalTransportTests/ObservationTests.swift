@@ -111,6 +111,29 @@ import Testing
         await a.stop()
     }
 
+    /// A node looks at the database once, then sets its watches on the files: an app's commit in between sent no event
+    /// to them. The watcher wakes once its watches are set, written to or not, so that commit is seen then, not at the
+    /// safety look (here ten minutes away). Before, an app that committed just as its node started had that commit
+    /// seen only at its next one, both under one dot.
+    @Test func theWatcherLooksOnceItsWatchesAreSet() async throws {
+        let directory = try temporaryDirectory("watch-start")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("w.db").path
+        let app = try SQLiteConnection(path: path)
+        try app.exec("PRAGMA journal_mode = WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1)")
+        let wakes = EventLog<Int>()
+        let watcher = DatabaseFileWatcher(path: path, safetyMilliseconds: 600_000)
+        let following = Task {
+            var count = 0
+            for await _ in watcher.changes() {
+                count += 1
+                await wakes.append(count)
+            }
+        }
+        defer { following.cancel() }
+        #expect(await wakes.seen(within: 30) { $0 == 1 }, "no look once the watches were set")
+    }
+
     /// An app that keeps its connection open with SQLite's default `synchronous = FULL` makes its commit visible only
     /// after it synced the log, after the file event that wakes the node: each of its commits is still noticed at
     /// once (the wake-ups that follow an event), not at the safety look, here put off by ten minutes.
