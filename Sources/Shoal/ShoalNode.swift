@@ -65,6 +65,8 @@ public final class ShoalNode: Service, Sendable {
         if options.collectDeletes {
             configuration.collectionIntervalMilliseconds = NodeConfiguration.defaultCollectionIntervalMilliseconds
             configuration.collectionHorizonMilliseconds = options.collectionHorizonMilliseconds
+            // Reports through the relay follow the pace of rounds: every five of them at most (10 s by default).
+            configuration.memberReportIntervalMilliseconds = 5 * max(options.roundIntervalMilliseconds, 1)
         }
         configuration.logger = options.logger
         configuration.session.compression = options.compression

@@ -297,6 +297,23 @@ public actor SerializedStore {
         (try store.suspensions(), try store.ownSuspensions())
     }
 
+    /// See ``Store/writeMemberReport(site:name:holds:atMs:)``.
+    package func writeMemberReport(
+        site: SiteID,
+        name: String?,
+        holds vector: VersionVector,
+        atMs: UInt64
+    ) throws(ShoalError) {
+        try store.writeMemberReport(site: site, name: name, holds: vector, atMs: atMs)
+        // Which table it wrote is known: a node's report watcher tells its own reports from other commits by it.
+        markChanged()
+        _ = try? versionVector()
+        publish(.local, tablesKnown: true)
+    }
+
+    /// See ``Store/memberReports()``.
+    package func memberReports() throws(ShoalError) -> [MemberReport] { try store.memberReports() }
+
     /// See ``Store/readmit(_:covering:)``.
     package func readmit(_ site: SiteID, covering covers: VersionVector) throws(ShoalError) -> Bool {
         try store.readmit(site, covering: covers)

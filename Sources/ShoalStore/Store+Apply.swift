@@ -326,6 +326,12 @@ extension Store {
         {
             try prepareSuspendedTableInTransaction()
         }
+        // And the first member's report (see ``memberReportsTable``).
+        if capture.tableNumbers[Self.memberReportsTable] == nil,
+            changes.contains(where: { $0.table == Self.memberReportsTable })
+        {
+            try prepareMemberReportsTableInTransaction()
+        }
         let maxHLC = try validate(changes, claim: claim, since: since)
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {

@@ -557,7 +557,7 @@ extension Store {
             siteID: siteID,
             nodeName: try nodeName(),
             versionVector: try versionVector(),
-            tables: tables.filter { ![Self.schemaTable, Self.collectedTable, Self.suspendedTable].contains($0.name) },
+            tables: tables.filter { !Self.internalReplicatedTables.contains($0.name) },
             pausedTables: pausedTableList,
             conflicts: try conflictCount(),
             digest: settlingDigest ? try digest() : try digestAsFolded(),

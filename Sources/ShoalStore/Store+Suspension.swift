@@ -99,7 +99,7 @@ extension Store {
     }
 
     /// Runs `body` in a write transaction of its own, whose captured statements are changes of this node.
-    private func writingOwnChanges(_ body: () throws(ShoalError) -> Void) throws(ShoalError) {
+    func writingOwnChanges(_ body: () throws(ShoalError) -> Void) throws(ShoalError) {
         try beginWriting()
         do throws(ShoalError) {
             try body()

@@ -17,6 +17,9 @@ struct MemberDirectory: Sendable {
         case peer(SiteID)
         /// This node.
         case local
+        /// The member's own report, written as a replicated row (``Store/memberReportsTable``): through the relay,
+        /// or from a peer that holds it.
+        case replicated
     }
 
     /// One member's last known state.
@@ -128,7 +131,8 @@ public struct MemberStatus: Sendable, Hashable {
     public var versionVector: VersionVector
     /// When it said so (this node's wall clock, milliseconds).
     public var reportedAtMs: UInt64
-    /// `direct` (on a link with it), `relayed` (passed on by ``via``) or `local` (this node).
+    /// `direct` (on a link with it), `relayed` (passed on by ``via``), `report` (its own report, written as a
+    /// replicated row: through the relay, or from a peer that holds it) or `local` (this node).
     public var source: String
     /// The peer that passed it on, for `relayed`.
     public var via: SiteID?
@@ -142,6 +146,7 @@ extension MemberDirectory {
                 switch entry.source {
                 case .direct: ("direct", nil)
                 case .local: ("local", nil)
+                case .replicated: ("report", nil)
                 case .peer(let peer): ("relayed", peer)
                 }
             return MemberStatus(

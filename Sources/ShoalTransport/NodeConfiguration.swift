@@ -42,6 +42,10 @@ public struct NodeConfiguration: Sendable {
     /// tombstones without it (`shoal serve --gc-horizon`); 0, the default, waits for every member however long. A
     /// member collected without is suspended: it takes a fresh state when it comes back (see `Store+Suspension.swift`).
     public var collectionHorizonMilliseconds: UInt64 = 0
+    /// With collection on and its members known (a roster), a node writes what it holds as a replicated row (see
+    /// `Store+MemberReports.swift`) at most this often, and only after commits other than such reports: so members
+    /// that reach each other only through the relay learn what each holds. 0 turns it off.
+    public var memberReportIntervalMilliseconds: UInt64 = 10_000
     /// How often the node updates the metrics it samples rather than counts (queue depth, each peer's staleness and
     /// gap, connected peers: see ``SyncNode``); 0 turns that off. Cheap: no database access.
     public var metricsIntervalMilliseconds: UInt64 = 1_000

@@ -91,6 +91,10 @@ public actor SyncNode: Service {
     var peerFreshStates: [SiteID: VersionVector] = [:]
     /// What the last fresh state this node took covers, to tell its peers.
     var lastFreshStateCovers: VersionVector?
+    /// Whether a commit other than a member's report came since this node last wrote its own.
+    var memberReportDue = false
+    /// When each member's report row this node folded into ``members`` was written (theirs, by site).
+    var foldedMemberReports: [SiteID: UInt64] = [:]
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
@@ -299,6 +303,9 @@ public actor SyncNode: Service {
             }
             group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }
+            if configuration.collectionIntervalMilliseconds > 0, configuration.memberReportIntervalMilliseconds > 0 {
+                group.addTask { try await self.reportHoldingsAsRows() }
+            }
             group.addTask { await self.followPeerSources() }
             group.addTask { try await self.watchLocalChanges() }
             group.addTask { try await self.periodicRounds() }

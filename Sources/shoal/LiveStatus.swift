@@ -46,7 +46,7 @@ struct LiveStatus: Codable {
         var versionVector: [String: UInt64]
         /// When it said so (wall milliseconds).
         var reportedAtMs: UInt64
-        /// `direct`, `relayed` (passed on by `via`) or `local`.
+        /// `direct`, `relayed` (passed on by `via`), `report` (its own report row) or `local`.
         var source: String
         var via: String?
 

@@ -1,0 +1,63 @@
+import ShoalCore
+import ShoalStore
+
+/// Members that reach each other only through the relay learn what each holds from report rows (see
+/// `Store+MemberReports.swift`): each such node writes its own, and folds the others' into ``MemberDirectory``.
+extension SyncNode {
+    /// Writes this node's report row at most every ``NodeConfiguration/memberReportIntervalMilliseconds``, while its
+    /// members are known, and only after a commit other than members' reports (so reports never answer reports, and an
+    /// idle cluster writes nothing); folds the rows other members wrote whenever they change. Every member writes
+    /// one, not only those with a relay link: a LAN peer of a node that uses the relay reaches relay-only members so.
+    func reportHoldingsAsRows() async throws {
+        let commits = await worker.commits()
+        let watching = Task {
+            for await commit in commits { await self.noteForMemberReports(commit) }
+        }
+        defer { watching.cancel() }
+        await foldMemberReports()
+        memberReportDue = (try? await worker.memberReports().contains { $0.site == registry.localSite }) == false
+        while !Task.isCancelled {
+            try await Task.sleep(for: .milliseconds(configuration.memberReportIntervalMilliseconds))
+            guard memberReportDue, collectionMembers != nil else { continue }
+            memberReportDue = false
+            do {
+                let held = try await worker.versionVector()
+                try await worker.writeMemberReport(
+                    site: registry.localSite,
+                    name: configuration.nodeName,
+                    holds: held,
+                    atMs: configuration.clock.nowMilliseconds()
+                )
+            } catch {
+                configuration.logger.warning("could not write this member's report", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// Whether `commit` calls for a new report of this node's (anything but members' reports came), and folds the
+    /// report rows it brought.
+    func noteForMemberReports(_ commit: StoreCommit) async {
+        let reportsOnly: Set<String> = [Store.memberReportsTable]
+        if let tables = commit.tables, tables.contains(Store.memberReportsTable), commit.origin != .local {
+            await foldMemberReports()
+        }
+        if let tables = commit.tables, tables.isSubset(of: reportsOnly) { return }
+        memberReportDue = true
+    }
+
+    /// Records each other member's report row not folded yet in ``members`` (as of when it was written, never later
+    /// than now), and wakes collection when one holds more than known.
+    func foldMemberReports() async {
+        guard let reports = try? await worker.memberReports() else { return }
+        let now = configuration.clock.nowMilliseconds()
+        var moved = false
+        for report in reports where report.site != registry.localSite && report.site != siteID {
+            guard foldedMemberReports[report.site] != report.reportedAtMs else { continue }
+            foldedMemberReports[report.site] = report.reportedAtMs
+            if let name = report.name, members.names[report.site] == nil { members.named(report.site, name) }
+            let at = min(report.reportedAtMs, now)
+            if members.heard(report.site, holds: report.versionVector, at: at, from: .replicated) { moved = true }
+        }
+        if moved { collectionWaker.yield() }
+    }
+}
