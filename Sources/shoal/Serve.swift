@@ -54,6 +54,13 @@ extension ShoalCommand {
             )
         )
         var gcHorizon: HorizonDuration?
+        @Option(
+            help: ArgumentHelp(
+                "For tests: a horizon in milliseconds, below the 2-minute minimum (every member must meet every other directly).",
+                visibility: .private
+            )
+        )
+        var gcHorizonUncheckedMs: UInt64?
         @Flag(help: "Send change batches uncompressed, to peers and to the relay (for measuring, or for a relay that members older than compression pull from).")
         var noCompression = false
         @Flag(help: "Compress links to peers on this machine too (loopback addresses; off by default: their bytes never cross a network). For measuring.")
@@ -117,7 +124,7 @@ extension ShoalCommand {
                         + "so a member that is only reached through others may look silent for that long"
                 )
             }
-            options.collectionHorizonMilliseconds = gcHorizon?.milliseconds ?? 0
+            options.collectionHorizonMilliseconds = gcHorizonUncheckedMs ?? gcHorizon?.milliseconds ?? 0
             options.mdns = !noMdns
             options.rememberPeers = !noRemembered
             options.peers = try peers.map { text in

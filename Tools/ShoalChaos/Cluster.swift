@@ -18,6 +18,8 @@ struct Cluster {
     /// Whether the removed node refused to start (it learnt of its removal).
     private(set) var removedNodeRefused = false
     private var processes: [Int: ServeProcess] = [:]
+    /// Nodes collect deletes without a member silent longer than this (`--gc-horizon`), when set.
+    var horizonMilliseconds: UInt64?
 
     init(paths: [String], peerPorts: [[Int]], faults: Faults, relayURLs: [String] = [], relayToken: String? = nil) {
         self.paths = paths
@@ -57,6 +59,7 @@ struct Cluster {
                 peers: peerPorts[node],
                 // Compaction runs often here, so it is exercised amid the faults.
                 extra: ["--round-interval", "500", "--compaction-interval", "300"] + relayArguments(node)
+                    + (horizonMilliseconds.map { ["--gc-horizon-unchecked-ms", "\($0)"] } ?? [])
             )
         } catch where node == removedNode {
             print("note: node\(node), removed, refuses to start (\(error)); it stays down")

@@ -59,6 +59,10 @@ struct ShoalChaos: AsyncParsableCommand {
     var tampering = false
     @Flag(help: "All of --relay-losses, --removal and --tampering (and --relay-restores on SQLite).")
     var relayHostile = false
+    @Option(
+        help: "The LAN path: nodes collect deletes without a member silent longer than this many milliseconds, and once a run one node is cut off from all others for three horizons, writing all the while; it must come back without bringing a collected row back."
+    )
+    var horizonMs: UInt64?
 
     func run() async throws {
         let seed = seed ?? UInt64.random(in: 0...UInt64.max)
@@ -169,6 +173,7 @@ struct ShoalChaos: AsyncParsableCommand {
             relayToken: relayServer?.token
         )
         defer { cluster.stopAll() }
+        cluster.horizonMilliseconds = relay ? nil : horizonMs
         for node in 0..<nodes { try await cluster.start(node) }
         var written = try WrittenValues()
         var removed: Removal?
@@ -187,6 +192,14 @@ struct ShoalChaos: AsyncParsableCommand {
         // An app update halfway through: one node adds a column to t (through its file, as the app would) and
         // writes it; the change must reach every node with the data while they all keep writing.
         var schemaChangeAt: Date? = Date().addingTimeInterval(seconds / 2)
+        // With a horizon: one node cut off from every other for three horizons, from a random moment early in the run.
+        var isolation: (node: Int, from: Date, until: Date)?
+        if let horizon = cluster.horizonMilliseconds, nodes >= 3 {
+            let from = Date().addingTimeInterval(seconds * Double.random(in: 0.05...0.2, using: &random))
+            let node = Int.random(in: 0..<nodes, using: &random)
+            isolation = (node, from, from.addingTimeInterval(3 * Double(horizon) / 1_000))
+        }
+        var isolating = false
         while Date() < deadline {
             let now = Date()
             if let at = schemaChangeAt, at <= now {
@@ -203,8 +216,27 @@ struct ShoalChaos: AsyncParsableCommand {
                 try relayServer?.start()
                 relayRestart = nil
             }
-            for heal in heals where heal.at <= now { await faults.heal(heal.pair.0, heal.pair.1) }
+            if let cut = isolation, !isolating, cut.from <= now, now < cut.until {
+                for other in 0..<nodes where other != cut.node { await faults.partition(cut.node, other) }
+                print(String(format: "node\(cut.node) cut off from every other node for %.1f s", cut.until.timeIntervalSince(now)))
+                isolating = true
+                counts["isolations past the horizon", default: 0] += 1
+            }
+            if let cut = isolation, isolating, cut.until <= now {
+                for other in 0..<nodes where other != cut.node { await faults.heal(cut.node, other) }
+                isolating = false
+                isolation = nil
+            }
+            let cutOff = isolating ? isolation?.node : nil
+            for heal in heals where heal.at <= now && (cutOff.map { ![heal.pair.0, heal.pair.1].contains($0) } ?? true) {
+                await faults.heal(heal.pair.0, heal.pair.1)
+            }
             heals.removeAll { $0.at <= now }
+            if isolating, counts["members suspended", default: 0] == 0,
+                try stores.contains(where: { try !$0.suspensions().isEmpty })
+            {
+                counts["members suspended", default: 0] += 1
+            }
 
             let roll = Int.random(in: 0..<100, using: &random)
             let node = Int.random(in: 0..<nodes, using: &random)
@@ -358,7 +390,12 @@ struct ShoalChaos: AsyncParsableCommand {
         while Date().timeIntervalSince(healed) < convergeTimeout {
             let fences = try removed == nil ? [] : members.map { try stores[$0].fences() }
             fencesAgree = removed == nil || Set(fences).count == 1 && !fences[0].isEmpty
-            if try fencesAgree && Set(members.map { try stores[$0].digest() }).count == 1 {
+            // With a horizon, the member collected without is back: it took its fresh state and told the others, and
+            // no node still holds a suspension.
+            let settled = try members.allSatisfy {
+                try stores[$0].suspensions().isEmpty && stores[$0].ownSuspensions().isEmpty
+            }
+            if try fencesAgree && settled && Set(members.map { try stores[$0].digest() }).count == 1 {
                 converged = true
                 break
             }
@@ -366,8 +403,8 @@ struct ShoalChaos: AsyncParsableCommand {
         }
         guard converged else {
             print(
-                "FAILED: \(fencesAgree ? "digests" : "the members' fences") still differ \(Int(convergeTimeout)) s after "
-                    + "healing (logs in \(directory))"
+                "FAILED: \(fencesAgree ? "digests (or suspensions)" : "the members' fences") still differ "
+                    + "\(Int(convergeTimeout)) s after healing (logs in \(directory))"
             )
             throw ExitCode(1)
         }
