@@ -579,12 +579,12 @@ struct ShoalChaos: AsyncParsableCommand {
 
     /// Whether a write's row is gone with its metadata because a delete that beat it was collected: the row is absent,
     /// and some node collected a causal length in the table at least as high as the delete's. With `restored`, a node
-    /// that lost history and has not taken its fresh state yet may still hold the row (its claim came from a peer
-    /// that had collected it; the fresh state removes it).
+    /// that lost history, or was collected without (it holds a suspension naming it), and has not taken its fresh
+    /// state yet may still hold the row (its claim came from a peer that had collected it; the fresh state removes it).
     private func wasCollected(_ write: AcknowledgedWrite, in store: Store, restored: Bool = false) throws -> Bool {
         let present = try !store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(write.key)]).rows.isEmpty
         let floor = try store.execute("SELECT max(cl) FROM \(Store.collectedTable) WHERE tbl = 't'").rows
-        let pending = try restored && store.awaitsFreshState()
+        let pending = try restored && (store.awaitsFreshState() || !store.unsettledSuspensions().isEmpty)
         guard !present || pending, case .integer(let collected)? = floor.first?.first else { return false }
         return UInt64(collected) >= write.causalLength + write.causalLength % 2
     }
