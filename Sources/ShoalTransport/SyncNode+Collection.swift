@@ -82,15 +82,24 @@ extension SyncNode {
     /// they hold reached it for that long (reports of members it does not meet are passed on about once a minute).
     /// Empty without a horizon; a member that never reported to this node is not counted silent (it holds collection
     /// back, as status says).
+    ///
+    /// Empty too unless the members this node still hears from (itself included) are a majority, or exactly half with
+    /// the lowest member among them: two sides of a partition never both collect without each other. Each side would
+    /// then pull from the other no more, and neither could take the fresh state that lifts its suspension.
     func silentMembers() -> Set<SiteID> {
         let horizon = configuration.collectionHorizonMilliseconds
         guard horizon > 0, let current = collectionMembers else { return [] }
         let now = configuration.clock.nowMilliseconds()
         let entries = members.entries
-        return current.subtracting([registry.localSite, siteID]).filter { site in
+        let silent = current.subtracting([registry.localSite, siteID]).filter { site in
             guard !directory.isConnected(site), let reported = entries[site]?.reportedAtMs else { return false }
             return now > reported && now - reported > horizon
         }
+        // This node counts once, by its membership (its writing site may be a fresh one).
+        let all = current.subtracting([siteID]).union([registry.localSite])
+        let heard = all.subtracting(silent)
+        let quorum = heard.count * 2 > all.count || heard.count * 2 == all.count && all.min().map(heard.contains) == true
+        return quorum ? silent : []
     }
 
     /// The members (but this node) that lack something of `held`, by their last reports this node holds whole, or

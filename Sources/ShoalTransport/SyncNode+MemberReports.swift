@@ -8,6 +8,9 @@ extension SyncNode {
     /// members are known, and only after a commit other than members' reports (so reports never answer reports, and an
     /// idle cluster writes nothing); folds the rows other members wrote whenever they change. Every member writes
     /// one, not only those with a relay link: a LAN peer of a node that uses the relay reaches relay-only members so.
+    /// With a horizon (``NodeConfiguration/collectionHorizonMilliseconds``) and a relay link, a node also writes one at
+    /// least every third of the horizon, idle or not: a member that meets the others only through the relay is not
+    /// silent to them while it is there.
     func reportHoldingsAsRows() async throws {
         let commits = await worker.commits()
         let watching = Task {
@@ -16,10 +19,15 @@ extension SyncNode {
         defer { watching.cancel() }
         await foldMemberReports()
         memberReportDue = (try? await worker.memberReports().contains { $0.site == registry.localSite }) == false
+        let clock = configuration.clock
+        let refresh = configuration.collectionHorizonMilliseconds / 3
+        var lastWritten = clock.monotonicMilliseconds()
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.memberReportIntervalMilliseconds))
-            guard memberReportDue, collectionMembers != nil else { continue }
+            let stale = refresh > 0 && relayLinked && clock.monotonicMilliseconds() &- lastWritten >= refresh
+            guard memberReportDue || stale, collectionMembers != nil else { continue }
             memberReportDue = false
+            lastWritten = clock.monotonicMilliseconds()
             do {
                 let held = try await worker.versionVector()
                 try await worker.writeMemberReport(

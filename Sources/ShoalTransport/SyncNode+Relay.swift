@@ -13,6 +13,7 @@ extension SyncNode {
     /// peer, in ``pendingLocalChanges()`` and the queue-depth metric. A relay that lost its storage reports less.
     public func relayHolds(_ heads: VersionVector) {
         relayHeads = heads
+        relayLinked = true
     }
 
     /// A signal each time the node's data may have changed: a local write (through the node or another process),

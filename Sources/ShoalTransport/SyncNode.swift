@@ -93,6 +93,8 @@ public actor SyncNode: Service {
     var lastFreshStateCovers: VersionVector?
     /// Whether a commit other than a member's report came since this node last wrote its own.
     var memberReportDue = false
+    /// Whether a relay link reported what the relay holds (``relayHolds(_:)``).
+    var relayLinked = false
     /// When each member's report row this node folded into ``members`` was written (theirs, by site).
     var foldedMemberReports: [SiteID: UInt64] = [:]
 

@@ -245,4 +245,44 @@ import Testing
                 == SQLiteConnection(path: paths[2]).applicationTableContents()
         )
     }
+
+    /// Two members silent to each other past the horizon (a partition, or one of them away) must not both collect
+    /// without the other: each would then pull from the other no more, and neither could take the fresh state that
+    /// lifts its suspension. A node collects without silent members only while it hears from a majority, or from
+    /// exactly half with the lowest member among them: of two, only the lower member ever collects without the other.
+    @Test func ofTwoMembersOnlyTheLowerEverCollectsWithoutTheOther() async throws {
+        let directory = try temporaryDirectory("collect-horizon-two")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let horizon = { (configuration: inout NodeConfiguration) in
+            self.fast(&configuration)
+            configuration.collectionHorizonMilliseconds = 1_000
+        }
+        let paths = try makeCluster(["a", "b"], in: directory)
+        var a = try await startSecured(paths[0], configure: horizon)
+        var b = try await startSecured(paths[1], peers: [a.port], configure: horizon)
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k', 1)")
+        #expect(try await holds(b, key: "k"))
+        /// Whether `node`, once `other` has been silent to it past the horizon, counts it suspended.
+        func suspends(_ node: SecuredNode, _ other: SiteID) async throws -> Bool {
+            let silent = try await waitUntil(within: 30) {
+                let now = SystemWallClock().nowMilliseconds()
+                guard let last = await node.node.memberStatuses().first(where: { $0.siteID == other })?.reportedAtMs
+                else { return false }
+                return now > last + 1_200
+            }
+            #expect(silent)
+            return await node.node.collectionStatus().suspended.map(\.siteID) == [other]
+        }
+        let (siteA, siteB) = (a.node.siteID, b.node.siteID)
+        await b.stop()
+        let aSuspendsB = try await suspends(a, siteB)
+        b = try await startSecured(paths[1], peers: [a.port], configure: horizon)
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k2', 2)")
+        #expect(try await holds(b, key: "k2"))
+        await a.stop()
+        let bSuspendsA = try await suspends(b, siteA)
+        #expect(aSuspendsB == (siteA < siteB) && bSuspendsA == (siteB < siteA))
+        a = try await startSecured(paths[0], configure: horizon)
+        for node in [a, b] { await node.stop() }
+    }
 }
