@@ -29,7 +29,8 @@ extension RelayLink {
                     try await node.store.read { store throws(ShoalError) in try store.fences() }
                 }
                 session.fences(fences)
-                let wait = configuration.waitMilliseconds
+                // Until pulled up, a page is asked for without waiting: an empty one says there is nothing more.
+                let wait = pulledUp.withLock { $0 } ? configuration.waitMilliseconds : 0
                 let request = session.request(
                     held: held, now: clock.nowMilliseconds(), wait: wait, maximumBytes: configuration.pageBytes
                 )
@@ -41,6 +42,7 @@ extension RelayLink {
                 let now = clock.nowMilliseconds()
                 state.withLock { $0.pulled(chunks: entries.count, applied: applied, now: now) }
                 if applied > 0 { report(.applied(changes: applied)) }
+                if entries.isEmpty { await setPulledUp(true) }
                 metrics.pulled(ok: true)
                 metrics.applied.increment(by: applied)
                 backoff.reset()
@@ -52,7 +54,10 @@ extension RelayLink {
                     }
                 }
             } catch {
-                if case .cancelled = error {} else { metrics.pulled(ok: false) }
+                if case .cancelled = error {} else {
+                    metrics.pulled(ok: false)
+                    await setPulledUp(false)
+                }
                 for problem in session.problems { note(problem) }
                 session.failed()
                 try await Task.sleep(for: .milliseconds(failed(error, backoff: &backoff)))

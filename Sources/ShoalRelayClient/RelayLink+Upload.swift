@@ -29,6 +29,8 @@ extension RelayLink {
                 // The signals that come meanwhile are one (the stream keeps the newest): this pass takes them all.
                 do { try await Task.sleep(for: .milliseconds(pause)) } catch { return }
             }
+            // After a start or a failure, what the relay holds for this node comes first (see ``pulledUp``).
+            await awaitPulledUp(limit: Self.pullFirstMilliseconds)
             let stale = state.withLock { $0.takeHeadsStale() }
             do throws(RelayCallError) {
                 try await epochs(.grantsIfNeeded, api)

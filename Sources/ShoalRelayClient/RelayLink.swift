@@ -25,6 +25,16 @@ public final class RelayLink: Service, Sendable {
     /// What wakes the uploader: the node's data changed, or the relay came back.
     let pushSignals: AsyncStream<Void>
     let pushWake: AsyncStream<Void>.Continuation
+    /// Whether the pull loop brought everything the relay held for this node since the link started or last failed
+    /// (a page came back empty): until then the uploader waits (at most ``pullFirstMilliseconds``), so that a member
+    /// back from a long absence learns first whether peers collected deletes without it, and then keeps its own writes
+    /// made meanwhile (see `Store+Suspension.swift`) rather than upload them.
+    let pulledUp = Mutex(false)
+    let pulledUpSignals: AsyncStream<Void>
+    let pulledUpWake: AsyncStream<Void>.Continuation
+    /// How long the uploader waits for the pull loop after a start or a failure, at most (a site it cannot open would
+    /// otherwise keep it waiting for good).
+    static let pullFirstMilliseconds: UInt64 = 15_000
 
     /// A link for `node`; the configuration is checked here (``RelayClientConfiguration/checkedBases()``: an `http://`
     /// URL must name a loopback address, the token would otherwise cross the network in clear).
@@ -36,6 +46,7 @@ public final class RelayLink: Service, Sendable {
         state = Mutex(RelayLinkState(bases: bases, configuration: configuration, keyring: keyring ?? RelayKeyring()))
         (events, eventSink) = AsyncStream.makeStream(of: RelayEvent.self, bufferingPolicy: .bufferingNewest(1_000))
         (pushSignals, pushWake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        (pulledUpSignals, pulledUpWake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
     /// The relay as this node sees it now.
@@ -69,6 +80,29 @@ public final class RelayLink: Service, Sendable {
         }
         eventSink.finish()
         try? await client.shutdown()
+    }
+
+    /// Waits until the pull loop brought everything the relay held for this node (``pulledUp``), at most `limit`
+    /// milliseconds.
+    func awaitPulledUp(limit: UInt64) async {
+        guard !pulledUp.withLock({ $0 }) else { return }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await _ in self.pulledUpSignals where self.pulledUp.withLock({ $0 }) { return }
+            }
+            group.addTask { try? await Task.sleep(for: .milliseconds(limit)) }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    /// Records whether the pull loop is pulled up; once it is, the node looks at the suspensions it may have brought
+    /// (so that its own writes are held back before the uploader runs), and the uploader is woken.
+    func setPulledUp(_ value: Bool) async {
+        guard pulledUp.withLock({ $0 }) != value else { return }
+        if value { await node.lookAtSuspensions() }
+        pulledUp.withLock { $0 = value }
+        if value { pulledUpWake.yield() }
     }
 
     // MARK: Status

@@ -187,6 +187,13 @@ extension SyncNode {
         offerFreshState(peer: peer, peerVector: vector, localVector: worker.latestVersionVector.withLock { $0 })
     }
 
+    /// ``refreshSuspensions()`` where deletes are collected (a roster, collection on): the relay link calls it once it
+    /// pulled everything the relay held, before it uploads.
+    package func lookAtSuspensions() async {
+        guard collectionMembers != nil, configuration.collectionIntervalMilliseconds > 0 else { return }
+        await refreshSuspensions()
+    }
+
     /// Reads the suspensions again: who not to pull from, a notice of this node's deleted while it still collects
     /// without the member (written again), and whether this node itself was suspended (it then awaits a fresh state,
     /// and settles the notices its last fresh state covers).

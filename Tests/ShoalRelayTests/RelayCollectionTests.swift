@@ -70,4 +70,70 @@ import Testing
         }
         #expect(contents[0].count == 30 && contents[0] == contents[1] && contents[1] == contents[2])
     }
+
+    /// c reaches the others only through the relay, and is away past the horizon: a and b collect deletes without it.
+    /// Its app wrote meanwhile, to a row deleted and collected since and to a row that stays. Back through the relay
+    /// alone, c pulls before it uploads: it learns that it was collected without and keeps its writes (it awaits a
+    /// fresh state), so none of them reaches a or b, and no collected row comes back there. (The delete reaches c
+    /// from the relay, which still holds a's upload of it: c's write to that row is beaten by it, as any concurrent
+    /// write would be.) Given a LAN peer, c takes its fresh state, and its write to the row that stays reaches everyone.
+    @Test func aMemberBackThroughTheRelayPastTheHorizonBringsNoCollectedRowBack() async throws {
+        let world = try await RelayWorld("relay-horizon", nodes: ["a", "b", "c"])
+        defer { world.tearDown() }
+        let fast = ["--round-interval", "200", "--gc-horizon-unchecked-ms", "1500"]
+        try await world.serve("a", extra: fast)
+        try await world.serve("b", relay: false, peers: ["a"], extra: fast)
+        try await world.serve("c", extra: fast)
+        try await world.write(
+            "a",
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
+            """
+        )
+        #expect(try await world.converge(["a", "b", "c"]))
+        // a has heard from c (its report row, through the relay): c can be silent to it from now on.
+        let heard = try await waitUntil(within: 30) {
+            let members = try await world.status("a")["members"] as? [[String: Any]] ?? []
+            return members.contains { $0["name"] as? String == "c" && $0["source"] as? String == "report" }
+        }
+        #expect(heard)
+        try await world.stop("c")
+        try await world.write("c", "UPDATE kv SET v = 'c while away' WHERE k = 'row05'; UPDATE kv SET v = 'kept' WHERE k = 'row15'")
+        try await world.write("a", "DELETE FROM kv WHERE v <= 10")
+        func collection(_ name: String) async throws -> [String: Any] {
+            try await world.status(name)["collection"] as? [String: Any] ?? [:]
+        }
+        // a and b collect without c, once it is silent past the horizon.
+        let collected = try await waitUntil(within: 60) {
+            let (a, b) = (try await collection("a"), try await collection("b"))
+            return a["tombstones"] as? Int == 0 && b["tombstones"] as? Int == 0
+                && (a["suspended"] as? [[String: Any]])?.count == 1
+        }
+        let state = try await collection("a")
+        #expect(collected, "\(state)")
+        // c comes back through the relay alone: it awaits a fresh state (it has no LAN peer to take it from yet).
+        try await world.serve("c", extra: fast)
+        #expect(try await waitUntil(within: 60) { try await world.status("c")["awaits_fresh_state"] as? Bool == true })
+        // Whatever c uploaded has reached a: none of its writes made while away is there, and row05 is not back.
+        #expect(try await waitUntil(within: 30) { (try await world.relayStatus("a"))["lacking"] as? Int == 0 })
+        for name in ["a", "b"] {
+            let path = world.paths[name]!
+            let rows = try await offPool { try sqlite3Shell(path, "SELECT k, v FROM kv ORDER BY k") }.stdout
+            #expect(!rows.contains("row05") && !rows.contains("c while away") && !rows.contains("kept"), "\(name): \(rows)")
+        }
+        // Given a LAN peer, c takes its fresh state: its write to the kept row reaches everyone, the other is in its
+        // conflict log.
+        try await world.stop("c")
+        try await world.serve("c", peers: ["a"], extra: fast)
+        #expect(try await world.converge(["a", "b", "c"]))
+        var contents: [String] = []
+        for name in ["a", "b", "c"] {
+            let path = world.paths[name]!
+            contents.append(try await offPool { try sqlite3Shell(path, "SELECT k, hex(v) FROM kv ORDER BY k") }.stdout)
+        }
+        #expect(contents[0] == contents[1] && contents[1] == contents[2])
+        let kept = "row15|" + Data("kept".utf8).map { String(format: "%02X", $0) }.joined()
+        #expect(!contents[0].contains("row05") && contents[0].contains(kept), "\(contents[0])")
+    }
 }
