@@ -74,11 +74,17 @@ extension Store {
         guard !sites.isEmpty else { return [] }
         let recorded = try suspensions().filter { $0.by == siteID }
         let own = try ownSuspensions()
-        let due = sites.sorted().compactMap { site -> (SiteID, VersionVector)? in
+        try refreshSites()
+        var due: [(SiteID, VersionVector)] = []
+        for site in sites.sorted() {
             var merged = own[site] ?? VersionVector()
             merged.merge(cut)
-            let row = recorded.first { $0.site == site }?.cut ?? VersionVector()
-            return row.dominatesOrEquals(merged) ? nil : (site, merged)
+            if let row = recorded.first(where: { $0.site == site })?.cut,
+                try !movesBeyondInternalWrites(from: row, to: merged)
+            {
+                continue
+            }
+            due.append((site, merged))
         }
         guard !due.isEmpty else { return [] }
         try writingOwnChanges { () throws(ShoalError) in
@@ -96,6 +102,26 @@ extension Store {
             }
         }
         return due.map(\.0)
+    }
+
+    /// Whether `to` holds, beyond `from`, a transaction that wrote a table other than Shoal's own replicated ones
+    /// (``internalReplicatedTables``). A cut that moved only by such writes (suspension notices and members' reports,
+    /// this one's and other collectors') collected no delete more: recording it again would write another notice,
+    /// which moves the next cut, at every pass of every collector.
+    func movesBeyondInternalWrites(from: VersionVector, to: VersionVector) throws(ShoalError) -> Bool {
+        let internalIDs = Self.internalReplicatedTables.compactMap { capture.tableNumbers[$0] }.map { capture.tables[$0].id }
+        let select = try statement(
+            "SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? AND tbl NOT IN ("
+                + (internalIDs.isEmpty ? "NULL" : internalIDs.map(String.init).joined(separator: ", ")) + ") LIMIT 1"
+        )
+        for (site, seq) in to.entries where seq > from[site] {
+            guard let index = sites.existingIndex(of: site) else { return true }
+            try select.bind([.integer(Int64(index)), .integer(Int64(from[site])), .integer(Int64(seq))])
+            let found = try select.step()
+            select.reset()
+            if found { return true }
+        }
+        return false
     }
 
     /// Runs `body` in a write transaction of its own, whose captured statements are changes of this node.
