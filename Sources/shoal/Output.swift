@@ -349,6 +349,7 @@ enum Output {
                 switch member.source {
                 case "local": "this node"
                 case "direct": "from itself, \(age) s ago"
+                case "report": "its report row, \(age) s ago"
                 default:
                     "passed on by \(member.via.map { names[$0] ?? String($0.prefix(8)) } ?? "a peer"), \(age) s ago"
                 }
