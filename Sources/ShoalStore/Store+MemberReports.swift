@@ -10,11 +10,20 @@ public struct MemberReport: Sendable, Hashable {
     public var versionVector: VersionVector
     /// When it wrote it, by its own wall clock (Unix milliseconds).
     public var reportedAtMs: UInt64
+    /// The site whose write the row's vector is (the member itself, unless someone else wrote its row).
+    public var writtenBy: SiteID?
 
     /// A report of `site` (named `name`) holding `versionVector` at `reportedAtMs`.
-    public init(site: SiteID, name: String? = nil, versionVector: VersionVector, reportedAtMs: UInt64) {
+    public init(
+        site: SiteID,
+        name: String? = nil,
+        versionVector: VersionVector,
+        reportedAtMs: UInt64,
+        writtenBy: SiteID? = nil
+    ) {
         self.site = site
         self.name = name
+        self.writtenBy = writtenBy
         self.versionVector = versionVector
         self.reportedAtMs = reportedAtMs
     }
@@ -69,18 +78,32 @@ extension Store {
         }
     }
 
-    /// Every member's last report this database holds.
+    /// Every member's last report this database holds, with who wrote each (from the row's metadata).
     public func memberReports() throws(ShoalError) -> [MemberReport] {
         try refreshSchema()
-        guard capture.tableNumbers[Self.memberReportsTable] != nil else { return [] }
+        guard let number = capture.tableNumbers[Self.memberReportsTable] else { return [] }
+        let table = capture.tables[number]
+        let vectorCell = table.columns.firstIndex(of: "vector")
         let select = "SELECT site, name, vector, at FROM \(Self.memberReportsTable)"
-        return try connection.rows(select).compactMap { row in
+        var reports: [MemberReport] = []
+        for row in try connection.rows(select) {
             guard case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes), case .text(let text) = row[2],
                 case .integer(let at) = row[3]
-            else { return nil }
+            else { continue }
             let name: String? = if case .text(let name) = row[1] { name } else { nil }
-            let vector = Self.vector(fromText: text)
-            return MemberReport(site: site, name: name, versionVector: vector, reportedAtMs: UInt64(max(0, at)))
+            var writer: SiteID?
+            if let vectorCell, let state = try loadState(table: table, key: [row[0]]),
+                case .value(let stamp, _) = state.cells[vectorCell]
+            {
+                writer = stamp.site
+            }
+            reports.append(
+                MemberReport(
+                    site: site, name: name, versionVector: Self.vector(fromText: text),
+                    reportedAtMs: UInt64(max(0, at)), writtenBy: writer
+                )
+            )
         }
+        return reports
     }
 }

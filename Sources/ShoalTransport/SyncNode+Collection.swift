@@ -50,6 +50,10 @@ extension SyncNode {
         let current = memberSites.union([siteID])
         for site in members.entries.keys where !current.contains(site) { members.forget(site) }
         collectionMembers = current
+        // Members' report rows the database already holds count from now on (see ``foldMemberReports()``).
+        if configuration.collectionIntervalMilliseconds > 0, configuration.memberReportIntervalMilliseconds > 0 {
+            Task { await self.foldMemberReports() }
+        }
     }
 
     /// Where collection stands.

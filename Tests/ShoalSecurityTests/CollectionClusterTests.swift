@@ -285,11 +285,17 @@ import Testing
             return await node.node.collectionStatus().suspended.map(\.siteID) == [other]
         }
         let (siteA, siteB) = (a.node.siteID, b.node.siteID)
+        /// Whether `node` has heard from `other` (a member never heard from is never silent).
+        func heard(_ node: SecuredNode, _ other: SiteID) async throws -> Bool {
+            try await waitUntil(within: 30) { await node.node.memberStatuses().contains { $0.siteID == other } }
+        }
+        #expect(try await heard(a, siteB))
         await b.stop()
         let aSuspendsB = try await suspends(a, siteB)
         b = try await startSecured(paths[1], peers: [a.port], configure: horizon)
         try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k2', 2)")
         #expect(try await holds(b, key: "k2"))
+        #expect(try await heard(b, siteA))
         await a.stop()
         let bSuspendsA = try await suspends(b, siteA)
         #expect(aSuspendsB == (siteA < siteB) && bSuspendsA == (siteB < siteA))

@@ -420,6 +420,25 @@ import Testing
         #expect(try sameContents(files[0], files[1]) && sameContents(files[0], files[2]))
     }
 
+    /// A member's report row says who wrote it: the member itself, or (an app writing the table on another node's
+    /// file) that node, whose word a node does not take for the member's.
+    @Test func aMemberReportSaysWhoWroteIt() throws {
+        let directory = try temporaryDirectory("member-reports")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.writeMemberReport(site: a.siteID, name: "a", holds: try a.versionVector(), atMs: 1_000)
+        try sync(a, b)
+        #expect(try b.memberReports().map(\.writtenBy) == [a.siteID])
+        // b's app forges a's row, claiming more than a holds: captured as b's write.
+        try RawConnection(path: directory.appendingPathComponent("b.db").path)
+            .exec("UPDATE shoal_member_reports SET vector = '\(a.siteID.hex):999', at = 2000")
+        try b.captureForeignWrites()
+        let forged = try b.memberReports()
+        #expect(forged.map(\.site) == [a.siteID] && forged.map(\.writtenBy) == [b.siteID])
+        #expect(forged.first?.versionVector[a.siteID] == 999)
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")
