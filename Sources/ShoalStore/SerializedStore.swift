@@ -47,10 +47,12 @@ public actor SerializedStore {
     }
 
     /// A write of Shoal's own tables by this node: counted, and announced like the app's.
-    private func wroteLocally() {
+    /// Publishes a write of the store's own; with `tablesKnown`, with the tables it wrote (otherwise observers look
+    /// again whatever it was).
+    private func wroteLocally(tablesKnown: Bool = false) {
         markChanged()
         _ = try? versionVector()
-        publish(.local)
+        publish(.local, tablesKnown: tablesKnown)
     }
 
     private func markChanged() {
@@ -306,9 +308,7 @@ public actor SerializedStore {
     ) throws(ShoalError) {
         try store.writeMemberReport(site: site, name: name, holds: vector, atMs: atMs)
         // Which table it wrote is known: a node's report watcher tells its own reports from other commits by it.
-        markChanged()
-        _ = try? versionVector()
-        publish(.local, tablesKnown: true)
+        wroteLocally(tablesKnown: true)
     }
 
     /// See ``Store/memberReports()``.

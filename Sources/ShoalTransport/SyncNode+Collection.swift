@@ -51,9 +51,18 @@ extension SyncNode {
         for site in members.entries.keys where !current.contains(site) { members.forget(site) }
         collectionMembers = current
         // Members' report rows the database already holds count from now on (see ``foldMemberReports()``).
-        if configuration.collectionIntervalMilliseconds > 0, configuration.memberReportIntervalMilliseconds > 0 {
+        if writesMemberReports {
             Task { await self.foldMemberReports() }
         }
+    }
+
+    /// Whether deletes are collected here with the members known (a roster, collection on): suspensions exist only
+    /// then.
+    var collectsAmongMembers: Bool { collectionMembers != nil && configuration.collectionIntervalMilliseconds > 0 }
+
+    /// Whether this node writes and reads members' report rows (``reportHoldingsAsRows()``).
+    var writesMemberReports: Bool {
+        configuration.collectionIntervalMilliseconds > 0 && configuration.memberReportIntervalMilliseconds > 0
     }
 
     /// Where collection stands.

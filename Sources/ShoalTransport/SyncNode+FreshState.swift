@@ -44,7 +44,7 @@ extension SyncNode {
         for await offered in freshStateSources {
             guard !Task.isCancelled else { return }
             let held = worker.latestVersionVector.withLock { $0 }
-            if collectionMembers != nil, configuration.collectionIntervalMilliseconds > 0, held != lookedAt {
+            if collectsAmongMembers, held != lookedAt {
                 if lookedAt == nil {
                     lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
                 }
@@ -190,7 +190,7 @@ extension SyncNode {
     /// ``refreshSuspensions()`` where deletes are collected (a roster, collection on): the relay link calls it once it
     /// pulled everything the relay held, before it uploads.
     package func lookAtSuspensions() async {
-        guard collectionMembers != nil, configuration.collectionIntervalMilliseconds > 0 else { return }
+        guard collectsAmongMembers else { return }
         await refreshSuspensions()
     }
 

@@ -25,7 +25,7 @@ extension SyncNode {
         while !Task.isCancelled {
             try await Task.sleep(for: .milliseconds(configuration.memberReportIntervalMilliseconds))
             let stale = refresh > 0 && relayLinked && clock.monotonicMilliseconds() &- lastWritten >= refresh
-            guard memberReportDue || stale, collectionMembers != nil else { continue }
+            guard memberReportDue || stale, collectsAmongMembers else { continue }
             memberReportDue = false
             lastWritten = clock.monotonicMilliseconds()
             do {

@@ -305,7 +305,7 @@ public actor SyncNode: Service {
             }
             group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }
-            if configuration.collectionIntervalMilliseconds > 0, configuration.memberReportIntervalMilliseconds > 0 {
+            if writesMemberReports {
                 group.addTask { try await self.reportHoldingsAsRows() }
             }
             group.addTask { await self.followPeerSources() }

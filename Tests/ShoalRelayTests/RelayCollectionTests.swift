@@ -6,17 +6,28 @@ import Testing
 /// Tombstones collected in a cluster where a member reaches the others only through the relay: every part a real
 /// process (`shoal relay serve`, `shoal serve`).
 @Suite(.serialized) struct RelayCollectionTests {
+    /// a and b a LAN (b dials a and has no relay link), c only through the relay; every node served with `extra`.
+    private static func lanOfTwoAndARelayedMember(_ name: String, extra: [String]) async throws -> RelayWorld {
+        let world = try await RelayWorld(name, nodes: ["a", "b", "c"])
+        do {
+            try await world.serve("a", extra: extra)
+            try await world.serve("b", relay: false, peers: ["a"], extra: extra)
+            try await world.serve("c", extra: extra)
+        } catch {
+            world.tearDown()
+            throw error
+        }
+        return world
+    }
+
     /// a and b are a LAN (b dials a, and has no relay link); c reaches them only through the relay, and a is the only
     /// LAN node with a relay link. Each member writes what it holds as a replicated row after commits, so c learns
     /// what a and b hold (b's row crosses the LAN to a, then the relay), and they learn what c holds: every node
     /// collects the deletes, and none collects before c holds them.
     @Test func aMemberReachedOnlyThroughTheRelayReportsWhatItHoldsAndDeletesAreCollectedEverywhere() async throws {
-        let world = try await RelayWorld("relay-collect", nodes: ["a", "b", "c"])
-        defer { world.tearDown() }
         let fast = ["--round-interval", "200"]
-        try await world.serve("a", extra: fast)
-        try await world.serve("b", relay: false, peers: ["a"], extra: fast)
-        try await world.serve("c", extra: fast)
+        let world = try await Self.lanOfTwoAndARelayedMember("relay-collect", extra: fast)
+        defer { world.tearDown() }
         try await world.write(
             "a",
             """
@@ -78,12 +89,9 @@ import Testing
     /// from the relay, which still holds a's upload of it: c's write to that row is beaten by it, as any concurrent
     /// write would be.) Given a LAN peer, c takes its fresh state, and its write to the row that stays reaches everyone.
     @Test func aMemberBackThroughTheRelayPastTheHorizonBringsNoCollectedRowBack() async throws {
-        let world = try await RelayWorld("relay-horizon", nodes: ["a", "b", "c"])
-        defer { world.tearDown() }
         let fast = ["--round-interval", "200", "--gc-horizon-unchecked-ms", "1500"]
-        try await world.serve("a", extra: fast)
-        try await world.serve("b", relay: false, peers: ["a"], extra: fast)
-        try await world.serve("c", extra: fast)
+        let world = try await Self.lanOfTwoAndARelayedMember("relay-horizon", extra: fast)
+        defer { world.tearDown() }
         try await world.write(
             "a",
             """
