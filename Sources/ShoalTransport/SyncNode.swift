@@ -270,6 +270,12 @@ public actor SyncNode: Service {
             setup: channelSetup
         )
         _ = try? await worker.versionVector()
+        if configuration.collectionIntervalMilliseconds > 0 {
+            // Before any link starts: a member this node (or another) suspended for collection is not pulled from,
+            // from the first round on (a node restarted while it collects without one must not take its writes).
+            lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
+            await refreshSuspensions()
+        }
         listeningPort = listener.port
         if let listeningPort { eventSink.yield(.listening(port: listeningPort)) }
         configuration.logger.info(
