@@ -157,7 +157,7 @@ extension Store {
         }
     }
 
-    private func storedTableDigests() throws(ShoalError) -> [Int64: StateDigest] {
+    func storedTableDigests() throws(ShoalError) -> [Int64: StateDigest] {
         var stored: [Int64: StateDigest] = [:]
         let select = try statement("SELECT tbl, sum, rows FROM shoal_digest")
         defer { select.reset() }
@@ -169,7 +169,7 @@ extension Store {
         return stored
     }
 
-    private func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
+    func digestNeedsSettling(_ stored: [Int64: StateDigest]) throws(ShoalError) -> Bool {
         if capture.tables.contains(where: { stored[$0.id] == nil }) { return true }
         let watermark =
             try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'digest_local_seq'")
@@ -191,7 +191,7 @@ extension Store {
 
     /// Folds the pending rows into the stored sums (in the open transaction): all of them, or with a `budget`,
     /// whole log entries until about that many rows were folded. Returns the sums, and whether nothing is left.
-    private func settleDigest(budget: Int?) throws(ShoalError) -> (stored: [Int64: StateDigest], settled: Bool) {
+    func settleDigest(budget: Int?) throws(ShoalError) -> (stored: [Int64: StateDigest], settled: Bool) {
         var stored = try storedTableDigests()
         var changed = Set<Int64>()
         var folded = 0

@@ -71,7 +71,53 @@ extension Store {
     /// a file edited by a tool that does not run triggers, an older Shoal applying with the app's triggers on);
     /// their digest differs from any file without them, so peers see the difference.
     public func verify(limit: Int = 1_000) throws(ShoalError) -> ConsistencyReport {
-        let maintained = try digest()
+        guard connection.isAutocommit, !capture.hasUncommittedWork else {
+            throw ShoalError(code: .invalidArgument, message: "verify outside of any open transaction")
+        }
+        // One snapshot in which every change is folded into the digest: a running node (or the app) commits between
+        // the fold and the scan otherwise, and a row it changed would look changed without being captured. A few
+        // tries on a snapshot taken after each fold; then the fold and the scan under the write lock.
+        var attempt = 0
+        while true {
+            attempt += 1
+            let underLock = attempt == 4
+            _ = try digest()
+            if underLock { try beginWriting() } else { try connection.exec("BEGIN") }
+            do throws(ShoalError) {
+                try refreshSchema()
+                try refreshSites()
+                let unfolded = try digestNeedsSettling(try storedTableDigests())
+                let uncaptured = try outboxHoldsRows()
+                if unfolded || uncaptured {
+                    guard underLock else {
+                        try connection.exec("COMMIT")
+                        continue
+                    }
+                    try stampForeignWrites()
+                    _ = try settleDigest(budget: nil)
+                }
+                let report = try verifyInSnapshot(limit: limit)
+                try connection.exec("COMMIT")
+                return report
+            } catch {
+                abandonWrite()
+                throw error
+            }
+        }
+    }
+
+    /// Whether any table's outbox holds foreign writes not yet captured (read in the open transaction).
+    private func outboxHoldsRows() throws(ShoalError) -> Bool {
+        for table in capture.tables
+        where try connection.scalar("SELECT 1 FROM \(Self.outboxTable(table.id)) LIMIT 1") != .null {
+            return true
+        }
+        return false
+    }
+
+    /// ``verify(limit:)`` in the open transaction, on a digest with nothing left to fold.
+    private func verifyInSnapshot(limit: Int) throws(ShoalError) -> ConsistencyReport {
+        let maintained = try digestAsFolded()
         let scanned = try fullScanDigest()
         var mismatches: [RowMismatch] = []
         var count = 0
