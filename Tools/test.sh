@@ -33,6 +33,9 @@ step "live demo" "$root/.build/debug/shoal" demo --nodes 3 --writes 50
 output=${SHOAL_TEST_OUTPUT:-$root/.build/test-output}
 step "dashboard in a browser" python3 "$root/Tools/dashboard-test.py" "$root/.build/debug/shoal" "$output"
 step "chaos" "$root/.build/debug/shoal-chaos" --nodes 4 --seconds 6
+# Deletes collected with a horizon: one node is cut off for three horizons while the others collect without it; back,
+# it takes a fresh state, and nothing collected comes back.
+step "chaos past the gc horizon" "$root/.build/debug/shoal-chaos" --horizon-ms 1500 --nodes 4 --seconds 6
 # The relay path: the nodes never meet; the relay is killed (-9) at random, loses its storage, is restored from an
 # older copy (across a key rotation), and tampers with pull answers; a member is removed during the run.
 step "chaos through a hostile relay" "$root/.build/debug/shoal-chaos" --relay-hostile --nodes 4 --seconds 6
