@@ -294,6 +294,11 @@ public actor SerializedStore {
         return written
     }
 
+    /// See ``Store/movesBeyondInternalWrites(from:to:)``.
+    package func movesBeyondInternalWrites(from: VersionVector, to: VersionVector) throws(ShoalError) -> Bool {
+        try store.movesBeyondInternalWrites(from: from, to: to)
+    }
+
     /// See ``Store/suspensions()``, with this node's own record (``Store/ownSuspensions()``).
     package func suspensions() throws(ShoalError) -> (rows: [Suspension], own: [SiteID: VersionVector]) {
         (try store.suspensions(), try store.ownSuspensions())

@@ -86,7 +86,7 @@ extension SyncNode {
             cut: members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held),
             collected: collection.collected,
             lastCollectedAtMs: collection.lastCollectedAtMs,
-            waitingFor: waitingMembers(held: held).filter { !silent.contains($0) }.map(described),
+            waitingFor: await membersHoldingBack(held: held).filter { !silent.contains($0) }.map(described),
             suspended: silent.sorted().map(described)
         )
     }
@@ -123,6 +123,18 @@ extension SyncNode {
             let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
             return !(usable?.dominatesOrEquals(held) ?? false)
         }
+    }
+
+    /// ``waitingMembers(held:)`` less those that lack only Shoal's own rows (members' reports, suspension notices):
+    /// a member's report never covers the report this node wrote after it, and those rows hold no delete back.
+    func membersHoldingBack(held: VersionVector) async -> [SiteID] {
+        var holding: [SiteID] = []
+        for site in waitingMembers(held: held) {
+            let usable = members.reports.history[site]?.last { held.dominatesOrEquals($0) }
+            if let usable, (try? await worker.movesBeyondInternalWrites(from: usable, to: held)) == false { continue }
+            holding.append(site)
+        }
+        return holding
     }
 
     /// Looks whether the members' reports moved the cut whenever a member is known to hold more, and every interval

@@ -62,6 +62,16 @@ import Testing
         }
         let states = ["a": try await collection("a"), "b": try await collection("b"), "c": try await collection("c")]
         #expect(collected, "\(states)")
+        // With nothing left to collect, nobody is said to hold collection back: a member's report never covers the
+        // report rows written after it, and those hold no delete back (it once listed every member for ever).
+        let nobodyWaits = try await waitUntil(within: 30) {
+            for name in ["a", "b", "c"] where !(try await collection(name)["waiting_for"] as? [Any] ?? [0]).isEmpty {
+                return false
+            }
+            return true
+        }
+        let stillWaiting = try await collection("a")["waiting_for"] ?? []
+        #expect(nobodyWaits, "\(stillWaiting)")
         // c knows a and b by their report rows (it never meets them), and a knows c by its own.
         func members(_ name: String) async throws -> [String: String] {
             let list = try await world.status(name)["members"] as? [[String: Any]] ?? []
