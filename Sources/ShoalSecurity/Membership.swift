@@ -32,6 +32,9 @@ public enum Membership {
             }
             let identity = NodeIdentity.generate()
             keyFile = KeyFile(identity: identity, cluster: .founded(by: identity.nodeID))
+            // A member's file with a new key is another node (a copy, or a file whose key was lost): it joins under a
+            // site of its own, never the one the roster binds to the key it had.
+            if belongs { try store.markNewNodeKey() }
             try keyFile.save(forDatabase: databasePath)
         }
         return keyFile

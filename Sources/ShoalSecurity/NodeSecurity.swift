@@ -245,6 +245,19 @@ public final class NodeSecurity: PeerAuthorizer {
         guard case .join(.request(let request))? = try? await messages.next() else {
             return .refused(.other, "expected a join request", counted: false)
         }
+        // A site is one member's: a device whose file is a copy of a member's still names that member's site, and two
+        // members under one site would count as one for collection, and the removal of either would fence the other.
+        if let holder = trust.roster.members.values.first(where: {
+            $0.siteID == request.siteID && $0.nodeID != joiner.nodeID && trust.roster.removed[$0.nodeID] == nil
+        }) {
+            let name = holder.name.isEmpty ? holder.nodeID.short : holder.name.printable()
+            return .refused(
+                .other,
+                "site \(request.siteID.hex.prefix(8)) is member \(name)'s: this database is a copy of that member's "
+                    + "file. Give it a site of its own with `shoal init --new-key` (it keeps its rows), then join",
+                counted: false
+            )
+        }
         let ip = address.split(separator: ":").dropLast().joined(separator: ":")
         let gate: Membership.JoinGate
         do {

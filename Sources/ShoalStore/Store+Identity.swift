@@ -24,6 +24,9 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
         case copied
         /// The file was copied from another machine: it is another node, which needs a membership of its own.
         case copiedFromAnotherMachine = "copied-from-another-machine"
+        /// The file was given a new node key (`shoal init --new-key`): it is another node than the one whose key it
+        /// had (a copy of a member's file, or a file whose key was lost), which joins under a site of its own.
+        case newNodeKey = "new-node-key"
         /// The file wrote transactions under numbers a peer holds with other content: restored from an older copy
         /// whose record of what it had sent was lost, and written to since (seen by a peer's request).
         case forked
@@ -57,6 +60,9 @@ public struct IdentityChange: Sendable, Hashable, CustomStringConvertible {
             return "this database was copied from another machine: \(sites). It is another node than the original: "
                 + "give it a key and a membership of its own (remove its .shoal-key file, then run shoal invite on a "
                 + "member and shoal join here) before it syncs"
+        case .newNodeKey:
+            return "this database was given a new node key: \(sites). It is another node than the one whose key it "
+                + "had, with a site of its own: run shoal invite on a member and shoal join here; nothing is lost"
         }
     }
 
@@ -133,6 +139,7 @@ extension Store {
             let storedMachine = try meta("file_machine")
             let storedInode = try meta("file_inode").integerValue
             let recorded = storedInode == inode && (machine == nil || storedMachine == .text(machine!))
+            if try meta(newNodeKeyKey) != .null { return (ownSeq, .newNodeKey, false) }
             if case .text(let stored) = storedMachine, let machine, stored != machine {
                 return (ownSeq, .copiedFromAnotherMachine, recorded)
             }
@@ -185,7 +192,8 @@ extension Store {
                 try setMeta("site_id", .blob(fresh.bytes))
                 try setMeta("own_site_index", .integer(freshIndex))
                 // Peers know this node by the site its membership names; a copy on another machine is another node.
-                if reason == .copiedFromAnotherMachine { identity = fresh }
+                if reason == .copiedFromAnotherMachine || reason == .newNodeKey { identity = fresh }
+                try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(newNodeKeyKey)])
                 try setMeta("identity_site", .blob(identity.bytes))
                 try setMeta("identity_change", .text(made.encoded))
                 // It may hold rows its peers deleted and collected since: see
@@ -230,6 +238,18 @@ extension Store {
     /// The `shoal_meta` key naming the old site whose transactions past a number are to be issued again under the
     /// fresh site, and that number: `"INDEX SEQ"`.
     static let reissueKey = "reissue_after"
+    /// The `shoal_meta` key that marks a database given a new node key: it moves to a site of its own at its next
+    /// open (``IdentityChange/Reason/newNodeKey``).
+    static let newNodeKeyKey = "new_node_key"
+
+    /// Marks this database as given a new node key: at its next open it writes under a fresh site, which peers know it
+    /// by (a new membership binds it), and what it wrote before stays the old site's (see ``identityChange()``).
+    public func markNewNodeKey() throws(ShoalError) {
+        try connection.rows(
+            "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
+            [.text(Self.newNodeKeyKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
+        )
+    }
 
     /// Issues again, under this database's fresh site, the transactions its old site wrote past what it had sent
     /// (see ``checkIdentity(_:path:site:machine:now:)``): each keeps its clock, its order and its rows' values, and

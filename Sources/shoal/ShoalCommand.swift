@@ -130,7 +130,8 @@ extension ShoalCommand {
                 now: SystemWallClock().nowMilliseconds(),
                 newKey: newKey
             )
-            print(store.siteID.hex)
+            // Opened again: a member's file given a new key moves to a site of its own at its next open.
+            print(try database.open(nodeName: name, creating: true).siteID.hex)
         }
     }
 

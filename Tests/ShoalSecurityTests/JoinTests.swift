@@ -172,6 +172,60 @@ import Testing
         #expect(try shoal("trust", "add", nodeB.description, "--db", a).stderr.contains("removed from the roster"))
         #expect(try shoal("trust", "remove", nodeA.description, "--db", a).status != 0)
     }
+
+    /// A copy of a member's file set up as a new device the way `serve` advises (`init --new-key`, then `join`) writes
+    /// under a site of its own: it once kept the member's, and the roster bound one site to two members, who then
+    /// counted as one for collection (a delete was collected while the original lacked it) and whose removal fenced
+    /// both. A member also refuses to admit a device under a site another member holds.
+    @Test func aCopyOfAMembersFileJoinsUnderASiteOfItsOwn() async throws {
+        let directory = try temporaryDirectory("join-copy")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = ["a", "b", "c"].map { directory.appendingPathComponent("\($0).db").path }
+        let (a, b, c) = (paths[0], paths[1], paths[2])
+        #expect(try shoal("init", "--db", a, "--name", "alpha").status == 0)
+        #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
+        let node = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", a, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        defer { node.stop() }
+        let listening = try #require(await node.line(within: 30) { $0.hasPrefix("listening on") })
+        let address = String(listening.dropFirst("listening on ".count))
+        func invite() throws -> String {
+            try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
+        }
+        #expect(try shoal("join", try invite(), "--db", b, "--peer", address).status == 0)
+        let siteB = try Store(path: b).identitySiteID
+        try FileManager.default.copyItem(atPath: b, toPath: c)
+        // Without a key of its own the copy is refused at once; with one, it moves to a site of its own.
+        let refused = try shoal("serve", "--db", c, "--no-mdns", "--listen", "127.0.0.1:0")
+        #expect(refused.status != 0 && refused.stderr.contains("--new-key"), "\(refused.stderr)")
+        let initialised = try shoal("init", "--db", c, "--new-key", "--name", "gamma")
+        #expect(initialised.status == 0, "\(initialised.stderr)")
+        let printed: String? = initialised.stdout.split(separator: "\n").last.map(String.init)
+        let copy = try Store(path: c)
+        let (site, identity): (SiteID, SiteID) = (copy.siteID, copy.identitySiteID)
+        #expect(printed == site.hex)
+        #expect(identity == site && site != siteB)
+        #expect(try copy.identityChange()?.reason == .newNodeKey)
+        let joined = try shoal("join", try invite(), "--db", c, "--peer", address)
+        #expect(joined.status == 0, "\(joined.stderr)")
+        let records: [RosterRecord] = try Store(path: a).rosterRecords().compactMap { try? RosterRecord(decoding: $0) }
+        let cluster = try KeyFile.load(forDatabase: a).cluster.id
+        let sites: [SiteID] = Roster(records: records, clusterID: cluster).members.values.compactMap(\.siteID)
+        #expect(sites.count == 3 && Set(sites).count == 3, "\(sites)")
+        // A device that names a member's site (a copy joined by a build without the move) is refused in words.
+        let stranger = NodeIdentity.generate()
+        await #expect(throws: ShoalError.self) {
+            _ = try await JoinClient.exchange(
+                code: try InviteCode(parsing: try invite()),
+                identity: stranger,
+                name: "copy",
+                siteID: siteB,
+                address: try #require(PeerAddress(parsing: address))
+            )
+        }
+    }
 }
 
 /// The command line's view of strangers and of discovery.
