@@ -66,12 +66,23 @@ extension Store {
         try refreshSites()
         var stored = try storedTableDigests()
         if try digestNeedsSettling(stored) {
-            try inWriteTransaction { () throws(ShoalError) in stored = try settleDigest(budget: nil).stored }
+            if connection.isAutocommit {
+                // A slice at a time, each in a short write transaction of its own: after a catch-up of a million rows
+                // a whole fold took the write lock for seconds, and the app's writes (and the node's) waited.
+                while try !settleDigest(maxRows: Self.digestFoldSliceRows) {}
+                stored = try storedTableDigests()
+            } else {
+                try inWriteTransaction { () throws(ShoalError) in stored = try settleDigest(budget: nil).stored }
+            }
         }
         var digest = StateDigest()
         for table in capture.tables { if let part = stored[table.id] { digest.add(part) } }
         return digest
     }
+
+    /// How many changed rows ``digest()`` folds in one write transaction (the node's own slices: see
+    /// ``SerializedStore``).
+    static let digestFoldSliceRows = 2_000
 
     /// The digest as last folded, without folding in what changed since (read-only).
     func digestAsFolded() throws(ShoalError) -> StateDigest {
