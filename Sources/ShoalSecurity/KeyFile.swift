@@ -57,7 +57,9 @@ public struct KeyFile: Sendable {
         guard stat(path, &status) == 0 else {
             throw ShoalError(
                 code: .identity,
-                message: "no node key at \(path): run `shoal init --db \(databasePath)` to make one"
+                message: "no node key at \(path): run `shoal init --db \(databasePath)` to make one (with "
+                    + "`--new-key` if the database belongs to a cluster, a copy of a member's file: it is then another "
+                    + "node, with a site of its own)"
             )
         }
         guard status.st_mode & 0o077 == 0 else {

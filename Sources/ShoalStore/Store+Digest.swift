@@ -1,5 +1,9 @@
 import ShoalCore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Row counts of one replicated table.
 public struct TableStatus: Sendable, Hashable {
     /// The table's name.
@@ -83,6 +87,21 @@ extension Store {
     /// How many changed rows ``digest()`` folds in one write transaction (the node's own slices: see
     /// ``SerializedStore``).
     static let digestFoldSliceRows = 2_000
+
+    /// Folds what changed into the digest a slice at a time, pausing after each slice about as long as it held the
+    /// write lock, so that other writers of the file get it in between: SQLite's busy handler retries at intervals of
+    /// up to 100 ms, and a loop that took the lock again at once kept an app out past its busy timeout (`shoal digest`
+    /// beside a node that had just caught up 200,000 rows). For a process of its own, the command line; a running
+    /// node folds in its own slices, between its other work.
+    public func settleDigestBesideOtherWriters() throws(ShoalError) {
+        while true {
+            let started = ContinuousClock.now
+            if try settleDigest(maxRows: Self.digestFoldSliceRows) { return }
+            let held = (ContinuousClock.now - started).components
+            let microseconds = held.seconds * 1_000_000 + held.attoseconds / 1_000_000_000_000
+            usleep(UInt32(clamping: max(5_000, min(microseconds, 200_000))))
+        }
+    }
 
     /// The digest as last folded, without folding in what changed since (read-only).
     func digestAsFolded() throws(ShoalError) -> StateDigest {
