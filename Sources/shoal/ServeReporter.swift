@@ -14,6 +14,9 @@ final class ServeReporter: Service, Sendable {
     private let plaintextCluster: String?
     private let listenedFlag = Atomic<Bool>(false)
 
+    /// At most one "synced" line per peer this often (seconds): what synced meanwhile is summed into the next one.
+    static let syncedLineInterval: TimeInterval = 5
+
     /// Whether the node said where it listens (a failure before that is a failure to listen).
     var listened: Bool { listenedFlag.load(ordering: .relaxed) }
 
@@ -98,6 +101,10 @@ final class ServeReporter: Service, Sendable {
         let plaintextOption = plaintextCluster.map { " --insecure-plaintext --cluster \($0)" } ?? ""
         let terminal = isatty(STDERR_FILENO) != 0
         var lastProgressLine = Date.distantPast
+        // Per peer: when its last "synced" line was written, and what synced since (an app writing many small
+        // transactions would otherwise write a line per transaction on every peer).
+        var lastSyncedLine: [SiteID: Date] = [:]
+        var syncedSince: [SiteID: (changes: Int, rounds: Int)] = [:]
         for await event in node.events {
             switch event {
             case .catchUpProgress(let peer, let changes, let remaining, let milliseconds):
@@ -121,8 +128,17 @@ final class ServeReporter: Service, Sendable {
             case .peerDisconnected(let site, let reason):
                 log("peer disconnected: \(site.hex.prefix(8)): \(reason)")
             case .roundFinished(let peer, let applied) where applied > 0:
+                var since = syncedSince[peer] ?? (0, 0)
+                since = (since.changes + applied, since.rounds + 1)
+                guard Date().timeIntervalSince(lastSyncedLine[peer] ?? .distantPast) >= Self.syncedLineInterval else {
+                    syncedSince[peer] = since
+                    break
+                }
+                lastSyncedLine[peer] = Date()
+                syncedSince[peer] = nil
                 if terminal { FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8)) }
-                log("synced \(applied) changes from \(peer.hex.prefix(8))")
+                let rounds = since.rounds > 1 ? " in \(since.rounds) rounds" : ""
+                log("synced \(since.changes) changes from \(peer.hex.prefix(8))\(rounds)")
             case .connectionFailed(let peerAddress, let reason):
                 log("connection to \(peerAddress) failed: \(reason)")
             case .inboundConnectionFailed(let peerAddress, let reason):
