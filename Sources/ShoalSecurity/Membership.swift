@@ -18,6 +18,15 @@ public enum Membership {
     ) throws(ShoalError) -> KeyFile {
         let keyFile: KeyFile
         if KeyFile.exists(forDatabase: databasePath) {
+            guard !newKey else {
+                throw ShoalError(
+                    code: .identity,
+                    message: "\(KeyFile.path(forDatabase: databasePath)) exists: --new-key makes a key only for a "
+                        + "database whose key is missing. A copy of a member's file that kept the key is that member "
+                        + "(its peers refuse one of the two): to make the copy another node, remove the copy's key "
+                        + "file, then run shoal init --new-key"
+                )
+            }
             keyFile = try KeyFile.load(forDatabase: databasePath)
         } else {
             let belongs = try store.hasRoster()

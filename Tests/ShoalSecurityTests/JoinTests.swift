@@ -202,6 +202,9 @@ import Testing
         #expect(refused.status != 0 && refused.stderr.contains("--new-key"), "\(refused.stderr)")
         let initialised = try shoal("init", "--db", c, "--new-key", "--name", "gamma")
         #expect(initialised.status == 0, "\(initialised.stderr)")
+        // Asked again, with the key there now, it refuses in words rather than doing nothing.
+        let again = try shoal("init", "--db", c, "--new-key")
+        #expect(again.status != 0 && again.stderr.contains("exists"), "\(again.stderr)")
         let printed: String? = initialised.stdout.split(separator: "\n").last.map(String.init)
         let copy = try Store(path: c)
         let (site, identity): (SiteID, SiteID) = (copy.siteID, copy.identitySiteID)
