@@ -131,6 +131,19 @@ import Testing
         }
     }
 
+    /// `shoal serve` on `path` (loopback, no mDNS), and the address it listens on once it says so.
+    private func serve(_ path: String) async throws -> (RunningProcess, String) {
+        let node = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", path, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
+        )
+        guard let listening = await node.line(within: 30, { $0.hasPrefix("listening on") }) else {
+            node.stop()
+            throw ShoalError(code: .timeout, message: "shoal serve on \(path) did not say where it listens")
+        }
+        return (node, String(listening.dropFirst("listening on ".count)))
+    }
+
     @Test func theCommandLineMakesInvitesAndJoinsAndListsTheRoster() async throws {
         let directory = try temporaryDirectory("join-cli")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -145,13 +158,8 @@ import Testing
         let nodeA = try #require(NodeID(parsing: id.stdout.split(separator: "\n").last.map(String.init) ?? ""))
         #expect(nodeA == (try KeyFile.load(forDatabase: a)).identity.nodeID)
 
-        let node = try RunningProcess(
-            shoalExecutable(),
-            ["serve", "--db", a, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
-        )
+        let (node, address) = try await serve(a)
         defer { node.stop() }
-        let listening = try #require(await node.line(within: 30) { $0.hasPrefix("listening on") })
-        let address = String(listening.dropFirst("listening on ".count))
         // An invite made while the node runs is taken at once.
         let invite = try shoal("invite", "--db", a)
         let code = try #require(invite.stdout.split(separator: "\n").last.map(String.init))
@@ -184,13 +192,8 @@ import Testing
         let (a, b, c) = (paths[0], paths[1], paths[2])
         #expect(try shoal("init", "--db", a, "--name", "alpha").status == 0)
         #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
-        let node = try RunningProcess(
-            shoalExecutable(),
-            ["serve", "--db", a, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"]
-        )
+        let (node, address) = try await serve(a)
         defer { node.stop() }
-        let listening = try #require(await node.line(within: 30) { $0.hasPrefix("listening on") })
-        let address = String(listening.dropFirst("listening on ".count))
         func invite() throws -> String {
             try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
         }
