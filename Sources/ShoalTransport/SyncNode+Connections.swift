@@ -118,6 +118,10 @@ extension SyncNode {
         return inboxes.count
     }
 
+    /// How many duplicate refusals in a row, with no connection to the peer held here, mean that another process is
+    /// connected to it as this node.
+    static let strayDuplicateLimit = 3
+
     /// What every connection's driver runs with.
     private var driverSettings: ConnectionDriver.Settings {
         ConnectionDriver.Settings(
@@ -149,6 +153,18 @@ extension SyncNode {
             failure = "the peer refused: \(refusal.message.printable(limit: 300))"
         } else if let error, error.code != .rejected {
             failure = error.message
+        }
+        // Refused as a duplicate while this node holds no connection to the peer: once is two nodes dialling each
+        // other at once; again and again, the peer is connected to another process as this node (a copy of this
+        // database that kept its key file runs elsewhere), and this node syncs with it no more.
+        if refusal?.reason == .duplicateConnection, !registry.isConnected(peer) {
+            strayDuplicateRefusals[peer, default: 0] += 1
+            if strayDuplicateRefusals[peer, default: 0] >= Self.strayDuplicateLimit {
+                failure =
+                    "the peer keeps a connection from another process as this node (the same key): a copy of this "
+                    + "database that kept its key file runs elsewhere? Stop one of the two; to make the copy another "
+                    + "node, remove its key file, then run shoal init --new-key and shoal join"
+            }
         }
         guard let failure else {
             eventSink.yield(.peerDisconnected(peer, reason: error?.message ?? "closed"))
@@ -208,6 +224,7 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
+        strayDuplicateRefusals[peer] = nil
         if let address = toRemember.removeValue(forKey: peer) { remember(peer, at: address) }
         if directory.roundFinished(peer, milliseconds: milliseconds, now: configuration.clock.nowMilliseconds()) {
             failures.clear(peer.hex)

@@ -232,6 +232,38 @@ import Testing
             )
         }
     }
+
+    /// A copy of a member's file that kept its key file, served beside the member, is the same node to its peers: they
+    /// keep one connection from it and refuse the other as a duplicate, for ever. The refused one now says why, in
+    /// its log and its status, instead of reconnecting in silence.
+    @Test func aCopyThatKeptItsKeyIsToldAnotherProcessRunsAsThisNode() async throws {
+        let directory = try temporaryDirectory("join-copy-key")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = ["a", "b", "b2"].map { directory.appendingPathComponent("\($0).db").path }
+        let (a, b, copy) = (paths[0], paths[1], paths[2])
+        #expect(try shoal("init", "--db", a, "--name", "alpha").status == 0)
+        #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
+        let (node, address) = try await serve(a)
+        defer { node.stop() }
+        let code = try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
+        #expect(try shoal("join", code, "--db", b, "--peer", address).status == 0)
+        try FileManager.default.copyItem(atPath: b, toPath: copy)
+        try FileManager.default.copyItem(atPath: KeyFile.path(forDatabase: b), toPath: KeyFile.path(forDatabase: copy))
+        let original = try RunningProcess(
+            shoalExecutable(), ["serve", "--db", b, "--no-mdns", "--no-remembered", "--peer", address]
+        )
+        defer { original.stop() }
+        #expect(await original.line(within: 30) { $0.contains("peer connected") } != nil, "\(original.output)")
+        let twin = try RunningProcess(
+            shoalExecutable(),
+            ["serve", "--db", copy, "--no-mdns", "--no-remembered", "--peer", address, "--round-interval", "200"]
+        )
+        defer { twin.stop() }
+        let told = await twin.line(within: 60) { $0.contains("another process as this node") }
+        #expect(told != nil, "\(twin.output)")
+        // The original syncs on, and is not told so.
+        #expect(!original.output.contains("another process as this node"), "\(original.output)")
+    }
 }
 
 /// The command line's view of strangers and of discovery.
