@@ -81,6 +81,13 @@ struct MemberDirectory: Sendable {
         return false
     }
 
+    /// Records that `site` was heard from directly at `milliseconds` without a new report: its link was up until then
+    /// (an idle link carries no reports, and a member whose link just closed is not silent since its last one).
+    mutating func heardDirectly(_ site: SiteID, at milliseconds: UInt64) {
+        guard let last = heardFrom[site], milliseconds > last.reportedAtMs else { return }
+        heardFrom[site] = (milliseconds, .direct)
+    }
+
     /// Forgets `site` (a member removed from the roster).
     mutating func forget(_ site: SiteID) {
         guard heardFrom.removeValue(forKey: site) != nil else { return }

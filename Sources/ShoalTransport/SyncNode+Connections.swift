@@ -139,6 +139,9 @@ extension SyncNode {
         guard let peer = entry.peer else { return }
         if !registry.isConnected(peer) {
             directory.disconnected(peer)
+            // Heard from until now: a member idle on a live link sends no reports, and its silence (for the
+            // collection horizon) starts when the link goes down, not at its last report.
+            members.heardDirectly(peer, at: configuration.clock.nowMilliseconds())
             for watcher in disconnectionWatchers.values { watcher.yield(peer) }
         }
         // Errors while this node stops (a send cut short, …) say nothing about the peer.

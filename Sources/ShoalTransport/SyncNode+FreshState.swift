@@ -23,6 +23,10 @@ extension SyncNode {
     /// Where to look at `peer` for the fresh state, if it can give it: this node holds all it holds, and it holds
     /// the floor.
     private func freshStateAddress(_ peer: SiteID, peerVector: VersionVector, local: VersionVector) -> PeerAddress? {
+        // Not a member suspended itself (and not yet back): holding every cut, it may still hold alive what was
+        // collected without it. Two members back at once took their fresh states from each other, and collected rows
+        // came back.
+        guard mayPull(from: peer) else { return nil }
         guard local.dominatesOrEquals(peerVector), peerVector.dominatesOrEquals(freshStateFloor) else { return nil }
         return directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
     }

@@ -264,6 +264,93 @@ import Testing
         )
     }
 
+    /// Two members away past the horizon come back at once. Each pulls from the collectors, learns it was collected
+    /// without, and awaits a fresh state; the other returning member then holds every cut too, but still holds alive
+    /// what was collected meanwhile: it is no source. One once took its fresh state from the other, and deleted rows
+    /// came back for good on both (a helper's try; 3 runs of 3). Rows compared outside Shoal.
+    @Test func twoMembersBackAtOnceTakeTheirFreshStatesFromTheCollectorsNotEachOther() async throws {
+        let directory = try temporaryDirectory("collect-two-back")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let horizon = { (configuration: inout NodeConfiguration) in
+            fast(&configuration)
+            configuration.collectionHorizonMilliseconds = 1_500
+        }
+        // Of four, the lowest member and one more collect (they hear exactly half, the lowest among them).
+        let paths = try makeCluster(["a", "b", "c", "d"], in: directory).sorted {
+            try! Store(path: $0).identitySiteID < Store(path: $1).identitySiteID
+        }
+        let first = try await startSecured(paths[0], configure: horizon)
+        let second = try await startSecured(paths[1], peers: [first.port], configure: horizon)
+        var away = [
+            try await startSecured(paths[2], peers: [first.port, second.port], configure: horizon),
+            try await startSecured(paths[3], peers: [first.port, second.port], configure: horizon),
+        ]
+        for index in 0..<20 { try await first.node.execute("INSERT INTO kv(k, v) VALUES ('k\(index)', \(index))") }
+        for node in away { #expect(try await holds(node, key: "k19")) }
+        let awaySites = Set(away.map(\.node.siteID))
+        for node in away { await node.stop() }
+        try await first.node.execute("DELETE FROM kv WHERE k IN ('k11', 'k12', 'k13')")
+        #expect(try sqlite3Shell(paths[2], "UPDATE kv SET v = 'away c' WHERE k IN ('k11', 'k14')").status == 0)
+        #expect(try sqlite3Shell(paths[3], "UPDATE kv SET v = 'away d' WHERE k IN ('k12', 'k15')").status == 0)
+        #expect(try await waitForTombstones([first, second], toBe: 0))
+        let status = await first.node.collectionStatus()
+        #expect(Set(status.suspended.map(\.siteID)) == awaySites, "\(status)")
+        // Back together, each also dialling the other.
+        let c = try await startSecured(paths[2], peers: [first.port, second.port], configure: horizon)
+        let d = try await startSecured(paths[3], peers: [first.port, second.port, c.port], configure: horizon)
+        away = [c, d]
+        let expected = try rows(first).replacingOccurrences(of: "k14|14", with: "k14|'away c'")
+            .replacingOccurrences(of: "k15|15", with: "k15|'away d'")
+        let settled = try await waitUntil(within: 90) {
+            for node in [first, second, c, d] where try rows(node) != expected { return false }
+            for node in [first, second, c, d]
+            where try sqlite3Shell(node.path, "SELECT count(*) FROM shoal_suspended").stdout != "0\n" { return false }
+            return true
+        }
+        #expect(settled, "expected:\n\(expected)\nc:\n\((try? rows(c)) ?? "")\nd:\n\((try? rows(d)) ?? "")")
+        for node in [d, c, second, first] { await node.stop() }
+        let contents = try paths.map { try SQLiteConnection(path: $0).applicationTableContents() }
+        #expect(contents.allSatisfy { $0 == contents[0] })
+        let (kept, keptC, keptD) = (try rows(first), try rows(c), try rows(d))
+        #expect(!kept.contains("k11") && !keptC.contains("k12") && !keptD.contains("k13"))
+    }
+
+    /// A member idle on a live link sends no reports: its silence starts when the link goes down, not at its last
+    /// report. A member that stopped after the cluster sat idle longer than the horizon was once collected without
+    /// at once.
+    @Test func aMemberIdleOnALiveLinkIsSilentOnlyFromWhenItsLinkWentDown() async throws {
+        let directory = try temporaryDirectory("collect-idle-link")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let horizon = { (configuration: inout NodeConfiguration) in
+            fast(&configuration)
+            configuration.collectionHorizonMilliseconds = 1_500
+        }
+        let paths = try makeCluster(["a", "b", "c"], in: directory)
+        let a = try await startSecured(paths[0], configure: horizon)
+        let b = try await startSecured(paths[1], peers: [a.port], configure: horizon)
+        let c = try await startSecured(paths[2], peers: [a.port, b.port], configure: horizon)
+        try await a.node.execute("INSERT INTO kv(k, v) VALUES ('k', 1)")
+        #expect(try await holds(c, key: "k"))
+        // Idle, linked, until a's last report from c is older than the horizon.
+        let site = c.node.siteID
+        let idle = try await waitUntil(within: 30) {
+            let now = SystemWallClock().nowMilliseconds()
+            guard let reported = await a.node.members.entries[site]?.reportedAtMs else { return false }
+            let linked = await a.node.directory.isConnected(site)
+            return now > reported + 2_000 && linked
+        }
+        #expect(idle)
+        await c.stop()
+        #expect(try await waitUntil(within: 30) {
+            let linked = await a.node.directory.isConnected(site)
+            return !linked
+        })
+        // Just down: not silent yet. Past the horizon from then: silent.
+        #expect(await a.node.silentMembers().isEmpty)
+        #expect(try await waitUntil(within: 30) { await a.node.silentMembers() == [site] })
+        for node in [b, a] { await node.stop() }
+    }
+
     /// Two members silent to each other past the horizon (a partition, or one of them away) must not both collect
     /// without the other: each would then pull from the other no more, and neither could take the fresh state that
     /// lifts its suspension. A node collects without silent members only while it hears from a majority, or from
