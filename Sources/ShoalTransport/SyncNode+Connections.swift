@@ -118,9 +118,11 @@ extension SyncNode {
         return inboxes.count
     }
 
-    /// How many duplicate refusals in a row, with no connection to the peer held here, mean that another process is
-    /// connected to it as this node.
+    /// How many duplicate refusals within ``strayDuplicateWindowMilliseconds``, with no connection to the peer held
+    /// here, mean that another process is connected to it as this node (two such processes take turns: each
+    /// connection the peer takes evicts the other's, so rounds still finish now and then).
     static let strayDuplicateLimit = 3
+    static let strayDuplicateWindowMilliseconds: UInt64 = 60_000
 
     /// What every connection's driver runs with.
     private var driverSettings: ConnectionDriver.Settings {
@@ -161,8 +163,10 @@ extension SyncNode {
         // other at once; again and again, the peer is connected to another process as this node (a copy of this
         // database that kept its key file runs elsewhere), and this node syncs with it no more.
         if refusal?.reason == .duplicateConnection, !registry.isConnected(peer) {
-            strayDuplicateRefusals[peer, default: 0] += 1
-            if strayDuplicateRefusals[peer, default: 0] >= Self.strayDuplicateLimit {
+            let now = configuration.clock.monotonicMilliseconds()
+            let recent = (strayDuplicateRefusals[peer] ?? []).filter { now - $0 < Self.strayDuplicateWindowMilliseconds }
+            strayDuplicateRefusals[peer] = recent + [now]
+            if recent.count + 1 >= Self.strayDuplicateLimit {
                 failure =
                     "the peer keeps a connection from another process as this node (the same key): a copy of this "
                     + "database that kept its key file runs elsewhere? Stop one of the two; to make the copy another "
@@ -227,7 +231,6 @@ extension SyncNode: ConnectionDelegate {
     }
 
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) {
-        strayDuplicateRefusals[peer] = nil
         if let address = toRemember.removeValue(forKey: peer) { remember(peer, at: address) }
         if directory.roundFinished(peer, milliseconds: milliseconds, now: configuration.clock.nowMilliseconds()) {
             failures.clear(peer.hex)

@@ -97,9 +97,9 @@ public actor SyncNode: Service {
     var relayLinked = false
     /// When each member's report row this node folded into ``members`` was written (theirs, by site).
     var foldedMemberReports: [SiteID: UInt64] = [:]
-    /// Per peer, how many connections in a row it refused as duplicates while this node held none to it (see
-    /// `SyncNode+Connections.swift`).
-    var strayDuplicateRefusals: [SiteID: Int] = [:]
+    /// Per peer, when (monotonic milliseconds) it lately refused a connection as a duplicate while this node held none
+    /// to it (see `SyncNode+Connections.swift`).
+    var strayDuplicateRefusals: [SiteID: [UInt64]] = [:]
 
     /// Opens the database (it must exist: `shoal init` makes it) and prepares the node; ``run()`` starts it.
     public init(configuration: NodeConfiguration) async throws(ShoalError) {
