@@ -48,10 +48,8 @@ extension SyncNode {
         for await offered in freshStateSources {
             guard !Task.isCancelled else { return }
             let held = worker.latestVersionVector.withLock { $0 }
+            // (What the last fresh state covered was read at start, with the suspensions.)
             if collectsAmongMembers, held != lookedAt {
-                if lookedAt == nil {
-                    lastFreshStateCovers = (try? await worker.freshStateCovers()).flatMap { $0.isEmpty ? nil : $0 }
-                }
                 lookedAt = held
                 await refreshSuspensions()
             }

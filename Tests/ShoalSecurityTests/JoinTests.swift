@@ -144,6 +144,11 @@ import Testing
         return (node, String(listening.dropFirst("listening on ".count)))
     }
 
+    /// A fresh invite code of the member at `path` (`shoal invite`, its last line).
+    private func inviteCode(on path: String) throws -> String {
+        try #require(try shoal("invite", "--db", path).stdout.split(separator: "\n").last.map(String.init))
+    }
+
     @Test func theCommandLineMakesInvitesAndJoinsAndListsTheRoster() async throws {
         let directory = try temporaryDirectory("join-cli")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -194,9 +199,7 @@ import Testing
         #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
         let (node, address) = try await serve(a)
         defer { node.stop() }
-        func invite() throws -> String {
-            try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
-        }
+        func invite() throws -> String { try inviteCode(on: a) }
         #expect(try shoal("join", try invite(), "--db", b, "--peer", address).status == 0)
         let siteB = try Store(path: b).identitySiteID
         try FileManager.default.copyItem(atPath: b, toPath: c)
@@ -246,8 +249,7 @@ import Testing
         #expect(try shoal("init", "--db", b, "--name", "beta").status == 0)
         let (node, address) = try await serve(a)
         defer { node.stop() }
-        let code = try #require(try shoal("invite", "--db", a).stdout.split(separator: "\n").last.map(String.init))
-        #expect(try shoal("join", code, "--db", b, "--peer", address).status == 0)
+        #expect(try shoal("join", try inviteCode(on: a), "--db", b, "--peer", address).status == 0)
         try FileManager.default.copyItem(atPath: b, toPath: copy)
         try FileManager.default.copyItem(atPath: KeyFile.path(forDatabase: b), toPath: KeyFile.path(forDatabase: copy))
         let original = try RunningProcess(
