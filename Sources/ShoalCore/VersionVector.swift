@@ -90,6 +90,11 @@ public struct VersionVector: Hashable, Sendable, CustomStringConvertible {
         other.entries.allSatisfy { self[$0.key] >= $0.value }
     }
 
+    /// Whether every entry of `other` is held here, but those of `sites` (a member's own writes, which it holds).
+    public func dominatesOrEquals(_ other: VersionVector, ignoring sites: Set<SiteID>) -> Bool {
+        other.entries.allSatisfy { sites.contains($0.key) || self[$0.key] >= $0.value }
+    }
+
     /// Compares two vectors.
     public func compare(_ other: VersionVector) -> VersionOrdering {
         let covers = dominatesOrEquals(other)

@@ -299,9 +299,12 @@ public actor SerializedStore {
         try store.movesBeyondInternalWrites(from: from, to: to)
     }
 
-    /// See ``Store/suspensions()``, with this node's own record (``Store/ownSuspensions()``).
-    package func suspensions() throws(ShoalError) -> (rows: [Suspension], own: [SiteID: VersionVector]) {
-        (try store.suspensions(), try store.ownSuspensions())
+    /// See ``Store/suspensions()``, with this node's own record (``Store/ownSuspensions()``) and the members' records
+    /// of their fresh states (``Store/freshStatesTaken()``).
+    package func suspensions() throws(ShoalError) -> (
+        rows: [Suspension], own: [SiteID: VersionVector], taken: [SiteID: VersionVector]
+    ) {
+        (try store.suspensions(), try store.ownSuspensions(), try store.freshStatesTaken())
     }
 
     /// See ``Store/writeMemberReport(site:name:holds:atMs:)``.

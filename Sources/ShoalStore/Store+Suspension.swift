@@ -29,7 +29,11 @@ public struct Suspension: Sendable, Hashable {
 ///   covering every such cut; it may pull from them meanwhile, and others answer it;
 /// - the member, once it holds a row naming it, awaits a fresh state (its own writes wait, as a restored copy's do),
 ///   takes it from a peer that holds the cuts (`Store+FreshState.swift`: rows collected meanwhile go, its writes to
-///   them go to the conflict log), tells its peers, and deletes the rows naming it.
+///   them go to the conflict log), tells its peers, deletes the rows naming it, and records what that fresh state
+///   covered in a row of its own (`site` = `by` = itself, ``freshStatesTaken()``). That row reaches collectors it has
+///   no link to: each lifts its suspension once the row covers its own record. Without it, a collector the member
+///   never met again wrote its notice back whenever the member deleted it, and (seeing the member silent) moved its
+///   cut past the member's own deletion, so the member took one fresh state after another.
 extension Store {
     /// The replicated table of suspensions: `(site, by)` → the cut `by` collected up to without `site`, as text
     /// (`hex:seq,…`).
@@ -74,14 +78,22 @@ extension Store {
         guard !sites.isEmpty else { return [] }
         let recorded = try suspensions().filter { $0.by == siteID }
         let own = try ownSuspensions()
+        let taken = try freshStatesTaken()
         try refreshSites()
         var due: [(SiteID, VersionVector)] = []
         for site in sites.sorted() {
             var merged = own[site] ?? VersionVector()
             merged.merge(cut)
-            if let row = recorded.first(where: { $0.site == site })?.cut,
-                try !movesBeyondInternalWrites(from: row, to: merged)
+            // What the member was told already: this node's notice; else its own record; else what the member's last
+            // fresh state covered. A cut that moved beyond it only by Shoal's own rows, or by the member's own writes
+            // (it holds those), collected nothing the member may hold alive: no notice with a cut that moves at every
+            // pass, for as long as the member is silent to this node. (A notice deleted while this node's own record
+            // stands is written again as it was.)
+            let notice = recorded.first { $0.site == site }?.cut
+            if let told = notice ?? own[site] ?? taken[site],
+                try !movesBeyondInternalWrites(from: told, to: merged, ignoring: [site])
             {
+                if notice == nil, let record = own[site] { due.append((site, record)) }
                 continue
             }
             due.append((site, merged))
@@ -108,13 +120,18 @@ extension Store {
     /// (``internalReplicatedTables``). A cut that moved only by such writes (suspension notices and members' reports,
     /// this one's and other collectors') collected no delete more: recording it again would write another notice,
     /// which moves the next cut, at every pass of every collector.
-    func movesBeyondInternalWrites(from: VersionVector, to: VersionVector) throws(ShoalError) -> Bool {
+    /// Entries of `ignoring` (a member's own writes) are passed over.
+    func movesBeyondInternalWrites(
+        from: VersionVector,
+        to: VersionVector,
+        ignoring: Set<SiteID> = []
+    ) throws(ShoalError) -> Bool {
         let internalIDs = Self.internalReplicatedTables.compactMap { capture.tableNumbers[$0] }.map { capture.tables[$0].id }
         let select = try statement(
             "SELECT 1 FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? AND tbl NOT IN ("
                 + (internalIDs.isEmpty ? "NULL" : internalIDs.map(String.init).joined(separator: ", ")) + ") LIMIT 1"
         )
-        for (site, seq) in to.entries where seq > from[site] {
+        for (site, seq) in to.entries where seq > from[site] && !ignoring.contains(site) {
             guard let index = sites.existingIndex(of: site) else { return true }
             try select.bind([.integer(Int64(index)), .integer(Int64(from[site])), .integer(Int64(seq))])
             let found = try select.step()
@@ -160,13 +177,29 @@ extension Store {
     /// this node collected without it. Returns whether it was lifted.
     @discardableResult
     public func readmit(_ site: SiteID, covering covers: VersionVector) throws(ShoalError) -> Bool {
-        guard let cut = try ownSuspensions()[site], covers.dominatesOrEquals(cut) else { return false }
+        guard let cut = try ownSuspensions()[site], covers.dominatesOrEquals(cut, ignoring: [site]) else {
+            return false
+        }
         try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.suspensionKeyPrefix + site.hex)])
         return true
     }
 
-    /// Every suspension this database holds (in ``suspendedTable``).
+    /// Every suspension this database holds (in ``suspendedTable``), but the members' records of their fresh states.
     public func suspensions() throws(ShoalError) -> [Suspension] {
+        try suspendedRows().filter { $0.site != $0.by }
+    }
+
+    /// What the last fresh state each member took after a suspension covered, as its own row in ``suspendedTable``
+    /// says (`site` = `by`): a collector lifts its suspension of the member once this covers its own record, even with
+    /// no link to it.
+    public func freshStatesTaken() throws(ShoalError) -> [SiteID: VersionVector] {
+        var taken: [SiteID: VersionVector] = [:]
+        for row in try suspendedRows() where row.site == row.by { taken[row.site] = row.cut }
+        return taken
+    }
+
+    /// Every row of ``suspendedTable``.
+    private func suspendedRows() throws(ShoalError) -> [Suspension] {
         try refreshSchema()
         guard capture.tableNumbers[Self.suspendedTable] != nil else { return [] }
         return try connection.rows("SELECT site, by, cut FROM \(Self.suspendedTable)").compactMap { row in
@@ -190,7 +223,9 @@ extension Store {
     public func unsettledSuspensions() throws(ShoalError) -> [Suspension] {
         let own: Set<SiteID> = [siteID, identitySiteID]
         let covers = try freshStateCovers()
-        return try suspensions().filter { own.contains($0.site) && !covers.dominatesOrEquals($0.cut) }
+        return try suspensions().filter {
+            own.contains($0.site) && !covers.dominatesOrEquals($0.cut, ignoring: own)
+        }
     }
 
     /// Marks this database as awaiting a fresh state that covers the suspensions naming it (``unsettledSuspensions()``),
@@ -223,19 +258,31 @@ extension Store {
         return true
     }
 
-    /// Deletes, as a write of this node, the suspensions naming it that its last fresh state covers. Returns how many.
+    /// Deletes, as a write of this node, the suspensions naming it that its last fresh state covers, and records what
+    /// that covered in its own row (``freshStatesTaken()``), for the collectors it has no link to. Returns how many
+    /// it deleted.
     @discardableResult
     public func settleSuspensions() throws(ShoalError) -> Int {
         guard connection.isAutocommit, !capture.hasUncommittedWork, try !awaitsFreshState() else { return 0 }
         let own: Set<SiteID> = [siteID, identitySiteID]
         let covers = try freshStateCovers()
-        let settled = try suspensions().filter { own.contains($0.site) && covers.dominatesOrEquals($0.cut) }
+        let settled = try suspensions().filter {
+            own.contains($0.site) && covers.dominatesOrEquals($0.cut, ignoring: own)
+        }
         guard !settled.isEmpty else { return 0 }
+        let taken = try freshStatesTaken()
         try writingOwnChanges { () throws(ShoalError) in
             for suspension in settled {
                 try connection.rows(
                     "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
                     [.blob(suspension.site.bytes), .blob(suspension.by.bytes)]
+                )
+                capture.statementSucceeded()
+            }
+            for site in Set(settled.map(\.site)).sorted() where taken[site] != covers {
+                try connection.rows(
+                    "INSERT OR REPLACE INTO \(Self.suspendedTable)(site, by, cut) VALUES (?, ?, ?)",
+                    [.blob(site.bytes), .blob(site.bytes), .text(Self.vectorText(covers))]
                 )
                 capture.statementSucceeded()
             }

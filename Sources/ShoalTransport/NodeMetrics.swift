@@ -95,6 +95,7 @@ package struct NodeMetrics: Sendable {
     static let connectedPeers = "shoal_node_peers_connected"
     static let divergedPeers = "shoal_node_diverged_peers"
     static let tombstonesCollected = "shoal_node_tombstones_collected_total"
+    static let freshStatesTaken = "shoal_node_fresh_states_taken_total"
     static let collectionWaiting = "shoal_node_collection_waiting_members"
     static let peerDiverged = "shoal_node_peer_diverged"
     static let changeBytesSent = "shoal_node_change_bytes_sent_total"
@@ -111,6 +112,8 @@ package struct NodeMetrics: Sendable {
     let diverged = Gauge(label: NodeMetrics.divergedPeers)
     /// Tombstones collected (every member held their deletes).
     let tombstonesCollected = Counter(label: NodeMetrics.tombstonesCollected)
+    /// Fresh states taken (this database was restored or copied, or collected without while silent).
+    let freshStatesTaken = Counter(label: NodeMetrics.freshStatesTaken)
     /// Members the collection of deletes waits for (they lack something this node holds, or never reported).
     let collectionWaiting = Gauge(label: NodeMetrics.collectionWaiting)
     /// Change frames sent to every peer, for ``SyncNode/changeTraffic``.

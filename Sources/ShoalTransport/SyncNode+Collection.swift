@@ -9,6 +9,8 @@ struct CollectionProgress: Sendable {
     var collected = 0
     /// When the last pass that collected something ended (wall milliseconds).
     var lastCollectedAtMs: UInt64?
+    /// Fresh states this node took (restored or copied, or collected without while silent).
+    var freshStatesTaken = 0
 }
 
 /// Whether and how far deletes are collected, and who holds collection back (``SyncNode/collectionStatus()``).
@@ -38,6 +40,9 @@ public struct CollectionStatus: Sendable, Hashable {
     /// Members silent longer than the horizon (``NodeConfiguration/collectionHorizonMilliseconds``): collected
     /// without, they take a fresh state when they come back.
     public var suspended: [Waiting] = []
+    /// Fresh states this node took since it started: one per return after it was collected without (or after a
+    /// restore or a copy), unless peers collected more without it meanwhile.
+    public var freshStatesTaken = 0
 }
 
 /// Tombstones collected exactly when every member holds the delete (see ``Store/collectTombstones(upTo:maxRows:)``):
@@ -73,7 +78,8 @@ extension SyncNode {
         guard enabled, let current = collectionMembers else {
             return CollectionStatus(
                 enabled: enabled, membersKnown: collectionMembers != nil, cut: VersionVector(),
-                collected: collection.collected, lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: []
+                collected: collection.collected, lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: [],
+                freshStatesTaken: collection.freshStatesTaken
             )
         }
         let entries = members.entries
@@ -87,7 +93,8 @@ extension SyncNode {
             collected: collection.collected,
             lastCollectedAtMs: collection.lastCollectedAtMs,
             waitingFor: await membersHoldingBack(held: held).filter { !silent.contains($0) }.map(described),
-            suspended: silent.sorted().map(described)
+            suspended: silent.sorted().map(described),
+            freshStatesTaken: collection.freshStatesTaken
         )
     }
 

@@ -145,6 +145,8 @@ extension SyncNode {
         }
         awaitingFreshState = false
         lastFreshStateCovers = covers
+        collection.freshStatesTaken += 1
+        nodeMetrics.freshStatesTaken.increment()
         await refreshSuspensions()
         configuration.logger.notice(
             """
@@ -165,12 +167,12 @@ extension SyncNode {
     /// fresh state covering every cut collected without it.
     func mayPull(from peer: SiteID) -> Bool {
         guard let cut = suspendedSites[peer] else { return true }
-        return peerFreshStates[peer]?.dominatesOrEquals(cut) ?? false
+        return peerFreshStates[peer]?.dominatesOrEquals(cut, ignoring: [peer]) ?? false
     }
 
     /// `peer` told this node of the fresh state it took: this node's own suspension of it is lifted if it covers it.
     func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async {
-        peerFreshStates[peer] = vector
+        peerFreshStates[peer] = (peerFreshStates[peer] ?? VersionVector()).merging(vector)
         if (try? await worker.readmit(peer, covering: vector)) == true {
             configuration.logger.notice(
                 "a member this node collected deletes without took a fresh state: it is pulled from again",
@@ -200,7 +202,18 @@ extension SyncNode {
     /// without the member (written again), and whether this node itself was suspended (it then awaits a fresh state,
     /// and settles the notices its last fresh state covers).
     func refreshSuspensions() async {
-        guard let (rows, own) = try? await worker.suspensions() else { return }
+        guard case (let rows, var own, let taken)? = try? await worker.suspensions() else { return }
+        // A member's record of its fresh state reaches collectors it has no link to (through any peer).
+        for (site, covers) in taken.sorted(by: { $0.key < $1.key }) {
+            peerFreshStates[site] = (peerFreshStates[site] ?? VersionVector()).merging(covers)
+            guard own[site] != nil, (try? await worker.readmit(site, covering: peerFreshStates[site] ?? covers)) == true
+            else { continue }
+            own[site] = nil
+            configuration.logger.notice(
+                "a member this node collected deletes without took a fresh state: it is pulled from again",
+                metadata: ["peer": "\(site.hex.prefix(8))"]
+            )
+        }
         var cuts = own
         for row in rows { cuts[row.site, default: VersionVector()].merge(row.cut) }
         suspendedSites = cuts
