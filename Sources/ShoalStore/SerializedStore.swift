@@ -313,10 +313,11 @@ public actor SerializedStore {
         name: String?,
         holds vector: VersionVector,
         atMs: UInt64
-    ) throws(ShoalError) {
-        try store.writeMemberReport(site: site, name: name, holds: vector, atMs: atMs)
+    ) throws(ShoalError) -> Bool {
+        guard try store.writeMemberReport(site: site, name: name, holds: vector, atMs: atMs) else { return false }
         // Which table it wrote is known: a node's report watcher tells its own reports from other commits by it.
         wroteLocally(tablesKnown: true)
+        return true
     }
 
     /// See ``Store/memberReports()``.

@@ -56,15 +56,16 @@ extension Store {
     }
 
     /// Writes, as a change of this node, that `site` (this node's membership, named `name`) holds `vector` as of `atMs`.
+    /// Returns `false`, writing nothing, while a transaction is open on this connection (an app's, through the node):
+    /// the caller writes it later.
+    @discardableResult
     public func writeMemberReport(
         site: SiteID,
         name: String?,
         holds vector: VersionVector,
         atMs: UInt64
-    ) throws(ShoalError) {
-        guard connection.isAutocommit, !capture.hasUncommittedWork else {
-            throw ShoalError(code: .invalidArgument, message: "write a member report outside of any open transaction")
-        }
+    ) throws(ShoalError) -> Bool {
+        guard connection.isAutocommit, !capture.hasUncommittedWork else { return false }
         try writingOwnChanges { () throws(ShoalError) in
             try prepareMemberReportsTableInTransaction()
             try connection.rows(
@@ -76,6 +77,7 @@ extension Store {
             )
             capture.statementSucceeded()
         }
+        return true
     }
 
     /// Every member's last report this database holds, with who wrote each (from the row's metadata).

@@ -30,12 +30,14 @@ extension SyncNode {
             lastWritten = clock.monotonicMilliseconds()
             do {
                 let held = try await worker.versionVector()
-                try await worker.writeMemberReport(
+                let written = try await worker.writeMemberReport(
                     site: registry.localSite,
                     name: configuration.nodeName,
                     holds: held,
                     atMs: configuration.clock.nowMilliseconds()
                 )
+                // An app's transaction is open on the node's connection: the next interval writes it.
+                if !written { memberReportDue = true }
             } catch {
                 configuration.logger.warning("could not write this member's report", metadata: ["error": "\(error)"])
             }

@@ -20,17 +20,18 @@ import Testing
         try sqlite3Shell(node.path, "SELECT k, quote(v) FROM kv ORDER BY k").stdout
     }
 
-    /// What is left of suspensions on `node`: notices, members' records of their fresh states, and its own records
-    /// of the members it collects without, as "notices records own".
-    private func suspensionsLeft(_ node: SecuredNode) throws -> String {
-        try sqlite3Shell(
+    /// Whether no suspension is left on `node` (no notice, no record of its own of a member it collects without),
+    /// and each of `members` recorded the fresh state it took.
+    private func suspensionsSettled(_ node: SecuredNode, recorded members: [SecuredNode]) throws -> Bool {
+        let recorded = members.map { "x'\($0.node.siteID.hex)'" }.joined(separator: ", ")
+        return try sqlite3Shell(
             node.path,
             """
             SELECT (SELECT count(*) FROM shoal_suspended WHERE site != by) || ' ' \
-            || (SELECT count(*) FROM shoal_suspended WHERE site = by) || ' ' \
-            || (SELECT count(*) FROM shoal_meta WHERE key LIKE 'suspension%')
+            || (SELECT count(*) FROM shoal_meta WHERE key LIKE 'suspension%') || ' ' \
+            || (SELECT count(*) FROM shoal_suspended WHERE site = by AND site IN (\(recorded)))
             """
-        ).stdout
+        ).stdout == "0 0 \(members.count)\n"
     }
 
     /// Rounds and member reports every 200 ms, collection looks every 100 ms.
@@ -255,7 +256,7 @@ import Testing
         // silent to b) with a cut past c's own deletion: c took one fresh state after another, and the notices never
         // settled (a loaded CI run; locally the test passed only by catching all three nodes between two rounds).
         let settledEverywhere = try await waitUntil(within: 30) {
-            for node in [a, b, c] where try suspensionsLeft(node) != "0 1 0\n" { return false }
+            for node in [a, b, c] where try !suspensionsSettled(node, recorded: [c]) { return false }
             return true
         }
         #expect(settledEverywhere)
@@ -320,7 +321,7 @@ import Testing
             .replacingOccurrences(of: "k15|15", with: "k15|'away d'")
         let settled = try await waitUntil(within: 90) {
             for node in [first, second, c, d] where try rows(node) != expected { return false }
-            for node in [first, second, c, d] where try suspensionsLeft(node) != "0 2 0\n" { return false }
+            for node in [first, second, c, d] where try !suspensionsSettled(node, recorded: [c, d]) { return false }
             return true
         }
         #expect(settled, "expected:\n\(expected)\nc:\n\((try? rows(c)) ?? "")\nd:\n\((try? rows(d)) ?? "")")

@@ -439,6 +439,22 @@ import Testing
         #expect(forged.first?.versionVector[a.siteID] == 999)
     }
 
+    /// A report is not written into an app's transaction open on the node's connection (it would commit or roll back
+    /// with it): the call says so, writes nothing, and the node writes it at a later interval. It once logged a
+    /// warning at every interval of the transaction, and the report waited for the next commit.
+    @Test func aMemberReportWaitsForAnOpenTransaction() throws {
+        let directory = try temporaryDirectory("member-report-open")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        try a.execute("BEGIN")
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+        #expect(try !a.writeMemberReport(site: a.siteID, name: "a", holds: try a.versionVector(), atMs: 1_000))
+        try a.execute("ROLLBACK")
+        #expect(try a.memberReports().isEmpty && rows(a, "SELECT id FROM items").isEmpty)
+        #expect(try a.writeMemberReport(site: a.siteID, name: "a", holds: try a.versionVector(), atMs: 2_000))
+        #expect(try a.memberReports().map(\.reportedAtMs) == [2_000])
+    }
+
     /// A transaction that deleted some rows and updated others: only its tombstones go, and only those the cut covers.
     @Test func onlyTheCutsTombstonesGo() throws {
         let directory = try temporaryDirectory("collect-cut")

@@ -37,7 +37,9 @@ import ShoalTestSupport
         let directory = try temporaryDirectory("bad")
         defer { try? FileManager.default.removeItem(at: directory) }
         let a = try await startNode(in: directory, name: "a") { configuration in
-            configuration.session.handshakeTimeout = 300
+            // Short, for the peer that never says hello; long enough that a loaded run reads every other frame
+            // before it (at 300 ms, a CI run once timed the HTTP request out before reading it).
+            configuration.session.handshakeTimeout = 2_000
             configuration.maximumFrameLength = 1 << 20
         }
         let b = try await startNode(in: directory, name: "b", peers: [a.port])
