@@ -63,6 +63,22 @@ public final class RelayLink: Service, Sendable {
             route: { self.state.withLock { ($0.instance, $0.credentials.token) } },
             answered: { used, ok, boot in self.markReachable(used, ok: ok, boot: boot) }
         )
+        // A read of the relay's whole state (a fresh state through it) asks as another process: the relay leaves out
+        // of a page the ranges the asking process uploaded, and this read must see every row.
+        let reader = RelayAPIClient(
+            http: client,
+            bases: bases,
+            uploaderID: String(UInt64.random(in: 1...UInt64.max), radix: 16),
+            route: { self.state.withLock { ($0.instance, $0.credentials.token) } },
+            answered: { used, ok, boot in self.markReachable(used, ok: ok, boot: boot) }
+        )
+        await node.readsRelayState { () async throws in
+            do {
+                return try await self.readStateForFreshState(reader)
+            } catch {
+                throw ShoalError(code: .relay, message: "\(error)")
+            }
+        }
         do {
             try await cancelWhenGracefulShutdown {
                 try await withThrowingDiscardingTaskGroup { group in
@@ -78,6 +94,7 @@ public final class RelayLink: Service, Sendable {
         } catch {
             // Cancelled: the node is stopping.
         }
+        await node.readsRelayState(nil)
         eventSink.finish()
         try? await client.shutdown()
     }

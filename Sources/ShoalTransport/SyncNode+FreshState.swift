@@ -58,6 +58,8 @@ extension SyncNode {
             guard let address = offered ?? freshStateCandidate() else {
                 if await freshStateNeedsNoPeer() {
                     await freshStateTaken(from: "the relay", covering: relayHeads, removed: 0, orphaned: 0)
+                } else {
+                    await takeFreshStateFromTheRelay()
                 }
                 continue
             }
@@ -134,6 +136,76 @@ extension SyncNode {
         return (try? await worker.knowsOfCollection()) == false
     }
 
+    /// Takes the fresh state through the relay alone, when no peer can give it: this node holds all the relay holds,
+    /// the relay holds all this node got from others and the floor, and a read of the relay's whole state
+    /// (``readsRelayState(_:)``) names no row this node holds that the relay's heads cover but no change there names:
+    /// such a row was deleted and collected before the relay's snapshot, and goes (a write of this node's to it goes to
+    /// the conflict log), as a peer's fresh state would remove it. One read at most every
+    /// ``relayStateReadIntervalMilliseconds``.
+    func takeFreshStateFromTheRelay() async {
+        guard let reader = relayStateReader, relayMayGiveFreshState(heads: relayHeads) else { return }
+        let now = configuration.clock.monotonicMilliseconds()
+        guard now >= relayStateReadDueMs else { return }
+        relayStateReadDueMs = now + Self.relayStateReadIntervalMilliseconds
+        do {
+            let state = try await reader()
+            // What the relay held when the read began, against what this node holds now.
+            guard relayMayGiveFreshState(heads: state.heads) else { return }
+            var taken = FreshStateReport()
+            let tables = try await worker.read { store throws(ShoalError) in try store.tableDigests().tables.map(\.name) }
+            for table in tables {
+                let named = state.keys[table] ?? []
+                var after: [UInt8]?
+                while true {
+                    let page = try await worker.read { store throws(ShoalError) in
+                        try store.rowHashes(of: table, after: after, limit: Self.freshStateRows)
+                    }
+                    let unnamed = page.rows.map(\.key).filter { !named.contains($0) }
+                    if !unnamed.isEmpty {
+                        let part = try await worker.takeFreshState(table: table, keys: unnamed, peerVector: state.heads)
+                        taken.removed += part.removed
+                        taken.orphaned += part.orphaned
+                        taken.lifted += part.lifted
+                        // An answer being read put the table off: the next tick tries again.
+                        if part.deferred {
+                            relayStateReadDueMs = now
+                            return
+                        }
+                    }
+                    guard !page.isLast, let last = page.rows.last?.key else { break }
+                    after = last
+                }
+            }
+            if taken.removed + taken.orphaned + taken.lifted > 0 {
+                _ = try? await refreshDigest(waiting: false)
+                signalChangeWatchers()
+            }
+            await freshStateTaken(
+                from: "the relay", covering: state.heads, removed: taken.removed, orphaned: taken.orphaned
+            )
+        } catch {
+            configuration.logger.warning(
+                """
+                could not take a fresh state through the relay (this database lost history, or peers collected \
+                deletes without it); its own writes wait, and it tries again
+                """,
+                metadata: ["error": "\(error)"]
+            )
+        }
+    }
+
+    /// How long after a read of the relay's whole state the next may start.
+    static let relayStateReadIntervalMilliseconds: UInt64 = 30_000
+
+    /// Whether the relay, holding `heads`, can give this node its fresh state: this node holds all of it, it holds
+    /// all this node got from other sites (rows it holds from them are named there, unless collected) and the floor.
+    private func relayMayGiveFreshState(heads: VersionVector) -> Bool {
+        let local = worker.latestVersionVector.withLock { $0 }
+        return relayLinked && !heads.isEmpty && local.dominatesOrEquals(heads)
+            && heads.dominatesOrEquals(local, ignoring: [siteID, registry.localSite])
+            && heads.dominatesOrEquals(freshStateFloor)
+    }
+
     private func freshStateTaken(from source: String, covering covers: VersionVector, removed: Int, orphaned: Int)
         async
     {
@@ -157,6 +229,21 @@ extension SyncNode {
         )
         broadcast(.localChange)
         signalChangeWatchers()
+    }
+}
+
+/// What a relay holds, read whole to take a fresh state through it (``SyncNode/readsRelayState(_:)``).
+public struct RelayStateKeys: Sendable {
+    /// The relay's heads when the read began; the read covers them.
+    public var heads: VersionVector
+    /// Per table, the encoded keys (``SQLValue/encodeKey(_:)``) of the rows its changes name, in its snapshot or its
+    /// change log.
+    public var keys: [String: Set<[UInt8]>]
+
+    /// What a read of the relay found.
+    public init(heads: VersionVector, keys: [String: Set<[UInt8]>]) {
+        self.heads = heads
+        self.keys = keys
     }
 }
 

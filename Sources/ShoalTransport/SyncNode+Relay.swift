@@ -16,6 +16,12 @@ extension SyncNode {
         relayLinked = true
     }
 
+    /// Sets how the node reads what the relay holds, whole, to take a fresh state through the relay alone (the relay
+    /// link, while it runs; nil once it stopped).
+    public func readsRelayState(_ reader: (@Sendable () async throws -> RelayStateKeys)?) {
+        relayStateReader = reader
+    }
+
     /// A signal each time the node's data may have changed: a local write (through the node or another process),
     /// changes applied from a peer, a periodic round. Ends when the node stops.
     public func changeSignals() -> AsyncStream<Void> {

@@ -1,0 +1,77 @@
+import ShoalCore
+import ShoalRelayProtocol
+import ShoalTransport
+
+/// A fresh state through the relay alone (see `SyncNode+FreshState.swift`): the relay's whole state is read from the
+/// empty vector, as a node never online before would pull it (the snapshot's ranges, then the change log after them),
+/// and only the key of every row a change names is kept. A row the node holds that no change there names was deleted
+/// and collected before the snapshot was taken (a snapshot holds every other row, alive or as a tombstone).
+extension RelayLink {
+    /// Reads the relay's whole state for a fresh state: its heads when the read began, and the keys of every row its
+    /// changes name. Fails unless the read reached those heads (a site it could not open, say).
+    func readStateForFreshState(_ api: RelayAPIClient) async throws(RelayCallError) -> RelayStateKeys {
+        let heads = try await fetchHeads(api)
+        configuration.logger.info(
+            "reading what the relay holds, from the start, to take a fresh state through it",
+            metadata: ["heads": "\(heads)"]
+        )
+        var session = configuration.pullSession(site: node.siteID)
+        var endpoint = StateReadingEndpoint(link: Endpoint(link: self, api: api))
+        var stalled = 0
+        while !endpoint.read.dominatesOrEquals(heads), stalled < Self.stateReadStalledPages {
+            let before = endpoint.read
+            let request = session.request(
+                held: before, now: configuration.clock.nowMilliseconds(), wait: 0,
+                maximumBytes: configuration.pageBytes
+            )
+            let entries = try await api.pull(request, waitMilliseconds: 0)
+            _ = try await RelayPullDriver.deliver(entries, &session, &endpoint)
+            if entries.isEmpty { break }
+            stalled = endpoint.read == before ? stalled + 1 : 0
+        }
+        for problem in session.problems { note(problem) }
+        guard endpoint.read.dominatesOrEquals(heads) else {
+            throw .refused("the relay's state could not be read whole (read \(endpoint.read), heads \(heads))")
+        }
+        return RelayStateKeys(heads: heads, keys: endpoint.keys)
+    }
+
+    /// Pages in a row that moved the read no further end a read of the relay's state.
+    static let stateReadStalledPages = 5
+}
+
+/// Carries out a pull session's decisions without applying anything: each batch's rows are noted by key, and what
+/// the read holds is what the batches' claims prove (as the store takes them, ``Store/apply(_:received:origin:)``).
+struct StateReadingEndpoint: RelayPullEndpoint {
+    var link: RelayLink.Endpoint
+    /// What the read covers so far.
+    var read = VersionVector()
+    /// Per table, the encoded keys of the rows the changes read name.
+    var keys: [String: Set<[UInt8]>] = [:]
+
+    func nowMilliseconds() -> UInt64 { link.nowMilliseconds() }
+
+    func held() async throws(RelayCallError) -> VersionVector { read }
+
+    mutating func seal(opening epoch: UInt32) async throws(RelayCallError) -> RelaySeal {
+        try await link.seal(opening: epoch)
+    }
+
+    func relayServed(_ served: VersionVector) {}
+
+    mutating func apply(
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64]
+    ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+        var highest = received
+        for change in batch.changes {
+            keys[change.table, default: []].insert(SQLValue.encodeKey(change.primaryKey))
+            highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
+        }
+        // A claim is taken only as far as the changes received prove it.
+        for (site, claimed) in batch.claim.entries {
+            read.advance(site, to: min(claimed, max(read[site], highest[site] ?? 0)))
+        }
+        return (batch.changes.count, read, highest)
+    }
+}
