@@ -85,6 +85,8 @@ struct LiveStatus: Codable {
         /// Members silent longer than the horizon (`--gc-horizon`), collected without: they take a fresh state when
         /// they come back.
         var suspended: [Waiting]? = nil
+        /// Fresh states this node took since it started (after a restore or a copy, or collected without).
+        var freshStatesTaken: Int? = nil
     }
 
     /// A device that connected with a key the roster does not hold.

@@ -132,6 +132,7 @@ enum Output {
                     "tombstones": status.tables.reduce(0) { $0 + $1.tombstones },
                     "waiting_for": collection.waitingFor.map(member),
                     "suspended": (collection.suspended ?? []).map(member),
+                    "fresh_states_taken": collection.freshStatesTaken ?? 0,
                 ] as [String: Any]
             } ?? NSNull(),
             "site": status.siteID.hex,

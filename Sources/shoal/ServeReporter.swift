@@ -71,7 +71,8 @@ final class ServeReporter: Service, Sendable {
                 collected: collection.collected,
                 lastCollectedAtMs: collection.lastCollectedAtMs,
                 waitingFor: collection.waitingFor.map(described),
-                suspended: collection.suspended.map(described)
+                suspended: collection.suspended.map(described),
+                freshStatesTaken: collection.freshStatesTaken
             )
             status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {

@@ -161,6 +161,9 @@ import Testing
         try await world.serve("c", extra: fast)
         #expect(try await world.converge(["a", "b", "c"], within: 90), "\(world.outputs)")
         #expect(try await waitUntil(within: 30) { try await world.status("c")["awaits_fresh_state"] as? Bool == false })
+        // One fresh state, not one per round (a collector that does not meet c lifts its suspension from c's record).
+        let cCollection = try await collection("c")
+        #expect(cCollection["fresh_states_taken"] as? Int == 1, "\(cCollection)")
         var contents: [String] = []
         for name in ["a", "b", "c"] {
             let path = world.paths[name]!
