@@ -328,6 +328,14 @@ public actor SerializedStore {
         try store.readmit(site, covering: covers)
     }
 
+    /// See ``Store/dropSettledNotices()``.
+    @discardableResult
+    package func dropSettledNotices() throws(ShoalError) -> Int {
+        let dropped = try store.dropSettledNotices()
+        if dropped > 0 { wroteLocally() }
+        return dropped
+    }
+
     /// See ``Store/settleSuspensions()``.
     @discardableResult
     package func settleSuspensions() throws(ShoalError) -> Int {

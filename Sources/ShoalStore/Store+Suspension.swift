@@ -258,6 +258,33 @@ extension Store {
         return true
     }
 
+    /// Deletes, as a write of this node, the notices naming another member that the member's own record of its fresh
+    /// state (``freshStatesTaken()``) covers: that member deleted them itself when it settled, but this node may hold
+    /// one alive that others collected meanwhile (it was away, and silent to a collector that moved no cut past what
+    /// the member's record covers). Held alive, such a notice made this node's digest differ from its peers' at equal
+    /// vectors. Returns how many.
+    @discardableResult
+    public func dropSettledNotices() throws(ShoalError) -> Int {
+        guard connection.isAutocommit, !capture.hasUncommittedWork, try !awaitsFreshState() else { return 0 }
+        let own: Set<SiteID> = [siteID, identitySiteID]
+        let taken = try freshStatesTaken()
+        let settled = try suspensions().filter { notice in
+            guard !own.contains(notice.site), let covers = taken[notice.site] else { return false }
+            return covers.dominatesOrEquals(notice.cut, ignoring: [notice.site])
+        }
+        guard !settled.isEmpty else { return 0 }
+        try writingOwnChanges { () throws(ShoalError) in
+            for notice in settled {
+                try connection.rows(
+                    "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
+                    [.blob(notice.site.bytes), .blob(notice.by.bytes)]
+                )
+                capture.statementSucceeded()
+            }
+        }
+        return settled.count
+    }
+
     /// Deletes, as a write of this node, the suspensions naming it that its last fresh state covers, and records what
     /// that covered in its own row (``freshStatesTaken()``), for the collectors it has no link to. Returns how many
     /// it deleted.

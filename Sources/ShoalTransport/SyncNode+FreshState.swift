@@ -309,6 +309,9 @@ extension SyncNode {
             _ = try? await worker.suspend([site], cut: cut)
         }
         let mine: Set<SiteID> = [siteID, registry.localSite]
+        if rows.contains(where: { !mine.contains($0.site) && taken[$0.site] != nil }) {
+            _ = try? await worker.dropSettledNotices()
+        }
         guard rows.contains(where: { mine.contains($0.site) }) else { return }
         if !awaitingFreshState, (try? await worker.awaitFreshStateIfSuspended()) == true {
             awaitingFreshState = true

@@ -439,6 +439,45 @@ import Testing
         #expect(forged.first?.versionVector[a.siteID] == 999)
     }
 
+    /// A member back from a suspension deletes the notices naming it and records its fresh state in one transaction.
+    /// A third member away meanwhile gets that record from a collector that already collected the deletes: it would
+    /// hold the notice alive for good (its digest differing from its peers' at equal vectors). It drops the notice the
+    /// record covers, as a write of its own, and the digests meet.
+    @Test func aNoticeHeldAliveAfterItsMemberSettledIsDroppedWhereItsRecordArrives() throws {
+        let directory = try temporaryDirectory("settled-notice")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let collector = try makeFileStore(directory, "collector")
+        let member = try makeFileStore(directory, "member")
+        let away = try makeFileStore(directory, "away")
+        try collector.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        for store in [member, away] { try sync(collector, store) }
+        // The collector collects without the member, and says so; everyone gets the notice.
+        try collector.suspend([member.siteID], cut: try collector.versionVector())
+        for store in [member, away] { try sync(collector, store) }
+        #expect(try away.suspensions().map(\.site) == [member.siteID])
+        // The member takes its fresh state, and settles: notice deleted, record written, in one transaction.
+        #expect(try member.awaitFreshStateIfSuspended())
+        try member.freshStateTaken(covering: try collector.versionVector())
+        #expect(try member.settleSuspensions() == 1)
+        try sync(member, collector)
+        #expect(try collector.readmit(member.siteID, covering: try collector.freshStatesTaken()[member.siteID]!))
+        // The collector collects the notice's tombstone (the away member is not waited for), then the away member
+        // catches up: the record arrives, the delete does not.
+        var pass = CollectionReport()
+        repeat { pass = try collector.collectTombstones(upTo: try collector.versionVector(), maxRows: 100) } while !pass.reachedCut
+        try sync(collector, away)
+        #expect(try away.versionVector().dominatesOrEquals(collector.versionVector()))
+        #expect(try away.suspensions().map(\.site) == [member.siteID])
+        #expect(try away.digest() != collector.digest())
+        // Where the record arrives, the notice it covers goes.
+        #expect(try away.dropSettledNotices() == 1)
+        #expect(try away.suspensions().isEmpty && collector.suspensions().isEmpty)
+        try sync(away, collector)
+        try sync(collector, away)
+        #expect(try away.digest() == collector.digest())
+        #expect(try collector.dropSettledNotices() == 0)
+    }
+
     /// A report is not written into an app's transaction open on the node's connection (it would commit or roll back
     /// with it): the call says so, writes nothing, and the node writes it at a later interval. It once logged a
     /// warning at every interval of the transaction, and the report waited for the next commit.
