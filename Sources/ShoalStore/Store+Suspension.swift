@@ -229,11 +229,12 @@ extension Store {
     }
 
     /// Marks this database as awaiting a fresh state that covers the suspensions naming it (``unsettledSuspensions()``),
-    /// if any; its floor is their cuts. Returns whether it awaits one now.
+    /// if any; its floor takes their cuts (also while it awaits one already). Returns whether it awaits one now.
     @discardableResult
     public func awaitFreshStateIfSuspended() throws(ShoalError) -> Bool {
         let unsettled = try unsettledSuspensions()
-        guard !unsettled.isEmpty else { return try awaitsFreshState() }
+        let awaiting = try awaitsFreshState()
+        guard !unsettled.isEmpty else { return awaiting }
         // A peer holding the cuts holds every delete collected without this node, collected or as a tombstone.
         var floor = try freshStateFloor()
         for suspension in unsettled { floor.merge(suspension.cut) }
@@ -247,14 +248,17 @@ extension Store {
             "INSERT OR REPLACE INTO shoal_meta(key, value) VALUES (?, ?)",
             [.text(Self.freshStateFloorKey), .text(Self.vectorText(floor))]
         )
-        options.logger.warning(
-            """
-            a peer collected deleted rows without this node, silent longer than its horizon: this node takes a fresh \
-            state before its own writes leave it (rows collected meanwhile go, and its writes to them go to the \
-            conflict log)
-            """,
-            metadata: ["by": "\(unsettled.map { $0.by.hex.prefix(8) })"]
-        )
+        // (Awaiting already, the floor takes the notices that came since: one fresh state covers them all.)
+        if !awaiting {
+            options.logger.warning(
+                """
+                a peer collected deleted rows without this node, silent longer than its horizon: this node takes a \
+                fresh state before its own writes leave it (rows collected meanwhile go, and its writes to them go \
+                to the conflict log)
+                """,
+                metadata: ["by": "\(unsettled.map { $0.by.hex.prefix(8) })"]
+            )
+        }
         return true
     }
 

@@ -313,10 +313,13 @@ extension SyncNode {
             _ = try? await worker.dropSettledNotices()
         }
         guard rows.contains(where: { mine.contains($0.site) }) else { return }
-        if !awaitingFreshState, (try? await worker.awaitFreshStateIfSuspended()) == true {
+        // A notice that came while this node awaits its fresh state raises the floor: the fresh state it takes then
+        // covers it too (two members back at once each took a second one, from a peer that lacked a later notice).
+        let wasAwaiting = awaitingFreshState
+        if (try? await worker.awaitFreshStateIfSuspended()) == true {
             awaitingFreshState = true
             freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
-            broadcast(.periodic)
+            if !wasAwaiting { broadcast(.periodic) }
         }
         _ = try? await worker.settleSuspensions()
     }

@@ -65,6 +65,10 @@ func startSecured(
     configuration.staticPeers = peers.map { PeerAddress(host: "127.0.0.1", port: $0) }
     configuration.roundIntervalMilliseconds = 60_000  // rounds here come from writes, not the timer
     configuration.rememberPeers = false
+    if ProcessInfo.processInfo.environment["SHOAL_TEST_DEBUG"] != nil {
+        configuration.logger.logLevel = .trace
+        configuration.logger[metadataKey: "node"] = "\(URL(fileURLWithPath: path).lastPathComponent)"
+    }
     configure(&configuration)
     try security.configure(&configuration)
     let node = try await SyncNode(configuration: configuration)
