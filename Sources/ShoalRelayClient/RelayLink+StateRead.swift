@@ -11,14 +11,14 @@ extension RelayLink {
     /// changes name. Fails unless the read reached those heads (a site it could not open, say).
     func readStateForFreshState(_ api: RelayAPIClient) async throws(RelayCallError) -> RelayStateKeys {
         let heads = try await fetchHeads(api)
-        configuration.logger.info(
+        configuration.logger.notice(
             "reading what the relay holds, from the start, to take a fresh state through it",
             metadata: ["heads": "\(heads)"]
         )
         var session = configuration.pullSession(site: node.siteID)
         var endpoint = StateReadingEndpoint(link: Endpoint(link: self, api: api))
         var stalled = 0
-        while !endpoint.read.dominatesOrEquals(heads), stalled < Self.stateReadStalledPages {
+        while !endpoint.covers(heads), stalled < Self.stateReadStalledPages {
             let before = endpoint.read
             let request = session.request(
                 held: before, now: configuration.clock.nowMilliseconds(), wait: 0,
@@ -30,8 +30,10 @@ extension RelayLink {
             stalled = endpoint.read == before ? stalled + 1 : 0
         }
         for problem in session.problems { note(problem) }
-        guard endpoint.read.dominatesOrEquals(heads) else {
-            throw .refused("the relay's state could not be read whole (read \(endpoint.read), heads \(heads))")
+        guard endpoint.covers(heads) else {
+            throw .refused(
+                "the relay's state could not be read whole (read \(endpoint.read), served \(endpoint.served), heads \(heads))"
+            )
         }
         return RelayStateKeys(heads: heads, keys: endpoint.keys)
     }
@@ -48,6 +50,15 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     var read = VersionVector()
     /// Per table, the encoded keys of the rows the changes read name.
     var keys: [String: Set<[UInt8]>] = [:]
+    /// The ends of the ranges the relay served whole (``RelayPullSession/takeServed()``). A site whose newest
+    /// transactions were all overwritten (a notice rewritten by another node, say) is never proven further by the
+    /// changes read: every change of those ranges was read all the same.
+    var served = VersionVector()
+
+    /// Whether the read covers `heads`: for each site, the changes proved it, or the ranges up to it were read whole.
+    func covers(_ heads: VersionVector) -> Bool {
+        heads.entries.allSatisfy { read[$0.key] >= $0.value || served[$0.key] >= $0.value }
+    }
 
     func nowMilliseconds() -> UInt64 { link.nowMilliseconds() }
 
@@ -57,7 +68,7 @@ struct StateReadingEndpoint: RelayPullEndpoint {
         try await link.seal(opening: epoch)
     }
 
-    func relayServed(_ served: VersionVector) {}
+    mutating func relayServed(_ served: VersionVector) { self.served.merge(served) }
 
     mutating func apply(
         _ batch: ChangeBatch,

@@ -11,6 +11,9 @@ struct CollectionProgress: Sendable {
     var lastCollectedAtMs: UInt64?
     /// Fresh states this node took (restored or copied, or collected without while silent).
     var freshStatesTaken = 0
+    /// When this node started to listen and dial (wall milliseconds): no member is silent to it before it had a
+    /// horizon to hear from them.
+    var startedAtMs: UInt64?
 }
 
 /// Whether and how far deletes are collected, and who holds collection back (``SyncNode/collectionStatus()``).
@@ -111,6 +114,10 @@ extension SyncNode {
         guard horizon > 0, let current = collectionMembers else { return [] }
         let now = configuration.clock.nowMilliseconds()
         let entries = members.entries
+        // A node just started (or back) has heard from no one yet: the reports it kept are as old as its absence.
+        // It once collected without members online all along, at its first pass, and they took fresh states they
+        // did not need.
+        guard let started = collection.startedAtMs, now > started, now - started > horizon else { return [] }
         let silent = current.subtracting([registry.localSite, siteID]).filter { site in
             guard !directory.isConnected(site), let reported = entries[site]?.reportedAtMs else { return false }
             return now > reported && now - reported > horizon
@@ -167,7 +174,8 @@ extension SyncNode {
 
     /// One look, and the collection it calls for (for tests, too).
     func collectOnce() async throws {
-        guard let current = collectionMembers else { return }
+        // A node awaiting its fresh state may hold alive what others collected: it collects nothing until it took it.
+        guard let current = collectionMembers, !awaitingFreshState else { return }
         let held = worker.latestVersionVector.withLock { $0 }
         let silent = silentMembers()
         let cut = members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held)

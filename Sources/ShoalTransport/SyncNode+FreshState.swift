@@ -149,8 +149,17 @@ extension SyncNode {
         relayStateReadDueMs = now + Self.relayStateReadIntervalMilliseconds
         do {
             let state = try await reader()
-            // What the relay held when the read began, against what this node holds now.
-            guard relayMayGiveFreshState(heads: state.heads) else { return }
+            // What the relay held when the read began: this node holds it all (it may hold more since, pulled from
+            // the relay meanwhile: rows begun after the read stay, as rows no peer had seen would), and the floor.
+            let local = worker.latestVersionVector.withLock { $0 }
+            guard local.dominatesOrEquals(state.heads), state.heads.dominatesOrEquals(freshStateFloor) else {
+                configuration.logger.info(
+                    "the relay's state read for a fresh state is not all this node holds yet; read again shortly",
+                    metadata: ["heads": "\(state.heads)", "held": "\(local)"]
+                )
+                relayStateReadDueMs = configuration.clock.monotonicMilliseconds() + Self.relayStateRereadMilliseconds
+                return
+            }
             var taken = FreshStateReport()
             let tables = try await worker.read { store throws(ShoalError) in try store.tableDigests().tables.map(\.name) }
             for table in tables {
@@ -194,8 +203,10 @@ extension SyncNode {
         }
     }
 
-    /// How long after a read of the relay's whole state the next may start.
+    /// How long after a read of the relay's whole state that failed the next may start.
     static let relayStateReadIntervalMilliseconds: UInt64 = 30_000
+    /// How long after a read this node did not hold all of yet the next may start.
+    static let relayStateRereadMilliseconds: UInt64 = 1_000
 
     /// Whether the relay, holding `heads`, can give this node its fresh state: this node holds all of it, it holds
     /// all this node got from other sites (rows it holds from them are named there, unless collected) and the floor.

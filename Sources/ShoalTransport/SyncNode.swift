@@ -277,6 +277,7 @@ public actor SyncNode: Service {
             setup: channelSetup
         )
         _ = try? await worker.versionVector()
+        collection.startedAtMs = configuration.clock.nowMilliseconds()
         if configuration.collectionIntervalMilliseconds > 0 {
             // Before any link starts: a member this node (or another) suspended for collection is not pulled from,
             // from the first round on (a node restarted while it collects without one must not take its writes).

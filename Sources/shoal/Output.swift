@@ -199,8 +199,9 @@ enum Output {
         var text = "site:       \(status.siteID.hex)\n"
         if let change = status.identityChange { text += "identity:   \(change)\n" }
         if status.awaitsFreshState {
-            text += "fresh state: awaited (this database lost history): its own writes wait until it has compared "
-                + "rows with a peer it can dial; serve it with a peer online\n"
+            text += "fresh state: awaited (this database lost history, or peers collected deletes without it): its own "
+                + "writes wait until it has compared rows with a peer it can dial, or read the relay's whole state "
+                + "through its relay link; serve it with a peer or its relay online\n"
         }
         if let name = status.nodeName { text += "name:       \(name)\n" }
         if let keyFile {
