@@ -18,7 +18,9 @@ extension SyncNode {
         }
         defer { watching.cancel() }
         await foldMemberReports()
-        memberReportDue = (try? await worker.memberReports().contains { $0.site == registry.localSite }) == false
+        // What this node's last report said it held (its row, written before a restart too).
+        var reported = try? await worker.memberReports().first { $0.site == registry.localSite }?.versionVector
+        memberReportDue = reported == nil
         let clock = configuration.clock
         let refresh = configuration.collectionHorizonMilliseconds / 3
         var lastWritten = clock.monotonicMilliseconds()
@@ -27,9 +29,16 @@ extension SyncNode {
             let stale = refresh > 0 && relayLinked && clock.monotonicMilliseconds() &- lastWritten >= refresh
             guard memberReportDue || stale, collectsAmongMembers else { continue }
             memberReportDue = false
-            lastWritten = clock.monotonicMilliseconds()
             do {
                 let held = try await worker.versionVector()
+                // Only Shoal's own rows came since the last report (others' reports and floors, a digest folded by
+                // another process): nothing a collection waits for. Each report once answered such a commit, and
+                // a process folding digests beside the nodes (the chaos harness, `shoal digest` in a loop) kept every
+                // node writing one at every interval, for good.
+                if !stale, let reported, try await !worker.movesBeyondInternalWrites(from: reported, to: held) {
+                    continue
+                }
+                lastWritten = clock.monotonicMilliseconds()
                 let written = try await worker.writeMemberReport(
                     site: registry.localSite,
                     name: configuration.nodeName,
@@ -37,7 +46,7 @@ extension SyncNode {
                     atMs: configuration.clock.nowMilliseconds()
                 )
                 // An app's transaction is open on the node's connection: the next interval writes it.
-                if !written { memberReportDue = true }
+                if written { reported = held } else { memberReportDue = true }
             } catch {
                 configuration.logger.warning("could not write this member's report", metadata: ["error": "\(error)"])
             }
