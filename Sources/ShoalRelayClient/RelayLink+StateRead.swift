@@ -19,7 +19,7 @@ extension RelayLink {
         var endpoint = StateReadingEndpoint(link: Endpoint(link: self, api: api))
         var stalled = 0
         while !endpoint.covers(heads), stalled < Self.stateReadStalledPages {
-            let before = endpoint.read
+            let before = endpoint.covered
             let request = session.request(
                 held: before, now: configuration.clock.nowMilliseconds(), wait: 0,
                 maximumBytes: configuration.pageBytes
@@ -27,7 +27,7 @@ extension RelayLink {
             let entries = try await api.pull(request, waitMilliseconds: 0)
             _ = try await RelayPullDriver.deliver(entries, &session, &endpoint)
             if entries.isEmpty { break }
-            stalled = endpoint.read == before ? stalled + 1 : 0
+            stalled = endpoint.covered == before ? stalled + 1 : 0
         }
         for problem in session.problems { note(problem) }
         guard endpoint.covers(heads) else {
@@ -55,14 +55,18 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     /// changes read: every change of those ranges was read all the same.
     var served = VersionVector()
 
-    /// Whether the read covers `heads`: for each site, the changes proved it, or the ranges up to it were read whole.
-    func covers(_ heads: VersionVector) -> Bool {
-        heads.entries.allSatisfy { read[$0.key] >= $0.value || served[$0.key] >= $0.value }
-    }
+    /// What the read covers: what the changes proved, and the ranges served whole. (A range's claim counts in a
+    /// node's store only once the ranges of the other sites it names are applied; read from the empty vector, many
+    /// ranges wait so on each other, and the read, asking from what it proved, was served its first page again and
+    /// again.)
+    var covered: VersionVector { read.merging(served) }
+
+    /// Whether the read covers `heads`.
+    func covers(_ heads: VersionVector) -> Bool { covered.dominatesOrEquals(heads) }
 
     func nowMilliseconds() -> UInt64 { link.nowMilliseconds() }
 
-    func held() async throws(RelayCallError) -> VersionVector { read }
+    func held() async throws(RelayCallError) -> VersionVector { covered }
 
     mutating func seal(opening epoch: UInt32) async throws(RelayCallError) -> RelaySeal {
         try await link.seal(opening: epoch)
@@ -83,6 +87,6 @@ struct StateReadingEndpoint: RelayPullEndpoint {
         for (site, claimed) in batch.claim.entries {
             read.advance(site, to: min(claimed, max(read[site], highest[site] ?? 0)))
         }
-        return (batch.changes.count, read, highest)
+        return (batch.changes.count, covered, highest)
     }
 }
