@@ -155,6 +155,10 @@ extension SyncNode {
         while !Task.isCancelled {
             if let site = site ?? directory.site(at: address), directory.isConnected(site) {
                 // Already connected to this peer (it dialled us): dial once that connection ends, not before.
+                configuration.logger.trace(
+                    "connected to the peer already: dialling once that connection ends",
+                    metadata: ["peer": "\(address)", "site": "\(site.hex.prefix(8))"]
+                )
                 while true {
                     guard let gone = await disconnected.next() else { return }  // the node stopped
                     if gone == site { break }
@@ -162,6 +166,7 @@ extension SyncNode {
                 continue
             }
             var healthy = false
+            configuration.logger.trace("dialling", metadata: ["peer": "\(address)"])
             do {
                 // Connect in a task of its own: cancelling the node must not abandon a channel NIO has created.
                 let connecting = Task {
@@ -177,7 +182,15 @@ extension SyncNode {
                     return
                 }
                 directory.dialed(address)
+                configuration.logger.trace("connected; handshake next", metadata: ["peer": "\(address)"])
                 let outcome = await handle(channel, dialed: true, address: address.description)
+                configuration.logger.trace(
+                    "connection ended",
+                    metadata: [
+                        "peer": "\(address)", "established": "\(outcome.established)", "healthy": "\(outcome.healthy)",
+                        "error": "\(outcome.error.map { $0.message } ?? "none")",
+                    ]
+                )
                 // Only a connection that finished a round and ended without a failure or a refusal starts the
                 // backoff again; a refusal after the handshake (a clock too far ahead, a failing apply) backs off
                 // like a refused dial.
