@@ -51,16 +51,6 @@ func makeDatabase(_ name: String, in directory: URL) throws -> String {
 func makeCluster(_ names: [String], in directory: URL) throws -> [String] {
     let paths = try names.map { try makeDatabase($0, in: directory) }
     try Membership.formLocally(paths, now: SystemWallClock().nowMilliseconds())
-    // Each member's roster is as the founder's was when it joined: an earlier one refuses a later one as not on its
-    // roster until it syncs with the founder. A test whose earlier members dial only later ones (the two-back test,
-    // by site order) then never converged: every member starts with the whole roster here.
-    let founder = try Store(path: paths[0])
-    for path in paths.dropFirst() {
-        let member = try Store(path: path)
-        for batch in try founder.changes(since: member.versionVector()) {
-            try member.apply(batch.changes, claim: batch.claim)
-        }
-    }
     return paths
 }
 
