@@ -277,16 +277,19 @@ extension Store {
             return covers.dominatesOrEquals(notice.cut, ignoring: [notice.site])
         }
         guard !settled.isEmpty else { return 0 }
-        try writingOwnChanges { () throws(ShoalError) in
-            for notice in settled {
-                try connection.rows(
-                    "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
-                    [.blob(notice.site.bytes), .blob(notice.by.bytes)]
-                )
-                capture.statementSucceeded()
-            }
-        }
+        try writingOwnChanges { () throws(ShoalError) in try deleteNotices(settled) }
         return settled.count
+    }
+
+    /// Deletes `notices` from ``suspendedTable``, inside the caller's write of this node.
+    private func deleteNotices(_ notices: [Suspension]) throws(ShoalError) {
+        for notice in notices {
+            try connection.rows(
+                "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
+                [.blob(notice.site.bytes), .blob(notice.by.bytes)]
+            )
+            capture.statementSucceeded()
+        }
     }
 
     /// Deletes, as a write of this node, the suspensions naming it that its last fresh state covers, and records what
@@ -303,13 +306,7 @@ extension Store {
         guard !settled.isEmpty else { return 0 }
         let taken = try freshStatesTaken()
         try writingOwnChanges { () throws(ShoalError) in
-            for suspension in settled {
-                try connection.rows(
-                    "DELETE FROM \(Self.suspendedTable) WHERE site = ? AND by = ?",
-                    [.blob(suspension.site.bytes), .blob(suspension.by.bytes)]
-                )
-                capture.statementSucceeded()
-            }
+            try deleteNotices(settled)
             for site in Set(settled.map(\.site)).sorted() where taken[site] != covers {
                 try connection.rows(
                     "INSERT OR REPLACE INTO \(Self.suspendedTable)(site, by, cut) VALUES (?, ?, ?)",
