@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import NIOSSL
 import ShoalCore
+import SwiftASN1
 import X509
 
 /// A node's key and what it proves: its ``NodeID``, certificates made from it in-process, and signatures.
@@ -65,10 +66,15 @@ public struct NodeIdentity: Sendable {
     /// A self-signed certificate for this key, made now: common name `name`, the site id and the purpose in its
     /// subject, valid from an hour ago for ten years (the node id does not depend on it: a new one can be made at any
     /// start).
+    ///
+    /// A member's certificate may carry its admission (``Roster/admissionProof(of:)``) in a non-critical extension
+    /// (``PeerCertificate/admissionExtension``): a member admitted before it, which has not learnt of it yet, checks
+    /// the signed adds and takes it as a member (TLS libraries that do not know the extension pass over it).
     public func certificate(
         name: String,
         siteID: SiteID,
         purpose: CertificatePurpose = .member,
+        admission: [RosterRecord] = [],
         now: Date = Date()
     ) throws(ShoalError) -> NIOSSLCertificate {
         do {
@@ -89,6 +95,13 @@ public struct NodeIdentity: Sendable {
                 extensions: try Certificate.Extensions {
                     Critical(BasicConstraints.notCertificateAuthority)
                     Critical(KeyUsage(digitalSignature: true))
+                    if !admission.isEmpty {
+                        Certificate.Extension(
+                            oid: PeerCertificate.admissionExtension,
+                            critical: false,
+                            value: ArraySlice(PeerCertificate.encode(admission: admission))
+                        )
+                    }
                 },
                 issuerPrivateKey: Certificate.PrivateKey(privateKey)
             )
@@ -120,6 +133,39 @@ public struct PeerCertificate: Sendable, Hashable {
     public var siteID: SiteID?
     /// What it says it comes for.
     public var purpose: NodeIdentity.CertificatePurpose
+    /// The adds it shows as its admission (its claim: ``Roster/admitting(_:key:proof:)`` checks them); empty when its
+    /// certificate carries none, or one that does not decode.
+    public var admission: [RosterRecord] = []
+
+    /// The OID of the extension that carries a member's admission: in the UUID arc (2.25), a number of Shoal's own.
+    public static let admissionExtension: ASN1ObjectIdentifier = [2, 25, 6_283_185_307_179_586_476]
+
+    /// The extension's value: a count, then each record's length and its stored bytes (``RosterRecord/encoded``).
+    static func encode(admission: [RosterRecord]) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.appendVarint(UInt64(admission.count))
+        for record in admission {
+            let encoded = record.encoded
+            bytes.appendVarint(UInt64(encoded.count))
+            bytes += encoded
+        }
+        return bytes
+    }
+
+    /// The records of an admission extension; empty when it is malformed or longer than a proof may be.
+    static func decode(admission bytes: ArraySlice<UInt8>) -> [RosterRecord] {
+        var reader = ByteReader(Array(bytes))
+        guard let count = try? reader.readVarint(), count <= UInt64(Roster.maximumProofRecords) else { return [] }
+        var records: [RosterRecord] = []
+        for _ in 0..<count {
+            guard let length = try? reader.readVarint(), length <= 4096,
+                let encoded = try? reader.readBytes(Int(length)),
+                let record = try? RosterRecord(decoding: Array(encoded))
+            else { return [] }
+            records.append(record)
+        }
+        return reader.isAtEnd ? records : []
+    }
 
     /// Reads a peer's leaf certificate; throws unless it holds a P-256 key. The certificate's own signature is not
     /// checked: TLS proved that the peer holds the key's private half, and the key is what the roster names.
@@ -146,6 +192,9 @@ public struct PeerCertificate: Sendable, Hashable {
             self.name = name.printable()
             self.siteID = site
             self.purpose = purpose
+            if let proof = parsed.extensions[oid: Self.admissionExtension] {
+                admission = Self.decode(admission: proof.value)
+            }
         } catch let error as ShoalError {
             throw error
         } catch {

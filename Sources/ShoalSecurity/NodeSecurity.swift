@@ -151,8 +151,9 @@ public final class NodeSecurity: PeerAuthorizer {
             }
             let previous = trust.roster
             let gone = trust.replaceRoster(roster)
-            // Deletes are collected once every current member holds them.
-            await node.setMembers(Self.memberSites(roster))
+            // Deletes are collected once every current member holds them (members that showed their admission
+            // included: the trust store's roster).
+            await node.setMembers(Self.memberSites(trust.roster))
             if !gone.isEmpty {
                 let closed = await node.closeConnections(of: gone)
                 // Not dialled again either (its remembered address is forgotten).

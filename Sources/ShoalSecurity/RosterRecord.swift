@@ -352,6 +352,72 @@ public struct Roster: Sendable {
         return counted
     }
 
+    /// The most records an admission proof carries (``admissionProof(of:)``); a longer one is refused unread.
+    public static let maximumProofRecords = 32
+
+    /// The adds that admit `node`, each followed by the add of its signer, up to the founder (or
+    /// ``maximumProofRecords`` of them): what a member shows a member admitted before it, which does not know it yet
+    /// (see ``admitting(_:key:proof:)``). Empty for the founder and for a node this roster does not admit.
+    public func admissionProof(of node: NodeID) -> [RosterRecord] {
+        var proof: [RosterRecord] = []
+        var current = node
+        var seen: Set<NodeID> = []
+        while proof.count < Self.maximumProofRecords, !Self.isFounder(current, of: clusterID),
+            let member = members[current], seen.insert(current).inserted,
+            let add = records.first(where: { record in
+                record.action == .add && record.subject == current && record.signer == member.addedBy
+                    && record.signedAtMilliseconds == member.addedAtMilliseconds
+            })
+        {
+            proof.append(add)
+            current = add.signer
+        }
+        return proof
+    }
+
+    /// This roster with the adds of `proof` that admit `node` (whose key is `key`), when they do: each add is signed
+    /// by a member this roster knows (the founder, or a member with the same key) or by a node an earlier add of the
+    /// proof admits, and none of the nodes on the way is removed here. Nil otherwise. Signatures are checked only
+    /// along a chain that reaches a known member, so a stranger's proof costs no more than its own records.
+    public func admitting(_ node: NodeID, key: [UInt8], proof: [RosterRecord]) -> Roster? {
+        guard !proof.isEmpty, proof.count <= Self.maximumProofRecords, removed[node] == nil, !isMember(node) else {
+            return nil
+        }
+        var vouched: [NodeID: [UInt8]] = [:]
+        var counted: [RosterRecord] = []
+        var waiting = proof.filter { $0.action == .add && $0.clusterID == clusterID }
+        var progress = true
+        while progress {
+            progress = false
+            var next: [RosterRecord] = []
+            for record in waiting {
+                let signer = record.signer
+                let known =
+                    (Self.isFounder(signer, of: clusterID) && isMember(signer)
+                        && NodeIdentity.nodeID(ofPublicKeyDER: record.signerKey) == signer)
+                    || (members[signer].map { $0.publicKeyDER == record.signerKey } ?? false)
+                    || vouched[signer] == record.signerKey
+                guard known else {
+                    next.append(record)
+                    continue
+                }
+                guard removed[signer] == nil, removed[record.subject] == nil,
+                    NodeIdentity.isValid(signature: record.signature, of: record.signedBytes, publicKeyDER: record.signerKey),
+                    NodeIdentity.nodeID(ofPublicKeyDER: record.subjectKey) == record.subject
+                else { continue }
+                counted.append(record)
+                progress = true
+                if vouched[record.subject] == nil { vouched[record.subject] = record.subjectKey }
+            }
+            waiting = next
+        }
+        guard vouched[node] == key else { return nil }
+        // The whole roster decides, as it does for records that arrive by sync: the earliest add binds a node.
+        let extended = Roster(records: records + counted, clusterID: clusterID)
+        guard extended.members[node]?.publicKeyDER == key else { return nil }
+        return extended
+    }
+
     /// Whether `node` founded cluster `clusterID` (its id begins with it).
     public static func isFounder(_ node: NodeID, of clusterID: [UInt8]) -> Bool {
         Array(node.bytes.prefix(clusterID.count)) == clusterID

@@ -31,7 +31,8 @@ public struct TLSChannelSetup: ChannelSetup {
     /// handlers go, before the node asks why.
     private let outcomes = Outcomes()
 
-    /// A member's setup: its certificate (made now from `identity`), and the roster check through `trust`.
+    /// A member's setup: its certificate (made now from `identity`, with its admission as `trust`'s roster has it),
+    /// and the roster check through `trust`.
     public init(
         identity: NodeIdentity,
         name: String,
@@ -41,7 +42,12 @@ public struct TLSChannelSetup: ChannelSetup {
         handshakeTimeoutMilliseconds: Int64 = 10_000,
         clock: any WallClock = SystemWallClock()
     ) throws(ShoalError) {
-        let certificate = try identity.certificate(name: name, siteID: siteID, purpose: .member)
+        let certificate = try identity.certificate(
+            name: name,
+            siteID: siteID,
+            purpose: .member,
+            admission: trust.roster.admissionProof(of: identity.nodeID)
+        )
         let key = try identity.tlsPrivateKey()
         self.framing = FramingChannelSetup(maximumFrameLength: maximumFrameLength)
         self.serverContext = try Self.context(certificate, key, server: true, protocols: [Self.syncProtocol, Self.joinProtocol])

@@ -40,6 +40,9 @@ public final class TrustStore: Sendable {
     private struct State {
         var roster: Roster
         var pending: [NodeID: PendingDevice] = [:]
+        /// Adds taken from peers' certificates (their admissions) that the roster read from the database does not
+        /// hold yet: kept in every roster until it does, so a member taken that way stays one.
+        var proven: [RosterRecord] = []
     }
 
     /// At most this many pending devices are remembered (the least recently seen go first).
@@ -66,6 +69,12 @@ public final class TrustStore: Sendable {
     @discardableResult
     public func replaceRoster(_ roster: Roster) -> Set<NodeID> {
         state.withLock { state in
+            var roster = roster
+            let held = Set(roster.records)
+            state.proven.removeAll { held.contains($0) }
+            if !state.proven.isEmpty {
+                roster = Roster(records: roster.records + state.proven, clusterID: roster.clusterID)
+            }
             let gone = Set(state.roster.members.keys).subtracting(roster.members.keys)
                 .union(Set(roster.removed.keys).subtracting(state.roster.removed.keys))
             state.roster = roster
@@ -98,6 +107,19 @@ public final class TrustStore: Sendable {
                 return acceptsJoins ? .joining : .refused("a joining device's certificate on a dialled connection")
             }
             if state.roster.isMember(certificate.nodeID) { return .member }
+            // A member admitted after the roster here was last read shows its admission: adds signed by members
+            // this node knows, which it then holds as if they had come by sync (they will, from that member).
+            if let extended = state.roster.admitting(
+                certificate.nodeID,
+                key: certificate.publicKeyDER,
+                proof: certificate.admission
+            ) {
+                let held = Set(state.roster.records)
+                state.proven += extended.records.filter { !held.contains($0) }
+                state.roster = extended
+                state.pending[certificate.nodeID] = nil
+                return .member
+            }
             var device =
                 state.pending[certificate.nodeID]
                 ?? PendingDevice(

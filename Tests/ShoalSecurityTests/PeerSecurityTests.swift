@@ -31,6 +31,46 @@ import X509
         #expect(b.security.trust.roster.isMember(a.nodeID) && a.security.trust.roster.isMember(b.nodeID))
     }
 
+    /// Each member's roster is the founder's as of its own join: b knows a and b; c and d joined after it. With the
+    /// founder away, b dials c, and d dials b: b takes both as members from the admissions their certificates show
+    /// (before, b refused them as "not on the roster: pending" until it synced with a member it knew, so a member
+    /// whose only peers joined after it never converged). Rows compared outside Shoal.
+    @Test func aMemberAdmittedAfterAnotherShowsItsAdmissionAndTheyConvergeWithoutTheFounder() async throws {
+        let directory = try temporaryDirectory("tls-later-member")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let paths = try makeCluster(["a", "b", "c", "d"], in: directory)
+        let ids = try paths.map { try KeyFile.load(forDatabase: $0).identity.nodeID }
+        let before = try Membership.roster(store: try Store(path: paths[1]), cluster: try KeyFile.load(forDatabase: paths[1]).cluster.id)
+        #expect(before.isMember(ids[1]) && !before.isMember(ids[2]) && !before.isMember(ids[3]))
+
+        let c = try await startSecured(paths[2])
+        defer { Task { await c.stop() } }
+        let b = try await startSecured(paths[1], peers: [c.port])  // b verifies c's certificate as the client
+        defer { Task { await b.stop() } }
+        let d = try await startSecured(paths[3], peers: [b.port])  // and d's as the server
+        defer { Task { await d.stop() } }
+        try await b.node.execute("INSERT INTO kv(k, v) VALUES ('from b', x'00ff')")
+        try await c.node.execute("INSERT INTO kv(k, v) VALUES ('from c', 2.5)")
+        try await d.node.execute("INSERT INTO kv(k, v) VALUES ('from d', 'd')")
+        for node in [b, c, d] {
+            for key in ["from b", "from c", "from d"] { #expect(try await holds(node, key: key), "\(node.path) \(key)") }
+        }
+        #expect(b.security.trust.roster.isMember(ids[2]) && b.security.trust.roster.isMember(ids[3]))
+        let said = await failures(b)
+        #expect(said.allSatisfy { !$0.contains("not on the roster") }, "\(said)")
+        // The adds then reach b's roster table by sync, like any record.
+        #expect(
+            try await waitUntil(within: 15) {
+                let stored = try await b.node.store.read { store throws(ShoalError) in try store.rosterRecords() }
+                let roster = Roster(records: stored.compactMap { try? RosterRecord(decoding: $0) }, clusterID: before.clusterID)
+                return roster.isMember(ids[2]) && roster.isMember(ids[3])
+            }
+        )
+        let query = "SELECT k, quote(v), typeof(v) FROM kv ORDER BY k"
+        let rows = try [b, c, d].map { try sqlite3Shell($0.path, query).stdout }
+        #expect(rows[0].contains("from d") && rows.allSatisfy { $0 == rows[0] }, "\(rows)")
+    }
+
     @Test func anUnknownKeyGetsNothingAndIsListedAsPending() async throws {
         let directory = try temporaryDirectory("tls-unknown")
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -160,4 +160,64 @@ extension RosterTests {
         #expect(!founderRemoved.isMember(founder.nodeID) && !founderRemoved.isMember(d.nodeID))
         #expect(founderRemoved.isMember(c.nodeID))
     }
+
+    /// A member admitted after another shows the adds that admit it (in its certificate); the earlier member counts
+    /// them only along a chain of valid signatures from a member it knows, and never for a removed node.
+    @Test func anAdmissionProofCountsOnlyAlongValidSignaturesFromAKnownMember() throws {
+        let b = NodeIdentity.generate()
+        let c = NodeIdentity.generate()
+        let d = NodeIdentity.generate()
+        let addB = try add(b, by: founder, at: 1)
+        let addC = try add(c, by: b, at: 2)
+        let addD = try add(d, by: c, at: 3)
+        // The newest member's view: every add. Its proof is its add, then its signer's, up to the founder.
+        let newest = Roster(records: [addB, addC, addD], clusterID: cluster)
+        #expect(newest.admissionProof(of: d.nodeID) == [addD, addC, addB])
+        #expect(newest.admissionProof(of: founder.nodeID).isEmpty)
+        #expect(newest.admissionProof(of: NodeIdentity.generate().nodeID).isEmpty)
+
+        // A member that knows only the founder takes d from its proof, and c on the way (b vouched by the founder).
+        let early = Roster(records: [], clusterID: cluster)
+        let taken = try #require(early.admitting(d.nodeID, key: d.publicKeyDER, proof: [addD, addC, addB]))
+        #expect(taken.isMember(d.nodeID) && taken.isMember(c.nodeID) && taken.isMember(b.nodeID))
+        #expect(taken.member(d.nodeID)?.siteID == addD.siteID)
+        // One that knows b needs only the two adds after it.
+        let knowsB = Roster(records: [addB], clusterID: cluster)
+        #expect(knowsB.admitting(d.nodeID, key: d.publicKeyDER, proof: [addD, addC])?.isMember(d.nodeID) == true)
+
+        // Refused: a chain that reaches no known member, another key than the add's, a forged record, a record of
+        // another cluster, a removed signer on the way, a removed subject, and a proof longer than allowed.
+        #expect(early.admitting(d.nodeID, key: d.publicKeyDER, proof: [addD, addC]) == nil)
+        #expect(early.admitting(d.nodeID, key: c.publicKeyDER, proof: [addD, addC, addB]) == nil)
+        var forged = addD
+        forged.siteID = .random()
+        #expect(early.admitting(d.nodeID, key: d.publicKeyDER, proof: [forged, addC, addB]) == nil)
+        let outsider = NodeIdentity.generate()
+        let byOutsider = try add(d, by: outsider, at: 3)
+        #expect(early.admitting(d.nodeID, key: d.publicKeyDER, proof: [byOutsider]) == nil)
+        var otherCluster = addD
+        otherCluster.clusterID = Array(repeating: 7, count: 16)
+        #expect(early.admitting(d.nodeID, key: d.publicKeyDER, proof: [otherCluster, addC, addB]) == nil)
+        let cRemoved = Roster(records: [addB, try remove(c, by: founder, at: 4)], clusterID: cluster)
+        #expect(cRemoved.admitting(d.nodeID, key: d.publicKeyDER, proof: [addD, addC]) == nil)
+        let dRemoved = Roster(records: [addB, addC, try remove(d, by: founder, at: 4)], clusterID: cluster)
+        #expect(dRemoved.admitting(d.nodeID, key: d.publicKeyDER, proof: [addD]) == nil)
+        let long = Array(repeating: addD, count: Roster.maximumProofRecords) + [addC, addB]
+        #expect(early.admitting(d.nodeID, key: d.publicKeyDER, proof: long) == nil)
+    }
+
+    /// The proof travels in the member's certificate, in an extension TLS libraries pass over; a malformed one reads
+    /// as no proof.
+    @Test func aCertificateCarriesItsAdmissionAndAMalformedOneReadsAsNone() throws {
+        let b = NodeIdentity.generate()
+        let addB = try add(b, by: founder, at: 1)
+        let certificate = try b.certificate(name: "b", siteID: .random(), admission: [addB])
+        #expect(try PeerCertificate(certificate).admission == [addB])
+        #expect(try PeerCertificate(b.certificate(name: "b", siteID: .random())).admission.isEmpty)
+        let encoded = PeerCertificate.encode(admission: [addB])
+        #expect(PeerCertificate.decode(admission: encoded[...]) == [addB])
+        #expect(PeerCertificate.decode(admission: encoded.dropLast()).isEmpty)
+        #expect(PeerCertificate.decode(admission: (encoded + [0])[...]).isEmpty)
+        #expect(PeerCertificate.decode(admission: [0xFF, 0xFF, 0xFF, 0x0F]).isEmpty)
+    }
 }
