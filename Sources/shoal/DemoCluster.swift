@@ -24,6 +24,9 @@ actor DemoCluster {
     private var timed: [String: Double] = [:]
     /// Per node, since when (wall milliseconds) the follower times change sets.
     private var followedSince: [Int: UInt64] = [:]
+    /// Per node, since when its process runs (wall milliseconds, when it listened): a change set committed before is
+    /// a catch-up when it arrives (it waited for the node), not propagation, and is not timed.
+    private var runningSince: [Int: UInt64] = [:]
     private var changeSets: [DashboardState.ChangeSet] = []
     private var seenDots: Set<String> = []
     private var appliedCounts: [Int]
@@ -97,6 +100,7 @@ actor DemoCluster {
             )
         }
         children[index] = child
+        runningSince[index] = SystemWallClock().nowMilliseconds()
         return child.port
     }
 
@@ -124,8 +128,9 @@ actor DemoCluster {
     // MARK: - Measuring
 
     /// Follows node `index`'s change sets as they commit (its file's `data_version`, looked at every 10 ms): each one
-    /// that came from another node gives a propagation sample (from its origin's commit to now), and each is listed
-    /// once, as first seen. Returns when cancelled.
+    /// that came from another node gives a propagation sample (from its origin's commit to now) when it was committed
+    /// while this node ran (one that waited for the node to start is a catch-up), and each is listed once, as first
+    /// seen. Returns when cancelled.
     nonisolated func follow(_ index: Int) async {
         // Only change sets written from now on are timed (one written before would count its wait for the nodes).
         let since = SystemWallClock().nowMilliseconds()
@@ -154,7 +159,7 @@ actor DemoCluster {
     private func startedFollowing(_ index: Int, since: UInt64) { followedSince[index] = since }
 
     private func saw(_ set: FeedChangeSet, at index: Int, now: UInt64, timed isTimed: Bool) {
-        if !set.isLocal && isTimed {
+        if !set.isLocal && isTimed && set.hlc.milliseconds >= (runningSince[index] ?? .max) {
             let milliseconds = Double(Int64(now) - Int64(set.hlc.milliseconds))
             latency.add(milliseconds)
             appliedCounts[index] += 1
@@ -190,7 +195,8 @@ actor DemoCluster {
         var samples = LatencySamples(capacity: 1_000_000)
         var notFollowed = 0
         for index in paths.indices {
-            guard let since = followedSince[index] else { continue }
+            guard let followed = followedSince[index], let running = runningSince[index] else { continue }
+            let since = max(followed, running)
             for entry in ApplyLog.Entry.read(Self.applyLogPath(paths[index])) where entry.originMs >= since {
                 if timed["\(index) \(entry.site) \(entry.seq)"] != nil {
                     samples.add(Double(Int64(entry.appliedMs) - Int64(entry.originMs)))
