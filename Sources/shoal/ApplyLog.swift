@@ -12,7 +12,8 @@ struct ApplyLog: Service {
     let path: String
 
     func run() async throws {
-        guard FileManager.default.fileExists(atPath: path) || FileManager.default.createFile(atPath: path, contents: nil),
+        let files = FileManager.default
+        guard files.fileExists(atPath: path) || files.createFile(atPath: path, contents: nil),
             let file = FileHandle(forWritingAtPath: path)
         else {
             throw ShoalError(code: .invalidArgument, message: "--apply-log: cannot write \(path)")

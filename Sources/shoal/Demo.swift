@@ -44,7 +44,9 @@ extension ShoalCommand {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             let paths = (0..<nodes).map { "\(directory)/node\($0).db" }
             for (index, path) in paths.enumerated() {
-                for suffix in ["", "-wal", "-shm", ".applies"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+                for suffix in ["", "-wal", "-shm", ".applies"] {
+                    try? FileManager.default.removeItem(atPath: path + suffix)
+                }
                 var options = StoreOptions()
                 options.nodeName = "node\(index)"
                 let store = try Store(path: path, options: options)
