@@ -342,6 +342,8 @@ let package = Package(
             name: "ShoalSecurityTests",
             dependencies: [
                 "ShoalSecurity", "ShoalTransport", "ShoalStore", "ShoalProtocol", "ShoalCore", "ShoalTestSupport",
+                // The dashboard over HTTPS with a node's identity (DashboardTLSTests).
+                "ShoalDashboard", .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOCore", package: "swift-nio"),

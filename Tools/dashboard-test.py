@@ -120,16 +120,31 @@ def main():
             fail(f"converged, yet the cards show {len(set(colours))} colours: {colours}")
         print(f"dashboard test: {nodes} cards, one colour ({colours[0]})")
 
-        # The page's figures against the ones the demo printed (the same applies, measured the same way).
+        # The page's figures against the ones the demo printed, measured apart: the page's by the demo's follower of
+        # every node's file, the printed ones by each node's own timing of its applies (its commit notifications).
+        # Both cover the same applies once the page counts as many as the demo printed (the nodes keep writing
+        # Shoal's own rows now and then, member reports, which both time too: compared at the same count).
         def figure(element):
             value = driver.find_element(By.ID, element).get_attribute("data-ms")
             return float(value) if value else None
-        until("the page shows propagation figures", lambda: figure("latency-p50") is not None)
-        page_p50, page_p95 = figure("latency-p50"), figure("latency-p95")
+
+        def page_latency():
+            return driver.execute_script(
+                "const n = document.getElementById('latency-n').textContent.match(/\\d+/);"
+                " return [document.getElementById('latency-p50').dataset.ms,"
+                " document.getElementById('latency-p95').dataset.ms, n ? Number(n[0]) : 0]")
+        counted = until(f"the page counts the {cli_samples} applies the demo printed",
+                        lambda: (lambda p: p if p[2] == cli_samples and p[0] else None)(page_latency()), 15)
+        page_p50, page_p95 = float(counted[0]), float(counted[1])
+        # Within 10 %, or within the follower's resolution: it sees another process's commit by polling the file every
+        # 10 ms, on a machine the nodes, the demo's writers and the browser load (a few cores), so it may time an apply
+        # later than the node itself did by that much and a little scheduling; 25 ms in all.
         for name, page, cli in (("p50", page_p50, cli_p50), ("p95", page_p95, cli_p95)):
-            if abs(page - cli) > 0.10 * max(cli, 1.0):
-                fail(f"propagation {name}: the page shows {page:.1f} ms, the demo printed {cli:.1f} ms (more than 10 % apart)")
-        print(f"dashboard test: propagation on the page p50 {page_p50:.1f} ms, p95 {page_p95:.1f} ms: within 10 % of the demo's")
+            if abs(page - cli) > max(0.10 * cli, 25.0):
+                fail(f"propagation {name}: the page shows {page:.1f} ms, the demo printed {cli:.1f} ms "
+                     "(more than 10 % and 25 ms apart)")
+        print(f"dashboard test: propagation on the page p50 {page_p50:.1f} ms, p95 {page_p95:.1f} ms over {cli_samples} "
+              "applies (the demo's follower): within 10 % (or 25 ms) of the nodes' own timing, as the demo printed it")
         shot = os.path.join(output, "dashboard.png")
         driver.save_screenshot(shot)
         print(f"dashboard test: screenshot of the converged page: {shot}")
@@ -227,12 +242,26 @@ def main():
               lambda: len(set(rows())) == 1 and rows()[0].isdigit() and rows_before[0].isdigit()
               and int(rows()[0]) < int(rows_before[0]), 30)
         rows_after = rows()
-        # Every member holds the deletes, then every member collects them: the tombstones fall to 0 on every card.
-        until("every card at 0 tombstones after deleting rows, converged",
+        # Every member holds the deletes, then every member collects them: the tombstones fall to 0 on every card,
+        # and the cards are one colour again.
+        until("every card at 0 tombstones after deleting rows, converged, one colour",
               lambda: len(tombstones()) == nodes and all(value == 0 for value in tombstones())
-              and driver.find_element(By.ID, "converged").text == "converged", 60)
+              and driver.find_element(By.ID, "converged").text == "converged"
+              and len(set(driver.execute_script(colours_js))) == 1, 60)
         print(f"dashboard test: deleted rows on node0: rows {rows_before[0]} -> {rows_after[0]} on every card, "
-              "tombstones 0 everywhere once every member held the deletes")
+              "tombstones 0 everywhere once every member held the deletes, one colour")
+        # The rows themselves, read outside Shoal (Python's sqlite3, read-only): the same on every node.
+        contents = [read_rows(os.path.join(work, f"node{index}.db")) for index in range(nodes)]
+        if any(content != contents[0] for content in contents):
+            fail("the nodes' stock tables differ, read with sqlite3: "
+                 + "; ".join(f"node{index}: {len(content[1])} rows" for index, content in enumerate(contents)))
+        # A card counts the rows of every replicated table: the stock table's and the roster's (one record per member
+        # admitted).
+        if str(len(contents[0][1]) + contents[0][2]) != rows_after[0]:
+            fail(f"sqlite3 reads {len(contents[0][1])} rows of stock and {contents[0][2]} of the roster, "
+                 f"the cards show {rows_after[0]} rows")
+        print(f"dashboard test: sqlite3 reads the same {len(contents[0][1])} stock rows and columns "
+              f"({', '.join(contents[0][0])}) in every node's file")
         shot = os.path.join(output, "dashboard-healed.png")
         driver.save_screenshot(shot)
         print(f"dashboard test: screenshot of the page at the end: {shot}")
@@ -242,6 +271,7 @@ def main():
             fail("console errors: " + "; ".join(entry.get("message", "") for entry in errors))
         print("dashboard test: no console errors on the demo's page")
         serve_dashboard(shoal, work, driver, until)
+        serve_dashboard_tls(shoal, work)
     finally:
         if driver is not None:
             driver.quit()
@@ -257,6 +287,20 @@ def main():
     if demo.returncode != 0:
         fail(f"the demo exited with status {demo.returncode} after SIGINT")
     print(f"dashboard test: passed in {time.monotonic() - started:.1f} s")
+
+
+def read_rows(path):
+    """The stock table of the database at `path`, read with plain sqlite3 (read-only): its columns and its rows; and
+    the number of roster records."""
+    import sqlite3
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        cursor = connection.execute("SELECT * FROM stock ORDER BY sku")
+        columns, rows = [column[0] for column in cursor.description], cursor.fetchall()
+        roster = connection.execute("SELECT count(*) FROM shoal_roster").fetchone()[0]
+        return columns, rows, roster
+    finally:
+        connection.close()
 
 
 def serve_dashboard(shoal, work, driver, until):
@@ -309,6 +353,79 @@ def serve_dashboard(shoal, work, driver, until):
         except subprocess.TimeoutExpired:
             node.kill()
             node.wait()
+
+
+def start_serve(shoal, database, extra):
+    """`shoal serve` on `database` with `extra`; the process and the dashboard's URL, once it printed it."""
+    node = subprocess.Popen(
+        [shoal, "serve", "--db", database, "--no-mdns", "--no-remembered", "--listen", "127.0.0.1:0"] + extra,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+    )
+    said = queue.Queue()
+    threading.Thread(target=lambda: [said.put(line) for line in node.stdout] + [said.put(None)], daemon=True).start()
+    deadline = time.monotonic() + 30
+    while True:  # the node prints where it listens, then where the dashboard does
+        try:
+            line = said.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            stop(node)
+            fail("shoal serve --dashboard did not print its URL within 30 s")
+        if line is None:
+            stop(node)
+            fail("shoal serve --dashboard ended before printing its URL")
+        if line.startswith("dashboard: "):
+            return node, line.split(" ", 1)[1].strip()
+
+
+def stop(node):
+    node.send_signal(signal.SIGTERM)
+    try:
+        node.wait(20)
+    except subprocess.TimeoutExpired:
+        node.kill()
+        node.wait()
+
+
+def serve_dashboard_tls(shoal, work):
+    """`shoal serve --dashboard-tls`: HTTPS with the node's own identity; curl with a member's certificate (written by
+    `shoal id --write-tls`) and the node's pin is served; a stranger's certificate, none, or a wrong pin are refused."""
+    curl = shutil.which("curl")
+    if curl is None:
+        fail("curl is missing: install Debian's curl (Tools/setup.sh --tests does)")
+    database = os.path.join(work, "solo.db")  # a cluster of one: its own key is the member
+    identities = {}
+    for name, path in (("member", database), ("stranger", os.path.join(work, "node0.db"))):
+        pem = os.path.join(work, f"{name}.pem")
+        said = subprocess.run([shoal, "id", "--db", path, "--write-tls", pem], check=True, capture_output=True, text=True)
+        pin = re.search(r"^pin: (sha256//\S+)$", said.stdout, re.M)
+        if pin is None or not os.path.exists(pem) or os.stat(pem).st_mode & 0o077:
+            fail(f"shoal id --write-tls did not print a pin or write {pem} (mode 600): {said.stdout}")
+        identities[name] = (pem, pin.group(1))
+    node, url = start_serve(shoal, database, ["--dashboard", "127.0.0.1:0", "--dashboard-tls"])
+    try:
+        if not url.startswith("https://"):
+            fail(f"shoal serve --dashboard-tls printed {url}, not an https URL")
+
+        def get(certificate, pin):
+            command = [curl, "-sS", "--max-time", "10", "-k", "--pinnedpubkey", pin, url + "state"]
+            if certificate:
+                command[1:1] = ["--cert", certificate]
+            return subprocess.run(command, capture_output=True, text=True)
+
+        served = get(identities["member"][0], identities["member"][1])
+        if served.returncode != 0 or '"name":"solo"' not in served.stdout.replace(" ", ""):
+            fail(f"curl with the member's certificate was not served the state: {served.returncode} "
+                 f"{served.stderr.strip()} {served.stdout[:200]}")
+        for what, certificate, pin in (("a stranger's certificate", identities["stranger"][0], identities["member"][1]),
+                                       ("no certificate", None, identities["member"][1]),
+                                       ("another node's pin", identities["member"][0], identities["stranger"][1])):
+            refused = get(certificate, pin)
+            if refused.returncode == 0:
+                fail(f"curl with {what} was served: {refused.stdout[:200]}")
+        print("dashboard test: shoal serve --dashboard-tls: curl with a member's certificate and the node's pin is "
+              "served; a stranger's certificate, none, and a wrong pin are refused")
+    finally:
+        stop(node)
 
 
 if __name__ == "__main__":

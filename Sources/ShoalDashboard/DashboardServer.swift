@@ -11,8 +11,10 @@ import Synchronization
 /// `POST /control` the demo's controls (a JSON ``DashboardControl``).
 ///
 /// SwiftNIO only, as the metrics endpoint: a `NIOAsyncChannel` per connection in a discarding task group, each
-/// connection's errors caught in its own task. It listens on loopback unless given a token; with a token, every
-/// request must carry it (`?token=` in the URL, which the page passes on, or `Authorization: Bearer`). A control must
+/// connection's errors caught in its own task. It listens on loopback unless given a token or a secure channel (say
+/// TLS that admits only the cluster's members, which the caller adds through `secureChannel`: this module knows no
+/// TLS); with a token, every request must carry it (`?token=` in the URL, which the page passes on, or
+/// `Authorization: Bearer`). A control must
 /// be sent as `application/json` from the page's own origin, so another site open in the same browser cannot post one.
 /// At most 64 connections are open at once; one idle for 60 s (no request, no event) is closed.
 public struct DashboardServer: Service {
@@ -24,6 +26,9 @@ public struct DashboardServer: Service {
     public let hub: DashboardHub
     /// What every request must carry, if set (required to listen beyond loopback).
     public let token: String?
+    /// Adds the handlers that secure each new connection (TLS first in its pipeline), if set: the server then speaks
+    /// HTTPS and may listen beyond loopback without a token.
+    public let secureChannel: (@Sendable (any Channel) throws -> Void)?
     private let controls: (@Sendable (DashboardControl) async throws -> String)?
     private let onListening: @Sendable (Int) async -> Void
     private let logger: Logger
@@ -34,12 +39,13 @@ public struct DashboardServer: Service {
     static let maximumBodyBytes = 16 * 1024
 
     /// A server on `host`:`port` showing `hub`'s states; `controls` carries out the page's controls (none when nil);
-    /// `onListening` gets the bound port.
+    /// `secureChannel` secures each connection (see ``secureChannel``); `onListening` gets the bound port.
     public init(
         host: String,
         port: Int,
         hub: DashboardHub,
         token: String? = nil,
+        secureChannel: (@Sendable (any Channel) throws -> Void)? = nil,
         logger: Logger,
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
@@ -48,18 +54,20 @@ public struct DashboardServer: Service {
         self.port = port
         self.hub = hub
         self.token = token.flatMap { $0.isEmpty ? nil : $0 }
+        self.secureChannel = secureChannel
         self.logger = logger
         self.controls = controls
         self.onListening = onListening
     }
 
-    /// The page's address for a person: `http://HOST:PORT/`, with `?token=…` when there is one.
-    public static func url(host: String, port: Int, token: String?) -> String {
+    /// The page's address for a person: `http://HOST:PORT/` (`https` when `secure`), with `?token=…` when there is
+    /// one.
+    public static func url(host: String, port: Int, token: String?, secure: Bool = false) -> String {
         var unreserved = CharacterSet.alphanumerics
         unreserved.insert(charactersIn: "-._~")
         let query = token.map { "?token=\($0.addingPercentEncoding(withAllowedCharacters: unreserved) ?? $0)" } ?? ""
         let shown = host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
-        return "http://\(shown):\(port)/\(query)"
+        return "\(secure ? "https" : "http")://\(shown):\(port)/\(query)"
     }
 
     /// Whether `host` is a loopback address (or `localhost`), where the dashboard may listen without a token.
@@ -69,13 +77,14 @@ public struct DashboardServer: Service {
 
     /// Listens until a graceful shutdown or cancellation, then closes every connection.
     public func run() async throws {
-        guard token != nil || Self.isLoopback(host) else {
+        guard token != nil || secureChannel != nil || Self.isLoopback(host) else {
             throw DashboardServerError(
                 host: host,
                 port: port,
-                reason: "the dashboard listens beyond loopback only with a token (--dashboard-token)"
+                reason: "the dashboard listens beyond loopback only with a token (--dashboard-token) or TLS (--dashboard-tls)"
             )
         }
+        let secureChannel = self.secureChannel
         typealias Connection = NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
         let server: NIOAsyncChannel<Connection, Never>
         do {
@@ -85,6 +94,7 @@ public struct DashboardServer: Service {
                 .bind(host: host, port: port) { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let pipeline = channel.pipeline.syncOperations
+                        try secureChannel?(channel)
                         try pipeline.configureHTTPServerPipeline(withErrorHandling: true)
                         try pipeline.addHandler(IdleStateHandler(allTimeout: .seconds(60)))
                         try pipeline.addHandler(CloseWhenIdle())
@@ -261,7 +271,7 @@ public struct DashboardServer: Service {
             return (.unsupportedMediaType, reply(false, "a control is a JSON body (content-type: application/json)"))
         }
         if let origin = head.headers.first(name: "origin"), let host = head.headers.first(name: "host"),
-            origin != "http://\(host)"
+            origin != "\(secureChannel == nil ? "http" : "https")://\(host)"
         {
             return (.forbidden, reply(false, "controls are taken from the dashboard's own page only"))
         }

@@ -75,7 +75,8 @@ public struct TLSChannelSetup: ChannelSetup {
         self.clock = SystemWallClock()
     }
 
-    private static func context(
+    /// TLS 1.3 only, this certificate, and the peer's certificate required (the caller checks it against the roster).
+    static func context(
         _ certificate: NIOSSLCertificate,
         _ key: NIOSSLPrivateKey,
         server: Bool,

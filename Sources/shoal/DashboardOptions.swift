@@ -7,7 +7,7 @@ import ShoalTransport
 struct DashboardOptions: ParsableArguments {
     @Option(
         help: ArgumentHelp(
-            "Serve a live web dashboard at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token). `shoal demo` then keeps its nodes running after they converge, until interrupted; there --dashboard alone listens at \(Self.defaultAddress).",
+            "Serve a live web dashboard at http://HOST:PORT/ (loopback; elsewhere only with --dashboard-token or --dashboard-tls). `shoal demo` then keeps its nodes running after they converge, until interrupted; there --dashboard alone listens at \(Self.defaultAddress).",
             valueName: "HOST:PORT"
         )
     )
@@ -19,21 +19,30 @@ struct DashboardOptions: ParsableArguments {
         )
     )
     var dashboardToken: String?
+    @Flag(
+        help: "Serve the dashboard over HTTPS with the node's own TLS identity, to clients whose certificate the cluster's roster admits (a member's: `shoal id --write-tls FILE` writes one for curl); may then listen beyond loopback. `shoal serve` only."
+    )
+    var dashboardTls = false
 
     /// Where `shoal demo --dashboard` given alone listens.
     static let defaultAddress = "127.0.0.1:7480"
 
-    /// Where to serve the dashboard (nil: nowhere), checked: `HOST:PORT`, and a loopback address unless a token
-    /// guards it; `exposing` says what the page would show or let anyone do, in the refusal.
+    /// Where to serve the dashboard (nil: nowhere), checked: `HOST:PORT`, and a loopback address unless a token or
+    /// TLS guards it; `exposing` says what the page would show or let anyone do, in the refusal.
     func address(exposing: String) throws(ShoalError) -> PeerAddress? {
-        guard let dashboard else { return nil }
+        guard let dashboard else {
+            guard dashboardToken == nil, !dashboardTls else {
+                throw ShoalError(code: .invalidArgument, message: "--dashboard-token and --dashboard-tls go with --dashboard HOST:PORT")
+            }
+            return nil
+        }
         guard let parsed = PeerAddress(parsing: dashboard) else {
             throw ShoalError(code: .invalidArgument, message: "--dashboard wants HOST:PORT, got \"\(dashboard)\"")
         }
-        guard DashboardServer.isLoopback(parsed.host) || !(dashboardToken ?? "").isEmpty else {
+        guard DashboardServer.isLoopback(parsed.host) || !(dashboardToken ?? "").isEmpty || dashboardTls else {
             throw ShoalError(
                 code: .invalidArgument,
-                message: "--dashboard \(dashboard) is not a loopback address: give --dashboard-token too (\(exposing))"
+                message: "--dashboard \(dashboard) is not a loopback address: give --dashboard-token or --dashboard-tls too (\(exposing))"
             )
         }
         return parsed

@@ -20,6 +20,13 @@ actor DemoCluster {
 
     // What the dashboard shows and measures.
     private var latency = LatencySamples()
+    /// What the follower timed, by node and dot ("INDEX SITE SEQ"), to compare with the nodes' own timing.
+    private var timed: [String: Double] = [:]
+    /// Per node, since when (wall milliseconds) the follower times change sets.
+    private var followedSince: [Int: UInt64] = [:]
+    /// Per node, since when its process runs (wall milliseconds, when it listened): a change set committed before is
+    /// a catch-up when it arrives (it waited for the node), not propagation, and is not timed.
+    private var runningSince: [Int: UInt64] = [:]
     private var changeSets: [DashboardState.ChangeSet] = []
     private var seenDots: Set<String> = []
     private var appliedCounts: [Int]
@@ -59,7 +66,8 @@ actor DemoCluster {
     @discardableResult
     func start(_ index: Int) async throws -> Int {
         if let child = children[index], child.isRunning { return child.port }
-        let extra = ["--round-interval", "1000"]
+        // With the dashboard, each node also times its own applies (``ApplyLog``), for the propagation line printed.
+        let extra = ["--round-interval", "1000"] + (proxied ? ["--apply-log", Self.applyLogPath(paths[index])] : [])
         let child: ServeProcess
         if mdns {
             child = try ServeProcess.start(database: paths[index], name: names[index], peers: [], extra: extra)
@@ -92,6 +100,7 @@ actor DemoCluster {
             )
         }
         children[index] = child
+        runningSince[index] = SystemWallClock().nowMilliseconds()
         return child.port
     }
 
@@ -119,14 +128,16 @@ actor DemoCluster {
     // MARK: - Measuring
 
     /// Follows node `index`'s change sets as they commit (its file's `data_version`, looked at every 10 ms): each one
-    /// that came from another node gives a propagation sample (from its origin's commit to now), and each is listed
-    /// once, as first seen. Returns when cancelled.
+    /// that came from another node gives a propagation sample (from its origin's commit to now) when it was committed
+    /// while this node ran (one that waited for the node to start is a catch-up), and each is listed once, as first
+    /// seen. Returns when cancelled.
     nonisolated func follow(_ index: Int) async {
         // Only change sets written from now on are timed (one written before would count its wait for the nodes).
         let since = SystemWallClock().nowMilliseconds()
         guard let store = try? SerializedStore(path: paths[index], options: StoreOptions()),
             let start = try? await store.versionVector()
         else { return }
+        await startedFollowing(index, since: since)
         await withDiscardingTaskGroup { group in
             group.addTask {
                 while !Task.isCancelled {
@@ -145,10 +156,14 @@ actor DemoCluster {
         }
     }
 
-    private func saw(_ set: FeedChangeSet, at index: Int, now: UInt64, timed: Bool) {
-        if !set.isLocal && timed {
-            latency.add(Double(Int64(now) - Int64(set.hlc.milliseconds)))
+    private func startedFollowing(_ index: Int, since: UInt64) { followedSince[index] = since }
+
+    private func saw(_ set: FeedChangeSet, at index: Int, now: UInt64, timed isTimed: Bool) {
+        if !set.isLocal && isTimed && set.hlc.milliseconds >= (runningSince[index] ?? .max) {
+            let milliseconds = Double(Int64(now) - Int64(set.hlc.milliseconds))
+            latency.add(milliseconds)
             appliedCounts[index] += 1
+            if timed.count < 1_000_000 { timed["\(index) \(set.dot.site.hex) \(set.dot.seq)"] = milliseconds }
         }
         let dot = "\(set.dot.site.hex):\(set.dot.seq)"
         guard seenDots.insert(dot).inserted else { return }
@@ -169,6 +184,29 @@ actor DemoCluster {
 
     /// Propagation so far: p50, p95 and the number of applies measured.
     func propagation() -> DashboardState.Latency { latency.summary }
+
+    /// Where node `path` logs its applies (``ApplyLog``).
+    static func applyLogPath(_ path: String) -> String { path + ".applies" }
+
+    /// Propagation as the nodes timed it themselves (``ApplyLog``: each node's in-process commit notifications),
+    /// over the change sets the follower timed too (so both figures cover the same applies), and how many of the
+    /// nodes' applies since the follower started it has not timed (yet).
+    func propagationAsTheNodesTimedIt() -> (latency: DashboardState.Latency, notFollowed: Int) {
+        var samples = LatencySamples(capacity: 1_000_000)
+        var notFollowed = 0
+        for index in paths.indices {
+            guard let followed = followedSince[index], let running = runningSince[index] else { continue }
+            let since = max(followed, running)
+            for entry in ApplyLog.Entry.read(Self.applyLogPath(paths[index])) where entry.originMs >= since {
+                if timed["\(index) \(entry.site) \(entry.seq)"] != nil {
+                    samples.add(Double(Int64(entry.appliedMs) - Int64(entry.originMs)))
+                } else {
+                    notFollowed += 1
+                }
+            }
+        }
+        return (samples.summary, notFollowed)
+    }
 
     // MARK: - The page's state
 

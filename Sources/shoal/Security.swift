@@ -7,10 +7,19 @@ extension ShoalCommand {
         static let configuration = CommandConfiguration(
             commandName: "id",
             abstract: "Print this node's id (the hash of its public key): grouped, on the last line.",
-            discussion: "Also prints the public key, which `shoal trust add --key` takes on another member."
+            discussion: """
+                Also prints the public key, which `shoal trust add --key` takes on another member, and its pin for \
+                `curl --pinnedpubkey` (the node id in base64: what a client of `shoal serve --dashboard-tls` checks \
+                the node by). --write-tls FILE writes this node's certificate and key (PEM, mode 600) for a TLS \
+                client: `curl --cert FILE` reaches the dashboard of any member serving it with --dashboard-tls.
+                """
         )
 
         @OptionGroup var database: DatabaseOptions
+        @Option(
+            help: ArgumentHelp("Write this node's certificate and key (PEM, mode 600) to FILE, for curl --cert.", valueName: "FILE")
+        )
+        var writeTls: String?
 
         var activity: String { "could not read the node's identity" }
 
@@ -19,6 +28,33 @@ extension ShoalCommand {
             let keyFile = try KeyFile.load(forDatabase: database.db)
             print("public key: \(Data(keyFile.identity.publicKeyDER).base64EncodedString())")
             print("cluster: \(keyFile.cluster.idHex)")
+            print("pin: sha256//\(Data(keyFile.identity.nodeID.bytes).base64EncodedString())")
+            if let writeTls {
+                let store = try database.open(nodeName: nil, creating: false)
+                let name = try store.nodeName() ?? "shoal"
+                let certificate = try keyFile.identity.certificate(name: name, siteID: store.identitySiteID)
+                let der: [UInt8]
+                do {
+                    der = try certificate.toDERBytes()
+                } catch {
+                    throw ShoalError(code: .identity, message: "cannot encode the node's certificate: \(error)")
+                }
+                let base64 = Data(der).base64EncodedString(options: [.lineLength64Characters, .endLineWithLineFeed])
+                let pem =
+                    "-----BEGIN CERTIFICATE-----\n\(base64)\n-----END CERTIFICATE-----\n"
+                    + keyFile.identity.privateKey.pemRepresentation + "\n"
+                try? FileManager.default.removeItem(atPath: writeTls)
+                guard
+                    FileManager.default.createFile(
+                        atPath: writeTls,
+                        contents: Data(pem.utf8),
+                        attributes: [.posixPermissions: 0o600]
+                    )
+                else {
+                    throw ShoalError(code: .invalidArgument, message: "cannot write \(writeTls)")
+                }
+                print("wrote this node's certificate and key to \(writeTls) (for curl --cert)")
+            }
             print(keyFile.identity.nodeID)
         }
     }

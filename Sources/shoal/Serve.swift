@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import Foundation
 import Logging
+import NIOCore
 import ServiceLifecycle
 import Shoal
 import ShoalDashboard
@@ -91,6 +92,7 @@ extension ShoalCommand {
         @Option(help: "Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication: keep it private).")
         var metrics: String?
         @OptionGroup var dashboardOptions: DashboardOptions
+        @Option(help: .hidden) var applyLog: String?  // for shoal demo: see ApplyLog
 
         func run() async throws {
             // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
@@ -170,6 +172,12 @@ extension ShoalCommand {
                 listenHost: address.host,
                 plaintextCluster: options.insecurePlaintextCluster
             )
+            var secureChannel: (@Sendable (any Channel) throws -> Void)?
+            if dashboardOptions.dashboardTls {
+                let setup = try Self.dashboardTLS(node)
+                secureChannel = { channel in try setup.addHandler(to: channel) }
+            }
+            let secure = secureChannel != nil
             let dashboardServices: [ServiceGroupConfiguration.ServiceConfiguration] = dashboardAddress.map { address in
                 let hub = DashboardHub()
                 let token = dashboardOptions.dashboardToken
@@ -178,9 +186,10 @@ extension ShoalCommand {
                     port: address.port,
                     hub: hub,
                     token: token,
+                    secureChannel: secureChannel,
                     logger: Logger(label: "shoal.dashboard"),
                     onListening: { port in
-                        let url = DashboardServer.url(host: address.host, port: port, token: token)
+                        let url = DashboardServer.url(host: address.host, port: port, token: token, secure: secure)
                         FileHandle.standardOutput.write(Data("dashboard: \(url)\n".utf8))
                     }
                 )
@@ -192,11 +201,16 @@ extension ShoalCommand {
                 )
                 return [.init(service: server), .init(service: feed)]
             } ?? []
+            var serviceList: [ServiceGroupConfiguration.ServiceConfiguration] = [
+                .init(service: node), .init(service: reporter),
+            ]
+            if let metricsEndpoint { serviceList.append(.init(service: metricsEndpoint)) }
+            serviceList += dashboardServices
+            if let applyLog { serviceList.append(.init(service: ApplyLog(node: node, path: applyLog))) }
             // SIGINT and SIGTERM shut the node down gracefully: connections close, the database is left clean.
             let services = ServiceGroup(
                 configuration: ServiceGroupConfiguration(
-                    services: [.init(service: node), .init(service: reporter)]
-                        + (metricsEndpoint.map { [.init(service: $0)] } ?? []) + dashboardServices,
+                    services: serviceList,
                     gracefulShutdownSignals: [.sigterm, .sigint],
                     logger: Logger(label: "shoal.serve")
                 )
@@ -219,6 +233,22 @@ extension ShoalCommand {
                 )
             }
             log("stopped")
+        }
+
+        /// HTTPS for the dashboard with the node's own TLS identity, admitting members' certificates only.
+        private static func dashboardTLS(_ node: ShoalNode) throws(ShoalError) -> MemberTLSServerSetup {
+            guard let security = node.security else {
+                throw ShoalError(
+                    code: .invalidArgument,
+                    message: "--dashboard-tls needs the node's TLS identity: not with --insecure-plaintext (use --dashboard-token)"
+                )
+            }
+            return try MemberTLSServerSetup(
+                identity: security.keyFile.identity,
+                name: security.name,
+                siteID: security.siteID,
+                trust: security.trust
+            )
         }
 
         /// The relay `--relay` asks for, if any.
