@@ -289,7 +289,8 @@ package func sqlValue(_ value: OpaquePointer?) -> SQLValue {
 
 /// Quotes an SQL identifier.
 package func quote(_ identifier: String) -> String {
-    "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+    guard identifier.utf8.contains(UInt8(ascii: "\"")) else { return "\"" + identifier + "\"" }
+    return "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
 }
 
 extension String {

@@ -203,9 +203,12 @@ extension Store {
     {
         let localSeq = try versionVector()[siteID]
         var maxHLC = HLC.zero
+        // A batch's changes come table by table: the last table's number is looked up again only when it changes.
+        var lastTable: (name: String, number: Int?)?
         for (position, change) in changes.enumerated() {
             let number = position + 1
-            guard let tableNumber = capture.tableNumbers[change.table] else {
+            if lastTable?.name != change.table { lastTable = (change.table, capture.tableNumbers[change.table]) }
+            guard let tableNumber = lastTable?.number else {
                 // A table this database does not have (yet): the change is held (see ``hold(_:)``).
                 try validateHeld(change, number: number, localSeq: localSeq)
                 if change.stamp.hlc > maxHLC { maxHLC = change.stamp.hlc }
@@ -235,7 +238,7 @@ extension Store {
             }
             // A column this database does not have (yet): the value is held, the row's life merged. A value the
             // column would store as another is held too (see ``mustHold(_:)``).
-            if let column = change.columnName, let index = table.columnIndex[column] {
+            if let column = change.columnName, let index = table.index(ofColumn: column) {
                 let isCounterPayload = if case .counter = change.payload { true } else { false }
                 guard isCounterPayload == table.isCounter[index] else {
                     throw ShoalError(
@@ -357,7 +360,7 @@ extension Store {
         }
         let accepted = changes
         // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.
-        var holding = changes.map(mustHold)
+        var holding = mustHold(changes)
         var toHold = zip(changes, holding).compactMap { $1 ? $0 : nil }
         if !toHold.isEmpty {
             let known = changes.indices.filter { capture.tableNumbers[changes[$0].table] != nil }
@@ -420,7 +423,7 @@ extension Store {
                 }
                 currentKey = rowKey
             }
-            let column = change.columnName.flatMap { table.columnIndex[$0] }
+            let column = change.columnName.flatMap { table.index(ofColumn: $0) }
             if change.columnName != nil, holding[position] {
                 // A column this database does not have yet (or declares otherwise): the value is held (below); the
                 // row lives on here.
@@ -689,12 +692,12 @@ extension Store {
     {
         if let value = row.values[column] { return value }
         if row.storedValues == nil {
-            let select = try statement(
-                "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
-                    + "WHERE \(table.dataKeyPredicate)"
-            )
+            let select = try clockStatements(table).selectRow
             try select.bind(row.key)
-            row.storedValues = try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)
+            row.storedValues =
+                try select.step()
+                ? (1...table.columns.count).map { select.column($0) }
+                : Array(repeating: .null, count: table.columns.count)
             select.reset()
         }
         return row.storedValues![column]
@@ -718,18 +721,17 @@ extension Store {
 
     private func writeValues(_ row: RowWork, table: ReplicatedTable) throws(ShoalError) {
         let wasAlive = row.original?.isAlive ?? false
-        let deleteSQL = "DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)"
         if !row.state.isAlive {
             if wasAlive {
-                let delete = try statement(deleteSQL)
+                let delete = try clockStatements(table).deleteRow
                 try delete.bind(row.key)
                 try delete.run()
             }
             return
         }
-        var names: [String] = []
+        var written: [Int] = []
         var values: [SQLValue] = []
-        names.reserveCapacity(table.columns.count)
+        written.reserveCapacity(table.columns.count)
         values.reserveCapacity(table.columns.count)
         for index in table.columns.indices {
             if table.isCounter[index] {
@@ -739,22 +741,22 @@ extension Store {
                 guard let value = row.values[index] else { continue }
                 values.append(value)
             }
-            names.append(table.quotedColumns[index])
+            written.append(index)
         }
         if wasAlive && !row.lifeChanged {
-            guard !names.isEmpty else { return }
-            let update = try dataStatement(table: table, names: names, update: true) {
-                "UPDATE \(quote(table.name)) SET \(names.map { "\($0) = ?" }.joined(separator: ", ")) "
+            guard !written.isEmpty else { return }
+            let update = try dataStatement(table: table, columns: written, update: true) {
+                "UPDATE \(table.quotedName) SET \(written.map { "\(table.quotedColumns[$0]) = ?" }.joined(separator: ", ")) "
                     + "WHERE \(table.dataKeyPredicate)"
             }
             try update.bind(values + row.key)
             try update.run()
             return
         }
-        let insert = try dataStatement(table: table, names: names, update: false) {
-            let columns = table.keyColumns.map(quote) + names
+        let insert = try dataStatement(table: table, columns: written, update: false) {
+            let columns = table.keyColumns.map(quote) + written.map { table.quotedColumns[$0] }
             let marks = Array(repeating: "?", count: columns.count).joined(separator: ", ")
-            return "INSERT OR REPLACE INTO \(quote(table.name))(\(columns.joined(separator: ", "))) VALUES (\(marks))"
+            return "INSERT OR REPLACE INTO \(table.quotedName)(\(columns.joined(separator: ", "))) VALUES (\(marks))"
         }
         guard wasAlive else {
             try insert.bind(row.key + values)
@@ -765,7 +767,7 @@ extension Store {
         // savepoint, so that an insert a CHECK refuses leaves the row as it was.
         try connection.exec("SAVEPOINT shoal_revive")
         do throws(ShoalError) {
-            let delete = try statement(deleteSQL)
+            let delete = try clockStatements(table).deleteRow
             try delete.bind(row.key)
             try delete.run()
             try insert.bind(row.key + values)
@@ -778,14 +780,15 @@ extension Store {
         }
     }
 
-    /// The INSERT or UPDATE of a table for one set of columns, prepared once.
+    /// The INSERT or UPDATE of a table for one set of columns (their indexes among its non-key columns), prepared
+    /// once.
     private func dataStatement(
         table: ReplicatedTable,
-        names: [String],
+        columns: [Int],
         update: Bool,
         sql: () -> String
     ) throws(ShoalError) -> SQLiteStatement {
-        let key = DataStatementKey(table: table.id, update: update, columns: names)
+        let key = DataStatementKey(table: table.id, update: update, columns: columns)
         if let cached = dataStatements[key] { return cached }
         let prepared = try connection.prepare(sql())
         dataStatements[key] = prepared
@@ -804,5 +807,6 @@ private struct LogSlot: Hashable {
 struct DataStatementKey: Hashable {
     let table: Int64
     let update: Bool
-    let columns: [String]
+    /// The columns written, by index among the table's non-key columns.
+    let columns: [Int]
 }

@@ -153,12 +153,10 @@ extension Store {
     /// A row's non-key values as stored (NULLs when the row is missing).
     func dataValues(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> [SQLValue] {
         guard !table.columns.isEmpty else { return [] }
-        let select = try statement(
-            "SELECT \(table.columns.map(quote).joined(separator: ", ")) FROM \(quote(table.name)) "
-                + "WHERE \(table.dataKeyPredicate)"
-        )
+        let select = try clockStatements(table).selectRow
         try select.bind(key)
         defer { select.reset() }
-        return try select.step() ? select.row() : Array(repeating: .null, count: table.columns.count)
+        guard try select.step() else { return Array(repeating: .null, count: table.columns.count) }
+        return (1...table.columns.count).map { select.column($0) }
     }
 }

@@ -372,10 +372,7 @@ extension Store {
         if let state = try loadState(table: table, key: key) {
             // The data row is read whatever the metadata says: a live row without one, or a deleted row with one,
             // hashes apart from the row the metadata describes.
-            let select = try statement(
-                "SELECT \((["1"] + table.quotedColumns).joined(separator: ", ")) FROM \(quote(table.name)) "
-                    + "WHERE \(table.dataKeyPredicate)"
-            )
+            let select = try clockStatements(table).selectRow
             try select.bind(key)
             let values: [SQLValue]? = try select.step() ? Array(select.row().dropFirst()) : nil
             select.reset()

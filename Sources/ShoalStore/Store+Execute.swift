@@ -474,7 +474,7 @@ extension Store {
 
     /// Whether table `table` holds a data row with primary key `key`.
     func dataRowExists(table: ReplicatedTable, key: [SQLValue]) throws(ShoalError) -> Bool {
-        let select = try statement("SELECT 1 FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)")
+        let select = try statement(table.rowExistsSQL)
         try select.bind(key)
         defer { select.reset() }
         return try select.step()

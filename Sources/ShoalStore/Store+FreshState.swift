@@ -121,7 +121,7 @@ extension Store {
             setTriggers(enabled: triggersWereOn)
         }
         do throws(ShoalError) {
-            let delete = try statement("DELETE FROM \(quote(table.name)) WHERE \(table.dataKeyPredicate)")
+            let delete = try statement(table.deleteRowSQL)
             let dropHeld = try statement("DELETE FROM shoal_held WHERE tbl = ? AND pk = ?")
             let floor = try causalLengthFloor(table.name)
             var pending: [UInt8] = []

@@ -16,16 +16,24 @@ extension Store {
     /// The change-log table number of held changes (replicated tables number from 1).
     static let heldLogTable: Int64 = 0
 
-    /// Whether `change` must be held: its table or its column is not (yet) replicated here.
+    /// Whether each change must be held: its table or its column is not (yet) replicated here.
     ///
     /// A value the column here would store as another value (the same column was added with another type or NOT
     /// NULL on the node that wrote it: a schema conflict, see ``schemaConflicts()``) is held too, kept as it was
-    /// written.
-    func mustHold(_ change: Change) -> Bool {
-        guard let number = capture.tableNumbers[change.table] else { return true }
+    /// written. A table's number is looked up once per run of changes to it.
+    func mustHold(_ changes: [Change]) -> [Bool] {
+        var lastTable: (name: String, number: Int?)?
+        return changes.map { change in
+            if lastTable?.name != change.table { lastTable = (change.table, capture.tableNumbers[change.table]) }
+            return mustHold(change, tableNumber: lastTable?.number)
+        }
+    }
+
+    private func mustHold(_ change: Change, tableNumber: Int?) -> Bool {
+        guard let number = tableNumber else { return true }
         guard let column = change.columnName else { return false }
         let table = capture.tables[number]
-        guard let index = table.columnIndex[column] else { return true }
+        guard let index = table.index(ofColumn: column) else { return true }
         if case .column(_, let value) = change.payload {
             if table.affinities[index].converts(value) { return true }
             // NULL in a column declared NOT NULL here would be stored as its default.

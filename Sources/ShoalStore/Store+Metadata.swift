@@ -4,13 +4,17 @@ import Glibc
 import CSQLite
 import ShoalCore
 
-/// The statements that read and write one table's row metadata.
+/// The statements that read and write one table's row metadata, and read or delete its data rows by key.
 struct ClockStatements {
     let select: SQLiteStatement
     let upsert: SQLiteStatement
     let insert: SQLiteStatement
     /// Inserts ``Store/freshBatchSize`` new rows' metadata at once.
     let insertBatch: SQLiteStatement
+    /// `1`, then the data row's non-key columns (``ReplicatedTable/selectRowSQL``).
+    let selectRow: SQLiteStatement
+    /// Deletes the data row (``ReplicatedTable/deleteRowSQL``).
+    let deleteRow: SQLiteStatement
 }
 
 extension Store {
@@ -29,7 +33,9 @@ extension Store {
             insertBatch: try connection.prepare(
                 "INSERT OR IGNORE INTO \(table.clockTable)(\(keys), meta) VALUES "
                     + Array(repeating: "(\(marks))", count: Self.freshBatchSize).joined(separator: ", ")
-            )
+            ),
+            selectRow: try connection.prepare(table.selectRowSQL),
+            deleteRow: try connection.prepare(table.deleteRowSQL)
         )
         clockStatements[table.id] = prepared
         return prepared
@@ -114,35 +120,49 @@ extension Store {
         try statement.bind(meta, at: key.count + 1)
     }
 
-    /// Adds a length-prefixed encoded key to a change-log key list.
+    // A change-log key list is keys one after the other, each its encoded length (a varint), then the key encoded
+    // (``SQLValue/encodeKey(_:)``). A key of one integer is written shorter: a length of 0, then the integer
+    // zigzag-encoded as a varint (3 bytes for keys under a million, where its whole encoding took 10 with its length);
+    // lists written before hold the whole encoding, which is still read.
+
+    /// Adds a key to a change-log key list.
     func appendLogKey(_ key: PendingKey, to buffer: inout [UInt8]) {
         switch key {
-        case .rowid(let rowid):
-            buffer.append(9)  // the encoded length of one integer
-            SQLValue.integer(rowid).encode(into: &buffer)
-        case .values(let values):
-            appendLogKey(values, to: &buffer)
+        case .rowid(let rowid): Self.appendLogInteger(rowid, to: &buffer)
+        case .values(let values): appendLogKey(values, to: &buffer)
         }
     }
 
-    /// Adds a length-prefixed encoded key to a change-log key list.
     /// Reads the next key of a change-log entry's list (as ``appendLogKey(_:to:)`` wrote it) for table `table`.
     static func readLogKey(_ reader: inout ByteReader, table: ReplicatedTable) throws(ShoalError) -> [SQLValue] {
-        var keyReader = ByteReader(Array(try reader.readBytes(Int(try reader.readVarint()))))
+        let length = try reader.readVarint()
+        if length == 0 {
+            guard table.keyColumns.count == 1 else {
+                throw ShoalError.corruptMetadata("a change-log key of one integer for table \(table.name), whose key has more columns")
+            }
+            let zigzag = try reader.readVarint()
+            return [.integer(Int64(bitPattern: (zigzag >> 1) ^ (0 &- (zigzag & 1))))]
+        }
+        var keyReader = ByteReader(Array(try reader.readBytes(Int(length))))
         var key: [SQLValue] = []
         for _ in 0..<table.keyColumns.count { key.append(try SQLValue.decode(from: &keyReader)) }
         return key
     }
 
+    /// Adds a key to a change-log key list.
     func appendLogKey(_ key: [SQLValue], to buffer: inout [UInt8]) {
-        if key.count == 1, case .integer = key[0] {
-            buffer.append(9)  // the encoded length of one integer
-            key[0].encode(into: &buffer)
+        if key.count == 1, case .integer(let value) = key[0] {
+            Self.appendLogInteger(value, to: &buffer)
             return
         }
         let encoded = SQLValue.encodeKey(key)
         buffer.appendVarint(UInt64(encoded.count))
         buffer.append(contentsOf: encoded)
+    }
+
+    private static func appendLogInteger(_ value: Int64, to buffer: inout [UInt8]) {
+        buffer.append(0)
+        buffer.appendVarint(UInt64(bitPattern: (value << 1) ^ (value >> 63)))
     }
 
     /// Adds a part to a change-log entry: a transaction's keys of one table written by one apply. A transaction that

@@ -18,6 +18,8 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(help: "Writes per second on one node, for propagation.") var writeRate = 200
     @Option(help: "Seconds of writes for propagation.") var propagationSeconds = 5
     @Option(help: "Nodes in the chain for the relayed-hops figure (each dials only the one before).") var chainNodes = 10
+    @Option(help: "Nodes of the random 3-regular mesh (each linked to three others; an even number).")
+    var regularMeshNodes = 16
     @Option(help: "Nodes for the convergence figure.") var convergeNodes = 16
     @Option(help: "Concurrent writes per node for convergence.") var convergeWrites = 1_000
     @Option(help: "Rows already in the table for the big-table propagation figure.") var bigRows = 2_000_000
@@ -35,7 +37,7 @@ struct SyncBenchmark: AsyncParsableCommand {
     @Option(
         help: """
             Run one part only: handshake, catchup, one-transaction, text, blobs, bigvalue, propagation, propagation-plaintext, \
-            propagation-big, chain, idle, idle-cost, converge, collect, or app-writer (not run by default).
+            propagation-big, chain, regular-mesh, idle, idle-cost, converge, collect, or app-writer (not run by default).
             """
     )
     var only: String?
@@ -69,6 +71,12 @@ struct SyncBenchmark: AsyncParsableCommand {
             if let p50 = figures_.first(where: { $0.0 == "propagation_p50_ms" })?.1 {
                 figures.append(("chain_per_hop_p50_ms", p50 / Double(chainNodes - 1)))
             }
+        }
+        if only == nil || only == "regular-mesh" {
+            // Each node linked to three others at random: a write crosses several hops to reach the far nodes.
+            let links = try Self.randomRegularGraph(nodes: regularMeshNodes, degree: 3, seed: 23)
+            figures += try await propagation(directory + "/regular-mesh", nodeCount: regularMeshNodes, links: links)
+                .map { ($0.0.replacingOccurrences(of: "propagation_", with: "regular_mesh_"), $0.1) }
         }
         if only == nil || only == "idle" { figures += try await idleRound(directory + "/idle") }
         if only == nil || only == "idle-cost" { figures += try await idleCost(directory + "/idle-cost") }
@@ -255,6 +263,7 @@ struct SyncBenchmark: AsyncParsableCommand {
         preload: Int = 0,
         plaintext: Bool = false,
         chain: Bool = false,
+        links: [[Int]]? = nil,
         relay: ((String) throws -> BenchRelay)? = nil
     ) async throws -> [(String, Double)] {
         let propagationNodes = nodeCount ?? self.propagationNodes
@@ -290,7 +299,11 @@ struct SyncBenchmark: AsyncParsableCommand {
                 try ServeProcess.startIsolated(
                     database: directory + "/n\(index).db",
                     name: "n\(index)",
-                    peers: viaRelay != nil ? [] : chain ? nodes.suffix(1).map(\.port) : nodes.map(\.port),
+                    // With links given, a node dials its neighbours started before it (the later ones dial it).
+                    peers: viaRelay != nil
+                        ? []
+                        : links.map { links in links[index].filter { $0 < index }.map { nodes[$0].port } }
+                            ?? (chain ? nodes.suffix(1).map(\.port) : nodes.map(\.port)),
                     extra: ["--round-interval", "1000"] + (plaintext ? ["--insecure-plaintext"] : [])
                         + (viaRelay.map { ["--relay", $0.url, "--relay-token", $0.token] } ?? [])
                 )
@@ -357,6 +370,47 @@ struct SyncBenchmark: AsyncParsableCommand {
         let missing = (chain ? 1 : propagationNodes - 1) * total - latencies.count
         guard missing == 0 else { throw ServeError(message: "\(missing) writes never arrived") }
         return [("propagation_p50_ms", percentile(0.5)), ("propagation_p99_ms", percentile(0.99))]
+    }
+
+    /// A random `degree`-regular graph on `nodes` nodes, connected (the neighbours of each node), from `seed`:
+    /// stubs paired at random, again until no loop, no double link, and every node reachable.
+    static func randomRegularGraph(nodes: Int, degree: Int, seed: UInt64) throws -> [[Int]] {
+        guard nodes > degree, (nodes * degree) % 2 == 0 else {
+            throw ServeError(message: "no \(degree)-regular graph on \(nodes) nodes")
+        }
+        var state = seed
+        func next() -> UInt64 {  // SplitMix64
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+        for _ in 0..<10_000 {
+            var stubs = (0..<nodes).flatMap { Array(repeating: $0, count: degree) }
+            for index in stride(from: stubs.count - 1, to: 0, by: -1) {
+                stubs.swapAt(index, Int(next() % UInt64(index + 1)))
+            }
+            var neighbours = Array(repeating: Set<Int>(), count: nodes)
+            var simple = true
+            for pair in stride(from: 0, to: stubs.count, by: 2) {
+                let (a, b) = (stubs[pair], stubs[pair + 1])
+                if a == b || neighbours[a].contains(b) {
+                    simple = false
+                    break
+                }
+                neighbours[a].insert(b)
+                neighbours[b].insert(a)
+            }
+            guard simple else { continue }
+            var reached: Set<Int> = [0]
+            var frontier = [0]
+            while let node = frontier.popLast() {
+                for neighbour in neighbours[node] where reached.insert(neighbour).inserted { frontier.append(neighbour) }
+            }
+            if reached.count == nodes { return neighbours.map { $0.sorted() } }
+        }
+        throw ServeError(message: "found no connected \(degree)-regular graph on \(nodes) nodes")
     }
 
     /// Two nodes already in sync: bytes per round, through a counting proxy.
