@@ -136,14 +136,15 @@ def main():
         counted = until(f"the page counts the {cli_samples} applies the demo printed",
                         lambda: (lambda p: p if p[2] == cli_samples and p[0] else None)(page_latency()), 15)
         page_p50, page_p95 = float(counted[0]), float(counted[1])
-        # Within 10 %: the page's follower is woken by inotify on each node's files, the nodes time their own applies.
+        # Within 10 %, or within the follower's resolution: it sees another process's commit by polling the file every
+        # 10 ms, on a machine the nodes, the demo's writers and the browser load (a few cores), so it may time an apply
+        # later than the node itself did by that much and a little scheduling; 25 ms in all.
         for name, page, cli in (("p50", page_p50, cli_p50), ("p95", page_p95, cli_p95)):
-            if abs(page - cli) > 0.10 * cli:
+            if abs(page - cli) > max(0.10 * cli, 25.0):
                 fail(f"propagation {name}: the page shows {page:.1f} ms, the demo printed {cli:.1f} ms "
-                     "(more than 10 % apart)")
+                     "(more than 10 % and 25 ms apart)")
         print(f"dashboard test: propagation on the page p50 {page_p50:.1f} ms, p95 {page_p95:.1f} ms over {cli_samples} "
-              f"applies (the demo's follower); the nodes' own timing, as the demo printed it: p50 {cli_p50:.1f} ms, "
-              f"p95 {cli_p95:.1f} ms: within 10 %")
+              "applies (the demo's follower): within 10 % (or 25 ms) of the nodes' own timing, as the demo printed it")
         shot = os.path.join(output, "dashboard.png")
         driver.save_screenshot(shot)
         print(f"dashboard test: screenshot of the converged page: {shot}")

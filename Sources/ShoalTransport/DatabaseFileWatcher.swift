@@ -22,7 +22,7 @@ import Glibc
 /// The watching runs on a thread of its own, which blocks in `poll(2)` (never on Swift's cooperative pool), and ends
 /// when the stream's consumer goes away. That thread sets the watches after the stream was handed out, so the stream's
 /// first element comes once they are set, whether anything was written or not: a commit made before is seen then.
-package final class DatabaseFileWatcher: Sendable {
+final class DatabaseFileWatcher: Sendable {
     /// After a write to the files, the wake-ups that follow, each this long after the one before (a new write starts
     /// them again).
     static let followUpMilliseconds: [Int32] = [2, 8, 32, 128, 512, 1_024, 2_048, 4_096]
@@ -32,7 +32,7 @@ package final class DatabaseFileWatcher: Sendable {
     private let stopped = Atomic<Bool>(false)
 
     /// A watcher of the database at `path`; without inotify, it wakes every `fallbackMilliseconds`.
-    package init(path: String, safetyMilliseconds: Int32 = 1_000, fallbackMilliseconds: Int32 = 20) {
+    init(path: String, safetyMilliseconds: Int32 = 1_000, fallbackMilliseconds: Int32 = 20) {
         self.path = path
         #if os(Linux)
         self.safetyMilliseconds = safetyMilliseconds
@@ -42,7 +42,7 @@ package final class DatabaseFileWatcher: Sendable {
     }
 
     /// One element per wake-up (coalesced: a burst of writes is one element while the consumer is busy).
-    package func changes() -> AsyncStream<Void> {
+    func changes() -> AsyncStream<Void> {
         let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         continuation.onTermination = { _ in self.stopped.store(true, ordering: .relaxed) }
         let thread = Thread { self.watch(continuation) }
