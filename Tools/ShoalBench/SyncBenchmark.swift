@@ -120,7 +120,27 @@ struct SyncBenchmark: AsyncParsableCommand {
         let plain = try timeCatchUp(directory, source: source, target: plainTarget, targetName: "plain", plaintext: true)
         let target = try makeDatabase(directory + "/target.db", name: "target")
         let timed = try timeCatchUp(directory, source: source, target: target)
+        // What the caught-up node keeps per row, its digest folded: the data table's pages, and every other table's
+        // (Shoal's metadata), from SQLite's dbstat (which counts pages still in the write-ahead log too).
+        _ = try target.digest()
+        var metadata: [String: Double] = [:]
+        var data = 0.0
+        for row in try target.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").rows {
+            guard case .text(let name) = row[0], let bytes = row[1].integerValue else { continue }
+            if name == "t" || name.hasPrefix("sqlite_autoindex_t_") {
+                data += Double(bytes)
+            } else if name != "sqlite_schema" {
+                metadata[name.hasPrefix("shoal_clock_") ? "shoal_clock" : name, default: 0] += Double(bytes)
+            }
+        }
+        let perRow = { (bytes: Double) in bytes / Double(rows) }
         return [
+            ("catchup_data_bytes_per_row", perRow(data)),
+            ("catchup_metadata_bytes_per_row", perRow(metadata.values.reduce(0, +))),
+            ("catchup_metadata_over_data", metadata.values.reduce(0, +) / max(data, 1)),
+            ("catchup_row_metadata_bytes_per_row", perRow(metadata["shoal_clock"] ?? 0)),
+            ("catchup_row_hashes_bytes_per_row", perRow(metadata["shoal_row_hashes"] ?? 0)),
+            ("catchup_change_log_bytes_per_row", perRow(metadata["shoal_log"] ?? 0)),
             ("catchup_seconds", timed.seconds), ("catchup_rows_per_s", Double(rows) / timed.seconds),
             ("catchup_plaintext_seconds", plain.seconds), ("catchup_tls_over_plaintext", timed.seconds / plain.seconds),
             ("catchup_peak_rss_mb", timed.peak), ("catchup_serving_peak_rss_mb", timed.servingPeak),
