@@ -165,6 +165,16 @@ extension Store {
         try validateReplicable(described)
         let warnings = replicationWarnings(described)
         try validateCounters(described)
+        if let id = try connection.scalar("SELECT id FROM shoal_tables WHERE name = ?", [.text(table)]).integerValue {
+            // Replicated already, but not loaded on this connection: paused, or made by another process since this
+            // connection last read the schema. Said plainly (a bare UNIQUE failure was seen in chaos runs, cause
+            // unknown).
+            let paused = pausedTableList.first { $0.name == table }.map { ": paused here (\($0.message))" } ?? ""
+            throw ShoalError.corruptMetadata(
+                "table \(table) is replicated already (number \(id)) but not loaded on this connection\(paused); "
+                    + "schema version here \(schemaVersion)"
+            )
+        }
         try connection.rows(
             "INSERT INTO shoal_tables(name, counters) VALUES (?, ?)",
             [.text(table), .text(counters.joined(separator: ","))]
