@@ -275,14 +275,8 @@ def main():
     finally:
         if driver is not None:
             driver.quit()
-        if demo.poll() is None:
-            demo.send_signal(signal.SIGINT)
-            try:
-                demo.wait(30)
-            except subprocess.TimeoutExpired:
-                demo.kill()
-                demo.wait()
-                print("dashboard test: the demo did not stop within 30 s of SIGINT", file=sys.stderr)
+        if demo.poll() is None and not stop(demo, signal.SIGINT, 30):
+            print("dashboard test: the demo did not stop within 30 s of SIGINT", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
     if demo.returncode != 0:
         fail(f"the demo exited with status {demo.returncode} after SIGINT")
@@ -347,12 +341,7 @@ def serve_dashboard(shoal, work, driver, until):
             fail("console errors on the node's page: " + "; ".join(entry.get("message", "") for entry in errors))
         print("dashboard test: shoal serve --dashboard with a token: 401 without it, the node's card with it, no console errors")
     finally:
-        node.send_signal(signal.SIGTERM)
-        try:
-            node.wait(20)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait()
+        stop(node)
 
 
 def start_serve(shoal, database, extra):
@@ -377,13 +366,16 @@ def start_serve(shoal, database, extra):
             return node, line.split(" ", 1)[1].strip()
 
 
-def stop(node):
-    node.send_signal(signal.SIGTERM)
+def stop(process, sig=signal.SIGTERM, seconds=20):
+    """Sends `sig`, waits up to `seconds`, then kills; whether it stopped on the signal."""
+    process.send_signal(sig)
     try:
-        node.wait(20)
+        process.wait(seconds)
+        return True
     except subprocess.TimeoutExpired:
-        node.kill()
-        node.wait()
+        process.kill()
+        process.wait()
+        return False
 
 
 def serve_dashboard_tls(shoal, work):
