@@ -367,7 +367,11 @@ let package = Package(
         ),
         .testTarget(
             name: "ShoalDashboardTests",
-            dependencies: ["ShoalDashboard", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "ShoalDashboard", "ShoalTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

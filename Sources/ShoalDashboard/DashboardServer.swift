@@ -16,7 +16,9 @@ import Synchronization
 /// TLS); with a token, every request must carry it (`?token=` in the URL, which the page passes on, or
 /// `Authorization: Bearer`). A control must
 /// be sent as `application/json` from the page's own origin, so another site open in the same browser cannot post one.
-/// At most 64 connections are open at once; one idle for 60 s (no request, no event) is closed.
+/// At most 64 connections are open at once; one that has not sent a request's head 10 s after it connected (a stalled
+/// TLS handshake, a client that sends nothing or sends it a byte at a time) is closed, and so is one idle for 60 s
+/// (no request, no event), so clients that hang cannot hold the connections for long.
 public struct DashboardServer: Service {
     /// The address to listen on.
     public let host: String
@@ -32,6 +34,8 @@ public struct DashboardServer: Service {
     private let controls: (@Sendable (DashboardControl) async throws -> String)?
     private let onListening: @Sendable (Int) async -> Void
     private let logger: Logger
+    /// How long a new connection has to send its first request's head (TLS handshake included).
+    public let firstRequestDeadline: TimeAmount
 
     /// Open connections at most.
     static let maximumConnections = 64
@@ -50,6 +54,33 @@ public struct DashboardServer: Service {
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
+        self.init(
+            host: host,
+            port: port,
+            hub: hub,
+            token: token,
+            secureChannel: secureChannel,
+            logger: logger,
+            firstRequestDeadline: .seconds(10),
+            controls: controls,
+            onListening: onListening
+        )
+    }
+
+    /// As the other initializer, with the time a new connection has to send its first request's head (TLS handshake
+    /// included) in place of 10 s.
+    public init(
+        host: String,
+        port: Int,
+        hub: DashboardHub,
+        token: String? = nil,
+        secureChannel: (@Sendable (any Channel) throws -> Void)? = nil,
+        logger: Logger,
+        firstRequestDeadline: TimeAmount,
+        controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
+        onListening: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) {
+        self.firstRequestDeadline = firstRequestDeadline
         self.host = host
         self.port = port
         self.hub = hub
@@ -85,6 +116,7 @@ public struct DashboardServer: Service {
             )
         }
         let secureChannel = self.secureChannel
+        let firstRequestDeadline = self.firstRequestDeadline
         typealias Connection = NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
         let server: NIOAsyncChannel<Connection, Never>
         do {
@@ -96,6 +128,7 @@ public struct DashboardServer: Service {
                         let pipeline = channel.pipeline.syncOperations
                         try secureChannel?(channel)
                         try pipeline.configureHTTPServerPipeline(withErrorHandling: true)
+                        try pipeline.addHandler(CloseWithoutARequest(deadline: firstRequestDeadline))
                         try pipeline.addHandler(IdleStateHandler(allTimeout: .seconds(60)))
                         try pipeline.addHandler(CloseWhenIdle())
                         return try Connection(wrappingChannelSynchronously: channel)
@@ -381,5 +414,38 @@ final class CloseWhenIdle: ChannelInboundHandler {
         } else {
             context.fireUserInboundEventTriggered(event)
         }
+    }
+}
+
+/// Closes a connection that has not sent a request's head by its deadline, counted from when the connection was set
+/// up: a TLS handshake that stalls, or a client that sends nothing or its head a byte at a time, holds one of the
+/// server's few connections only that long. Once a head arrives it does nothing more.
+final class CloseWithoutARequest: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+
+    private let deadline: TimeAmount
+    private var timer: Scheduled<Void>?
+
+    init(deadline: TimeAmount) {
+        self.deadline = deadline
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let context = NIOLoopBound(context, eventLoop: context.eventLoop)
+        timer = context.value.eventLoop.scheduleTask(in: deadline) { context.value.close(promise: nil) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if timer != nil, case .head = unwrapInboundIn(data) {
+            timer?.cancel()
+            timer = nil
+        }
+        context.fireChannelRead(data)
     }
 }

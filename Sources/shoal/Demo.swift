@@ -201,13 +201,13 @@ extension ShoalCommand {
                 )
             )
             if cluster.proxied {
-                // Propagation as each node timed its own applies, measured apart from the dashboard's figure (the
-                // demo's follower of every node's file), over the same applies: once the follower saw them all.
+                // Propagation as each node timed its own applies (the figures the dashboard shows), once every node's
+                // log shows the change sets it holds.
                 let deadline = ContinuousClock.now + .seconds(5)
-                var measured = await cluster.propagationAsTheNodesTimedIt()
-                while measured.notFollowed > 0 && ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(50))  // polling the follower, with a deadline
-                    measured = await cluster.propagationAsTheNodesTimedIt()
+                var measured = await cluster.propagation()
+                while measured.notLogged > 0 && ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(50))  // polling the nodes' logs, with a deadline
+                    measured = await cluster.propagation()
                 }
                 print(
                     String(

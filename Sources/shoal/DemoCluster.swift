@@ -19,11 +19,12 @@ actor DemoCluster {
     private var stores: [Int: Store] = [:]
 
     // What the dashboard shows and measures.
+    /// Propagation, as the nodes timed their applies of the app's change sets (``ApplyLog``).
     private var latency = LatencySamples()
-    /// What the follower timed, by node and dot ("INDEX SITE SEQ"), to compare with the nodes' own timing.
-    private var timed: [String: Double] = [:]
-    /// Per node, since when (wall milliseconds) the follower times change sets.
-    private var followedSince: [Int: UInt64] = [:]
+    /// Per node, its apply log as read so far.
+    private var applyLogs: [Int: ApplyLog.Tail] = [:]
+    /// Per node, the highest sequence number its apply log holds of each site (hex).
+    private var loggedHeads: [Int: [String: UInt64]] = [:]
     /// Per node, since when its process runs (wall milliseconds, when it listened): a change set committed before is
     /// a catch-up when it arrives (it waited for the node), not propagation, and is not timed.
     private var runningSince: [Int: UInt64] = [:]
@@ -127,17 +128,13 @@ actor DemoCluster {
 
     // MARK: - Measuring
 
-    /// Follows node `index`'s change sets as they commit (its file's `data_version`, looked at every 10 ms): each one
-    /// that came from another node gives a propagation sample (from its origin's commit to now) when it was committed
-    /// while this node ran (one that waited for the node to start is a catch-up), and each is listed once, as first
-    /// seen. Returns when cancelled.
+    /// Follows node `index`'s change sets as they commit (its file's `data_version`, looked at every 10 ms): each is
+    /// listed once, as first seen, and one from another node makes the links it may have crossed pulse. Returns
+    /// when cancelled.
     nonisolated func follow(_ index: Int) async {
-        // Only change sets written from now on are timed (one written before would count its wait for the nodes).
-        let since = SystemWallClock().nowMilliseconds()
         guard let store = try? SerializedStore(path: paths[index], options: StoreOptions()),
             let start = try? await store.versionVector()
         else { return }
-        await startedFollowing(index, since: since)
         await withDiscardingTaskGroup { group in
             group.addTask {
                 while !Task.isCancelled {
@@ -148,23 +145,15 @@ actor DemoCluster {
             group.addTask {
                 do {
                     for try await set in store.changes(after: ChangeFeedCursor(start)) {
-                        let now = SystemWallClock().nowMilliseconds()
-                        await self.saw(set, at: index, now: now, timed: set.hlc.milliseconds >= since)
+                        await self.saw(set, at: index)
                     }
                 } catch {}
             }
         }
     }
 
-    private func startedFollowing(_ index: Int, since: UInt64) { followedSince[index] = since }
-
-    private func saw(_ set: FeedChangeSet, at index: Int, now: UInt64, timed isTimed: Bool) {
-        if !set.isLocal && isTimed && set.hlc.milliseconds >= (runningSince[index] ?? .max) {
-            let milliseconds = Double(Int64(now) - Int64(set.hlc.milliseconds))
-            latency.add(milliseconds)
-            appliedCounts[index] += 1
-            if timed.count < 1_000_000 { timed["\(index) \(set.dot.site.hex) \(set.dot.seq)"] = milliseconds }
-        }
+    private func saw(_ set: FeedChangeSet, at index: Int) {
+        if !set.isLocal { appliedCounts[index] += 1 }
         let dot = "\(set.dot.site.hex):\(set.dot.seq)"
         guard seenDots.insert(dot).inserted else { return }
         let tables = Array(Set(set.rows.map(\.table))).sorted()
@@ -182,30 +171,40 @@ actor DemoCluster {
         if seenDots.count > 100_000 { seenDots.removeAll() }
     }
 
-    /// Propagation so far: p50, p95 and the number of applies measured.
-    func propagation() -> DashboardState.Latency { latency.summary }
-
     /// Where node `path` logs its applies (``ApplyLog``).
     static func applyLogPath(_ path: String) -> String { path + ".applies" }
 
-    /// Propagation as the nodes timed it themselves (``ApplyLog``: each node's in-process commit notifications),
-    /// over the change sets the follower timed too (so both figures cover the same applies), and how many of the
-    /// nodes' applies since the follower started it has not timed (yet).
-    func propagationAsTheNodesTimedIt() -> (latency: DashboardState.Latency, notFollowed: Int) {
-        var samples = LatencySamples(capacity: 1_000_000)
-        var notFollowed = 0
+    /// Reads what the nodes logged of their applies since the last read: each apply of an app's change set committed
+    /// while the node ran is a propagation sample (from its origin's commit to the apply, as the node timed it).
+    private func readApplyLogs() {
         for index in paths.indices {
-            guard let followed = followedSince[index], let running = runningSince[index] else { continue }
-            let since = max(followed, running)
-            for entry in ApplyLog.Entry.read(Self.applyLogPath(paths[index])) where entry.originMs >= since {
-                if timed["\(index) \(entry.site) \(entry.seq)"] != nil {
-                    samples.add(Double(Int64(entry.appliedMs) - Int64(entry.originMs)))
-                } else {
-                    notFollowed += 1
+            var tail = applyLogs[index] ?? ApplyLog.Tail(Self.applyLogPath(paths[index]))
+            for entry in tail.next() {
+                loggedHeads[index, default: [:]][entry.site] = max(loggedHeads[index]?[entry.site] ?? 0, entry.seq)
+                if entry.isApp, let running = runningSince[index], entry.originMs >= running {
+                    latency.add(Double(Int64(entry.appliedMs) - Int64(entry.originMs)))
                 }
             }
+            applyLogs[index] = tail
         }
-        return (samples.summary, notFollowed)
+    }
+
+    /// Propagation so far (the figures the page shows), and how many of the change sets each node holds from the
+    /// others its apply log does not show yet: the newest of each other site it holds, counted when the log has not
+    /// reached it.
+    func propagation() -> (latency: DashboardState.Latency, notLogged: Int) {
+        readApplyLogs()
+        var notLogged = 0
+        for (index, path) in paths.enumerated() {
+            guard let store = try? stores[index] ?? Store(path: path), let vector = try? store.versionVector() else {
+                continue
+            }
+            stores[index] = store
+            for (site, head) in vector.entries where site != store.siteID {
+                if (loggedHeads[index]?[site.hex] ?? 0) < head { notLogged += 1 }
+            }
+        }
+        return (latency.summary, notLogged)
     }
 
     // MARK: - The page's state
@@ -303,6 +302,7 @@ actor DemoCluster {
         }
         state.healing = healStarted != nil
         state.lastHealConvergeMs = lastHealConvergeMs
+        readApplyLogs()
         state.latency = latency.summary
         state.changeSets = changeSets
         state.conflicts = Array(allConflicts.sorted { $0.atMs > $1.atMs }.prefix(12))

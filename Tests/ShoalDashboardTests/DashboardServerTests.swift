@@ -1,5 +1,7 @@
 import Foundation
 import Logging
+import NIOCore
+import ShoalTestSupport
 import Testing
 
 @testable import ShoalDashboard
@@ -10,6 +12,7 @@ import Testing
     /// Runs a server for `body`, then stops it.
     private func withServer(
         token: String? = nil,
+        firstRequestDeadline: TimeAmount = .seconds(10),
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         _ body: (Int, DashboardHub) async throws -> Void
     ) async throws {
@@ -21,6 +24,7 @@ import Testing
             hub: hub,
             token: token,
             logger: Logger(label: "test"),
+            firstRequestDeadline: firstRequestDeadline,
             controls: controls,
             onListening: { port in bound.yield(port) }
         )
@@ -116,6 +120,27 @@ import Testing
             #expect(resumed.lowercased().contains("content-type: text/event-stream"))
             #expect(resumed.contains("id: 2\nevent: state\ndata: {"))
             #expect(!resumed.contains("id: 1\n"))
+        }
+    }
+
+    @Test func aConnectionWithoutARequestIsClosedAtItsDeadlineAndAStreamStaysOpen() async throws {
+        try await withServer(firstRequestDeadline: .seconds(2)) { port, hub in
+            hub.publish(DashboardState(title: "early", mode: "demo", controls: false))
+            let (seen, saw) = AsyncStream.makeStream(of: Void.self)
+            let stream = Task {
+                await exchange(port, get("/events")) { text in
+                    if text.contains("\"title\":\"early\"") { saw.yield() }
+                    return text.contains("\"title\":\"late\"")
+                }
+            }
+            var iterator = seen.makeAsyncIterator()
+            await iterator.next()
+            // A client that connects and says nothing is let go at the deadline, not after the 60 s idle time...
+            #expect(await serverClosesAStalledClient(port: port))
+            // ...while the stream, whose request came at once, stays open past it and gets the next state.
+            hub.publish(DashboardState(title: "late", mode: "demo", controls: false))
+            let events = await stream.value
+            #expect(events.contains("\"title\":\"late\""))
         }
     }
 

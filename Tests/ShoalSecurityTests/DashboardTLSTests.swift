@@ -79,6 +79,9 @@ import Testing
             #expect(refused.received.isEmpty, "\(what) got: \(refused.received.prefix(200))")
             #expect(refused.error != nil, "\(what): the connection ended without an error")
         }
+        // A client that stalls in its handshake (a record header of a ClientHello, then nothing) is let go at the
+        // deadline (10 s) rather than holding one of the server's connections for the 60 s idle time.
+        #expect(await serverClosesAStalledClient(port: port, sending: [0x16, 0x03, 0x01, 0x02, 0x00, 0x01]))
         // A stranger is not listed as a device asking to join.
         #expect(security.trust.pendingDevices.isEmpty)
         // Plain HTTP gets no page either.
