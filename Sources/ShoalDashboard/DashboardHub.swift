@@ -67,9 +67,8 @@ public final class DashboardHub: Sendable {
         )
         let key = inner.withLock { inner in
             let backlog: [DashboardEvent]
-            if let lastEventID, let first = inner.kept.first, lastEventID + 1 >= first.id,
-                lastEventID < inner.nextID
-            {
+            // (The bound first: an id as large as UInt64 allows must not overflow the next comparison.)
+            if let lastEventID, lastEventID < inner.nextID, let first = inner.kept.first, lastEventID + 1 >= first.id {
                 backlog = inner.kept.filter { $0.id > lastEventID }
             } else {
                 backlog = inner.kept.last.map { [$0] } ?? []

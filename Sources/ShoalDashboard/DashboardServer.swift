@@ -16,9 +16,10 @@ import Synchronization
 /// TLS); with a token, every request must carry it (`?token=` in the URL, which the page passes on, or
 /// `Authorization: Bearer`). A control must
 /// be sent as `application/json` from the page's own origin, so another site open in the same browser cannot post one.
-/// At most 64 connections are open at once; one that has not sent a request's head 10 s after it connected (a stalled
-/// TLS handshake, a client that sends nothing or sends it a byte at a time) is closed, and so is one idle for 60 s
-/// (no request, no event), so clients that hang cannot hold the connections for long.
+/// At most 64 connections are open at once; one whose request is not complete 10 s after it connected or after its
+/// last response (a stalled TLS handshake, a client that sends nothing, or a head or body a byte at a time) is closed,
+/// and so is one idle for 60 s (no request, no event), so clients that hang cannot hold the connections for long.
+/// Without a token or TLS, only requests addressed to a loopback name (`Host`) are answered (DNS rebinding).
 public struct DashboardServer: Service {
     /// The address to listen on.
     public let host: String
@@ -34,8 +35,9 @@ public struct DashboardServer: Service {
     private let controls: (@Sendable (DashboardControl) async throws -> String)?
     private let onListening: @Sendable (Int) async -> Void
     private let logger: Logger
-    /// How long a new connection has to send its first request's head (TLS handshake included).
-    public let firstRequestDeadline: TimeAmount
+    /// How long a connection has to complete a request, from when it was set up (TLS handshake included) or its last
+    /// response ended.
+    public let requestDeadline: TimeAmount
 
     /// Open connections at most.
     static let maximumConnections = 64
@@ -61,14 +63,14 @@ public struct DashboardServer: Service {
             token: token,
             secureChannel: secureChannel,
             logger: logger,
-            firstRequestDeadline: .seconds(10),
+            requestDeadline: .seconds(10),
             controls: controls,
             onListening: onListening
         )
     }
 
-    /// As the other initializer, with the time a new connection has to send its first request's head (TLS handshake
-    /// included) in place of 10 s.
+    /// As the other initializer, with the time a connection has to complete a request (``requestDeadline``) in
+    /// place of 10 s.
     public init(
         host: String,
         port: Int,
@@ -76,11 +78,11 @@ public struct DashboardServer: Service {
         token: String? = nil,
         secureChannel: (@Sendable (any Channel) throws -> Void)? = nil,
         logger: Logger,
-        firstRequestDeadline: TimeAmount,
+        requestDeadline: TimeAmount,
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
-        self.firstRequestDeadline = firstRequestDeadline
+        self.requestDeadline = requestDeadline
         self.host = host
         self.port = port
         self.hub = hub
@@ -101,9 +103,26 @@ public struct DashboardServer: Service {
         return "\(secure ? "https" : "http")://\(shown):\(port)/\(query)"
     }
 
-    /// Whether `host` is a loopback address (or `localhost`), where the dashboard may listen without a token.
+    /// Whether `host` names a loopback address, where the dashboard may listen without a token: `localhost`, `::1`,
+    /// or an IPv4 address in 127.0.0.0/8 written as four decimal numbers (a name that merely starts with "127." is
+    /// not one: it may resolve anywhere).
     public static func isLoopback(_ host: String) -> Bool {
-        host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
+        let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+        if bare == "localhost" || bare == "::1" { return true }
+        let parts = bare.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4,
+            parts.allSatisfy({ !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCII) && UInt8($0) != nil })
+        else { return false }
+        return parts[0] == "127"
+    }
+
+    /// The host part of a `Host` header (`name`, `name:port`, `[v6]`, `[v6]:port`).
+    static func hostName(ofHeader value: String) -> String {
+        let value = value.trimmingCharacters(in: .whitespaces)
+        if value.hasPrefix("["), let end = value.firstIndex(of: "]") {
+            return String(value[value.startIndex...end])
+        }
+        return value.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""
     }
 
     /// Listens until a graceful shutdown or cancellation, then closes every connection.
@@ -116,7 +135,7 @@ public struct DashboardServer: Service {
             )
         }
         let secureChannel = self.secureChannel
-        let firstRequestDeadline = self.firstRequestDeadline
+        let requestDeadline = self.requestDeadline
         typealias Connection = NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
         let server: NIOAsyncChannel<Connection, Never>
         do {
@@ -128,7 +147,7 @@ public struct DashboardServer: Service {
                         let pipeline = channel.pipeline.syncOperations
                         try secureChannel?(channel)
                         try pipeline.configureHTTPServerPipeline(withErrorHandling: true)
-                        try pipeline.addHandler(CloseWithoutARequest(deadline: firstRequestDeadline))
+                        try pipeline.addHandler(RequestDeadline(deadline: requestDeadline))
                         try pipeline.addHandler(IdleStateHandler(allTimeout: .seconds(60)))
                         try pipeline.addHandler(CloseWhenIdle())
                         return try Connection(wrappingChannelSynchronously: channel)
@@ -206,6 +225,21 @@ public struct DashboardServer: Service {
         let path = String(parts.first ?? "")
         let query = parts.count > 1 ? String(parts[1]) : ""
         let keepAlive = head.isKeepAlive
+        // Without a token or TLS, only a request addressed to a loopback name is answered: a page of another site
+        // whose name was made to resolve to 127.0.0.1 (DNS rebinding) is same-origin to the browser, but it names
+        // its own host.
+        if token == nil, secureChannel == nil,
+            !Self.isLoopback(Self.hostName(ofHeader: head.headers.first(name: "host") ?? ""))
+        {
+            try await respond(
+                outbound,
+                version: head.version,
+                status: .misdirectedRequest,
+                "this dashboard answers requests to a loopback address (127.0.0.1, localhost, [::1]) only\n",
+                keepAlive: false
+            )
+            return false
+        }
         guard authorized(head, query: query) else {
             try await respond(
                 outbound,
@@ -417,12 +451,16 @@ final class CloseWhenIdle: ChannelInboundHandler {
     }
 }
 
-/// Closes a connection that has not sent a request's head by its deadline, counted from when the connection was set
-/// up: a TLS handshake that stalls, or a client that sends nothing or its head a byte at a time, holds one of the
-/// server's few connections only that long. Once a head arrives it does nothing more.
-final class CloseWithoutARequest: ChannelInboundHandler, RemovableChannelHandler {
+/// Closes a connection whose request is not complete by its deadline: from when the connection was set up, or the
+/// last response ended (a connection kept alive), to the end of the next request, head and body. A TLS handshake that
+/// stalls, a client that sends nothing, or a head or body a byte at a time, holds one of the server's few
+/// connections only that long. A response that goes on (the event stream) sets no deadline: the idle timeout and
+/// its comments watch it.
+final class RequestDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
     private let deadline: TimeAmount
     private var timer: Scheduled<Void>?
@@ -431,9 +469,14 @@ final class CloseWithoutARequest: ChannelInboundHandler, RemovableChannelHandler
         self.deadline = deadline
     }
 
+    private func arm(_ context: ChannelHandlerContext) {
+        timer?.cancel()
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        timer = context.eventLoop.scheduleTask(in: deadline) { bound.value.close(promise: nil) }
+    }
+
     func handlerAdded(context: ChannelHandlerContext) {
-        let context = NIOLoopBound(context, eventLoop: context.eventLoop)
-        timer = context.value.eventLoop.scheduleTask(in: deadline) { context.value.close(promise: nil) }
+        arm(context)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -442,10 +485,15 @@ final class CloseWithoutARequest: ChannelInboundHandler, RemovableChannelHandler
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if timer != nil, case .head = unwrapInboundIn(data) {
+        if case .end = unwrapInboundIn(data) {
             timer?.cancel()
             timer = nil
         }
         context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) { arm(context) }
+        context.write(data, promise: promise)
     }
 }

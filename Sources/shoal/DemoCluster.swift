@@ -28,6 +28,9 @@ actor DemoCluster {
     /// Per node, since when its process runs (wall milliseconds, when it listened): a change set committed before is
     /// a catch-up when it arrives (it waited for the node), not propagation, and is not timed.
     private var runningSince: [Int: UInt64] = [:]
+    /// Per node, when a link of its was last healed (wall milliseconds): a change set committed before and applied
+    /// after waited for the heal (a catch-up, which the time to converge after a heal shows), and is not timed.
+    private var healedAt: [Int: UInt64] = [:]
     private var changeSets: [DashboardState.ChangeSet] = []
     private var seenDots: Set<String> = []
     private var appliedCounts: [Int]
@@ -175,13 +178,15 @@ actor DemoCluster {
     static func applyLogPath(_ path: String) -> String { path + ".applies" }
 
     /// Reads what the nodes logged of their applies since the last read: each apply of an app's change set committed
-    /// while the node ran is a propagation sample (from its origin's commit to the apply, as the node timed it).
+    /// while the node ran, and not held up by a partition, is a propagation sample (from its origin's commit to the
+    /// apply, as the node timed it).
     private func readApplyLogs() {
         for index in paths.indices {
             var tail = applyLogs[index] ?? ApplyLog.Tail(Self.applyLogPath(paths[index]))
             for entry in tail.next() {
                 loggedHeads[index, default: [:]][entry.site] = max(loggedHeads[index]?[entry.site] ?? 0, entry.seq)
-                if entry.isApp, let running = runningSince[index], entry.originMs >= running {
+                let waitedForHeal = healedAt[index].map { entry.originMs < $0 && entry.appliedMs >= $0 } ?? false
+                if entry.isApp, let running = runningSince[index], entry.originMs >= running, !waitedForHeal {
                     latency.add(Double(Int64(entry.appliedMs) - Int64(entry.originMs)))
                 }
             }
@@ -366,9 +371,9 @@ actor DemoCluster {
 
     /// Carries out one of the page's controls; what happened, for the page.
     func perform(_ control: DashboardControl) async throws -> String {
-        func node(_ index: Int?) throws -> Int {
+        func node(_ index: Int?, field: String = "node") throws -> Int {
             guard let index, paths.indices.contains(index) else {
-                throw DashboardControlError("no such node: give \"node\" between 0 and \(paths.count - 1)")
+                throw DashboardControlError("no such node: give \"\(field)\" between 0 and \(paths.count - 1)")
             }
             return index
         }
@@ -384,21 +389,28 @@ actor DemoCluster {
             said = "\(names[index]) wrote a burst of \(count) transactions"
         case .partition:
             let index = try node(control.node)
-            let pairs = try pairs(of: index, control.peer.map { try node($0) })
+            let pairs = try pairs(of: index, control.peer.map { try node($0, field: "peer") })
             for pair in pairs { proxies[pair]?.cut() }
             said =
                 control.peer.map { "partitioned \(names[index]) from \(names[$0])" }
                 ?? "partitioned \(names[index]) from every other node"
         case .heal:
-            let index = control.node.flatMap { paths.indices.contains($0) ? $0 : nil }
+            // Without a node, every cut link heals; a node (and peer) given must be one.
+            let index = try control.node.map { try node($0) }
+            let peer = try control.peer.map { try node($0, field: "peer") }
             let cut = proxies.filter { $0.value.isCut }
             let mending = cut.filter { entry in
                 guard let index else { return true }
                 guard entry.key.a == index || entry.key.b == index else { return false }
-                return control.peer.map { entry.key == Pair(index, $0) } ?? true
+                return peer.map { entry.key == Pair(index, $0) } ?? true
             }
             guard !mending.isEmpty else { throw DashboardControlError("no partitioned link to heal there") }
-            for proxy in mending.values { proxy.mend() }
+            let now = SystemWallClock().nowMilliseconds()
+            for (pair, proxy) in mending {
+                proxy.mend()
+                healedAt[pair.a] = now
+                healedAt[pair.b] = now
+            }
             healStarted = .now
             said = "healed \(mending.count) link\(mending.count == 1 ? "" : "s")"
         case .stop:

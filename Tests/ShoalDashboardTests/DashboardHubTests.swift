@@ -47,6 +47,8 @@ import Testing
         // Older than those kept, or from another run of the server (ahead of this one's ids).
         #expect(await take(1, from: hub.subscribe(after: 1)).map(\.id) == [latest])
         #expect(await take(1, from: hub.subscribe(after: latest + 100)).map(\.id) == [latest])
+        // The largest id a header can carry (once an overflow that stopped the process).
+        #expect(await take(1, from: hub.subscribe(after: .max)).map(\.id) == [latest])
     }
 
     @Test func percentilesAreNearestRank() {
@@ -64,7 +66,14 @@ import Testing
     @Test func refusesToListenBeyondLoopbackWithoutAToken() async {
         #expect(DashboardServer.isLoopback("127.0.0.1"))
         #expect(DashboardServer.isLoopback("::1"))
+        #expect(DashboardServer.isLoopback("127.4.5.6") && DashboardServer.isLoopback("[::1]"))
         #expect(!DashboardServer.isLoopback("0.0.0.0"))
+        // A name that only starts like a loopback address may resolve anywhere.
+        #expect(!DashboardServer.isLoopback("127.0.0.1.nip.io") && !DashboardServer.isLoopback("127.example.com"))
+        #expect(!DashboardServer.isLoopback("localhost.example.com") && !DashboardServer.isLoopback("2130706433"))
+        #expect(DashboardServer.hostName(ofHeader: "127.0.0.1:8080") == "127.0.0.1")
+        #expect(DashboardServer.hostName(ofHeader: "[::1]:8080") == "[::1]")
+        #expect(DashboardServer.hostName(ofHeader: "evil.example:8080") == "evil.example")
         let server = DashboardServer(host: "0.0.0.0", port: 0, hub: DashboardHub(), logger: Logger(label: "test"))
         await #expect(throws: DashboardServerError.self) { try await server.run() }
     }

@@ -12,7 +12,7 @@ import Testing
     /// Runs a server for `body`, then stops it.
     private func withServer(
         token: String? = nil,
-        firstRequestDeadline: TimeAmount = .seconds(10),
+        requestDeadline: TimeAmount = .seconds(10),
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         _ body: (Int, DashboardHub) async throws -> Void
     ) async throws {
@@ -24,7 +24,7 @@ import Testing
             hub: hub,
             token: token,
             logger: Logger(label: "test"),
-            firstRequestDeadline: firstRequestDeadline,
+            requestDeadline: requestDeadline,
             controls: controls,
             onListening: { port in bound.yield(port) }
         )
@@ -124,7 +124,7 @@ import Testing
     }
 
     @Test func aConnectionWithoutARequestIsClosedAtItsDeadlineAndAStreamStaysOpen() async throws {
-        try await withServer(firstRequestDeadline: .seconds(2)) { port, hub in
+        try await withServer(requestDeadline: .seconds(2)) { port, hub in
             hub.publish(DashboardState(title: "early", mode: "demo", controls: false))
             let (seen, saw) = AsyncStream.makeStream(of: Void.self)
             let stream = Task {
@@ -176,6 +176,42 @@ import Testing
         try await withServer { port, _ in
             let none = await exchange(port, post(#"{"action":"burst","node":0}"#), until: { $0.contains("}") })
             #expect(none.hasPrefix("HTTP/1.1 404"))
+        }
+    }
+
+    @Test func aRequestNotCompleteByItsDeadlineIsClosed() async throws {
+        try await withServer(requestDeadline: .seconds(1)) { port, _ in
+            // A head that promises a body never sent, and a head sent without its blank line: both let go.
+            let head = "POST /control HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            #expect(await serverClosesAStalledClient(port: port, sending: Array((head + "Content-Length: 100\r\n\r\n{").utf8)))
+            #expect(await serverClosesAStalledClient(port: port, sending: Array(head.utf8)))
+        }
+    }
+
+    @Test func withoutATokenOnlyRequestsToALoopbackNameAreAnswered() async throws {
+        // DNS rebinding: a page of another site whose name now resolves to 127.0.0.1 is same-origin to the browser,
+        // and its requests name that site.
+        let elsewhere = "GET /state HTTP/1.1\r\nHost: rebound.example:8080\r\nConnection: close\r\n\r\n"
+        let control =
+            "POST /control HTTP/1.1\r\nHost: rebound.example:8080\r\nOrigin: http://rebound.example:8080\r\n"
+            + "Content-Type: application/json\r\nConnection: close\r\nContent-Length: 27\r\n\r\n"
+            + #"{"action":"burst","node":0}"#
+        let controls: @Sendable (DashboardControl) async throws -> String = { _ in "did it" }
+        try await withServer(controls: controls) { port, hub in
+            hub.publish(DashboardState(title: "t", mode: "demo", controls: true))
+            #expect(await exchange(port, elsewhere, until: { _ in false }).hasPrefix("HTTP/1.1 421"))
+            let posted = await exchange(port, control, until: { _ in false })
+            #expect(posted.hasPrefix("HTTP/1.1 421") && !posted.contains("did it"))
+            let local = await exchange(port, get("/state", headers: ""), until: { $0.contains("}") })
+            #expect(local.hasPrefix("HTTP/1.1 200"))
+            let named = "GET /state HTTP/1.1\r\nHost: localhost:\(port)\r\nConnection: close\r\n\r\n"
+            #expect(await exchange(port, named, until: { $0.contains("}") }).hasPrefix("HTTP/1.1 200"))
+        }
+        // With a token, a request to any name that carries it is answered (the token is what a rebound page lacks).
+        try await withServer(token: "s3cret") { port, hub in
+            hub.publish(DashboardState(title: "t", mode: "demo", controls: false))
+            let withToken = "GET /state?token=s3cret HTTP/1.1\r\nHost: dashboard.lan:8080\r\nConnection: close\r\n\r\n"
+            #expect(await exchange(port, withToken, until: { $0.contains("}") }).hasPrefix("HTTP/1.1 200"))
         }
     }
 
