@@ -96,14 +96,20 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
     /// A column never written in the row's life (an empty cell) that holds its declared default (`defaults`, `nil`
     /// where it is not a constant) adds nothing: adding a column to a table leaves every row's hash as it was, and
     /// a node that has not added it yet hashes its rows the same.
+    ///
+    /// Columns are hashed in the order of their names (`order`: ``nameOrder(_:)`` of `columns`, which the caller may
+    /// pass in, computed once per table), not in the table's: two nodes that added two columns in turn, each its own
+    /// first, hold them in another order, and the same row must hash the same on both.
     public static func rowHash(
         table: String,
         primaryKey: [SQLValue],
         state: RowState?,
         columns: [String],
         values: [SQLValue]?,
-        defaults: [SQLValue?] = []
+        defaults: [SQLValue?] = [],
+        order: [Int]? = nil
     ) -> [UInt8] {
+        let order = order ?? nameOrder(columns)
         var bytes = [UInt8]()
         bytes.reserveCapacity(64 + (values?.count ?? 0) * 24)
         SQLValue.text(table).encode(into: &bytes)
@@ -113,7 +119,8 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
             bytes.append(1)
             bytes.appendVarint(state.causalLength)
             Self.encode(state.lengthStamp, into: &bytes)
-            for (index, cell) in state.cells.enumerated() where state.isAlive {
+            for index in order where state.isAlive && index < state.cells.count {
+                let cell = state.cells[index]
                 if case .empty = cell { continue }
                 SQLValue.text(columns[index]).encode(into: &bytes)
                 switch cell {
@@ -138,19 +145,27 @@ public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
         }
         if let values {
             bytes.append(1)
-            for (index, value) in values.enumerated() {
+            func hash(_ index: Int) {
+                let value = values[index]
                 let written: Bool =
                     if let state, state.isAlive, index < state.cells.count, state.cells[index] != .empty { true } else { false }
-                if !written, index < defaults.count, let declared = defaults[index], declared == value {
-                    continue
-                }
+                if !written, index < defaults.count, let declared = defaults[index], declared == value { return }
                 SQLValue.text(index < columns.count ? columns[index] : "").encode(into: &bytes)
                 value.encode(into: &bytes)
             }
+            for index in order where index < values.count { hash(index) }
+            // A value beyond the columns named (none, as the store reads rows) is hashed after them, by position.
+            for index in min(columns.count, values.count)..<values.count { hash(index) }
         } else {
             bytes.append(0)
         }
         return Array(SHA256.hash(data: bytes))
+    }
+
+    /// The positions of `columns` in the order of their names (byte order of their UTF-8), the order a row's columns
+    /// are hashed in.
+    public static func nameOrder(_ columns: [String]) -> [Int] {
+        columns.indices.sorted { Array(columns[$0].utf8).lexicographicallyPrecedes(Array(columns[$1].utf8)) }
     }
 
     private static func words(_ hash: [UInt8]) -> [UInt64] {

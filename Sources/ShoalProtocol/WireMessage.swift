@@ -20,8 +20,14 @@ public enum WireProtocol {
     /// changes what the digest in an ``Ack`` and an ``InspectionAnswer`` covers: tombstones are left out (nodes collect
     /// them at different times), so a node compares its digest with a peer's only on a link of version 8 or more;
     /// version 9 adds ``WireMessage/freshState(_:)`` (message type 16: "the last fresh state I took covers this"), by
-    /// which a member suspended for collection shows its peers that it may be pulled from again.
-    public static let maximumVersion: UInt16 = 9
+    /// which a member suspended for collection shows its peers that it may be pulled from again; version 10 changes
+    /// what a digest's row hashes cover once more: a row's columns in the order of their names, not the table's (two
+    /// nodes that each added a column first hold them in another order), so a node compares digests only on a link
+    /// of version 10 or more.
+    public static let maximumVersion: UInt16 = 10
+    /// The first version whose digests hash what this build's do (tombstones left out, columns in name order): an
+    /// older peer's digest is not compared.
+    public static let comparableDigestVersion: UInt16 = 10
     /// The first version whose nodes tell their peers of the fresh state they took (``WireMessage/freshState(_:)``).
     public static let freshStateVersion: UInt16 = 9
     /// The first version whose digests leave tombstones out: older peers' digests are not compared.

@@ -50,6 +50,9 @@ final class ReplicatedTable {
     let defaults: [SQLValue?]
     /// Whether each non-key column is declared NOT NULL.
     let notNull: [Bool]
+    /// The non-key columns' positions in the order of their names: the order a row's hash takes them in
+    /// (``StateDigest/nameOrder(_:)``).
+    let hashOrder: [Int]
 
     init(
         id: Int64,
@@ -78,6 +81,7 @@ final class ReplicatedTable {
         self.isCounter = isCounter
         self.keyIsRowid = keyIsRowid
         self.columnIndex = Dictionary(uniqueKeysWithValues: columns.enumerated().map { ($0.element, $0.offset) })
+        self.hashOrder = StateDigest.nameOrder(columns)
         let quotedColumns = columns.map(quote)
         self.quotedColumns = quotedColumns
         self.allChanged = Array(repeating: true, count: columns.count)

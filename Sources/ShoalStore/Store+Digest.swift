@@ -157,7 +157,8 @@ extension Store {
                         primaryKey: key,
                         state: nil,
                         columns: table.columns,
-                        values: values
+                        values: values,
+                        order: table.hashOrder
                     )
                 )
             }
@@ -383,7 +384,8 @@ extension Store {
                     state: state,
                     columns: table.columns,
                     values: values,
-                    defaults: table.defaults
+                    defaults: table.defaults,
+                    order: table.hashOrder
                 )
             }
         }
@@ -547,7 +549,8 @@ extension Store {
                     state: state,
                     columns: table.columns,
                     values: hasData ? Array(row[(keyCount + 2)...]) : nil,
-                    defaults: table.defaults
+                    defaults: table.defaults,
+                    order: table.hashOrder
                 ) : nil
             try body(hash, key, state, hasData)
         }

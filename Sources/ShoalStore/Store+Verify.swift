@@ -170,8 +170,9 @@ extension Store {
     /// The row hash's format (``StateDigest/rowHash(table:primaryKey:state:columns:values:)``): 2 hashes the data
     /// row's presence and every stored value; 3 leaves out columns never written that hold their default (so that
     /// adding a column changes no row's hash); 4 leaves out tombstones (``StateDigest/counts(_:hasData:)``), which
-    /// nodes collect at different times.
-    static let digestFormat: Int64 = 4
+    /// nodes collect at different times; 5 takes a row's columns in the order of their names (two nodes that each
+    /// added a column first hold the two in another order).
+    static let digestFormat: Int64 = 5
 
     /// Drops a maintained digest of an older format (its row hashes no longer match what a scan computes): the
     /// next ``digest()`` or ``settleDigest(maxRows:)`` scans each table once.

@@ -354,8 +354,9 @@ struct ConnectionDriver {
                         )
                     }
                 case .peerAcknowledged(var ack):
-                    // An older peer's digest counts tombstones: never compared with ours.
-                    if (session.version ?? 0) < WireProtocol.tombstoneFreeDigestVersion { ack.digest = nil }
+                    // An older peer's digest hashes rows otherwise (tombstones counted, columns in table order): never
+                    // compared with ours.
+                    if (session.version ?? 0) < WireProtocol.comparableDigestVersion { ack.digest = nil }
                     // Level: the peer holds the same data. When both digests are current, they say (a peer that last
                     // synced through a relay range or a stream file claims only what their changes prove, so its
                     // vector may stay short of ours with the same data: Store.claimed; and a divergence keeps the

@@ -103,14 +103,14 @@ public enum PeerVerifier {
                         + "list rows (version \(WireProtocol.inspectionVersion) can); upgrade it, then run this again"
                 )
             }
-            guard peer.versions.upperBound >= WireProtocol.tombstoneFreeDigestVersion else {
+            guard peer.versions.upperBound >= WireProtocol.comparableDigestVersion else {
                 throw ShoalError(
                     code: .versionMismatch,
                     message: "the node at \(address) (\(peer.nodeName.printable())) speaks protocol versions "
                         + "\(peer.versions.lowerBound)-\(peer.versions.upperBound): it runs an older Shoal whose "
-                        + "digests count deleted rows, which this one leaves out (version "
-                        + "\(WireProtocol.tombstoneFreeDigestVersion)), so every table would differ; upgrade it, then "
-                        + "run this again"
+                        + "row hashes differ from this one's (deleted rows counted, or columns in table order rather "
+                        + "than by name; version \(WireProtocol.comparableDigestVersion)), so tables would differ; "
+                        + "upgrade it, then run this again"
                 )
             }
             try await send(.inspect(hello))

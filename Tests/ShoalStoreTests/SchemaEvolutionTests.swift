@@ -74,6 +74,43 @@ import ShoalTestSupport
         #expect(try contents(directory, "b") == contents(directory, "c"))
     }
 
+    @Test func twoColumnsAddedAtOnceOnTwoNodesLeaveTheSameDigestAfterEveryWrite() throws {
+        // b adds x1 and c adds x2 before either hears of the other: b holds (…, x1, x2), c (…, x2, x1). A row's hash
+        // took its columns in the table's order, so once a write set both, the two digests differed for good (found
+        // through the dashboard's "add a column" on two nodes at once).
+        let directory = try temporaryDirectory("schema")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stores = try threeStores(directory)
+        let (a, b, c) = (stores["a"]!, stores["b"]!, stores["c"]!)
+        let all = [a, b, c]
+        func syncAll() throws {
+            for _ in 0..<2 { for from in all { for to in all where to !== from { try sync(from, to) } } }
+        }
+        try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        try syncAll()
+        try b.execute("ALTER TABLE items ADD COLUMN x1 TEXT DEFAULT 'new'")
+        try c.execute("ALTER TABLE items ADD COLUMN x2 TEXT DEFAULT 'new'")
+        try syncAll()
+        func order(_ store: Store) throws -> [String] {
+            try store.execute("SELECT name FROM pragma_table_info('items') ORDER BY cid").rows.compactMap {
+                if case .text(let name) = $0[0] { name } else { nil }
+            }
+        }
+        #expect(try order(b) != order(c), "the two nodes hold the columns in the same order: the case is not made")
+        try a.execute("UPDATE items SET qty = 10, x1 = 'b', x2 = 'c' WHERE id = 1")
+        try b.execute("UPDATE items SET x2 = 'from b' WHERE id = 2")
+        try c.execute("INSERT INTO items(id, name, x1, x2) VALUES (3, 'three', 'p', 'q')")
+        try syncAll()
+        for store in all { #expect(try store.fullScanDigest() == store.digest()) }
+        #expect(try a.digest() == b.digest())
+        #expect(try b.digest() == c.digest())
+        #expect(try contents(directory, "a") == contents(directory, "b"))
+        #expect(try contents(directory, "b") == contents(directory, "c"))
+        #expect(try contents(directory, "c")["items"]?.contains { $0.contains("x2=text:" + hex("from b")) } == true)
+    }
+
+    private func hex(_ text: String) -> String { text.utf8.map { String(format: "%02X", $0) }.joined() }
+
     @Test func aDeleteMadeWhileAValueWasHeldWinsAtReplay() throws {
         let directory = try temporaryDirectory("schema")
         defer { try? FileManager.default.removeItem(at: directory) }
