@@ -529,6 +529,13 @@ public final class Store {
     ///
     /// Every write transaction and read snapshot begins here, so the check is one prepared statement reading the
     /// database header's cookie (no parse, no table read).
+    ///
+    /// Outside a transaction each of the reads that load the tables sees the file as it is then, and another process
+    /// may commit between them (a node replicating one of Shoal's own tables beside the app's connection). So the
+    /// tables are recorded as of the cookie read before they were loaded, never one read after: a schema change that
+    /// commits meanwhile leaves the recorded cookie behind, and the next call loads again. (With the cookie read after
+    /// the load, such a connection kept a table set without the new table for as long as the schema stayed put: its
+    /// digest left that table out, and adopting a column tried to replicate the table again.)
     func refreshSchema() throws(ShoalError) {
         let cookie = try statement("PRAGMA schema_version")
         defer { cookie.reset() }
@@ -547,7 +554,7 @@ public final class Store {
         pausedTableList = paused
         capture.setTables(tables)
         heldMayReplay = true
-        schemaVersion = try connection.scalar("PRAGMA schema_version").integerValue ?? 0
+        schemaVersion = version
         try updateTriggerSwitch()
     }
 

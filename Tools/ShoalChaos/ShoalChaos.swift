@@ -402,6 +402,19 @@ struct ShoalChaos: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(100))
         }
         guard converged else {
+            // What each member's own Store sees, so that a failure says which check held it back.
+            for node in members {
+                let status = try stores[node].status()
+                let paused = status.pausedTables.map(\.name)
+                let notices = try stores[node].suspensions().map { "\($0.site.hex.prefix(8))/\($0.by.hex.prefix(8))" }
+                print(
+                    "node\(node): site \(status.siteID.hex.prefix(8)) digest \(status.digest) suspensions \(notices) "
+                        + "own \(try stores[node].ownSuspensions().keys.map { $0.hex.prefix(8) }) "
+                        + "awaiting \(status.awaitsFreshState) paused \(paused) "
+                        + "tables \(try stores[node].tableDigests().tables.map { "\($0.name) \($0.digest)" }) "
+                        + "vector \(status.versionVector)"
+                )
+            }
             print(
                 "FAILED: \(fencesAgree ? "digests (or suspensions)" : "the members' fences") still differ "
                     + "\(Int(convergeTimeout)) s after healing (logs in \(directory))"
