@@ -8,10 +8,20 @@ public struct ServeProcess: ChildProcess {
     public let port: Int
 
     /// The `shoal` executable beside the running one.
+    /// (`SHOAL_EXECUTABLE` when set: the `shoal` command sets it to itself, whatever its file is named.)
     public static func executable() -> URL {
+        if let path = ProcessInfo.processInfo.environment[executableVariable], !path.isEmpty {
+            return URL(fileURLWithPath: path)
+        }
         let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
         return me.lastPathComponent == "shoal" ? me : me.deletingLastPathComponent().appendingPathComponent("shoal")
     }
+
+    /// The environment variable naming the `shoal` executable children are started from.
+    public static let executableVariable = "SHOAL_EXECUTABLE"
+    /// The environment variable by which a child `shoal serve` learns its parent's pid: it stops (as on SIGTERM)
+    /// when that parent is gone, so a demo, harness or test that dies leaves no node running.
+    public static let parentVariable = "SHOAL_STOP_WITH_PARENT"
 
     /// Starts `shoal serve` on `database` and returns once it prints the port it listens on. Its log is
     /// appended to `database.log`.
@@ -38,6 +48,9 @@ public struct ServeProcess: ChildProcess {
         let process = Process()
         process.executableURL = executable()
         process.arguments = arguments
+        var environment = ProcessInfo.processInfo.environment
+        environment[parentVariable] = String(getpid())
+        process.environment = environment
         let output = Pipe()
         process.standardOutput = output
         if !FileManager.default.fileExists(atPath: logPath) {

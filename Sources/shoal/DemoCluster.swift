@@ -156,6 +156,9 @@ actor DemoCluster {
     }
 
     private func saw(_ set: FeedChangeSet, at index: Int) {
+        // Change sets of Shoal's own rows (member reports, about one a second a node) would crowd the list out and
+        // keep the links pulsing: the list and the pulses show the app's.
+        guard set.rows.contains(where: { !$0.table.hasPrefix("shoal_") }) else { return }
         if !set.isLocal { appliedCounts[index] += 1 }
         let dot = "\(set.dot.site.hex):\(set.dot.seq)"
         guard seenDots.insert(dot).inserted else { return }
@@ -233,8 +236,10 @@ actor DemoCluster {
                 let status = try store.status(settlingDigest: true)
                 node.site = status.siteID.hex
                 node.digest = status.digest.hex
-                node.rows = status.tables.reduce(0) { $0 + $1.rows }
-                node.tombstones = status.tables.reduce(0) { $0 + $1.tombstones }
+                // The app's tables: Shoal's own (the roster) are not what the demo writes.
+                let appTables = status.tables.filter { !$0.name.hasPrefix("shoal_") }
+                node.rows = appTables.reduce(0) { $0 + $1.rows }
+                node.tombstones = appTables.reduce(0) { $0 + $1.tombstones }
                 node.schemaChanges = status.schemaChanges
                 node.schemaPending = status.schemaPending.count
                 node.conflicts = status.conflicts
@@ -297,7 +302,8 @@ actor DemoCluster {
         }
         lastApplied = appliedCounts
         let digests = Set(state.nodes.map { $0.digest ?? "" })
-        state.converged = digests.count == 1 && !digests.contains("")
+        // Every node running and showing one digest (nodes not started yet show none).
+        state.converged = digests.count == 1 && !digests.contains("") && state.nodes.allSatisfy(\.running)
         if state.converged, let started = healStarted {
             let elapsed = ContinuousClock.now - started
             lastHealConvergeMs =

@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import ServiceLifecycle
 import Shoal
+import ShoalProcesses
 import ShoalDashboard
 import ShoalMetricsEndpoint
 import Synchronization
@@ -94,10 +95,28 @@ extension ShoalCommand {
         @OptionGroup var dashboardOptions: DashboardOptions
         @Option(help: .hidden) var applyLog: String?  // for shoal demo: see ApplyLog
 
+        /// Started by a `shoal demo`, a harness or a test (``ServeProcess``): stops as on SIGTERM once that parent is
+        /// gone (it died without stopping its nodes), looked at once a second.
+        static func stopWithParent() {
+            guard let text = ProcessInfo.processInfo.environment[ServeProcess.parentVariable], let parent = pid_t(text)
+            else { return }
+            guard getppid() == parent else {
+                FileHandle.standardError.write(Data("shoal: the process that started this node is gone; stopped\n".utf8))
+                Foundation.exit(1)
+            }
+            Task.detached {
+                while getppid() == parent {
+                    try? await Task.sleep(for: .seconds(1))
+                }
+                kill(getpid(), SIGTERM)
+            }
+        }
+
         func run() async throws {
             // A reader asks for a fresh status with SIGUSR1 (see ``ServeReporter``): never the signal's default
             // action (ending the process), even before the reporter listens for it.
             signal(SIGUSR1, SIG_IGN)
+            Self.stopWithParent()
             guard let address = PeerAddress(parsing: listen) else {
                 throw ShoalError(code: .invalidArgument, message: "--listen wants HOST:PORT, got \"\(listen)\"")
             }

@@ -1,11 +1,14 @@
 import ArgumentParser
 import Foundation
 import Shoal
+import ShoalProcesses
 
 @main
 struct ShoalCommand: AsyncParsableCommand {
     /// Parses, runs, and reports a failure in plain words: what failed, then the detail.
     static func main() async {
+        // The nodes `shoal demo` starts are this very executable, whatever its file is named.
+        setenv(ServeProcess.executableVariable, URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, 1)
         var command: any ParsableCommand
         do {
             command = try parseAsRoot(Demo.givingDashboardItsDefault(Array(CommandLine.arguments.dropFirst())))

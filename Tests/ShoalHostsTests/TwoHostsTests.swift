@@ -127,7 +127,7 @@ struct TwoHostsTests {
         #expect(service.txt["cluster"] == nil)
         #expect(cluster?.count == 32)
         #expect(!service.txt.values.contains { value in cluster.map { value.contains($0.prefix(8)) } ?? true }, "\(service.txt)")
-        #expect(service.txt["proto"] == "9")  // the newest wire protocol version (9: a fresh state told to peers)
+        #expect(service.txt["proto"] == "10")  // the newest wire protocol version (10: columns hashed by name)
         #expect(service.port == 7400)
         #expect(service.addresses.contains(HostPair.Host.a.address))
         #expect(service.instance.contains("host-a"))

@@ -365,8 +365,8 @@ private func serveChain(_ paths: [String], options: [String: [String]] = [:]) as
         let described = try paths.map { "\($0): \(try contents($0))" }.joined(separator: "\n")
         #expect(converged, "\(described)\n\(nodes.map(\.output))")
         #expect(try contents(a)["kv"] == [
-            "text:7231|integer:31|text:726564", "text:7232|integer:32|blob:00FF10",
-            "text:7234|real:342E35|text:677265656E",
+            "colour=blob:00FF10|k=text:7232|v=integer:32", "colour=text:677265656E|k=text:7234|v=real:342E35",
+            "colour=text:726564|k=text:7231|v=integer:31",
         ], "\(described)")
     }
 }

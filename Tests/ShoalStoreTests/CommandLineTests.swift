@@ -22,6 +22,33 @@ import ShoalTestSupport
         #expect(try shoal("status", "--db", plain).status == 0)
     }
 
+    @Test func aNodeWhoseParentDiesStops() async throws {
+        // `shoal demo`, the harness and the tests start nodes with SHOAL_STOP_WITH_PARENT set to their pid: a parent
+        // that dies (killed with -9, a crash) must leave no node running. Here the parent is a shell that exits once
+        // the node listens.
+        let directory = try temporaryDirectory("cli-parent")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("n.db").path
+        let log = directory.appendingPathComponent("n.log").path
+        #expect(try shoal("init", "--db", db, "--name", "n").status == 0)
+        let script =
+            "SHOAL_STOP_WITH_PARENT=$$ '\(try shoalExecutable().path)' serve --db '\(db)' --listen 127.0.0.1:0 "
+            + "--no-mdns --no-remembered > '\(log)' 2>&1 & node=$!; "
+            + "for i in $(seq 300); do grep -q 'listening on' '\(log)' && break; sleep 0.1; done; echo $node"
+        let shell = try runProcess(URL(fileURLWithPath: "/bin/sh"), ["-c", script])
+        let pid = try #require(pid_t(shell.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        // Gone, or a zombie no one reaps (the machine's init may not): either way it stopped.
+        func running() -> Bool {
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8) else { return false }
+            return !(stat.split(separator: ")").last?.trimmingCharacters(in: .whitespaces).hasPrefix("Z") ?? false)
+        }
+        let stopped = try await waitUntil(within: 20, checkingEvery: 100) { !running() }
+        if !stopped { kill(pid, SIGKILL) }
+        #expect(stopped, "the node outlived its parent")
+        let said = try String(contentsOfFile: log, encoding: .utf8)
+        #expect(said.contains("stopped"), "it did not stop as on SIGTERM: \(said)")
+    }
+
     @Test func helpAndUsageErrorsPrintAsTheArgumentParserPrintsThem() throws {
         let help = try shoal("--help")
         #expect(help.status == 0)

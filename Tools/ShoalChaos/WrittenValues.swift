@@ -35,8 +35,16 @@ struct WrittenValues {
     func check(node: Int, rows: [String]) throws {
         let noteValues: Set<String> = ["text:6E6F6E65", "text:7570646174656420617070"]  // 'none', 'updated app'
         for row in rows {
-            let fields = row.split(separator: "|", omittingEmptySubsequences: false).map(String.init)
-            guard fields.count == 4 || (fields.count == 5 && noteValues.contains(fields[4])),
+            // Each field is `column=rendering`, the columns in the order of their names.
+            var named: [String: String] = [:]
+            for field in row.split(separator: "|", omittingEmptySubsequences: false) {
+                let parts = field.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                if parts.count == 2 { named[String(parts[0])] = String(parts[1]) }
+            }
+            let expected: Set<String> = ["k", "a", "b", "n"]
+            let fields = ["k", "a", "b", "n"].map { named[$0] ?? "" }
+            guard Set(named.keys) == expected || (Set(named.keys) == expected.union(["note"])
+                    && noteValues.contains(named["note"] ?? "")),
                 let key = Self.integer(fields[0]), (0..<12).contains(key)
             else {
                 print("FAILED: node\(node) holds a row no write made: \(row.prefix(120))")
