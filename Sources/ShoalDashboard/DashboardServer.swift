@@ -45,7 +45,8 @@ public struct DashboardServer: Service {
     static let maximumBodyBytes = 16 * 1024
 
     /// A server on `host`:`port` showing `hub`'s states; `controls` carries out the page's controls (none when nil);
-    /// `secureChannel` secures each connection (see ``secureChannel``); `onListening` gets the bound port.
+    /// `secureChannel` secures each connection (see ``secureChannel``); `requestDeadline` is how long a connection has
+    /// to complete a request; `onListening` gets the bound port.
     public init(
         host: String,
         port: Int,
@@ -53,32 +54,7 @@ public struct DashboardServer: Service {
         token: String? = nil,
         secureChannel: (@Sendable (any Channel) throws -> Void)? = nil,
         logger: Logger,
-        controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
-        onListening: @escaping @Sendable (Int) async -> Void = { _ in }
-    ) {
-        self.init(
-            host: host,
-            port: port,
-            hub: hub,
-            token: token,
-            secureChannel: secureChannel,
-            logger: logger,
-            requestDeadline: .seconds(10),
-            controls: controls,
-            onListening: onListening
-        )
-    }
-
-    /// As the other initializer, with the time a connection has to complete a request (``requestDeadline``) in
-    /// place of 10 s.
-    public init(
-        host: String,
-        port: Int,
-        hub: DashboardHub,
-        token: String? = nil,
-        secureChannel: (@Sendable (any Channel) throws -> Void)? = nil,
-        logger: Logger,
-        requestDeadline: TimeAmount,
+        requestDeadline: TimeAmount = .seconds(10),
         controls: (@Sendable (DashboardControl) async throws -> String)? = nil,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
@@ -103,17 +79,19 @@ public struct DashboardServer: Service {
         return "\(secure ? "https" : "http")://\(shown):\(port)/\(query)"
     }
 
-    /// Whether `host` names a loopback address, where the dashboard may listen without a token: `localhost`, `::1`,
-    /// or an IPv4 address in 127.0.0.0/8 written as four decimal numbers (a name that merely starts with "127." is
-    /// not one: it may resolve anywhere).
+    /// Whether `host` names a loopback address, where the dashboard may listen without a token: `localhost`, or an
+    /// address in 127.0.0.0/8 or `::1` written as one (a name that merely starts with "127." is not one: it may
+    /// resolve anywhere).
     public static func isLoopback(_ host: String) -> Bool {
         let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
-        if bare == "localhost" || bare == "::1" { return true }
-        let parts = bare.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 4,
-            parts.allSatisfy({ !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCII) && UInt8($0) != nil })
-        else { return false }
-        return parts[0] == "127"
+        if bare == "localhost" { return true }
+        switch try? SocketAddress(ipAddress: bare, port: 0) {
+        case .v4(let address): return UInt32(bigEndian: address.address.sin_addr.s_addr) >> 24 == 127
+        case .v6(let address):
+            // ::1: fifteen zero bytes, then 1.
+            return withUnsafeBytes(of: address.address.sin6_addr) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
+        default: return false
+        }
     }
 
     /// The host part of a `Host` header (`name`, `name:port`, `[v6]`, `[v6]:port`).

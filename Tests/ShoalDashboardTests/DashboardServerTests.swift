@@ -52,22 +52,9 @@ import Testing
     }
 
     private static func blockingExchange(_ port: Int, _ request: String, until enough: (String) -> Bool) -> String {
-        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard socket >= 0 else { return "" }
-        defer { close(socket) }
         // Bounds only an exchange that fails: a loaded run of the whole suite on two cores answered after more than 5 s.
-        var timeout = timeval(tv_sec: 30, tv_usec: 0)
-        setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        guard connected == 0 else { return "" }
+        guard let socket = connectToLoopback(port: port, receiveTimeoutSeconds: 30) else { return "" }
+        defer { close(socket) }
         let bytes = Array(request.utf8)
         guard send(socket, bytes, bytes.count, 0) == bytes.count else { return "" }
         var received: [UInt8] = []
