@@ -43,6 +43,32 @@ private func merged(_ changes: [Change]) -> RowState {
 }
 
 @Suite struct MergeRulesTests {
+    @Test func aRowHashesTheSameWhateverOrderItsTableHoldsItsColumnsIn() {
+        // Two nodes that each added a column first hold (v, x1, x2) and (v, x2, x1): the same row must hash alike.
+        let cells: [String: RowState.Cell] = [
+            "v": .value(stamp(10, siteA, 1), previous: nil), "x1": .empty,
+            "x2": .counter([siteB: CounterEntry(increments: 3, decrements: 1, seq: 2, hlc: HLC(rawValue: 20))]),
+        ]
+        let values: [String: SQLValue] = ["v": .text("v"), "x1": .text("d"), "x2": .integer(2)]
+        func hash(_ columns: [String], state: Bool = true) -> [UInt8] {
+            StateDigest.rowHash(
+                table: "t",
+                primaryKey: [.integer(1)],
+                state: state
+                    ? RowState(causalLength: 1, lengthStamp: stamp(9, siteC, 1), cells: columns.map { cells[$0]! }) : nil,
+                columns: columns,
+                values: columns.map { values[$0]! },
+                defaults: columns.map { $0 == "x1" ? .text("d") : nil }
+            )
+        }
+        #expect(hash(["v", "x1", "x2"]) == hash(["v", "x2", "x1"]))
+        #expect(hash(["v", "x1", "x2"]) == hash(["x2", "x1", "v"]))
+        #expect(hash(["v", "x1", "x2"], state: false) == hash(["x1", "x2", "v"], state: false))
+        // And the values still count: another value, another hash.
+        #expect(hash(["v", "x1", "x2"]) != hash(["v", "x1", "x2"], state: false))
+        #expect(StateDigest.nameOrder(["b", "a", "c"]) == [1, 0, 2])
+    }
+
     @Test func laterClockWinsWhateverTheOrder() {
         let older = column(.text("old"), stamp(100, siteB, 1))
         let newer = column(.text("new"), stamp(200, siteA, 1))
