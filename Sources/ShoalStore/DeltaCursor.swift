@@ -142,17 +142,56 @@ extension Store {
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
         cursor.lease = CursorLease(openCursors)
-        // Integer keys take 10 bytes in the log; each row listed carries about one change per column.
+        // The rows listed, from the lists' bytes and the bytes a key takes in the first list (a key of one integer
+        // takes 3-4 bytes, one written before or of other values more); each row listed carries about one change per
+        // column.
         let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
         let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ?")
+        let first = try statement("SELECT substr(keys, 1, 65536) FROM shoal_log WHERE site = ? AND seq > ? LIMIT 1")
         for (index, site, _) in cursor.sites where held[site] > since[site] {
-            try size.bind([.integer(Int64(index)), .integer(Int64(bitPattern: since[site]))])
+            let arguments: [SQLValue] = [.integer(Int64(index)), .integer(Int64(bitPattern: since[site]))]
+            try size.bind(arguments)
+            try first.bind(arguments)
             if try size.step(), case .integer(let bytes) = size.column(0) {
-                cursor.estimatedChanges += UInt64(bytes) / 10 * UInt64(columns)
+                let perKey = try first.step() ? Self.bytesPerLogKey(first.columnBytes(0)) : 10
+                cursor.estimatedChanges += UInt64(Double(bytes) / perKey) * UInt64(columns)
             }
             size.reset()
+            first.reset()
         }
         return cursor
+    }
+
+    /// The bytes a key takes in a change-log key list (``appendLogKey(_:to:)``), on average over the whole keys at the
+    /// start of `list` (10 when it holds none).
+    static func bytesPerLogKey(_ list: [UInt8]) -> Double {
+        var offset = 0
+        var keys = 0
+        var end = 0
+        func varint() -> UInt64? {
+            var value: UInt64 = 0
+            var shift: UInt64 = 0
+            while offset < list.count, shift < 64 {
+                let byte = list[offset]
+                offset += 1
+                value |= UInt64(byte & 0x7F) << shift
+                if byte & 0x80 == 0 { return value }
+                shift += 7
+            }
+            return nil
+        }
+        while offset < list.count {
+            guard let length = varint() else { break }
+            if length == 0 {
+                guard varint() != nil else { break }
+            } else {
+                guard length <= UInt64(list.count - offset) else { break }
+                offset += Int(length)
+            }
+            keys += 1
+            end = offset
+        }
+        return keys > 0 ? Double(end) / Double(keys) : 10
     }
 
     /// The next batch of at most `maxChanges` changes and about `maxBytes` encoded bytes, or `nil` once the

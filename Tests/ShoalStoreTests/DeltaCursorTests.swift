@@ -34,6 +34,24 @@ import Testing
         #expect(try target.versionVector() == source.versionVector())
     }
 
+    @Test func aCatchUpEstimatesTheChangesLeftWithinTwiceTheTruth() throws {
+        // The estimate drives the ETA `shoal status` shows. It assumed 10 bytes a key; keys of one integer came to
+        // take 3-4, and a catch-up's ETA fell to nothing a third of the way in.
+        let source = try makeStore()
+        try makeItems(source)
+        let insert = try source.prepare("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)")
+        try source.transaction {
+            for id in 0..<20_000 { try insert.execute([.integer(Int64(id)), .text("n\(id)"), .integer(Int64(id))]) }
+        }
+        try source.execute("UPDATE items SET name = 'x' WHERE id < 100")
+        let cursor = try source.deltaCursor(since: VersionVector())
+        var sent = 0
+        while let batch = try source.nextBatch(cursor, maxChanges: 10_000) { sent += batch.changes.count }
+        let estimated = Double(cursor.estimatedChanges)
+        #expect(estimated >= Double(sent) / 2 && estimated <= Double(sent) * 2, "estimated \(estimated), sent \(sent)")
+        #expect(Store.bytesPerLogKey([]) == 10)
+    }
+
     @Test func anUpToDatePeerGetsOneEmptyBatch() throws {
         let source = try makeStore()
         try makeItems(source)
