@@ -165,31 +165,16 @@ extension Store {
     /// The bytes a key takes in a change-log key list (``appendLogKey(_:to:)``), on average over the whole keys at the
     /// start of `list` (10 when it holds none).
     static func bytesPerLogKey(_ list: [UInt8]) -> Double {
-        var offset = 0
+        var reader = ByteReader(list)
         var keys = 0
         var end = 0
-        func varint() -> UInt64? {
-            var value: UInt64 = 0
-            var shift: UInt64 = 0
-            while offset < list.count, shift < 64 {
-                let byte = list[offset]
-                offset += 1
-                value |= UInt64(byte & 0x7F) << shift
-                if byte & 0x80 == 0 { return value }
-                shift += 7
-            }
-            return nil
-        }
-        while offset < list.count {
-            guard let length = varint() else { break }
-            if length == 0 {
-                guard varint() != nil else { break }
-            } else {
-                guard length <= UInt64(list.count - offset) else { break }
-                offset += Int(length)
-            }
+        // The first 64 KB of a list may end inside a key: the whole ones before it count.
+        while !reader.isAtEnd {
+            guard let length = try? reader.readVarint(),
+                (length == 0 ? (try? reader.readVarint()) != nil : (try? reader.readBytes(Int(clamping: length))) != nil)
+            else { break }
             keys += 1
-            end = offset
+            end = reader.offset
         }
         return keys > 0 ? Double(end) / Double(keys) : 10
     }

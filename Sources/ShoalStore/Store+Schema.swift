@@ -2,6 +2,12 @@ import CSQLite
 import ShoalCore
 
 extension Store {
+    /// Whether `table` is one of Shoal's own (its name begins `shoal_`, in any case, as SQLite compares names): its
+    /// metadata, and the replicated tables it keeps for itself (the roster, member reports, schema changes).
+    public static func isShoalTable(_ table: String) -> Bool {
+        table.lowercased().hasPrefix("shoal_")
+    }
+
     /// Reads a table's schema as the store needs it.
     func describeTable(_ name: String, id: Int64, counters: [String]) throws(ShoalError) -> ReplicatedTable {
         let info = try connection.rows("PRAGMA table_xinfo(\(quote(name)))")
@@ -123,7 +129,7 @@ extension Store {
             }
             return []
         }
-        guard table == Self.rosterTable || !table.lowercased().hasPrefix("shoal_"), !table.lowercased().hasPrefix("sqlite_")
+        guard table == Self.rosterTable || !Self.isShoalTable(table), !table.lowercased().hasPrefix("sqlite_")
         else {
             throw ShoalError(
                 code: .unsupportedSchema,

@@ -222,7 +222,7 @@ extension Store {
         try synced.bind([.integer(ownSiteIndex)])
         let hasPeers = try synced.step()
         synced.reset()
-        guard hasPeers, !table.lowercased().hasPrefix("shoal_"),
+        guard hasPeers, !Self.isShoalTable(table),
             case .text(let sql) = try connection.scalar(
                 "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?", [.text(table)]
             )

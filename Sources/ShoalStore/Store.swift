@@ -442,7 +442,7 @@ public final class Store {
         case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE, SQLITE_ALTER_TABLE:
             let table = action == SQLITE_ALTER_TABLE ? second : first
             guard let table else { return SQLITE_OK }
-            if table.lowercased().hasPrefix("shoal_") {
+            if Self.isShoalTable(table) {
                 authorizerDenial = "table \(table) holds Shoal's replication metadata and cannot be changed with SQL"
                 return SQLITE_DENY
             }

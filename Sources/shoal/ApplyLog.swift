@@ -25,7 +25,7 @@ struct ApplyLog: Service {
         try? await cancelWhenGracefulShutdown {
             for try await set in node.changes(after: ChangeFeedCursor(start)) where !set.isLocal {
                 let now = SystemWallClock().nowMilliseconds()
-                let kind = set.rows.contains { !$0.table.hasPrefix("shoal_") } ? "app" : "shoal"
+                let kind = set.rows.contains { !Store.isShoalTable($0.table) } ? "app" : "shoal"
                 let line = "\(set.dot.site.hex) \(set.dot.seq) \(set.hlc.milliseconds) \(now) \(kind)\n"
                 try? file.write(contentsOf: Data(line.utf8))
             }

@@ -158,7 +158,7 @@ actor DemoCluster {
     private func saw(_ set: FeedChangeSet, at index: Int) {
         // Change sets of Shoal's own rows (member reports, about one a second a node) would crowd the list out and
         // keep the links pulsing: the list and the pulses show the app's.
-        guard set.rows.contains(where: { !$0.table.hasPrefix("shoal_") }) else { return }
+        guard set.rows.contains(where: { !Store.isShoalTable($0.table) }) else { return }
         if !set.isLocal { appliedCounts[index] += 1 }
         let dot = "\(set.dot.site.hex):\(set.dot.seq)"
         guard seenDots.insert(dot).inserted else { return }
@@ -237,7 +237,7 @@ actor DemoCluster {
                 node.site = status.siteID.hex
                 node.digest = status.digest.hex
                 // The app's tables: Shoal's own (the roster) are not what the demo writes.
-                let appTables = status.tables.filter { !$0.name.hasPrefix("shoal_") }
+                let appTables = status.tables.filter { !Store.isShoalTable($0.name) }
                 node.rows = appTables.reduce(0) { $0 + $1.rows }
                 node.tombstones = appTables.reduce(0) { $0 + $1.tombstones }
                 node.schemaChanges = status.schemaChanges
