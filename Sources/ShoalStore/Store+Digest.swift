@@ -556,6 +556,27 @@ extension Store {
         }
     }
 
+    /// The rows `table`'s clock table holds (one per row alive or kept as a tombstone) and the bytes of its pages (nil
+    /// where SQLite was built without `dbstat`). One walk of its b-tree gives both: the cells of its leaf pages are its
+    /// rows (also those of its interior pages, in a table without rowid, whose b-tree is an index's). Counting, then
+    /// asking `dbstat`, read a million rows' pages twice.
+    private func clockTableSize(_ table: ReplicatedTable) throws(ShoalError) -> (rows: Int, bytes: Int64?) {
+        let withoutRowid = try connection.scalar(
+            "SELECT sql LIKE '%WITHOUT ROWID' FROM sqlite_master WHERE type = 'table' AND name = ?",
+            [.text(table.clockTable)]
+        ) == .integer(1)
+        // dbstat walks only the b-tree named.
+        if let row = try? connection.rows(
+            "SELECT sum(pgsize), sum(CASE WHEN pagetype = 'leaf' OR ? THEN ncell ELSE 0 END) FROM dbstat "
+                + "WHERE name = ?",
+            [.integer(withoutRowid ? 1 : 0), .text(table.clockTable)]
+        ).first, case .integer(let bytes) = row[0], case .integer(let rows) = row[1] {
+            return (Int(rows), bytes)
+        }
+        let rows = Int(try connection.scalar("SELECT count(*) FROM \(table.clockTable)").integerValue ?? 0)
+        return (rows, nil)
+    }
+
     /// Site id, version vector, tables with row and tombstone counts, paused tables, conflicts and digest.
     ///
     /// `settlingDigest: false` leaves the digest as last folded when rows changed since (see
@@ -569,17 +590,14 @@ extension Store {
         var tables: [TableStatus] = []
         for table in capture.tables {
             let rows = Int(try connection.scalar("SELECT count(*) FROM \(quote(table.name))").integerValue ?? 0)
-            let tracked = Int(try connection.scalar("SELECT count(*) FROM \(table.clockTable)").integerValue ?? 0)
+            let (tracked, metadataBytes) = try clockTableSize(table)
             tables.append(
                 TableStatus(
                     name: table.name,
                     rows: rows,
                     tombstones: max(0, tracked - rows),
                     counterColumns: table.columns.indices.filter { table.isCounter[$0] }.map { table.columns[$0] },
-                    // One b-tree's pages (dbstat walks only the one named).
-                    metadataBytes: try? connection.scalar(
-                        "SELECT sum(pgsize) FROM dbstat WHERE name = ?", [.text(table.clockTable)]
-                    ).integerValue
+                    metadataBytes: metadataBytes
                 )
             )
         }

@@ -1,4 +1,6 @@
+import Foundation
 import Testing
+import ShoalTestSupport
 
 @testable import ShoalCore
 @testable import ShoalStore
@@ -141,6 +143,43 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         #expect(try rows(replica, "SELECT id, name FROM items") == [[.integer(5), .text("a")]])
         #expect(try replica.status().tables[0].tombstones == 1)
         #expect(try replica.digest() == store.digest())
+    }
+
+    /// `shoal status` counts a table's tombstones from one walk of its clock table's b-tree (the cells of its pages);
+    /// checked against plain counts for a rowid clock table and one without rowid (whose interior pages hold rows too),
+    /// each large enough to have interior pages.
+    @Test func statusCountsRowsAndTombstonesOfEveryKeyShape() throws {
+        let directory = try temporaryDirectory("status-counts")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try Store(path: directory.appendingPathComponent("a.db").path)
+        try store.execute("CREATE TABLE one(id INTEGER PRIMARY KEY, v BLOB)")
+        try store.execute("CREATE TABLE two(a TEXT, b INTEGER, v BLOB, PRIMARY KEY(a, b))")
+        try store.replicate(table: "one")
+        try store.replicate(table: "two")
+        try store.execute(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 20000) "
+                + "INSERT INTO one SELECT i, randomblob(40) FROM s"
+        )
+        try store.execute(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 20000) "
+                + "INSERT INTO two SELECT 'key ' || (i % 7), i, randomblob(40) FROM s"
+        )
+        try store.execute("DELETE FROM one WHERE id % 10 = 3")
+        try store.execute("DELETE FROM two WHERE b % 8 = 1")
+        let status = try store.status()
+        for (name, deleted) in [("one", 2_000), ("two", 2_500)] {
+            let table = try #require(status.tables.first { $0.name == name })
+            let clockTable = try #require(store.capture.tables.first { $0.name == name }?.clockTable)
+            let interior = try store.connection.scalar(
+                "SELECT count(*) FROM dbstat WHERE name = ? AND pagetype = 'internal'", [.text(clockTable)]
+            )
+            #expect(try #require(interior.integerValue) > 0, "\(name): the clock table has interior pages")
+            let tracked = try #require(try store.connection.scalar("SELECT count(*) FROM \(clockTable)").integerValue)
+            #expect(table.rows == 20_000 - deleted)
+            #expect(table.tombstones == deleted)
+            #expect(table.rows + table.tombstones == Int(tracked))
+            #expect(try #require(table.metadataBytes) >= Int64(tracked) * 3)
+        }
     }
 
     @Test func rowsAlreadyThereBecomeChangesAndCompositeKeysWork() throws {
