@@ -217,6 +217,10 @@ public struct ChangeBatchMessage: Hashable, Sendable {
     /// sent before this batch; their value inside `batch` is a placeholder (NULL) until the session puts the
     /// reassembled value back.
     public var piecedValues: [UInt32]
+    /// The bytes of the frame the batch arrived in (its length prefix and payload as sent, compressed or not), for a
+    /// catch-up's progress; set by the frame decoder (ShoalTransport), 0 for a batch made here. Not part of the
+    /// message: it is not encoded, and batches that differ only in it are equal.
+    public var frameBytes = 0
 
     /// A batch of the answer to `requestID`: the first (`sequence` 0) and with no pieced values unless told
     /// otherwise.
@@ -234,6 +238,22 @@ public struct ChangeBatchMessage: Hashable, Sendable {
         self.estimatedRemaining = estimatedRemaining
         self.batch = batch
         self.piecedValues = piecedValues
+    }
+}
+
+extension ChangeBatchMessage {
+    /// Whether the two are the same message (``frameBytes``, how it arrived, is left out).
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        lhs.requestID == rhs.requestID && lhs.sequence == rhs.sequence && lhs.isLast == rhs.isLast
+            && lhs.estimatedRemaining == rhs.estimatedRemaining && lhs.batch == rhs.batch
+            && lhs.piecedValues == rhs.piecedValues
+    }
+
+    /// Hashes what ``==`` compares (some of it).
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(requestID)
+        hasher.combine(sequence)
+        hasher.combine(batch)
     }
 }
 

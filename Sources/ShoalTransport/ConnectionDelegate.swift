@@ -44,8 +44,8 @@ protocol ConnectionDelegate: Sendable {
     func inspectionStarted(_ id: Int, peer: Hello, address: String) async -> Admission
     /// A pull from `peer` finished: `applied` changes took effect in `milliseconds`.
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) async
-    /// A pull spanning several batches is under way.
-    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) async
+    /// A pull spanning several batches is under way: `changes` applied and `bytes` received so far.
+    func connectionProgress(peer: SiteID, changes: Int, bytes: Int, remaining: UInt64, milliseconds: UInt64) async
     /// `peer` acknowledged holding our changes.
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) async
     /// A round with `peer` failed here.

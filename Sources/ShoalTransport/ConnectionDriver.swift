@@ -60,6 +60,8 @@ struct ConnectionDriver {
     private var roundFailureCounted = false
     private var roundStarted: UInt64 = 0
     private var appliedThisRound = 0
+    /// Bytes of this round's answer received so far (``CatchUpProgress/bytes``).
+    private var bytesThisRound = 0
     /// The highest seq per site applied from this round's answer so far: a later batch may claim what an earlier
     /// one delivered.
     private var receivedThisRound: [SiteID: UInt64] = [:]
@@ -160,6 +162,11 @@ struct ConnectionDriver {
                 switch event {
                 case .message(let message):
                     handlingMessage = true
+                    switch message {
+                    case .changeBatch(let batch): bytesThisRound += batch.frameBytes
+                    case .valuePiece(let piece): bytesThisRound += piece.bytes.count
+                    default: break
+                    }
                     actions = session.receive(message, now: now)
                 case .tick:
                     let seen = (real: ContinuousClock.now, clock: now)
@@ -290,6 +297,7 @@ struct ConnectionDriver {
                     if session.outstandingRequest == nil {
                         roundStarted = now
                         appliedThisRound = 0
+                        bytesThisRound = 0
                         receivedThisRound = [:]
                         withheldThisRound = false
                         roundFailureCounted = false
@@ -503,6 +511,7 @@ struct ConnectionDriver {
             await delegate.connectionProgress(
                 peer: peer,
                 changes: appliedThisRound,
+                bytes: bytesThisRound,
                 remaining: message.estimatedRemaining,
                 milliseconds: now - roundStarted
             )

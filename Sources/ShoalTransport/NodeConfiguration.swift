@@ -227,11 +227,14 @@ public struct PeerStatus: Sendable, Hashable {
     public var catchUp: CatchUpProgress?
 }
 
-/// How far a catch-up from a peer got: the changes applied so far in the round, how many the peer estimates are left,
-/// and for how long it has run.
+/// How far a catch-up from a peer got: the changes applied and bytes received so far in the round, how many changes the
+/// peer estimates are left, and for how long it has run.
 public struct CatchUpProgress: Sendable, Hashable {
     /// Changes applied so far in this round.
     public var changes: Int
+    /// Bytes received so far in this round: the frames of its change batches as they came (compressed or not, TLS
+    /// records' overhead not counted) and the values that travel apart in pieces.
+    public var bytes: Int
     /// Changes the peer estimates are left to send.
     public var remaining: UInt64
     /// Milliseconds since the round began.
@@ -251,14 +254,17 @@ public struct CatchUpProgress: Sendable, Hashable {
     public static let windowMilliseconds: UInt64 = 3_000
 
     /// A catch-up's progress as its round reports it (``recentRate`` is the peer directory's).
-    public init(changes: Int, remaining: UInt64, milliseconds: UInt64) {
+    public init(changes: Int, bytes: Int = 0, remaining: UInt64, milliseconds: UInt64) {
         self.changes = changes
+        self.bytes = bytes
         self.remaining = remaining
         self.milliseconds = milliseconds
     }
 
     /// Changes applied per second so far.
     public var rate: Double { milliseconds > 0 ? Double(changes) * 1_000 / Double(milliseconds) : 0 }
+    /// Bytes received per second so far.
+    public var byteRate: Double { milliseconds > 0 ? Double(bytes) * 1_000 / Double(milliseconds) : 0 }
     /// Seconds left at the recent rate (nil before there is one).
     public var secondsLeft: Double? { recentRate > 0 ? Double(remaining) / recentRate : nil }
 }

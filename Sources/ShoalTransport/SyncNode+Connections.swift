@@ -238,8 +238,11 @@ extension SyncNode: ConnectionDelegate {
         eventSink.yield(.roundFinished(peer: peer, applied: applied))
     }
 
-    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) {
-        directory.progress(peer, CatchUpProgress(changes: changes, remaining: remaining, milliseconds: milliseconds))
+    func connectionProgress(peer: SiteID, changes: Int, bytes: Int, remaining: UInt64, milliseconds: UInt64) {
+        directory.progress(
+            peer,
+            CatchUpProgress(changes: changes, bytes: bytes, remaining: remaining, milliseconds: milliseconds)
+        )
         eventSink.yield(
             .catchUpProgress(peer: peer, changes: changes, remaining: remaining, milliseconds: milliseconds)
         )

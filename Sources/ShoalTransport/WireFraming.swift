@@ -95,7 +95,10 @@ public struct WireMessageDecoder: ByteToMessageDecoder {
         buffer.moveReaderIndex(forwardBy: 4)
         let payload = buffer.readBytes(length: Int(length))!
         // A compressed frame holds at most a frame's worth: the same limit, whatever the compression.
-        return try WireMessage.decode(payload, maximumInflatedLength: maximumFrameLength)
+        let message = try WireMessage.decode(payload, maximumInflatedLength: maximumFrameLength)
+        guard case .changeBatch(var batch) = message else { return message }
+        batch.frameBytes = 4 + Int(length)
+        return .changeBatch(batch)
     }
 }
 

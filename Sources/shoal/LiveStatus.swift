@@ -32,6 +32,8 @@ struct LiveStatus: Codable {
         var listeningAddress: String? = nil
         /// While catching up from the peer: changes applied so far in the round, estimated left, rate, seconds left.
         var catchUpChanges: Int? = nil
+        var catchUpBytes: Int? = nil
+        var catchUpBytesPerSecond: Double? = nil
         var catchUpRemaining: UInt64? = nil
         var catchUpRate: Double? = nil
         var catchUpSecondsLeft: Double? = nil
@@ -172,6 +174,8 @@ struct LiveStatus: Codable {
                 divergedSinceMs: peer.divergence?.since,
                 listeningAddress: peer.listeningAddress,
                 catchUpChanges: peer.catchUp?.changes,
+                catchUpBytes: peer.catchUp?.bytes,
+                catchUpBytesPerSecond: peer.catchUp?.byteRate,
                 catchUpRemaining: peer.catchUp?.remaining,
                 catchUpRate: peer.catchUp?.rate,
                 catchUpSecondsLeft: peer.catchUp?.secondsLeft

@@ -284,14 +284,23 @@ enum Output {
                 + "\(version), \(digest)"
                 + (peer.everConnected ? peer.lacking.map { ", lacks \($0) of this node's transactions" } ?? "" : "")
                 + (peer.catchUpChanges.map { changes in
-                    ", catching up: \(changes) changes done, \(Int(peer.catchUpRate ?? 0)) changes/s, about "
-                        + "\(peer.catchUpRemaining ?? 0) to go"
+                    ", catching up: \(changes) changes done"
+                        + (peer.catchUpBytes.map { " (\(megabytes($0)) received)" } ?? "")
+                        + ", \(Int(peer.catchUpRate ?? 0)) changes/s"
+                        + (peer.catchUpBytesPerSecond.map { " (\(megabytes(Int($0)))/s)" } ?? "")
+                        + ", about \(peer.catchUpRemaining ?? 0) to go"
                         + (peer.catchUpSecondsLeft.map { ", ETA \(Int($0.rounded(.up))) s" } ?? "")
                 } ?? "") + "\n"
         }
         text += memberLines(live.members ?? [], ownName: status.nodeName, now: now)
         text += collectionLines(live.collection, tombstones: status.tables.reduce(0) { $0 + $1.tombstones }, now: now)
         return text
+    }
+
+    /// `bytes` in megabytes (10^6 bytes), with one decimal.
+    static func megabytes(_ bytes: Int) -> String {
+        let tenths = (bytes + 50_000) / 100_000
+        return "\(tenths / 10).\(tenths % 10) MB"
     }
 
     /// Whether deletes are collected, and whom their tombstones wait for, with what to do.

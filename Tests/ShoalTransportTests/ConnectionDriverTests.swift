@@ -33,7 +33,7 @@ private final class Recorder: ConnectionDelegate {
     func connectionRoundFinished(peer: SiteID, applied: Int, milliseconds: UInt64) async {
         sink.yield(.roundFinished(applied: applied))
     }
-    func connectionProgress(peer: SiteID, changes: Int, remaining: UInt64, milliseconds: UInt64) async {
+    func connectionProgress(peer: SiteID, changes: Int, bytes: Int, remaining: UInt64, milliseconds: UInt64) async {
         sink.yield(.progress)
     }
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) async { sink.yield(.acknowledged) }

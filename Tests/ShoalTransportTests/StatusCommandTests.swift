@@ -92,8 +92,8 @@ private func servePair(_ first: String, _ second: String, cluster: String) async
         #expect(try status(path)["running"] as? Bool == false)
     }
 
-    /// While a node catches up from a peer, `shoal status` shows how far it got (changes done, rate, what is left),
-    /// and the status answers at once, from the node, while it applies.
+    /// While a node catches up from a peer, `shoal status` shows how far it got (changes and bytes done, rate, what is
+    /// left), and the status answers at once, from the node, while it applies.
     @Test func statusShowsACatchUpInProgress() async throws {
         let directory = try temporaryDirectory("status-catchup")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -125,6 +125,11 @@ private func servePair(_ first: String, _ second: String, cluster: String) async
         let progress = try #require(seen, "no status showed the catch-up in progress: \(b.output)")
         #expect((progress["catchUpChanges"] as? Int ?? 0) > 0, "\(progress)")
         #expect((progress["catchUpRemaining"] as? Int ?? 0) > 0)
+        // The bytes received with them: loopback links are not compressed, and each change carries at least its row's
+        // key, a column's name and value and its stamp.
+        let changes = progress["catchUpChanges"] as? Int ?? 0
+        #expect((progress["catchUpBytes"] as? Int ?? 0) >= 8 * changes, "\(progress)")
+        #expect((progress["catchUpBytesPerSecond"] as? Double ?? 0) > 0, "\(progress)")
         let text = try shoal(["status", "--db", fresh])
         #expect(text.contains("catching up") || text.contains("same version"), "\(text)")
     }
