@@ -505,10 +505,14 @@ public struct RelayPullSession: Sendable {
 
     /// Whether what `requires` names is here: held, brought by ranges whose claims counted, or by the claims `with`.
     /// This node's own site is always here (what it made, it holds; a relay's forged head of it must not hold claims).
+    /// Of a fenced site, only what lies within the fence is waited for: nothing beyond ever comes, and a claim waiting
+    /// on it would never count (the uploader may hold more of a removed member than this node's fence lets in, until
+    /// it signs its own cut: the fence then rises, and the site is asked again up to it).
     private func met(_ requires: VersionVector, with claims: [SiteID: PendingClaim]) -> Bool {
         requires.entries.allSatisfy { site, seq in
-            site == self.site
-                || max(knownHeld[site], counted[site], min(claims[site]?.to ?? 0, knownFences[site] ?? .max)) >= seq
+            let fence = knownFences[site] ?? .max
+            return site == self.site
+                || max(knownHeld[site], counted[site], min(claims[site]?.to ?? 0, fence)) >= min(seq, fence)
         }
     }
 

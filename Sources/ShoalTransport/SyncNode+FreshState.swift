@@ -27,7 +27,9 @@ extension SyncNode {
         // collected without it. Two members back at once took their fresh states from each other, and collected rows
         // came back.
         guard mayPull(from: peer) else { return nil }
-        guard local.dominatesOrEquals(peerVector), peerVector.dominatesOrEquals(freshStateFloor) else { return nil }
+        guard local.dominatesOrEquals(withinFences(peerVector)), peerVector.dominatesOrEquals(freshStateFloor) else {
+            return nil
+        }
         return directory.status(of: peer)?.listeningAddress.flatMap(PeerAddress.init(parsing:))
     }
 
@@ -54,10 +56,13 @@ extension SyncNode {
                 await refreshSuspensions()
             }
             guard awaitingFreshState else { continue }
+            let fences = try? await worker.read { store throws(ShoalError) in try store.fences() }
+            if let fences { freshStateFences = fences }
             // A tick: a link that settled sends no acknowledgements, so the peers' last known vectors are looked at.
             guard let address = offered ?? freshStateCandidate() else {
                 if await freshStateNeedsNoPeer() {
-                    await freshStateTaken(from: "the relay", covering: relayHeads, removed: 0, orphaned: 0)
+                    let covers = withinFences(relayHeads)
+                await freshStateTaken(from: "the relay", covering: covers, removed: 0, orphaned: 0)
                 } else {
                     await takeFreshStateFromTheRelay()
                 }
@@ -70,7 +75,8 @@ extension SyncNode {
                     limit: Self.freshStateRows
                 )
                 // The peer moved on meanwhile: a later acknowledgement offers it again.
-                guard report.localVersionVector.dominatesOrEquals(report.peerVersionVector) else { continue }
+                let covers = withinFences(report.peerVersionVector)
+                guard report.localVersionVector.dominatesOrEquals(covers) else { continue }
                 // Only tables the peer replicates: a table it does not lists every row here as missing there.
                 let theirs = Set(report.peerTables)
                 var keys: [String: [[UInt8]]] = [:]
@@ -82,7 +88,7 @@ extension SyncNode {
                     let part = try await worker.takeFreshState(
                         table: table,
                         keys: rows,
-                        peerVector: report.peerVersionVector
+                        peerVector: covers
                     )
                     taken.removed += part.removed
                     taken.orphaned += part.orphaned
@@ -100,7 +106,7 @@ extension SyncNode {
                 }
                 await freshStateTaken(
                     from: report.peerName,
-                    covering: report.peerVersionVector,
+                    covering: covers,
                     removed: taken.removed,
                     orphaned: taken.orphaned
                 )
@@ -130,7 +136,8 @@ extension SyncNode {
     /// travel through the relay like any change), so nothing it holds was collected elsewhere. (Members heard only
     /// through the relay hold collection back, so a cluster that meets only there never collects.)
     private func freshStateNeedsNoPeer() async -> Bool {
-        guard !relayHeads.isEmpty, worker.latestVersionVector.withLock({ $0 }).dominatesOrEquals(relayHeads),
+        let local = worker.latestVersionVector.withLock { $0 }
+        guard !relayHeads.isEmpty, local.dominatesOrEquals(withinFences(relayHeads)),
             relayHeads.dominatesOrEquals(freshStateFloor)
         else { return false }
         return (try? await worker.knowsOfCollection()) == false
@@ -148,7 +155,8 @@ extension SyncNode {
         guard now >= relayStateReadDueMs else { return }
         relayStateReadDueMs = now + Self.relayStateReadIntervalMilliseconds
         do {
-            let state = try await reader()
+            var state = try await reader()
+            state.heads = withinFences(state.heads)
             // What the relay held when the read began: this node holds it all (it may hold more since, pulled from
             // the relay meanwhile: rows begun after the read stay, as rows no peer had seen would), and the floor.
             let local = worker.latestVersionVector.withLock { $0 }
@@ -212,9 +220,20 @@ extension SyncNode {
     /// all this node got from other sites (rows it holds from them are named there, unless collected) and the floor.
     private func relayMayGiveFreshState(heads: VersionVector) -> Bool {
         let local = worker.latestVersionVector.withLock { $0 }
-        return relayLinked && !heads.isEmpty && local.dominatesOrEquals(heads)
+        return relayLinked && !heads.isEmpty && local.dominatesOrEquals(withinFences(heads))
             && heads.dominatesOrEquals(local, ignoring: [siteID, registry.localSite])
             && heads.dominatesOrEquals(freshStateFloor)
+    }
+
+    /// `vector` without what this node refuses: each removed member's site taken no further than its fence. Changes
+    /// beyond a fence never come in here, so a peer or relay holding some (it has not heard of the removal yet: this
+    /// node, awaiting its fresh state, holds back its own roster records, a removal it signed among them) is held in
+    /// full once all else it holds is. Compared unfenced, neither side would ever move.
+    func withinFences(_ vector: VersionVector) -> VersionVector {
+        guard !freshStateFences.isEmpty else { return vector }
+        var entries = vector.entries
+        for (site, fence) in freshStateFences where entries[site, default: 0] > fence { entries[site] = fence }
+        return VersionVector(entries)
     }
 
     private func freshStateTaken(from source: String, covering covers: VersionVector, removed: Int, orphaned: Int)

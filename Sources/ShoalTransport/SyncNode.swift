@@ -84,6 +84,8 @@ public actor SyncNode: Service {
     var awaitingFreshState = false
     /// What a peer must hold to give that fresh state (``Store/freshStateFloor()``), as read at start.
     var freshStateFloor = VersionVector()
+    /// The removal fences, read while this database awaits its fresh state (``withinFences(_:)``).
+    var freshStateFences: [SiteID: UInt64] = [:]
     /// Members suspended for collection (by this node or another), with the cuts their fresh state must cover: not
     /// pulled from until they showed one (``mayPull(from:)``).
     var suspendedSites: [SiteID: VersionVector] = [:]
@@ -316,6 +318,7 @@ public actor SyncNode: Service {
             if (try? await worker.awaitsFreshState()) == true {
                 awaitingFreshState = true
                 freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
+                freshStateFences = (try? await worker.read { store throws(ShoalError) in try store.fences() }) ?? [:]
             }
             group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }

@@ -135,6 +135,27 @@ import Testing
         )
     }
 
+    /// A claim waits on a removed member's site only up to this node's fence (nothing beyond ever comes; the uploader
+    /// may hold more of it before it learns of the removal, and a claim waiting for that would never count), and is
+    /// still never counted without its effect: here the member's transaction was overwritten by the removed member's
+    /// later one, beyond the fence, and the node claims neither. Once the fence rises, the overwrite comes.
+    @Test func aClaimWaitsOnAFencedSiteOnlyUpToItsFenceAndNeverCountsWithoutItsEffect() async throws {
+        var world = ModelWorld(seed: 4, sites: 2)
+        let (removed, member) = (world.sites[0], world.sites[1])
+        try world.write(site: member, key: 0)
+        for key: Int64 in [1, 2, 0] { try world.write(site: removed, key: key) }
+        try world.upload()
+        world.node.fences = [removed: 1]
+        for _ in 0..<10 { try await world.pull(hostile: false) }
+        #expect(world.node.vector == VersionVector([removed: 1]), "\(world.trace.suffix(20))")
+        #expect(world.session.pending.isEmpty)
+        try world.checkClaims()
+        world.node.fences = [removed: 3]
+        try await world.pullHonestly(until: 50)
+        #expect(world.node.vector[removed] == 3)
+        try world.checkClaims()
+    }
+
     private func session(_ session: inout RelayPullSession, asks seq: UInt64, for site: SiteID, holding: VersionVector) {
         let request = session.request(held: holding, now: 0, wait: 0, maximumBytes: 1 << 20)
         #expect(request.vector[RelayAPI.key(site)] == seq)

@@ -51,4 +51,66 @@ extension RelayProcessTests {
         }
         #expect(same)
     }
+
+    /// A member restored from a backup removes another member before it took its fresh state (members meet only
+    /// through the relay). Its removal carries what the restored file held of the removed member, less than the
+    /// relay and the others hold; the restored member refuses the rest, and holds its own writes (its removal among
+    /// them) back until its fresh state. It still takes that fresh state (what it refuses is not waited for), the
+    /// others learn the removal and sign their higher cut, and every member ends with the same fences and rows.
+    @Test func aRestoredMemberThatRemovesAnotherBeforeItsFreshStateTakesItAndEveryMemberDrawsOneLine() async throws {
+        let world = try await RelayWorld("restored-remover", nodes: ["a", "b", "c"])
+        defer { world.tearDown() }
+        let interval = ["--round-interval", "200"]
+        try await world.serve("a", extra: interval)
+        try await world.serve("b", extra: interval)
+        try await world.serve("c", extra: interval)
+        try await world.write("c", "INSERT INTO kv VALUES ('c1', 'from c')")
+        #expect(try await world.converge(["a", "b", "c"]))
+        let pathA = world.paths["a"]!
+        let backup = pathA + ".backup"
+        try await world.write("a", "VACUUM INTO '\(backup)'")
+        try await world.write("a", "INSERT INTO kv VALUES ('a1', 'sent, then lost to the restore')")
+        #expect(try await world.converge(["a", "b", "c"]))
+        try await world.stop("a")
+        // c writes more while a is away: b gets it through the relay, a's restored file never had it.
+        try await world.write("c", "INSERT INTO kv VALUES ('c2', 'after the backup'), ('c3', 'also')")
+        #expect(try await world.converge(["b", "c"]))
+        try await world.stop("c")
+        let restored = try await offPool { try sqlite3Shell(pathA, ".restore '\(backup)'") }
+        #expect(restored.status == 0, "\(restored.stderr)")
+        let cID = try await offPool { try shoal("id", "--db", world.paths["c"]!) }.stdout
+            .split(separator: "\n").last.map(String.init) ?? ""
+        let removed = try await offPool { try shoal("trust", "remove", cID, "--db", pathA) }
+        #expect(removed.status == 0, "\(removed.stderr)")
+        let fences = { (name: String) async throws -> String in
+            let path = world.paths[name]!
+            return try await offPool { try sqlite3Shell(path, "SELECT hex(site), seq FROM shoal_fences ORDER BY site") }
+                .stdout
+        }
+        let lowerLine = try await fences("a")
+
+        try await world.serve("a", extra: interval)
+        let change = try #require(try await world.status("a")["identity_change"] as? [String: Any])
+        #expect(change["reason"] as? String == "restored")
+        let converged = try await world.converge(["a", "b"], within: 90)
+        let statuses = converged ? [:] : ["a": try await world.status("a"), "b": try await world.status("b")]
+        #expect(converged, "\(world.outputs)\n\(statuses)")
+        #expect(try await waitUntil(within: 30, checkingEvery: 200) {
+            let (a, b) = (try await fences("a"), try await fences("b"))
+            return a == b && !a.isEmpty
+        })
+        #expect(try await fences("a") != lowerLine, "b held more of c than a's restored file: the line rose")
+        for name in ["a", "b"] {
+            let rows = try await offPool { try sqlite3Shell(world.paths[name]!, "SELECT k, v FROM kv ORDER BY k") }
+            #expect(
+                rows.stdout == "a1|sent, then lost to the restore\nc1|from c\nc2|after the backup\nc3|also\n",
+                "node \(name)"
+            )
+        }
+        let same = try await offPool {
+            try SQLiteConnection(path: world.paths["a"]!).applicationTableContents()
+                == SQLiteConnection(path: world.paths["b"]!).applicationTableContents()
+        }
+        #expect(same)
+    }
 }
