@@ -10,6 +10,7 @@ import ShoalProcesses
 extension ShoalCommand {
     struct Demo: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "demo",
             abstract: "Run N live nodes on this machine, write on all at once, and watch them converge.",
             discussion: """
                 Starts N `shoal serve` processes on loopback, each with its own database: node 0 founds a cluster, \

@@ -7,6 +7,7 @@ import Shoal
 extension ShoalCommand {
     struct Feed: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "feed",
             abstract: "Print the database's committed change sets as JSON lines, then each new one, until interrupted.",
             discussion: """
                 One line per change set: {"dot": "SITE:SEQ", "local": true|false, "hlc_ms": ..., "rows": [{"table": \

@@ -12,6 +12,7 @@ import ShoalRelay
 extension ShoalCommand {
     struct Relay: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "relay",
             abstract: "Run a relay: a blind store-and-forward endpoint nodes sync through when they cannot reach each other.",
             discussion: """
                 The relay stores change sets sealed with each cluster's key: it sees clusters, sites, sequence \
@@ -60,6 +61,7 @@ struct RelayStorageOptions: ParsableArguments {
 extension ShoalCommand.Relay {
     struct Serve: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "serve",
             abstract: "Serve the relay until stopped (SIGINT or SIGTERM).",
             discussion: """
                 Prints `relay listening on HOST:PORT` once bound (port 0 picks a free port). HTTPS with --tls-cert \
@@ -158,6 +160,7 @@ extension ShoalCommand.Relay {
 
     struct Token: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "token",
             abstract: "Make, list and revoke the relay's bearer tokens (one cluster each).",
             subcommands: [Create.self, List.self, Revoke.self]
         )
@@ -177,6 +180,7 @@ struct RelayService: Service {
 extension ShoalCommand.Relay.Token {
     struct Create: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "create",
             abstract: "Make a token for one cluster and print it (last line). Only its hash is kept: save it now.",
             discussion: "The cluster id is the one `shoal status` shows (`cluster_id` in `shoal status --json`)."
         )
@@ -204,6 +208,7 @@ extension ShoalCommand.Relay.Token {
 
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "list",
             abstract: "List tokens: the SHA-256 of each (what `token revoke` takes), its cluster, state and label."
         )
         @OptionGroup var storage: RelayStorageOptions
@@ -223,6 +228,7 @@ extension ShoalCommand.Relay.Token {
 
     struct Revoke: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "revoke",
             abstract: "Revoke a token (the token, or its hash as `token list` shows it in full), or every token of a cluster."
         )
         @OptionGroup var storage: RelayStorageOptions

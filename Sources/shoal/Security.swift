@@ -61,6 +61,7 @@ extension ShoalCommand {
 
     struct Invite: ParsableCommand, DescribedActivity {
         static let configuration = CommandConfiguration(
+            commandName: "invite",
             abstract: "Make a single-use invite code for a new device (printed on the last line).",
             discussion: """
                 The code is valid for 10 minutes and admits one device: on it, run \
@@ -101,6 +102,7 @@ extension ShoalCommand {
 
     struct Join: AsyncParsableCommand, DescribedActivity {
         static let configuration = CommandConfiguration(
+            commandName: "join",
             abstract: "Join a cluster with an invite code from one of its members.",
             discussion: """
                 Finds the member that made the code (the given --peer, else by mDNS), proves the code without \
@@ -234,12 +236,16 @@ extension ShoalCommand {
 
     struct Trust: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "trust",
             abstract: "List, add or remove the cluster's members, and show devices waiting to be accepted.",
             subcommands: [List.self, Add.self, Remove.self, Pending.self]
         )
 
         struct List: ParsableCommand, DescribedActivity {
-            static let configuration = CommandConfiguration(abstract: "List members and removed nodes.")
+            static let configuration = CommandConfiguration(
+                commandName: "list",
+                abstract: "List members and removed nodes."
+            )
             @OptionGroup var database: DatabaseOptions
             var activity: String { "could not read the roster" }
 
@@ -277,6 +283,7 @@ extension ShoalCommand {
 
         struct Add: ParsableCommand, DescribedActivity {
             static let configuration = CommandConfiguration(
+                commandName: "add",
                 abstract: "Accept a node: a pending device (seen by the running node), or one given with its key.",
                 discussion: """
                     A pending device is one that connected with a key the roster does not hold; `shoal trust pending` \
@@ -344,6 +351,7 @@ extension ShoalCommand {
 
         struct Remove: ParsableCommand, DescribedActivity {
             static let configuration = CommandConfiguration(
+                commandName: "remove",
                 abstract: "Remove a member for good: every member closes its connections and refuses it.",
                 discussion: "A removal wins over any add, on every member, forever."
             )
@@ -376,6 +384,7 @@ extension ShoalCommand {
 
         struct Pending: ParsableCommand, DescribedActivity {
             static let configuration = CommandConfiguration(
+                commandName: "pending",
                 abstract: "List devices that tried to connect with a key the roster does not hold (needs a running node)."
             )
             @OptionGroup var database: DatabaseOptions

@@ -13,6 +13,7 @@ import Synchronization
 extension ShoalCommand {
     struct Serve: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "serve",
             abstract: "Run a node: listen for peers, dial static peers, and keep them in sync until stopped.",
             discussion: """
                 Prints `listening on HOST:PORT` once bound (port 0 picks a free port). Writes made to the same \

@@ -113,6 +113,7 @@ protocol DescribedActivity {
 extension ShoalCommand {
     struct Init: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "init",
             abstract: "Create the database, its site id and its node key (idempotent); prints the site id.",
             discussion: """
                 The node key goes to PATH.shoal-key (mode 600), with the credentials of a new cluster of one. \
@@ -203,6 +204,7 @@ extension ShoalCommand {
 
     struct Replicate: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "replicate",
             abstract: "Mark a table replicated; rows already in it become changes."
         )
 
@@ -234,6 +236,7 @@ extension ShoalCommand {
 
     struct Changes: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "changes",
             abstract: "Write the changes a version vector lacks to stdout as JSON lines.",
             discussion: """
                 The first line is a header with this database's site id and version; the last line marks the end \
@@ -278,6 +281,7 @@ extension ShoalCommand {
 
     struct Apply: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "apply",
             abstract: "Apply a change stream from a file or stdin, all or nothing."
         )
 
@@ -367,6 +371,7 @@ extension ShoalCommand {
 
     struct Digest: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "digest",
             abstract: "Print the state digest; two databases have converged exactly when their digests match.",
             discussion: """
                 The digest is kept up to date with every write and apply; it covers each row's metadata, whether \
@@ -424,6 +429,7 @@ extension ShoalCommand {
 
     struct Unreplicate: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "unreplicate",
             abstract: "Stop replicating a table: keep the table and its rows, and Shoal's metadata for it aside.",
             discussion: """
                 The way out for a table whose shape was changed by another tool (it is then paused). Afterwards \
@@ -454,6 +460,7 @@ extension ShoalCommand {
 
     struct Compact: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "compact",
             abstract: "Drop overwritten entries from the change log (a running node also does this on its own).",
             discussion: """
                 What any peer would be sent stays exactly the same; only entries whose every row has been \
@@ -494,6 +501,7 @@ extension ShoalCommand {
 
     struct Status: ParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "status",
             abstract: "Show site id, version vector, replicated tables, tombstones and conflicts."
         )
 
@@ -519,7 +527,10 @@ extension ShoalCommand {
     }
 
     struct Conflicts: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "List the most recent conflicts, newest first.")
+        static let configuration = CommandConfiguration(
+            commandName: "conflicts",
+            abstract: "List the most recent conflicts, newest first."
+        )
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "How many to show.") var limit = 20

@@ -5,6 +5,7 @@ import Shoal
 extension ShoalCommand {
     struct Verify: AsyncParsableCommand, DescribedActivity {
         static let configuration = CommandConfiguration(
+            commandName: "verify",
             abstract: "List the rows in which this database and a peer's differ (read-only on both sides).",
             discussion: """
                 Without --peer, checks this file alone: recomputes the digest from a scan of every data row and \

@@ -7,6 +7,7 @@ import Shoal
 extension ShoalCommand {
     struct Watch: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "watch",
             abstract: "Print a query's result now, and again after every change to what it reads, until interrupted.",
             discussion: """
                 Works beside a running `shoal serve` on the same file and beside any other writer: changes from \
