@@ -53,17 +53,27 @@ extension RelayProcessTests {
     }
 
     /// A member restored from a backup removes another member before it took its fresh state (members meet only
-    /// through the relay). Its removal carries what the restored file held of the removed member, less than the
-    /// relay and the others hold; the restored member refuses the rest, and holds its own writes (its removal among
-    /// them) back until its fresh state. It still takes that fresh state (what it refuses is not waited for), the
-    /// others learn the removal and sign their higher cut, and every member ends with the same fences and rows.
-    @Test func aRestoredMemberThatRemovesAnotherBeforeItsFreshStateTakesItAndEveryMemberDrawsOneLine() async throws {
+    /// through the relay, or only on direct links to b). Its removal carries what the restored file held of the
+    /// removed member, less than b holds; the restored member refuses the rest, and holds its own writes (its removal
+    /// among them) back until its fresh state. It still takes that fresh state (what it refuses is not waited for),
+    /// b learns the removal and signs its higher cut, and both end with the same fences and rows.
+    @Test(arguments: [true, false])
+    func aRestoredMemberThatRemovesAnotherBeforeItsFreshStateTakesItAndEveryMemberDrawsOneLine(
+        throughRelay: Bool
+    ) async throws {
         let world = try await RelayWorld("restored-remover", nodes: ["a", "b", "c"])
         defer { world.tearDown() }
         let interval = ["--round-interval", "200"]
-        try await world.serve("a", extra: interval)
-        try await world.serve("b", extra: interval)
-        try await world.serve("c", extra: interval)
+        let serve = { (name: String) async throws in
+            if throughRelay {
+                try await world.serve(name, extra: interval)
+            } else {
+                try await world.serve(name, relay: false, peers: name == "b" ? [] : ["b"], extra: interval)
+            }
+        }
+        try await serve("b")
+        try await serve("a")
+        try await serve("c")
         try await world.write("c", "INSERT INTO kv VALUES ('c1', 'from c')")
         #expect(try await world.converge(["a", "b", "c"]))
         let pathA = world.paths["a"]!
@@ -72,7 +82,7 @@ extension RelayProcessTests {
         try await world.write("a", "INSERT INTO kv VALUES ('a1', 'sent, then lost to the restore')")
         #expect(try await world.converge(["a", "b", "c"]))
         try await world.stop("a")
-        // c writes more while a is away: b gets it through the relay, a's restored file never had it.
+        // c writes more while a is away: b gets it, a's restored file never had it.
         try await world.write("c", "INSERT INTO kv VALUES ('c2', 'after the backup'), ('c3', 'also')")
         #expect(try await world.converge(["b", "c"]))
         try await world.stop("c")
@@ -89,7 +99,7 @@ extension RelayProcessTests {
         }
         let lowerLine = try await fences("a")
 
-        try await world.serve("a", extra: interval)
+        try await serve("a")
         let change = try #require(try await world.status("a")["identity_change"] as? [String: Any])
         #expect(change["reason"] as? String == "restored")
         let converged = try await world.converge(["a", "b"], within: 90)
