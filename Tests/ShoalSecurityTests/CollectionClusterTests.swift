@@ -369,13 +369,16 @@ import Testing
             return now > reported + 2_000 && linked
         }
         #expect(idle)
+        let idleAt = SystemWallClock().nowMilliseconds()
         await c.stop()
         #expect(try await waitUntil(within: 30) {
             let linked = await a.node.directory.isConnected(site)
             return !linked
         })
-        // Just down: not silent yet. Past the horizon from then: silent.
-        #expect(await a.node.silentMembers().isEmpty)
+        // Just down: its silence counts from when the link went down (after `idleAt`), not from its last report
+        // (over 2 s before it, longer ago than the horizon). Past the horizon from then: silent.
+        let heard = await a.node.members.entries[site]?.reportedAtMs ?? 0
+        #expect(heard >= idleAt, "last heard \(heard), idle since before \(idleAt)")
         #expect(try await waitUntil(within: 30) { await a.node.silentMembers() == [site] })
         for node in [b, a] { await node.stop() }
     }
