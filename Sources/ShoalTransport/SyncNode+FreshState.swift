@@ -56,13 +56,12 @@ extension SyncNode {
                 await refreshSuspensions()
             }
             guard awaitingFreshState else { continue }
-            let fences = try? await worker.read { store throws(ShoalError) in try store.fences() }
-            if let fences { freshStateFences = fences }
+            await readFreshStateFences()
             // A tick: a link that settled sends no acknowledgements, so the peers' last known vectors are looked at.
             guard let address = offered ?? freshStateCandidate() else {
                 if await freshStateNeedsNoPeer() {
                     let covers = withinFences(relayHeads)
-                await freshStateTaken(from: "the relay", covering: covers, removed: 0, orphaned: 0)
+                    await freshStateTaken(from: "the relay", covering: covers, removed: 0, orphaned: 0)
                 } else {
                     await takeFreshStateFromTheRelay()
                 }
@@ -223,6 +222,13 @@ extension SyncNode {
         return relayLinked && !heads.isEmpty && local.dominatesOrEquals(withinFences(heads))
             && heads.dominatesOrEquals(local, ignoring: [siteID, registry.localSite])
             && heads.dominatesOrEquals(freshStateFloor)
+    }
+
+    /// Reads the removal fences again for ``withinFences(_:)`` (kept as they were if the read fails).
+    func readFreshStateFences() async {
+        if let fences = try? await worker.read({ store throws(ShoalError) in try store.fences() }) {
+            freshStateFences = fences
+        }
     }
 
     /// `vector` without what this node refuses: each removed member's site taken no further than its fence. Changes

@@ -318,7 +318,7 @@ public actor SyncNode: Service {
             if (try? await worker.awaitsFreshState()) == true {
                 awaitingFreshState = true
                 freshStateFloor = (try? await worker.freshStateFloor()) ?? VersionVector()
-                freshStateFences = (try? await worker.read { store throws(ShoalError) in try store.fences() }) ?? [:]
+                await readFreshStateFences()
             }
             group.addTask { await self.takeFreshStateWhenOffered() }
             group.addTask { await self.followCommits() }
