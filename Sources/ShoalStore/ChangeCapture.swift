@@ -17,6 +17,9 @@ final class ChangeCapture {
     /// Set while the store applies remote changes or writes its own metadata: nothing is captured.
     var isSuspended = false
     private(set) var statementEvents: [CapturedEvent] = []
+    /// The running statement's only event so far, when it is an insert into a table whose key is the rowid and that
+    /// has no counters (most statements of a bulk insert): kept bare, not as a ``CapturedEvent``.
+    private var soleInsert: (table: Int, rowid: Int64)?
     /// A write of the running statement that cannot be replicated (a value over the size maximum); the
     /// store fails the statement with it.
     var refusal: ShoalError?
@@ -28,7 +31,7 @@ final class ChangeCapture {
     private(set) var pending: [PendingTable] = []
     private var hasPending = false
 
-    var hasUncommittedWork: Bool { !statementEvents.isEmpty || hasPending }
+    var hasUncommittedWork: Bool { !statementEvents.isEmpty || soleInsert != nil || hasPending }
     var hasPendingWrites: Bool { hasPending }
 
     /// The last table name the hook saw and its number (-1: not replicated), to skip a lookup per row.
@@ -37,10 +40,14 @@ final class ChangeCapture {
 
     /// Per table: the positions whose new values the size check reads (every column but a rowid key).
     private var sizeCheckPositions: [[Int32]] = []
+    /// Per table: whether its key is the rowid and it has no counters (an insert is noted as ``soleInsert``).
+    private var rowidWithoutCounters: [Bool] = []
 
     func setTables(_ tables: [ReplicatedTable]) {
         self.tables = tables
         sizeCheckPositions = tables.map { ($0.keyIsRowid ? [] : $0.keyPositions) + $0.columnPositions }
+        rowidWithoutCounters = tables.map { $0.keyIsRowid && !$0.hasCounters }
+        soleInsert = nil
         pending = Array(repeating: PendingTable(), count: tables.count)
         hasPending = false
         lastName = []
@@ -50,17 +57,36 @@ final class ChangeCapture {
 
     /// The statement finished: keep its events.
     func statementSucceeded() {
-        for event in statementEvents { fold(event) }
+        if let sole = soleInsert {
+            soleInsert = nil
+            if !pending[sole.table].appendFreshRowid(sole.rowid) {
+                fold(.insert(table: sole.table, rowid: sole.rowid))
+            }
+            hasPending = true
+            return
+        }
+        for event in statementEvents {
+            // The common case of a bulk insert, noted without folding: a new row with the highest rowid yet.
+            if event.kind == .insert, event.counterDelta == nil, case .rowid(let rowid) = event.key,
+                pending[event.table].appendFreshRowid(rowid)
+            {
+                hasPending = true
+                continue
+            }
+            fold(event)
+        }
         statementEvents.removeAll(keepingCapacity: true)
     }
 
     /// The statement failed and SQLite undid it: forget its events.
     func statementFailed() {
+        soleInsert = nil
         statementEvents.removeAll(keepingCapacity: true)
     }
 
     /// The transaction (or the part since the last savepoint boundary) was rolled back, or was flushed.
     func discardPending() {
+        soleInsert = nil
         statementEvents.removeAll(keepingCapacity: true)
         guard hasPending else { return }
         for index in pending.indices { pending[index] = PendingTable() }
@@ -105,6 +131,8 @@ final class ChangeCapture {
     /// that the foreign writes that preceded them could be folded first).
     func foldAfter(_ later: [PendingTable]) {
         for (table, pendingTable) in later.enumerated() {
+            var pendingTable = pendingTable
+            pendingTable.materializeFreshRowids()
             for (key, write) in pendingTable.rows {
                 guard let position = pending[table].position(of: key) else {
                     pending[table].append(key, write)
@@ -181,6 +209,20 @@ final class ChangeCapture {
         }
         guard lastNumber >= 0 else { return }
         let number = lastNumber
+        if operation == SQLITE_INSERT, rowidWithoutCounters[number], soleInsert == nil, statementEvents.isEmpty {
+            if refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
+                let position = oversizedPosition(db, number)
+            {
+                refusal = oversizedValue(db, tables[number], position: position)
+            }
+            soleInsert = (number, newKey)
+            return
+        }
+        if let sole = soleInsert {
+            // A second event in the statement: the first joins the others, in order.
+            soleInsert = nil
+            statementEvents.append(.insert(table: sole.table, rowid: sole.rowid))
+        }
         let table = tables[number]
         if operation != SQLITE_DELETE, refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
             let position = oversizedPosition(db, number)

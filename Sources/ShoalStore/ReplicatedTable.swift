@@ -144,6 +144,9 @@ struct PendingWrite {
     /// Whether another connection's write (read from the outbox) is part of it: what it says of the row's
     /// existence held when that connection committed, and is checked against the table when stamped.
     var fromOutbox = false
+
+    /// A new row's write: it did not exist, it does now, every column written.
+    static let freshInsert = PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: nil)
 }
 
 /// A row's primary key as the capture keeps it: the rowid itself when the key is the rowid.
@@ -172,6 +175,11 @@ struct CapturedEvent {
     let changed: [Bool]?
     /// Per counter column: new minus old.
     let counterDelta: [Int64]?
+
+    /// An insert of the row with rowid `rowid` into table number `table`, which has no counters.
+    static func insert(table: Int, rowid: Int64) -> CapturedEvent {
+        CapturedEvent(table: table, kind: .insert, key: .rowid(rowid), changed: nil, counterDelta: nil)
+    }
 }
 
 /// Hashable key of a row: table number and primary key.
@@ -184,24 +192,39 @@ struct RowKey: Hashable {
 /// metadata inserts in key order when the application writes in key order).
 ///
 /// Bulk inserts usually arrive in increasing rowid order; while they do, a new rowid cannot repeat an
-/// earlier one, so the hash index is only built at the first key out of order.
+/// earlier one, so the hash index is only built at the first key out of order. While nothing but such inserts of
+/// new rows came, they are kept as bare rowids (``freshRowids``): a bulk insert is most of what a capture holds.
 struct PendingTable {
+    /// New rows inserted with increasing rowids before any other write: each a ``PendingWrite/freshInsert``, in
+    /// write order, before every entry of ``rows``.
+    private(set) var freshRowids: [Int64] = []
     private(set) var rows: [(key: PendingKey, write: PendingWrite)] = []
     private var index: [PendingKey: Int]?
     private var highestRowid = Int64.min
 
-    var isEmpty: Bool { rows.isEmpty }
+    var isEmpty: Bool { rows.isEmpty && freshRowids.isEmpty }
+
+    /// Notes a new row inserted with a rowid above every one before, if nothing but such rows came so far;
+    /// `false` (nothing noted) otherwise.
+    mutating func appendFreshRowid(_ rowid: Int64) -> Bool {
+        guard rows.isEmpty, index == nil, rowid > highestRowid else { return false }
+        highestRowid = rowid
+        freshRowids.append(rowid)
+        return true
+    }
 
     /// The position of `key` among the rows, if it was written before.
     mutating func position(of key: PendingKey) -> Int? {
         if index == nil {
             if case .rowid(let rowid) = key, rowid > highestRowid { return nil }
+            materializeFreshRowids()
             buildIndex()
         }
         return index![key]
     }
 
     mutating func append(_ key: PendingKey, _ write: PendingWrite) {
+        materializeFreshRowids()
         if index == nil, case .rowid(let rowid) = key, rowid > highestRowid {
             highestRowid = rowid
         } else {
@@ -213,6 +236,13 @@ struct PendingTable {
 
     mutating func update(at position: Int, _ write: PendingWrite) {
         rows[position].write = write
+    }
+
+    /// Moves the bare rowids into ``rows`` (they come first), for a write that is not one of them.
+    mutating func materializeFreshRowids() {
+        guard !freshRowids.isEmpty else { return }
+        rows = freshRowids.map { (PendingKey.rowid($0), PendingWrite.freshInsert) } + rows
+        freshRowids = []
     }
 
     private mutating func buildIndex() {

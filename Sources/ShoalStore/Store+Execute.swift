@@ -368,9 +368,6 @@ extension Store {
         return UInt64(max(0, expected))
     }
 
-    /// An insert of a row that did not exist: every column written, no counter.
-    static let freshInsert = PendingWrite(existedBefore: false, existsAfter: true, changed: nil, counterDelta: nil)
-
     /// Turns the writes captured so far in this transaction into metadata: clock rows and the change log.
     func flushCaptured() throws(ShoalError) {
         guard !connection.isAutocommit else {
@@ -405,11 +402,7 @@ extension Store {
             }
             var fresh: [PendingKey] = []
             var general: [(key: PendingKey, write: PendingWrite)] = []
-            for (pendingKey, write) in pendingTable.rows {
-                guard !write.existedBefore && write.existsAfter && !table.hasCounters else {
-                    general.append((pendingKey, write))
-                    continue
-                }
+            func addFresh(_ pendingKey: PendingKey) throws(ShoalError) {
                 if freshTemplate == nil {
                     var state = RowState(columnCount: table.columns.count)
                     state.causalLength = try floor()
@@ -425,17 +418,25 @@ extension Store {
                     try persistNewSites()
                 }
                 fresh.append(pendingKey)
-                guard fresh.count == Self.freshBatchSize else { continue }
+                guard fresh.count == Self.freshBatchSize else { return }
                 let existing = try insertStates(freshTemplate!, table: table, keys: fresh)
                 for key in fresh where !existing.contains(key) { appendLogKey(key, to: &keys) }
-                general += existing.map { ($0, Self.freshInsert) }
+                general += existing.map { ($0, PendingWrite.freshInsert) }
                 fresh.removeAll(keepingCapacity: true)
+            }
+            for rowid in pendingTable.freshRowids { try addFresh(.rowid(rowid)) }
+            for (pendingKey, write) in pendingTable.rows {
+                guard !write.existedBefore && write.existsAfter && !table.hasCounters else {
+                    general.append((pendingKey, write))
+                    continue
+                }
+                try addFresh(pendingKey)
             }
             for pendingKey in fresh {
                 if try insertState(freshTemplate!, table: table, key: pendingKey) {
                     appendLogKey(pendingKey, to: &keys)
                 } else {
-                    general.append((pendingKey, Self.freshInsert))
+                    general.append((pendingKey, PendingWrite.freshInsert))
                 }
             }
             for (pendingKey, write) in general {

@@ -240,6 +240,54 @@ func rows(_ store: Store, _ sql: String = "SELECT * FROM items ORDER BY id") thr
         #expect(try store.loadState(table: notes, key: [.integer(142)])?.causalLength == 2)
     }
 
+    /// A bulk insert's new rows are noted as bare rowids while nothing else was written; every other write of the
+    /// same transaction (a failed statement, a statement of two rows, an update or delete of a noted row, a key
+    /// out of order, a delete of an older row) still folds as before.
+    @Test func aBulkInsertNotedAsBareRowidsMixesWithEveryOtherWriteOfItsTransaction() throws {
+        let directory = try temporaryDirectory("capture-bare-rowids")
+        let store = try makeFileStore(directory, "a")
+        let replica = try makeFileStore(directory, "b")
+        for database in [store, replica] {
+            try database.execute(
+                "CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT NOT NULL DEFAULT '' CHECK (length(body) < 20))"
+            )
+            try database.replicate(table: "notes")
+        }
+        let insert = try store.prepare("INSERT INTO notes(id, body) VALUES (?, ?)")
+        try store.execute("INSERT INTO notes(id, body) VALUES (1000, 'older'), (1001, 'older too')")
+        let before = try store.versionVector()[store.siteID]
+        try store.transaction {
+            for id in 1...300 { try insert.execute([.integer(Int64(id)), .text("n \(id)")]) }
+            // The CHECK refuses the statement's second row: SQLite undoes its first, the capture forgets both.
+            #expect(throws: ShoalError.self) {
+                try store.execute(
+                    "INSERT INTO notes(id, body) VALUES (301, 'ok'), (302, 'a body far too long for the check')"
+                )
+            }
+            try store.execute("UPDATE notes SET body = 'edited' WHERE id = 7")
+            try store.execute("DELETE FROM notes WHERE id = 9")
+            try store.execute("INSERT INTO notes(id, body) VALUES (400, 'a'), (401, 'b')")
+            try insert.execute([.integer(350), .text("out of order")])
+            try store.execute("DELETE FROM notes WHERE id = 1000")
+        }
+        #expect(try store.versionVector()[store.siteID] == before + 1)
+        let notes = store.capture.tables[store.capture.tableNumbers["notes"]!]
+        #expect(try store.loadState(table: notes, key: [.integer(9)]) == nil)
+        #expect(try store.loadState(table: notes, key: [.integer(301)]) == nil)
+        #expect(try store.loadState(table: notes, key: [.integer(1000)])?.isAlive == false)
+        _ = try sync(store, replica)
+        let query = "SELECT id, body FROM notes ORDER BY id"
+        let a = try RawConnection(path: directory.appendingPathComponent("a.db").path).rows(query)
+        let b = try RawConnection(path: directory.appendingPathComponent("b.db").path).rows(query)
+        #expect(a.count == 300 - 1 + 3 + 1)
+        #expect(b == a)
+        #expect(
+            try rows(replica, "SELECT body FROM notes WHERE id IN (7, 350) ORDER BY id")
+                == [[.text("edited")], [.text("out of order")]]
+        )
+        #expect(try replica.digest() == store.digest())
+    }
+
     @Test func untypedKeysAndValuesKeepTheirExactType() throws {
         let store = try makeStore()
         try store.execute("CREATE TABLE loose(k PRIMARY KEY, v)")
