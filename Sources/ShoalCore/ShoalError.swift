@@ -10,7 +10,7 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
             case timeout, rejected
             case discoveryUnavailable, network
             case counterNotInteger, valueTooLarge
-            case missingDatabase, databaseInUse, tablePaused
+            case missingDatabase, databaseInUse, tablePaused, awaitingFreshState
             case identity, notAMember, invite, handshakeFailed
             case relay, unauthorized, sealBroken
         }
@@ -85,6 +85,9 @@ public struct ShoalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let databaseInUse = Code(.databaseInUse)
         /// The table's shape changed behind Shoal's back (or it is gone): its replication is paused.
         public static let tablePaused = Code(.tablePaused)
+        /// The database was restored from a backup or copied and awaits its fresh state: what it holds of the other
+        /// members may be older than what they hold, and the operation needs the newer.
+        public static let awaitingFreshState = Code(.awaitingFreshState)
 
         /// The node's key file is missing, unreadable, readable by others, or not a P-256 key.
         public static let identity = Code(.identity)

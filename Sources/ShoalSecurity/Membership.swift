@@ -126,6 +126,18 @@ public enum Membership {
         keyFile: KeyFile,
         now: UInt64
     ) throws(ShoalError) -> RosterRecord {
+        // A removal's cut is what this database holds of the subject. One awaiting its fresh state may hold less than
+        // the other members keep, and sends none of its own writes until it took that state, this removal included:
+        // none of them could raise a cut signed here, and it could wait forever for changes the cut refuses.
+        guard try !store.awaitsFreshState() else {
+            throw ShoalError(
+                code: .awaitingFreshState,
+                message: "this database awaits its fresh state (it was restored from a backup or copied, or its "
+                    + "peers collected deletes without it): what it holds of the node may be older than what the other "
+                    + "members hold. Run `shoal trust remove` on another member, or here once `shoal status` no longer "
+                    + "says \"fresh state: awaited\"; nothing was written"
+            )
+        }
         let roster = try roster(store: store, cluster: keyFile.cluster.id)
         let named = roster.member(subject)?.siteID
         let others = roster.sites(of: subject).subtracting(named.map { [$0] } ?? []).sorted()

@@ -19,14 +19,22 @@ struct Removal {
     /// The member that signed the removal.
     let signer: Int
 
-    /// Removes node `node` by running `shoal trust remove` on `signer`'s file.
-    static func perform(node: Int, signer: Int, paths: [String]) throws -> Removal {
+    /// Removes node `node` by running `shoal trust remove` on the first of `signers` whose file does not await its
+    /// fresh state (the command refuses such a file, as an operator would then see); `nil` when every one does.
+    static func perform(node: Int, signers: [Int], paths: [String]) throws -> Removal? {
         let said = try shoal(["id", "--db", paths[node]])
         guard let id = said.split(separator: "\n").last.map(String.init), !id.isEmpty else {
             throw ChaosError("shoal id printed no node id for node\(node)")
         }
-        _ = try shoal(["trust", "remove", id, "--db", paths[signer]])
-        return Removal(node: node, signer: signer)
+        for signer in signers {
+            do {
+                _ = try shoal(["trust", "remove", id, "--db", paths[signer]])
+                return Removal(node: node, signer: signer)
+            } catch let error as ChaosError where error.description.contains("fresh state: awaited") {
+                print("node\(signer) awaits its fresh state and refused to remove node\(node): another member signs")
+            }
+        }
+        return nil
     }
 
     /// Runs `shoal ARGUMENTS` and returns what it printed, or throws with its standard error.

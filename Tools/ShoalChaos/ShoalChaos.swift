@@ -348,7 +348,8 @@ struct ShoalChaos: AsyncParsableCommand {
             }
             if let at = removalAt, removed == nil, now >= at {
                 let victim = Int.random(in: 0..<nodes, using: &random)
-                let signer = (victim + Int.random(in: 1..<nodes, using: &random)) % nodes
+                let first = Int.random(in: 1..<nodes, using: &random)
+                let signers = (0..<nodes - 1).map { (victim + 1 + (first - 1 + $0) % (nodes - 1)) % nodes }
                 // With --relay-restores, a copy of the relay's files from before the rotation, put back at a later kill.
                 if relayRestores, relayRestart == nil, let server = relayServer, server.dataDirectory != nil {
                     if !server.holdsImage {
@@ -358,7 +359,12 @@ struct ShoalChaos: AsyncParsableCommand {
                     }
                     restoreAcrossRotation = now.addingTimeInterval(3)
                 }
-                removed = try Removal.perform(node: victim, signer: signer, paths: paths)
+                guard let removal = try Removal.perform(node: victim, signers: signers, paths: paths) else {
+                    try await Task.sleep(for: .milliseconds(100))  // every other member awaits its fresh state
+                    continue
+                }
+                removed = removal
+                let signer = removal.signer
                 // A backup of the signer's file from before the removal is not put back: it would take the removal
                 // with it while no other member may have read it yet (the cluster would then never have removed
                 // anyone, and the run would check a removal that did not happen).
