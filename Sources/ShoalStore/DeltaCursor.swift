@@ -34,8 +34,41 @@ public final class DeltaCursor {
     public internal(set) var estimatedChanges: UInt64 = 0
     /// How many changes were handed out so far.
     public internal(set) var sentChanges: UInt64 = 0
-    /// About how many changes are left to send.
-    public var estimatedRemaining: UInt64 { estimatedChanges > sentChanges ? estimatedChanges - sentChanges : 0 }
+    /// The bytes of the change-log key lists the answer reads, when it opened.
+    var listBytes: UInt64 = 0
+    /// The bytes of the key lists of the transactions sent whole (or passed over) so far.
+    var listBytesDone: UInt64 = 0
+    /// How far through the key lists the last batch ended (``listBytesRead``).
+    var listBytesAtLastBatch: UInt64 = 0
+    /// Changes the last batch handed out per byte of key list it read: how the rest will go (keys grow longer as a
+    /// table's integer keys grow, so the first list's keys, which ``estimatedChanges`` goes by, are shorter than most).
+    var changesPerListByte: Double?
+    /// About how many changes are left to send: the key lists' bytes left at the last batch's pace, or, before a
+    /// batch, the estimate from the lists' size.
+    public var estimatedRemaining: UInt64 {
+        if let changesPerListByte {
+            let left = listBytes > listBytesAtLastBatch ? listBytes - listBytesAtLastBatch : 0
+            return UInt64(Double(left) * changesPerListByte)
+        }
+        return estimatedChanges > sentChanges ? estimatedChanges - sentChanges : 0
+    }
+
+    /// The bytes of key lists read so far: the transactions done, and the part of the one in progress.
+    var listBytesRead: UInt64 {
+        guard dot != nil else { return listBytesDone }
+        let rowsDone = dotRows[..<min(rowPosition, dotRows.count)].reduce(0) { $0 + $1.keys.count }
+        return listBytesDone + UInt64(rowsDone + keyOffset)
+    }
+
+    /// Notes a batch of `changes` changes handed out, for ``estimatedRemaining``.
+    func noteBatch(changes: Int) {
+        sentChanges += UInt64(changes)
+        let read = listBytesRead
+        if read > listBytesAtLastBatch, changes > 0 {
+            changesPerListByte = Double(changes) / Double(read - listBytesAtLastBatch)
+        }
+        listBytesAtLastBatch = read
+    }
     /// Whether the last batch (the one with the final claim) was handed out.
     public internal(set) var isFinished = false
 
@@ -155,6 +188,7 @@ extension Store {
             if try size.step(), case .integer(let bytes) = size.column(0) {
                 let perKey = try first.step() ? Self.bytesPerLogKey(first.columnBytes(0)) : 10
                 cursor.estimatedChanges += UInt64(Double(bytes) / perKey) * UInt64(columns)
+                cursor.listBytes += UInt64(max(0, bytes))
             }
             size.reset()
             first.reset()
@@ -200,7 +234,7 @@ extension Store {
             let unstamped = try unstampedKeys()
             return try nextBatchBody(cursor, maxChanges: max(1, maxChanges), maxBytes: max(1, maxBytes), unstamped)
         }
-        cursor.sentChanges += UInt64(batch.changes.count)
+        cursor.noteBatch(changes: batch.changes.count)
         return batch
     }
 
@@ -344,6 +378,7 @@ extension Store {
                     }
                 }
                 // The transaction is complete.
+                cursor.listBytesDone += UInt64(cursor.dotRows.reduce(0) { $0 + $1.keys.count })
                 if !cursor.dotNeeds.isEmpty { cursor.wait(dot.site, dot.seq, needs: Array(cursor.dotNeeds)) }
                 cursor.dotNeeds.removeAll()
                 cursor.advanceClaim(dot.site, to: dot.seq)

@@ -52,6 +52,43 @@ import Testing
         #expect(Store.bytesPerLogKey([]) == 10)
     }
 
+    @Test func theChangesLeftFollowTheKeysActuallyReadWhenLaterKeysAreLonger() throws {
+        // The size-based estimate goes by the first list's keys: short ones here (ids under a thousand), where the rest
+        // take twice the bytes. After a batch, the estimate goes by the lists' bytes left at the pace of that batch; by the first list alone the ETA was 15 % (a million rows) to 2x (this) too long, and `shoal
+        // status` still showed seconds left as the catch-up ended.
+        let source = try makeStore()
+        try makeItems(source)
+        let insert = try source.prepare("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)")
+        try source.transaction {
+            for id in 0..<1_000 { try insert.execute([.integer(Int64(id)), .text("n"), .integer(1)]) }
+        }
+        try source.transaction {
+            for id in (1 << 28)..<((1 << 28) + 20_000) {
+                try insert.execute([.integer(Int64(id)), .text("n"), .integer(1)])
+            }
+        }
+        let cursor = try source.deltaCursor(since: VersionVector())
+        let firstEstimate = cursor.estimatedRemaining
+        var sizes: [Int] = []
+        var estimates: [UInt64] = []
+        while let batch = try source.nextBatch(cursor, maxChanges: 3_000) {
+            sizes.append(batch.changes.count)
+            estimates.append(cursor.estimatedRemaining)
+        }
+        let total = sizes.reduce(0, +)
+        #expect(sizes.count > 10)
+        #expect(Double(firstEstimate) > Double(total) * 1.5, "the first list's keys are the short ones")
+        // The first batch read the short keys only (a thousand rows of three changes): from the second on, the
+        // pace is the long keys'.
+        var sent = sizes[0]
+        for (size, estimate) in zip(sizes, estimates).dropFirst() {
+            sent += size
+            let truth = total - sent
+            #expect(abs(Int(estimate) - truth) <= max(truth / 10, 3), "after \(sent) of \(total): \(estimate)")
+        }
+        #expect(estimates.last == 0)
+    }
+
     @Test func anUpToDatePeerGetsOneEmptyBatch() throws {
         let source = try makeStore()
         try makeItems(source)
