@@ -19,6 +19,11 @@ public actor SerializedStore {
     /// The actor runs on its own thread.
     public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
     private var lastDataVersion: Int64 = 0
+    /// `PRAGMA data_version` after the last slice of a batch, and when it last moved (another connection committed).
+    private var sliceDataVersion: Int64?
+    private var otherWriterCommittedAt: UInt64?
+    /// How many times a batch's slices paused for another connection's writes.
+    package private(set) var slicePauses = 0
     /// Bumped whenever the data may have changed; the cached digest is valid for one value of it.
     private var stateVersion = 0
     private var cachedDigest: (version: Int, digest: StateDigest, holdsChanges: Bool)?
@@ -205,7 +210,7 @@ public actor SerializedStore {
                 appliedSoFar = slices.report.applied
                 changed(origin)
             }
-            await Task.yield()
+            try await giveWayBetweenSlices()
         }
         let report = slices.report
         if report.applied > appliedSoFar { changed(origin) }
@@ -213,6 +218,23 @@ public actor SerializedStore {
             report.applied, try versionVector(), report.clockRefusals,
             received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable, report.withheldAny
         )
+    }
+
+    /// Between two slices of a batch: a pause of ``SlicedApply/gapMilliseconds`` while another connection committed
+    /// in the last second (an app writing beside a catch-up), so that its busy handler, which polls with growing
+    /// sleeps, finds the lock free; otherwise a yield to the store's other jobs. Taking the lock again at once, the
+    /// node let an app writing every 5 ms in 430 times in 18 s, with waits of 0.6 s at p99 and 1.9 s at most.
+    private func giveWayBetweenSlices() async throws(ShoalError) {
+        let version = try store.dataVersion()
+        let now = clock.nowMilliseconds()
+        if let seen = sliceDataVersion, seen != version { otherWriterCommittedAt = now }
+        sliceDataVersion = version
+        if let at = otherWriterCommittedAt, now >= at, now - at < SlicedApply.otherWriterWindowMilliseconds {
+            slicePauses += 1
+            try? await Task.sleep(for: .milliseconds(SlicedApply.gapMilliseconds))
+        } else {
+            await Task.yield()
+        }
     }
 
     /// How long this store held SQLite's write lock so far (see ``WriteLockHolds``); readable at once, also while a
@@ -249,6 +271,7 @@ public actor SerializedStore {
             }
         }
         lastDataVersion = version
+        if changed { otherWriterCommittedAt = now }
         if changed || captured {
             markChanged()
             // Another connection committed: which tables it wrote is known only for what this store captured from
