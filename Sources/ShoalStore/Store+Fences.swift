@@ -120,6 +120,9 @@ extension Store {
         if !cuts.isEmpty { _ = try raiseFencesInTransaction(cuts) }
     }
 
+    /// How often changes refused for a site are logged, at most (milliseconds).
+    static let fencedWarningInterval: UInt64 = 60_000
+
     /// Leaves out every change of a fenced site beyond its fence; returns what is kept, and how many were left out
     /// per site. What is left out is not claimed (a claim is taken only as far as the changes applied prove it).
     func setAsideFenced(_ changes: [Change]) throws(ShoalError) -> (kept: [Change], fenced: [SiteID: Int]) {
@@ -131,11 +134,19 @@ extension Store {
             fenced[change.stamp.site, default: 0] += 1
             return false
         }
+        let now = options.clock.nowMilliseconds()
         for (site, count) in fenced {
-            options.logger.warning(
-                "refused changes a removed member made after its removal",
-                metadata: ["site": "\(site.hex)", "changes": "\(count)", "fence": "\(fences[site] ?? 0)"]
-            )
+            let last = fencedWarnings[site]
+            let refused = (last?.refused ?? 0) + count
+            guard let last, now >= last.loggedAt, now - last.loggedAt < Self.fencedWarningInterval else {
+                options.logger.warning(
+                    "refused changes a removed member made after its removal (at most one line a minute per member)",
+                    metadata: ["site": "\(site.hex)", "changes": "\(refused)", "fence": "\(fences[site] ?? 0)"]
+                )
+                fencedWarnings[site] = (now, 0)
+                continue
+            }
+            fencedWarnings[site] = (last.loggedAt, refused)
         }
         return (kept, fenced)
     }

@@ -136,6 +136,9 @@ public final class Store {
     var tablesRead: Set<String> = []
     /// The replicated tables written by what was committed since the last ``takeCommittedTables()``.
     var committedTables: Set<String> = []
+    /// Per fenced site: when changes it made beyond its fence were last logged as refused, and how many were refused
+    /// since (a removed member that keeps writing is refused at every batch: one warning a minute per site).
+    var fencedWarnings: [SiteID: (loggedAt: UInt64, refused: Int)] = [:]
     /// The transactions (dots) committed since the last ``takeCommittedTables()``, alongside their tables.
     var committedDots: Set<Dot> = []
     /// Columns added to replicated tables that this node has not adopted yet (see ``adoptSchemaChanges()``).

@@ -1,5 +1,7 @@
 import Foundation
+import Logging
 import ShoalTestSupport
+import Synchronization
 import Testing
 
 @testable import ShoalCore
@@ -153,6 +155,41 @@ import Testing
         try reader.apply(rest, claim: try writer.versionVector(), since: try reader.versionVector())
         #expect(try reader.versionVector()[writer.siteID] == 4)
         #expect(try reader.digest() == (try writer.digest()))
+    }
+
+    /// A removed member that keeps writing is refused at every batch: the warning is one line a minute per member,
+    /// with how many changes were refused since the last line (a node's log had one per batch, ten in a second).
+    @Test func refusedChangesOfAFencedSiteAreLoggedOnceAMinuteWithTheirCount() throws {
+        let directory = try temporaryDirectory("fence-log")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let log = LogLines()
+        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
+        var options = StoreOptions()
+        options.clock = clock
+        options.logger = Logger(label: "fence-log") { _ in CapturingLogHandler(log: log) }
+        let writer = try Store(path: directory.appendingPathComponent("w.db").path)
+        let reader = try Store(path: directory.appendingPathComponent("r.db").path, options: options)
+        for store in [writer, reader] {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+        }
+        try reader.raiseFences([writer.siteID: 0])
+        func refusedLines() -> [String] {
+            log.lines.withLock { $0.filter { $0.message.hasPrefix("refused changes") }.map(\.changes) }
+        }
+        for index in 1...3 {
+            try writer.execute("INSERT INTO kv VALUES ('k\(index)', \(index))")
+            let changes = try writer.changes(since: try reader.versionVector()).flatMap(\.changes)
+            #expect(try reader.apply(changes, claim: try writer.versionVector(), since: VersionVector()).fenced.count == 1)
+            clock.advance(by: 10_000)
+        }
+        #expect(refusedLines() == ["1"], "the first batch's refusal, and none for the next two within the minute")
+        clock.advance(by: 40_000)
+        let all = try writer.changes(since: VersionVector()).flatMap(\.changes)
+        try reader.apply(all, claim: try writer.versionVector(), since: VersionVector())
+        // Each batch brought every change again (the reader holds none): 2 and 3 refused since the first line.
+        #expect(refusedLines() == ["1", "8"], "a minute on: the 5 refused since the first line, and this batch's 3")
+        #expect(try reader.execute("SELECT count(*) FROM kv").rows == [[.integer(0)]])
     }
 
     /// A member may hold a removed node's transaction it could not claim (the range it came in was cut off, and the
@@ -318,5 +355,28 @@ extension RemovalFenceTests {
         #expect(try Self.rows(a) == "x1|1\nx2|2\n")
         #expect(try Self.rows(b) == (try Self.rows(a)))
         #expect(try Store(path: a).digest() == (try Store(path: b).digest()))
+    }
+}
+
+/// The lines a ``CapturingLogHandler`` kept: each message and its `changes` metadata.
+private final class LogLines: Sendable {
+    let lines = Mutex<[(message: String, changes: String)]>([])
+}
+
+/// Keeps each line logged in `log`.
+private struct CapturingLogHandler: LogHandler {
+    let log: LogLines
+    var metadata: Logger.Metadata = [:]
+    var metadataProvider: Logger.MetadataProvider?
+    var logLevel: Logger.Level = .trace
+
+    func log(event: LogEvent) {
+        let changes = event.metadata?["changes"].map { "\($0)" } ?? ""
+        log.lines.withLock { $0.append((event.message.description, changes)) }
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
     }
 }
