@@ -179,21 +179,32 @@ extension Store {
         // takes 3-4 bytes, one written before or of other values more); each row listed carries about one change per
         // column.
         let columns = max(1, capture.tables.map { $0.columns.count }.max() ?? 1)
-        let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ?")
-        let first = try statement("SELECT substr(keys, 1, 65536) FROM shoal_log WHERE site = ? AND seq > ? LIMIT 1")
+        let first = try statement(
+            "SELECT substr(keys, 1, 65536) FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? LIMIT 1"
+        )
         for (index, site, _) in cursor.sites where held[site] > since[site] {
-            let arguments: [SQLValue] = [.integer(Int64(index)), .integer(Int64(bitPattern: since[site]))]
-            try size.bind(arguments)
-            try first.bind(arguments)
-            if try size.step(), case .integer(let bytes) = size.column(0) {
-                let perKey = try first.step() ? Self.bytesPerLogKey(first.columnBytes(0)) : 10
-                cursor.estimatedChanges += UInt64(Double(bytes) / perKey) * UInt64(columns)
-                cursor.listBytes += UInt64(max(0, bytes))
-            }
-            size.reset()
+            let bytes = try logListBytes(site: index, after: since[site], through: held[site])
+            try first.bind([
+                .integer(Int64(index)), .integer(Int64(bitPattern: since[site])), .integer(Int64(bitPattern: held[site])),
+            ])
+            let perKey = try first.step() ? Self.bytesPerLogKey(first.columnBytes(0)) : 10
             first.reset()
+            cursor.estimatedChanges += UInt64(Double(bytes) / perKey) * UInt64(columns)
+            cursor.listBytes += bytes
         }
         return cursor
+    }
+
+    /// The bytes of the change-log key lists of the site numbered `site`, of its transactions after `after` up to and
+    /// including `through`.
+    private func logListBytes(site: UInt64, after: UInt64, through: UInt64) throws(ShoalError) -> UInt64 {
+        let size = try statement("SELECT sum(length(keys)) FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ?")
+        defer { size.reset() }
+        try size.bind([
+            .integer(Int64(bitPattern: site)), .integer(Int64(bitPattern: after)), .integer(Int64(bitPattern: through)),
+        ])
+        guard try size.step(), case .integer(let bytes) = size.column(0) else { return 0 }
+        return UInt64(max(0, bytes))
     }
 
     /// The bytes a key takes in a change-log key list (``appendLogKey(_:to:)``), on average over the whole keys at the
@@ -350,6 +361,13 @@ extension Store {
                             cursor.cap(dot)
                             changes.removeSubrange(dotStart...)
                             cursor.dot = nil
+                            // Their key lists are not read: the changes left no longer count them.
+                            let skipped = try logListBytes(
+                                site: cursor.sites[cursor.siteIndex].index,
+                                after: dot.seq - 1,
+                                through: cursor.held[dot.site]
+                            )
+                            cursor.listBytes -= min(cursor.listBytes, skipped)
                             cursor.moveToNextSite()
                             continue nextTransaction
                         }
