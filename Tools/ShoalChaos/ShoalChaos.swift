@@ -602,6 +602,11 @@ struct ShoalChaos: AsyncParsableCommand {
     /// state yet may still hold the row (its claim came from a peer that had collected it; the fresh state removes it).
     private func wasCollected(_ write: AcknowledgedWrite, in store: Store, restored: Bool = false) throws -> Bool {
         let present = try !store.execute("SELECT 1 FROM t WHERE k = ?", [.integer(write.key)]).rows.isEmpty
+        // A node that never collected nor heard of a collection has no such table: nothing was collected there.
+        let collecting = try !store.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(Store.collectedTable)]
+        ).rows.isEmpty
+        guard collecting else { return false }
         let floor = try store.execute("SELECT max(cl) FROM \(Store.collectedTable) WHERE tbl = 't'").rows
         let pending = try restored && (store.awaitsFreshState() || !store.unsettledSuspensions().isEmpty)
         guard !present || pending, case .integer(let collected)? = floor.first?.first else { return false }
