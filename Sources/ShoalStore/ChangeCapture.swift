@@ -209,12 +209,12 @@ final class ChangeCapture {
         }
         guard lastNumber >= 0 else { return }
         let number = lastNumber
+        if operation != SQLITE_DELETE, refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
+            let position = oversizedPosition(db, number)
+        {
+            refusal = oversizedValue(db, tables[number], position: position)
+        }
         if operation == SQLITE_INSERT, rowidWithoutCounters[number], soleInsert == nil, statementEvents.isEmpty {
-            if refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
-                let position = oversizedPosition(db, number)
-            {
-                refusal = oversizedValue(db, tables[number], position: position)
-            }
             soleInsert = (number, newKey)
             return
         }
@@ -224,11 +224,6 @@ final class ChangeCapture {
             statementEvents.append(.insert(table: sole.table, rowid: sole.rowid))
         }
         let table = tables[number]
-        if operation != SQLITE_DELETE, refusal == nil, checkSizes || tablesWithExpressionDefaults.contains(number),
-            let position = oversizedPosition(db, number)
-        {
-            refusal = oversizedValue(db, table, position: position)
-        }
         if operation != SQLITE_DELETE, refusal == nil, table.hasCounters { refusal = nonIntegerCounter(db, table) }
         switch operation {
         case SQLITE_INSERT:

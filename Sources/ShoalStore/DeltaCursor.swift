@@ -185,7 +185,9 @@ extension Store {
         for (index, site, _) in cursor.sites where held[site] > since[site] {
             let bytes = try logListBytes(site: index, after: since[site], through: held[site])
             try first.bind([
-                .integer(Int64(index)), .integer(Int64(bitPattern: since[site])), .integer(Int64(bitPattern: held[site])),
+                .integer(Int64(index)),
+                .integer(Int64(bitPattern: since[site])),
+                .integer(Int64(bitPattern: held[site])),
             ])
             let perKey = try first.step() ? Self.bytesPerLogKey(first.columnBytes(0)) : 10
             first.reset()

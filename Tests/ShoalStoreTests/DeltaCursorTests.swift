@@ -54,8 +54,9 @@ import Testing
 
     @Test func theChangesLeftFollowTheKeysActuallyReadWhenLaterKeysAreLonger() throws {
         // The size-based estimate goes by the first list's keys: short ones here (ids under a thousand), where the rest
-        // take twice the bytes. After a batch, the estimate goes by the lists' bytes left at the pace of that batch; by the first list alone the ETA was 15 % (a million rows) to 2x (this) too long, and `shoal
-        // status` still showed seconds left as the catch-up ended.
+        // take twice the bytes. After a batch, the estimate goes by the lists' bytes left at the pace of that batch. By
+        // the first list alone the ETA was 15 % (a million rows) to 2x (this) too long, and `shoal status` still showed
+        // seconds left as the catch-up ended.
         let source = try makeStore()
         try makeItems(source)
         let insert = try source.prepare("INSERT INTO items(id, name, qty) VALUES (?, ?, ?)")

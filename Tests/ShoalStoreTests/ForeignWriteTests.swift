@@ -31,47 +31,6 @@ final class RawConnection {
         }
     }
 
-    /// Every row `sql` reads, read by this plain connection: each value as its storage class and its bytes (an
-    /// INTEGER's or REAL's bit pattern, a TEXT's bytes as stored, valid UTF-8 or not).
-    func rows(_ sql: String) throws -> [[PlainValue]] {
-        var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, sql, -1, &statement, nil) == SQLITE_OK else {
-            throw ShoalError(code: .sqlite, message: String(cString: sqlite3_errmsg(handle)))
-        }
-        defer { sqlite3_finalize(statement) }
-        var result: [[PlainValue]] = []
-        while sqlite3_step(statement) == SQLITE_ROW {
-            result.append(
-                (0..<sqlite3_column_count(statement)).map { column in
-                    let type = sqlite3_column_type(statement, column)
-                    switch type {
-                    case SQLITE_INTEGER:
-                        let integer = sqlite3_column_int64(statement, column)
-                        return PlainValue(type: type, bytes: withUnsafeBytes(of: integer, Array.init))
-                    case SQLITE_FLOAT:
-                        let real = sqlite3_column_double(statement, column)
-                        return PlainValue(type: type, bytes: withUnsafeBytes(of: real.bitPattern, Array.init))
-                    case SQLITE_NULL:
-                        return PlainValue(type: type, bytes: [])
-                    default:
-                        let count = Int(sqlite3_column_bytes(statement, column))
-                        let bytes = sqlite3_column_blob(statement, column).map {
-                            Array(UnsafeRawBufferPointer(start: $0, count: count))
-                        }
-                        return PlainValue(type: type, bytes: bytes ?? [])
-                    }
-                }
-            )
-        }
-        return result
-    }
-
-    /// A value as a plain connection reads it.
-    struct PlainValue: Equatable {
-        let type: Int32
-        let bytes: [UInt8]
-    }
-
     /// Inserts `count` rows into items in one transaction with a prepared statement.
     func insertItems(_ range: Range<Int>) throws {
         try exec("BEGIN")

@@ -26,6 +26,16 @@ import Testing
         return (source, ChangeBatch(changes: changes, claim: claim))
     }
 
+    /// The target's file in `directory` (items and pairs replicated, as the source's), opened as a node opens it.
+    private func targetStore(
+        _ directory: URL,
+        options: StoreOptions = StoreOptions()
+    ) throws -> (String, SerializedStore) {
+        let path = directory.appendingPathComponent("target.db").path
+        _ = try makeFileStore(directory, "target")
+        return (path, try SerializedStore(path: path, options: options))
+    }
+
     /// Between slices the node takes the lock again at once, unless another connection committed within the last
     /// second: then it pauses a few milliseconds, in which an app's busy handler finds the lock free (without the
     /// pause, an app writing every 5 ms beside a catch-up waited 0.6 s at p99; how long it waits is timing, which the
@@ -34,12 +44,10 @@ import Testing
         let directory = try temporaryDirectory("sliced-apply-pauses")
         defer { try? FileManager.default.removeItem(at: directory) }
         let (_, batch) = try sourceBatch(directory, rows: 30_000)
-        let path = directory.appendingPathComponent("target.db").path
-        _ = try makeFileStore(directory, "target")
         let clock = ManualWallClock(milliseconds: SystemWallClock().nowMilliseconds())
         var options = StoreOptions()
         options.clock = clock
-        let target = try SerializedStore(path: path, options: options)
+        let (path, target) = try targetStore(directory, options: options)
         let third = batch.changes.count / 3
         let parts = [
             ChangeBatch(changes: Array(batch.changes[..<third]), claim: VersionVector()),
@@ -72,9 +80,7 @@ import Testing
         let directory = try temporaryDirectory("sliced-apply-lock")
         defer { try? FileManager.default.removeItem(at: directory) }
         let (source, batch) = try sourceBatch(directory, rows: 20_000)
-        let path = directory.appendingPathComponent("target.db").path
-        _ = try makeFileStore(directory, "target")
-        let target = try SerializedStore(path: path, options: StoreOptions())
+        let (path, target) = try targetStore(directory)
         target.resetWriteLockHolds()
 
         // The app: its own connection (WAL, a 5 s busy timeout), on a thread of its own (not the cooperative pool,
