@@ -557,6 +557,13 @@ enum RelayOpenAPI {
                     "type": "integer",
                     "minimum": 0,
                     "maximum": 9223372036854775807
+                  },
+                  "snapshotSites": {
+                    "description": "Sites to serve from the snapshot first, where it holds more of them than the\#
+         vector, then from the change log after it.",
+                    "type": "array",
+                    "maxItems": 1024,
+                    "items": { "$ref": "#/components/schemas/SiteID" }
                   }
                 }
               },

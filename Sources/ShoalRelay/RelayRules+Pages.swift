@@ -2,11 +2,12 @@ import ShoalCore
 import ShoalRelayProtocol
 
 extension RelayRules {
-    /// See ``RelayStorage/page(cluster:vector:resume:maximumBytes:uploader:)``.
+    /// See ``RelayStorage/page(cluster:vector:resume:snapshotSites:maximumBytes:uploader:)``.
     func page(
         cluster: String,
         vector: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
+        snapshotSites: Set<SiteID>,
         maximumBytes: Int,
         uploader: String?
     ) async throws(ShoalError) -> RelayPage {
@@ -25,8 +26,9 @@ extension RelayRules {
             for (site, head) in heads.sorted where head > vector[site] {
                 var after = vector[site]
                 // The first range of the log that the node still lacks part of: starting after what it holds, the log
-                // serves it; starting later (the retention dropped what came before, or a hole), the snapshot's
-                // ranges of the site go first, then the log's after what the snapshot covers.
+                // serves it; starting later (the retention dropped what came before, or a hole), or for a site the
+                // node asks from the snapshot, the snapshot's ranges of the site go first, then the log's after what
+                // the snapshot covers.
                 let floor = try await connection.query(
                     """
                     SELECT min(from_seq) FROM \(table("ranges")) WHERE cluster = $1 AND snapshot = 0 AND site = $2
@@ -35,7 +37,7 @@ extension RelayRules {
                     [.text(cluster), .blob(site.bytes), .unsigned(min(after, UInt64(Int64.max)))]
                 )
                 let held = floor.first?[0].relayOptionalInteger.map { UInt64(bitPattern: $0) } ?? head
-                if after < held, let snapshot, snapshot.vector[site] > after {
+                if after < held || snapshotSites.contains(site), let snapshot, snapshot.vector[site] > after {
                     guard try await page.add(Int64(bitPattern: snapshot.id), site, after: after) else { break }
                     after = snapshot.vector[site]
                 }

@@ -423,6 +423,7 @@ public struct RelayServer: Sendable {
         let pull: RelayPullRequest
         let vector: VersionVector
         var resume: [SiteID: (from: UInt64, index: UInt32)] = [:]
+        var snapshotSites: Set<SiteID> = []
         do {
             pull = try JSONDecoder().decode(RelayPullRequest.self, from: Data(body))
             vector = try RelayAPI.vector(pull.vector)
@@ -431,6 +432,20 @@ public struct RelayServer: Sendable {
                     throw ShoalError(code: .malformedMessage, message: "resume names \"\(point.site.prefix(40))\", not a site id")
                 }
                 resume[site] = (point.from, point.index)
+            }
+            let named = pull.snapshotSites ?? []
+            guard named.count <= RelayPullRequest.maximumSnapshotSites else {
+                throw ShoalError(
+                    code: .malformedMessage,
+                    message: "snapshotSites names \(named.count) sites, more than the "
+                        + "\(RelayPullRequest.maximumSnapshotSites) a pull may"
+                )
+            }
+            for name in named {
+                guard let site = SiteID(hex: name) else {
+                    throw ShoalError(code: .malformedMessage, message: "snapshotSites names \"\(name.prefix(40))\", not a site id")
+                }
+                snapshotSites.insert(site)
             }
         } catch let error as ShoalError {
             throw RelayFailure(.badRequest, "malformed", error.message)
@@ -460,6 +475,7 @@ public struct RelayServer: Sendable {
                     cluster: token.cluster,
                     vector: vector,
                     resume: resume,
+                    snapshotSites: snapshotSites,
                     maximumBytes: budget,
                     uploader: Self.uploader(request)
                 )

@@ -124,12 +124,13 @@ public protocol RelayStorage: Sendable {
     /// Drops, in every cluster, the change sets its snapshot covers that `retention` lets go; returns how many ranges.
     func retain(_ retention: RelayRetention) async throws(ShoalError) -> Int
     /// The change sets `vector` lacks, from `resume` points on, up to about `maximumBytes`, leaving out the ranges
-    /// `uploader` uploaded. Where the relay no longer keeps what a site lacks (dropped under the retention), the
-    /// snapshot's ranges of that site come first, then the change log's after it.
+    /// `uploader` uploaded. Where the relay no longer keeps what a site lacks (dropped under the retention), or the
+    /// site is one of `snapshotSites`, the snapshot's ranges of that site come first, then the change log's after it.
     func page(
         cluster: String,
         vector: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
+        snapshotSites: Set<SiteID>,
         maximumBytes: Int,
         uploader: String?
     ) async throws(ShoalError) -> RelayPage

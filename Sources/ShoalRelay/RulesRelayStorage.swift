@@ -71,6 +71,7 @@ extension RulesRelayStorage {
         cluster: String,
         vector: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
+        snapshotSites: Set<SiteID>,
         maximumBytes: Int,
         uploader: String?
     ) async throws(ShoalError) -> RelayPage {
@@ -78,6 +79,7 @@ extension RulesRelayStorage {
             cluster: cluster,
             vector: vector,
             resume: resume,
+            snapshotSites: snapshotSites,
             maximumBytes: maximumBytes,
             uploader: uploader
         )

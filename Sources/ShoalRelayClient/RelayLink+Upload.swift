@@ -165,12 +165,16 @@ extension RelayLink {
     }
 
     /// Whether this node should upload a snapshot now, the relay at `heads`
-    /// (``RelayLinkState/snapshotDue(held:heads:minimumBytes:now:)``).
+    /// (``RelayLinkState/snapshotDue(held:heads:fences:minimumBytes:now:)``): what it can send, as a snapshot would.
     func snapshotDue(_ heads: VersionVector) async throws(RelayCallError) -> Bool {
-        let held = try await held()
+        let (held, fences) = try await local { () throws(ShoalError) in
+            try await node.store.read { store throws(ShoalError) in (try store.servableVector(), try store.fences()) }
+        }
         let now = configuration.clock.nowMilliseconds()
         let minimum = configuration.snapshotMinimumBytes
-        return state.withLock { $0.snapshotDue(held: held, heads: heads, minimumBytes: minimum, now: now) }
+        return state.withLock {
+            $0.snapshotDue(held: held, heads: heads, fences: fences, minimumBytes: minimum, now: now)
+        }
     }
 
     /// Uploads a snapshot: the node's whole merged state, as a change stream from the empty vector cut in ranges like

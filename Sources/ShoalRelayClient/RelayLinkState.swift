@@ -50,6 +50,8 @@ struct RelayLinkState: Sendable {
     /// snapshot's size.
     var uncoveredBytes: Int64 = 0
     var snapshotBytes: Int64 = 0
+    /// What the relay's snapshot covers, as last read.
+    var snapshotVector = VersionVector()
     /// No snapshot is tried before then (Unix milliseconds): a minute after an attempt began, 10 s after another
     /// node's snapshot completed first.
     private(set) var snapshotRetryMs: UInt64?
@@ -181,6 +183,7 @@ struct RelayLinkState: Sendable {
         served = VersionVector()
         uncoveredBytes = heads.uncoveredBytes ?? 0
         snapshotBytes = heads.snapshot?.bytes ?? 0
+        snapshotVector = heads.snapshot.flatMap { try? RelayAPI.vector($0.vector) } ?? VersionVector()
     }
 
     /// What to say when the relay's `heads` claim more of this node's own `site` than it `held`: nobody holds more of
@@ -211,11 +214,26 @@ struct RelayLinkState: Sendable {
     /// Whether this node should upload a snapshot now: it holds exactly what the relay holds (a node still catching up
     /// would cover less than the snapshot it replaces), the change sets the relay's snapshot leaves uncovered outgrew
     /// both that snapshot and `minimumBytes`, and no attempt of its failed in the last minute.
-    func snapshotDue(held: VersionVector, heads: VersionVector, minimumBytes: Int64, now: UInt64) -> Bool {
-        guard held.compare(heads) == .equal else { return false }
-        guard uncoveredBytes >= max(minimumBytes, snapshotBytes) else { return false }
+    ///
+    /// Of a removed member's site, what the relay holds counts up to its `fences` entry (what lies beyond reaches no
+    /// member). When the relay holds more of it than the fence, the member's own ranges run past it: what they
+    /// overwrote within the fence reaches the members that lack it only from a snapshot (``RelayPullSession``), so one
+    /// is due whenever the relay's covers less of that site than this node holds, whatever the sizes; and none is due
+    /// for the sizes alone (such a range stays uncovered for good).
+    func snapshotDue(
+        held: VersionVector,
+        heads: VersionVector,
+        fences: [SiteID: UInt64] = [:],
+        minimumBytes: Int64,
+        now: UInt64
+    ) -> Bool {
+        let pastFences = fences.filter { heads[$0.key] > $0.value }
+        var reachable = heads.entries
+        for (site, fence) in pastFences { reachable[site] = fence }
+        guard held.compare(VersionVector(reachable)) == .equal else { return false }
         if let retry = snapshotRetryMs, now < retry { return false }
-        return true
+        guard pastFences.isEmpty else { return pastFences.keys.contains { snapshotVector[$0] < held[$0] } }
+        return uncoveredBytes >= max(minimumBytes, snapshotBytes)
     }
 
     /// How a snapshot upload ended.

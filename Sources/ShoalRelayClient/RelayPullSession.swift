@@ -25,6 +25,11 @@ import ShoalRelayProtocol
 ///   again from what the node holds, with backoff while it comes back the same.
 /// - A page that moved nothing (replayed, misfiled or refused chunks only) makes the next pull wait, with backoff: a
 ///   misbehaving relay never starts a loop of pulls.
+/// - A removed member's site is asked only until the node holds it up to its fence, and from the relay's snapshot
+///   first. A range of it that runs past the fence (the removed member uploaded it, before or after its removal) is
+///   applied within the fence but never claims: it left out what its transactions within the fence lost to its later
+///   ones, which the fence refuses, so nothing proves the node holds what the members hold of it. The site is left
+///   aside a while, and asked from the snapshot again (a member that holds it up to the fence uploads one).
 public struct RelayPullSession: Sendable {
     /// A range whose end arrived: its claim, what proves it, and what must be held before it counts.
     public struct PendingClaim: Sendable, Hashable {
@@ -99,6 +104,8 @@ public struct RelayPullSession: Sendable {
     /// Per site, the end of the last range whose claim counted here: what its changes and the ranges it required
     /// brought is here, even where the store took the claim lower (its newest transactions were all overwritten).
     private var counted = VersionVector()
+    /// Sites whose range under way runs past their fence: applied, never claimed.
+    private var pastFence: Set<SiteID> = []
     /// Per site, the furthest chunk used in the range under way: a page moved only if it went beyond.
     private var reached: [SiteID: Resume] = [:]
     /// Whether the page went beyond anything used before, and how many chunks it held.
@@ -154,6 +161,15 @@ public struct RelayPullSession: Sendable {
         blocked = blocked.filter { $0.value > now }
         var asked = cursor
         for site in blocked.keys { asked.advance(site, to: UInt64(Int64.max)) }
+        var fromSnapshot: [String] = []
+        for (site, fence) in knownFences.sorted(by: { $0.key < $1.key }) where site != self.site {
+            if max(knownHeld[site], counted[site]) >= fence {
+                // All there will ever be of a removed member is here: its ranges bring nothing more.
+                asked.advance(site, to: UInt64(Int64.max))
+            } else if blocked[site] == nil, fromSnapshot.count < RelayPullRequest.maximumSnapshotSites {
+                fromSnapshot.append(RelayAPI.key(site))
+            }
+        }
         self.asked = asked
         self.wait = wait
         skipped = []
@@ -171,7 +187,8 @@ public struct RelayPullSession: Sendable {
             // A site left aside comes back when its time is up: the pull waits no longer than that, or what the relay
             // holds of it would wait for the wait to end (up to a long-poll's length) with nothing else to wake it.
             waitMilliseconds: blocked.values.min().map { Swift.min(wait, Int(clamping: $0 - now)) } ?? wait,
-            maximumBytes: maximumBytes
+            maximumBytes: maximumBytes,
+            snapshotSites: fromSnapshot.isEmpty ? nil : fromSnapshot
         )
     }
 
@@ -198,13 +215,16 @@ public struct RelayPullSession: Sendable {
     }
 
     /// The removal fences the node keeps (site → the last seq of a removed node's site it accepts). Changes beyond a
-    /// fence are set aside when applied, yet their ranges moved the cursor on; when a fence rises (a member that held
-    /// more signed a later cut), the site is asked again from what the node holds, so what the lower fence set aside
-    /// comes again and is applied up to the new one.
+    /// fence are set aside when applied, and a range past it claims nothing; when a fence rises (a member that held
+    /// more signed a later cut), the site is asked again at once from what the node holds, so what the lower fence set
+    /// aside comes again and is applied up to the new one.
     public mutating func fences(_ fences: [SiteID: UInt64]) {
         for (site, fence) in fences where knownFences[site].map({ fence > $0 }) ?? true {
             knownFences[site] = fence
             forget(site)
+            pastFence.remove(site)
+            blocked[site] = nil
+            strikes[site] = nil
             reached[site] = nil
             ending[site] = nil
             pending[site] = nil
@@ -334,6 +354,18 @@ public struct RelayPullSession: Sendable {
             }
         }
         var claim = VersionVector()
+        if envelope.endsRange, let fence = knownFences[site], envelope.to > fence {
+            // Its changes within the fence are applied; it claims nothing, and the site is asked from the snapshot.
+            pastFence.insert(site)
+            served.advance(site, to: envelope.to)
+            _ = block(
+                site, now: now,
+                "the relay's range \(envelope.from + 1)...\(envelope.to) of removed member \(site.hex.prefix(8)) runs "
+                    + "past its fence (\(fence)): what it overwrote within the fence can only come from a member or "
+                    + "the relay's snapshot; that site is asked from the snapshot, now and then"
+            )
+            return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: [:])
+        }
         if envelope.endsRange {
             // The other sites' entries of a range's sealed claim are what the stream it was cut from assumed held (the
             // relay's heads) or had sent before its end: its claim counts once those ranges' changes are applied here.
@@ -359,7 +391,9 @@ public struct RelayPullSession: Sendable {
         if envelope.endsRange {
             received[site] = nil
             resume[site] = nil
-            if var waiting = ending.removeValue(forKey: site) {
+            if pastFence.remove(site) != nil {
+                // Counts nothing: the cursor stays where the node's claim is.
+            } else if var waiting = ending.removeValue(forKey: site) {
                 // Kept in `reached` until its claim counts: the range served again meanwhile is no new ground.
                 strikes[site] = nil
                 cursor.advance(site, to: envelope.to)
@@ -458,6 +492,7 @@ public struct RelayPullSession: Sendable {
         for (site, claim) in claiming { pending[site] = merged(pending[site], claim) }
         claiming = [:]
         ending = [:]
+        pastFence = []
         resume = [:]
         buffers = [:]
         received = [:]

@@ -16,7 +16,7 @@ struct RelayUploadSession: Sendable {
         /// Upload what `since` lacks (a cursor opened at it), then report with ``uploaded(heads:finished:random:)``.
         case upload(since: VersionVector)
         /// Find out whether a snapshot is due with the relay at `heads`
-        /// (``RelayLinkState/snapshotDue(held:heads:minimumBytes:now:)``), then report with ``snapshotChecked(due:)``.
+        /// (``RelayLinkState/snapshotDue(held:heads:fences:minimumBytes:now:)``), then report with ``snapshotChecked(due:)``.
         case checkSnapshot(heads: VersionVector)
         /// Upload a snapshot, then report with ``snapshotUploaded()``.
         case uploadSnapshot

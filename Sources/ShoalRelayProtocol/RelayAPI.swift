@@ -231,13 +231,27 @@ public struct RelayPullRequest: Codable, Hashable, Sendable {
     public var waitMilliseconds: Int?
     /// The page's byte budget (at least one chunk is always sent).
     public var maximumBytes: Int?
+    /// Sites (hex) to serve from the snapshot first, where it holds more of them than `vector`, as when the change log
+    /// no longer keeps what the node lacks: a removed member's site the node does not hold up to its fence (the log's
+    /// ranges of it may run past the fence, and what they overwrote within it no member can take from them).
+    public var snapshotSites: [String]?
+
+    /// The most sites a pull may ask from the snapshot.
+    public static let maximumSnapshotSites = 1_024
 
     /// A pull for what `vector` lacks.
-    public init(vector: [String: UInt64], resume: [Resume]? = nil, waitMilliseconds: Int? = nil, maximumBytes: Int? = nil) {
+    public init(
+        vector: [String: UInt64],
+        resume: [Resume]? = nil,
+        waitMilliseconds: Int? = nil,
+        maximumBytes: Int? = nil,
+        snapshotSites: [String]? = nil
+    ) {
         self.vector = vector
         self.resume = resume
         self.waitMilliseconds = waitMilliseconds
         self.maximumBytes = maximumBytes
+        self.snapshotSites = snapshotSites
     }
 }
 

@@ -528,6 +528,7 @@ extension Store {
         if !replaying, changes.contains(where: { $0.table == Self.schemaTable }), try executeSchemaRecords() {
             try replayHeldInTransaction()
         }
+        if !fenced.isEmpty { try noteFenceGaps(fenced.keys) }
         if since != nil || !claim.isEmpty {
             let upsert = try statement(
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
@@ -535,8 +536,11 @@ extension Store {
             )
             let highest = Self.highestSeqs(accepted).merging(carried) { max($0, $1) }
             let withheld = Set(fenced.keys).union(refusals.keys)
+            // A site some of whose changes a fence left out takes no claim from them: a sender sends only what still
+            // has an effect, so what its transactions within the fence lost to the ones beyond never came.
+            let claimable = fenced.isEmpty ? claim : VersionVector(claim.entries.filter { fenced[$0.key] == nil })
             for (site, seq) in Self.claimed(
-                claim, highest: highest, held: held, completing: completing, withheld: withheld
+                claimable, highest: highest, held: held, completing: completing, withheld: withheld
             ).entries
             where site != siteID && seq > held[site] {
                 try upsert.bind([.integer(Int64(sites.index(of: site))), .integer(Int64(bitPattern: seq))])

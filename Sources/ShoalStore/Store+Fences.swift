@@ -36,14 +36,36 @@ extension Store {
         var vector = try versionVector()
         let fences = try fences()
         guard !fences.isEmpty else { return vector }
+        let gaps = try fenceGaps()
         let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ? AND seq <= ?")
-        for (site, fence) in fences where vector[site] < fence {
+        for (site, fence) in fences where vector[site] < fence && !gaps.contains(site) {
             guard let index = sites.existingIndex(of: site) else { continue }
             try logged.bind([.integer(Int64(index)), .integer(Int64(bitPattern: fence))])
             if try logged.step(), case .integer(let seq) = logged.column(0) { vector.advance(site, to: UInt64(seq)) }
             logged.reset()
         }
         return vector
+    }
+
+    /// Sites some of whose changes a fence left out of an apply: what this database holds of them beyond its claim
+    /// may lack what their transactions within the fence lost to the ones beyond (a sender sends only what still has
+    /// an effect), so it is not sent as if whole (``servableVector()``). Such holdings come from a range the removed
+    /// member itself cut past its fence, or from a member whose fence was higher for a while.
+    func fenceGaps() throws(ShoalError) -> Set<SiteID> {
+        var gaps: Set<SiteID> = []
+        for row in try connection.rows("SELECT site FROM shoal_fence_gaps") {
+            if case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes) { gaps.insert(site) }
+        }
+        return gaps
+    }
+
+    /// Notes `sites` as fence gaps (``fenceGaps()``), inside the apply's transaction.
+    func noteFenceGaps(_ sites: some Sequence<SiteID>) throws(ShoalError) {
+        let insert = try statement("INSERT OR IGNORE INTO shoal_fence_gaps(site) VALUES (?)")
+        for site in sites {
+            try insert.bind([.blob(site.bytes)])
+            try insert.run()
+        }
     }
 
     /// Fences each site of `cuts` at the highest of its cut, its fence so far and what this database holds of it (a

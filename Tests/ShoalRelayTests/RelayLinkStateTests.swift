@@ -128,6 +128,40 @@ import Testing
         #expect(link.status.lacking == 1 && link.status.lackingSinceMs == 7)
     }
 
+    /// A removed member's site counts up to its fence. The relay holding more of it (the member's own range past the
+    /// fence) makes a snapshot due whenever the relay's covers less of that site than this node holds, whatever the
+    /// sizes, and never for the sizes alone.
+    @Test func aRemovedMembersRangePastItsFenceMakesASnapshotDueUntilOneHoldsItsSiteUpToTheFence() {
+        var link = state()
+        let (site, removed) = (SiteID.random(), SiteID.random())
+        let heads = VersionVector([site: 5, removed: 33])
+        let held = VersionVector([site: 5, removed: 14])
+        link.uncoveredBytes = 0
+        #expect(!link.snapshotDue(held: held, heads: heads, minimumBytes: 8_000, now: 100_000))
+        #expect(link.snapshotDue(held: held, heads: heads, fences: [removed: 14], minimumBytes: 8_000, now: 100_000))
+        #expect(
+            !link.snapshotDue(
+                held: VersionVector([site: 4, removed: 14]), heads: heads, fences: [removed: 14], minimumBytes: 8_000,
+                now: 100_000
+            ),
+            "a node that lacks some of what the relay holds"
+        )
+        link.read(RelayHeads(heads: [:], snapshot: RelaySnapshotInfo(
+            id: "1", vector: [RelayAPI.key(site): 5, RelayAPI.key(removed): 14], bytes: 100, createdMs: 1
+        ), uncoveredBytes: 1 << 20))
+        #expect(
+            !link.snapshotDue(held: held, heads: heads, fences: [removed: 14], minimumBytes: 8_000, now: 100_000),
+            "the snapshot holds the site up to the fence; the range past it stays uncovered for good"
+        )
+        // Without the range past the fence, the sizes decide again.
+        #expect(
+            link.snapshotDue(
+                held: held, heads: VersionVector([site: 5, removed: 14]), fences: [removed: 14], minimumBytes: 8_000,
+                now: 100_000
+            )
+        )
+    }
+
     @Test func theUploaderReadsHeadsFirstAfterFailuresAndNowAndThenAndCutsAgainWithBackoffWhenRaced() {
         var session = RelayUploadSession(backoff: backoff(), headsRefreshMilliseconds: 30_000)
         var random = SplitMix(state: 4)

@@ -100,7 +100,9 @@ extension RelayProcessTests {
         try expect(
             "RelayPullRequest",
             least: RelayPullRequest(vector: [:]),
-            most: RelayPullRequest(vector: [:], resume: [resume], waitMilliseconds: 1, maximumBytes: 1)
+            most: RelayPullRequest(
+                vector: [:], resume: [resume], waitMilliseconds: 1, maximumBytes: 1, snapshotSites: [site]
+            )
         )
         try expect("RelayPullResume", least: resume, most: resume)
         try expect("RelayGrant", least: grant, most: grant)

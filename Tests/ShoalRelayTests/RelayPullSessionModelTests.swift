@@ -74,8 +74,8 @@ import Testing
         #expect(back.waitMilliseconds == 25_000 && world.session.blocked.isEmpty)
     }
 
-    /// Changes a removal fence set aside moved the cursor on with their range; once the fence rises, the site is asked
-    /// again from what the node holds, so they come again.
+    /// A range past a removal fence claims nothing and leaves its site aside; once the fence rises past it, the site
+    /// is asked again at once from what the node holds, and what the lower fence set aside comes again.
     @Test func aRisingFenceAsksTheSiteAgainFromWhatTheNodeHolds() async throws {
         var world = ModelWorld(seed: 3, sites: 1)
         let site = world.sites[0]
@@ -85,17 +85,18 @@ import Testing
         world.node.fences = [site: 2]
         world.session.fences([site: 2])
         for _ in 0..<5 { try await world.pull(hostile: false) }
-        let held = VersionVector([site: 2])
-        #expect(world.node.vector == held)
-        session(&world.session, asks: 5, for: site, holding: held)
+        #expect(world.node.vector == VersionVector())
+        #expect(world.node.rows.count == 2, "what lies within the fence is applied")
+        #expect(world.session.blocked[site] != nil)
+        session(&world.session, asks: UInt64(Int64.max), for: site, holding: world.node.vector)
         world.session.fences([site: 2])
-        session(&world.session, asks: 5, for: site, holding: held)
+        session(&world.session, asks: UInt64(Int64.max), for: site, holding: world.node.vector)
         // A member that held more signed a later cut: the fence rises, and what was set aside comes again.
-        world.node.fences = [site: 4]
-        world.session.fences([site: 4])
-        session(&world.session, asks: 2, for: site, holding: held)
+        world.node.fences = [site: 5]
+        world.session.fences([site: 5])
+        session(&world.session, asks: 0, for: site, holding: world.node.vector)
         for _ in 0..<5 { try await world.pull(hostile: false) }
-        #expect(world.node.vector == VersionVector([site: 4]))
+        #expect(world.node.vector == VersionVector([site: 5]))
         try world.checkClaims()
     }
 
@@ -135,10 +136,11 @@ import Testing
         )
     }
 
-    /// A claim waits on a removed member's site only up to this node's fence (nothing beyond ever comes; the uploader
-    /// may hold more of it before it learns of the removal, and a claim waiting for that would never count), and is
-    /// still never counted without its effect: here the member's transaction was overwritten by the removed member's
-    /// later one, beyond the fence, and the node claims neither. Once the fence rises, the overwrite comes.
+    /// A claim that requires a removed member's site waits until the node holds it up to its fence (nothing beyond
+    /// ever comes; the uploader may hold more of it before it learns of the removal, and a claim waiting for that would
+    /// never count): here the removed member's own range runs past the fence and claims nothing, so the member's claim
+    /// waits, never counted without its effect (the removed member's later write, beyond the fence, overwrote it).
+    /// Once the fence rises, the overwrite comes.
     @Test func aClaimWaitsOnAFencedSiteOnlyUpToItsFenceAndNeverCountsWithoutItsEffect() async throws {
         var world = ModelWorld(seed: 4, sites: 2)
         let (removed, member) = (world.sites[0], world.sites[1])
@@ -147,8 +149,8 @@ import Testing
         try world.upload()
         world.node.fences = [removed: 1]
         for _ in 0..<10 { try await world.pull(hostile: false) }
-        #expect(world.node.vector == VersionVector([removed: 1]), "\(world.trace.suffix(20))")
-        #expect(world.session.pending.isEmpty)
+        #expect(world.node.vector == VersionVector(), "\(world.trace.suffix(20))")
+        #expect(world.session.pending[member] != nil)
         try world.checkClaims()
         world.node.fences = [removed: 3]
         try await world.pullHonestly(until: 50)
@@ -156,9 +158,43 @@ import Testing
         try world.checkClaims()
     }
 
+    /// The removed member's own range runs past its fence, which stays: it left out the member's write its later one
+    /// overwrote (refused here). The node applies what lies within the fence but claims none of it, leaves the site
+    /// aside, and asks it from the snapshot; once a member that holds it up to the fence uploads one, the node takes
+    /// the write from it, and then never asks for that site again.
+    @Test func aRemovedMembersRangePastItsFenceNeverClaimsAndTheSnapshotBringsWhatItOverwrote() async throws {
+        var world = ModelWorld(seed: 7, sites: 2)
+        let (removed, member) = (world.sites[0], world.sites[1])
+        try world.write(site: member, key: 0)
+        for key: Int64 in [1, 2, 1] { try world.write(site: removed, key: key) }
+        try world.upload()
+        #expect(world.relay.head(removed) == 3)
+        world.node.fences = [removed: 2]
+        for _ in 0..<6 { try await world.pull(hostile: false) }
+        // The member's range claims only once the removed member's site is held up to the fence.
+        #expect(world.node.vector == VersionVector(), "\(world.trace.suffix(20))")
+        #expect(world.session.pending[member] != nil)
+        #expect(world.node.rows[2] != nil && world.node.rows[1] == nil, "key 2 within the fence, key 1's write lacking")
+        try world.checkClaims()
+        let aside = try #require(world.session.blocked[removed])
+        world.now = aside + 1
+        var request = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+        #expect(request.snapshotSites == [RelayAPI.key(removed)])
+        #expect(request.vector[RelayAPI.key(removed)] ?? 0 == 0)
+        // A member that holds the removed member's site up to the fence uploads a snapshot.
+        try world.uploadSnapshot(fences: [removed: 2])
+        for _ in 0..<6 { try await world.pull(hostile: false) }
+        #expect(world.node.vector == VersionVector([member: 1, removed: 2]), "\(world.trace.suffix(20))")
+        #expect(world.node.rows[1] == Stamp(hlc: HLC(rawValue: 2 << 16), site: removed, seq: 1))
+        try world.checkClaims()
+        request = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+        #expect(request.snapshotSites == nil)
+        #expect(request.vector[RelayAPI.key(removed)] == UInt64(Int64.max), "a site held up to its fence is not asked")
+    }
+
     private func session(_ session: inout RelayPullSession, asks seq: UInt64, for site: SiteID, holding: VersionVector) {
         let request = session.request(held: holding, now: 0, wait: 0, maximumBytes: 1 << 20)
-        #expect(request.vector[RelayAPI.key(site)] == seq)
+        #expect(request.vector[RelayAPI.key(site)] ?? 0 == seq)
     }
 
     /// A range whose transaction another site's later one overwrote claims only once that site's range is applied: a
@@ -194,9 +230,11 @@ struct ModelWrite: Hashable {
     var key: Int64
 }
 
-/// A relay's storage: per site, a chain of ranges, each its chunks in order.
+/// A relay's storage: per site, a chain of ranges, each its chunks in order; and a snapshot's, with what it covers.
 struct ModelRelay {
     var ranges: [SiteID: [[RelayEnvelope]]] = [:]
+    var snapshot: [SiteID: [[RelayEnvelope]]] = [:]
+    var snapshotVector = VersionVector()
 
     func head(_ site: SiteID) -> UInt64 { ranges[site]?.last?.last?.to ?? 0 }
 
@@ -213,15 +251,24 @@ struct ModelRelay {
         }
     }
 
-    /// The chunks answering `asked` (and `resume`), per site in order, at most `maximumChunks`.
+    /// The chunks answering `asked` (and `resume`), per site in order, at most `maximumChunks`: for a site of
+    /// `snapshotSites` the snapshot holds more of, its snapshot ranges first, then the log's after them.
     func page(
         asked: VersionVector,
         resume: [SiteID: (from: UInt64, index: UInt32)],
+        snapshotSites: Set<SiteID> = [],
         maximumChunks: Int
     ) -> [RelayEnvelopeList.Entry] {
         var page: [RelayEnvelopeList.Entry] = []
-        for site in ranges.keys.sorted() {
-            for range in ranges[site]! where range.last!.to > asked[site] {
+        for site in ranges.keys.sorted() where head(site) > asked[site] {
+            var after = asked[site]
+            var sources: [[[RelayEnvelope]]] = []
+            if snapshotSites.contains(site), snapshotVector[site] > after {
+                sources.append(snapshot[site] ?? [])
+                after = snapshotVector[site]
+            }
+            sources.append(ranges[site]!.filter { $0.last!.to > after })
+            for range in sources.joined() where range.last!.to > asked[site] {
                 var start = 0
                 if let point = resume[site], point.from == range[0].from { start = Int(point.index) }
                 for chunk in range.dropFirst(start) {
@@ -250,14 +297,18 @@ struct ModelNode {
 
     mutating func apply(_ batch: ChangeBatch, received: [SiteID: UInt64]) -> (vector: VersionVector, received: [SiteID: UInt64]) {
         var highest = received
+        var fenced: Set<SiteID> = []
         for change in batch.changes {
             guard case .integer(let key) = change.primaryKey[0] else { continue }
-            if let fence = fences[change.stamp.site], change.stamp.seq > fence { continue }
+            if let fence = fences[change.stamp.site], change.stamp.seq > fence {
+                fenced.insert(change.stamp.site)
+                continue
+            }
             if rows[key].map({ $0 < change.stamp }) ?? true { rows[key] = change.stamp }
             highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
         }
-        for (site, claimed) in batch.claim.entries {
-            // Like the store: a fence clips a claim only through what it leaves out (it is not received).
+        // Like the store: a site some of whose changes a fence left out takes no claim from them.
+        for (site, claimed) in batch.claim.entries where !fenced.contains(site) {
             var proven = min(claimed, max(vector[site], highest[site] ?? 0))
             if shortClaims.contains(site), proven > vector[site] { proven -= 1 }
             vector.advance(site, to: proven)
@@ -266,12 +317,15 @@ struct ModelNode {
     }
 
     /// The first of `writes` the node claims without holding its effect, or what overwrote it (and what it holds of
-    /// its key); nil when there is none. A write is left out where a later write of its key is beyond a removal fence
-    /// (set aside by design: an uploader may have kept only that overwrite).
+    /// its key); nil when there is none. A write of another site is left out where a later write of its key is beyond
+    /// a removal fence (an uploader may have kept only that overwrite, and its range claims the other site's write:
+    /// see the note on ``RelayPullSession``); one of the fenced site itself never is (its ranges past the fence never
+    /// claim).
     func unheldClaim(_ writes: [ModelWrite]) -> (write: ModelWrite, held: Stamp?)? {
         for (index, write) in writes.enumerated() where vector.covers(write.stamp.dot) {
             let setAside = writes[(index + 1)...].contains { later in
-                later.key == write.key && firstFences[later.stamp.site].map { later.stamp.seq > $0 } ?? false
+                later.key == write.key && later.stamp.site != write.stamp.site
+                    && firstFences[later.stamp.site].map { later.stamp.seq > $0 } ?? false
             }
             if setAside { continue }
             let held = rows[write.key]
@@ -379,8 +433,31 @@ struct ModelWorld {
     /// Cuts what the relay's heads lack with the real chunker, from a model of the node's cursor: surviving changes
     /// by (site, seq), one batch per site, each claim held back until what overwrote a transaction was sent.
     mutating func upload(pieceBytes: Int = 1024) throws {
-        let heads = relay.heads
-        let survivors = self.survivors
+        let envelopes = try cut(writes, since: relay.heads, pieceBytes: pieceBytes)
+        relay.store(envelopes)
+        seen += envelopes
+    }
+
+    /// A member's snapshot, put in the relay: the state of the writes within `fences`, cut from nothing.
+    mutating func uploadSnapshot(fences: [SiteID: UInt64]) throws {
+        let held = writes.filter { write in fences[write.stamp.site].map { write.stamp.seq <= $0 } ?? true }
+        var covered = VersionVector()
+        for write in held { covered.advance(write.stamp.site, to: write.stamp.seq) }
+        let envelopes = try cut(held, since: VersionVector(), pieceBytes: 1024)
+        relay.snapshot = [:]
+        var open: [SiteID: [RelayEnvelope]] = [:]
+        for envelope in envelopes {
+            open[envelope.site, default: []].append(envelope)
+            guard envelope.endsRange, let range = open.removeValue(forKey: envelope.site) else { continue }
+            relay.snapshot[envelope.site, default: []].append(range)
+        }
+        relay.snapshotVector = covered
+    }
+
+    /// `writes` the relay's `since` lacks, cut into ranges with the real chunker.
+    func cut(_ writes: [ModelWrite], since heads: VersionVector, pieceBytes: Int) throws -> [RelayEnvelope] {
+        var survivors: [Int64: ModelWrite] = [:]
+        for write in writes { survivors[write.key] = write }
         let winners = Set(survivors.values.map(\.stamp))
         let outgoing = survivors.values.filter { !heads.covers($0.stamp.dot) }.sorted { $0.stamp.dot < $1.stamp.dot }
         var chunker = RelayChunker(cluster: cluster, seal: seal, heads: heads, pieceBytes: pieceBytes)
@@ -412,8 +489,7 @@ struct ModelWorld {
             }
             envelopes += try chunker.envelopes(for: ChangeBatch(changes: changes, claim: claim))
         }
-        relay.store(envelopes)
-        seen += envelopes
+        return envelopes
     }
 
     // MARK: Pulls
@@ -461,7 +537,10 @@ struct ModelWorld {
             let site = try #require(try RelayAPI.vector([point.site: 1]).entries.keys.first)
             resume[site] = (point.from, point.index)
         }
-        var page = relay.page(asked: asked, resume: resume, maximumChunks: Int.random(in: 1...12, using: &random))
+        let named = Set(try (request.snapshotSites ?? []).flatMap { try RelayAPI.vector([$0: 1]).entries.keys })
+        var page = relay.page(
+            asked: asked, resume: resume, snapshotSites: named, maximumChunks: Int.random(in: 1...12, using: &random)
+        )
         if hostile { tamper(&page) }
         trace.append(
             "pull\(hostile ? " hostile" : "") at \(now): asked \(asked) resume \(resume.map { "\($0.key.hex.prefix(4)) \($0.value)" }) "

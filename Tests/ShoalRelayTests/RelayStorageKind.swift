@@ -123,6 +123,7 @@ enum TestChunks {
                 cluster: cluster,
                 vector: vector,
                 resume: resume,
+                snapshotSites: [],
                 maximumBytes: maximumBytes,
                 uploader: uploader
             )

@@ -93,6 +93,7 @@ import Testing
             cluster: "c",
             vector: VersionVector(),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )
@@ -102,6 +103,7 @@ import Testing
                 cluster: "c",
                 vector: VersionVector(),
                 resume: [:],
+                snapshotSites: [],
                 maximumBytes: 1 << 20,
                 uploader: "old-node"
             )

@@ -13,6 +13,50 @@ import Testing
     private let other = SiteID(high: 0, low: 2)
     private let keepAll = RelayRetention(maximumAgeMilliseconds: 1 << 40, maximumBytes: 1 << 40)
 
+    /// A site a pull names in `snapshotSites` comes from the snapshot first, where it holds more of it than the node,
+    /// then from the change log after it; the other sites, and a named site the snapshot holds no more of, from the
+    /// log alone.
+    @Test(arguments: StorageKind.allCases) func aSiteAskedFromTheSnapshotComesFromItFirstThenFromTheLog(
+        _ kind: StorageKind
+    ) async throws {
+        let (storage, _, cleanUp) = try await kind.open("relay-snapshot-sites")
+        defer { Task { await cleanUp() } }
+        // The log: site 0...4, then 4...33 (a removed member's range past its fence); other 0...2.
+        _ = try await storage.store(
+            cluster: "c",
+            envelopes: TestChunks.range(site, from: 0, to: 4, upload: 1)
+                + TestChunks.range(site, from: 4, to: 33, upload: 2)
+                + TestChunks.range(other, from: 0, to: 2, upload: 3),
+            uploader: nil
+        )
+        // A member's snapshot: site up to its fence (14), other up to 2.
+        _ = try await storage.store(
+            cluster: "c",
+            snapshot: 9,
+            envelopes: TestChunks.range(site, from: 0, to: 14, upload: 4, count: 2)
+                + TestChunks.range(other, from: 0, to: 2, upload: 5),
+            uploader: nil
+        )
+        #expect(
+            try await storage.completeSnapshot(
+                cluster: "c", snapshot: 9, vector: VersionVector([site: 14, other: 2]), retention: keepAll
+            ) == .completed(dropped: 0)
+        )
+        func page(_ vector: VersionVector, _ named: Set<SiteID>) async throws -> [String] {
+            try await storage.page(
+                cluster: "c", vector: vector, resume: [:], snapshotSites: named, maximumBytes: 1 << 20, uploader: nil
+            ).envelopes.map { bytes in
+                let envelope = try RelayEnvelope.decode(bytes[...])
+                return "\(envelope.site == site ? "s" : "o") \(envelope.from)-\(envelope.index)"
+            }
+        }
+        let held = VersionVector([site: 4, other: 0])
+        #expect(try await page(held, []) == ["s 4-0", "o 0-0"])
+        #expect(try await page(held, [site]) == ["s 0-0", "s 0-1", "s 4-0", "o 0-0"])
+        // Holding what the snapshot has of the site, the log alone serves it.
+        #expect(try await page(VersionVector([site: 14, other: 2]), [site]) == ["s 4-0"])
+    }
+
     @Test(arguments: StorageKind.allCases) func aSnapshotCountsOnlyWhenItsRangesRunToItsVector(
         _ kind: StorageKind
     ) async throws {
@@ -234,6 +278,7 @@ import Testing
             cluster: "c",
             vector: VersionVector([site: 2]),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )
@@ -244,6 +289,7 @@ import Testing
             cluster: "c",
             vector: VersionVector([site: 4]),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )

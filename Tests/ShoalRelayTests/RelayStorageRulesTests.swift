@@ -89,6 +89,7 @@ import Testing
             cluster: "c",
             vector: VersionVector(),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )
@@ -98,6 +99,7 @@ import Testing
             cluster: "c",
             vector: VersionVector(),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 10,
             uploader: nil
         )
@@ -107,6 +109,7 @@ import Testing
             cluster: "c",
             vector: VersionVector(),
             resume: [site: (0, 1)],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )
@@ -116,6 +119,7 @@ import Testing
             cluster: "c",
             vector: VersionVector([site: 6]),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: nil
         )
@@ -125,6 +129,7 @@ import Testing
                 cluster: "c",
                 vector: VersionVector([site: 8]),
                 resume: [:],
+                snapshotSites: [],
                 maximumBytes: 1 << 20,
                 uploader: nil
             ).envelopes.isEmpty
@@ -136,6 +141,7 @@ import Testing
             cluster: "c",
             vector: VersionVector([site: 8]),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: "me"
         )
@@ -144,6 +150,7 @@ import Testing
             cluster: "c",
             vector: VersionVector([site: 8]),
             resume: [:],
+            snapshotSites: [],
             maximumBytes: 1 << 20,
             uploader: "other"
         )
@@ -213,6 +220,7 @@ import Testing
                 cluster: "c",
                 vector: VersionVector(),
                 resume: [:],
+                snapshotSites: [],
                 maximumBytes: size,
                 uploader: nil
             )
