@@ -3,6 +3,7 @@ import ShoalCore
 import ShoalRelayClient
 import ShoalRelayProtocol
 import ShoalSecurity
+import ShoalStore
 import ShoalTestSupport
 import Testing
 
@@ -415,5 +416,65 @@ extension RelayProcessTests {
         try await world.serve("a")
         #expect(try await world.converge(["a", "b"], within: 120))
         #expect(try await rows() == 40_000)
+    }
+}
+
+/// A removed member's own relay range past its fence: what it overwrote within the fence reaches a member that syncs
+/// only through the relay from a member's snapshot, never from that range.
+extension RelayProcessTests {
+    @Test func aRemovedMembersRangePastItsFenceReachesARelayOnlyMemberThroughASnapshot() async throws {
+        let world = try await RelayWorld("relay-past-fence", nodes: ["a", "b", "c"])
+        defer { world.tearDown() }
+        let (aPath, bPath, cPath) = (world.paths["a"]!, world.paths["b"]!, world.paths["c"]!)
+        let cSite = try Store(path: cPath).siteID
+        // a and c meet over the LAN alone: a writes x, c overwrites it and writes y, a takes both.
+        try await world.serve("a", relay: false)
+        try await world.serve("c", relay: false, peers: ["a"])
+        try await world.write("a", "INSERT INTO kv VALUES ('x', 'zero')")
+        #expect(try await waitUntil(within: 30, checkingEvery: 100) {
+            try await offPool { try sqlite3Shell(cPath, "SELECT v FROM kv") }.stdout == "zero\n"
+        })
+        try await world.write("c", "UPDATE kv SET v = 'first' WHERE k = 'x'")
+        try await world.write("c", "INSERT INTO kv VALUES ('y', 1)")
+        #expect(try await waitUntil(within: 30, checkingEvery: 100) {
+            try await offPool { try sqlite3Shell(aPath, "SELECT group_concat(v) FROM kv") }.stdout == "first,1\n"
+        })
+        try await world.stop("a")
+        try await world.stop("c")
+        // c overwrites x again and uploads its site as one range, which holds x's value only as its last transaction
+        // wrote it.
+        try await world.write("c", "UPDATE kv SET v = 'second' WHERE k = 'x'")
+        let last = try { () throws -> UInt64 in
+            let store = try Store(path: cPath)
+            try store.captureForeignWrites()
+            return try store.versionVector()[cSite]
+        }()
+        try await world.serve("c")
+        let head = "SELECT head FROM heads WHERE site = \(world.blob(cSite.hex))"
+        let uploaded = try await waitUntil(within: 30, checkingEvery: 100) {
+            try await world.relayQuery(head) == "\(last)\n"
+        }
+        let heads = try await world.relayQuery("SELECT \(world.hex("site")), head FROM heads")
+        #expect(uploaded, "\(heads) \(cSite.hex) \(world.outputs)")
+        try await world.stop("c")
+        // b removes c holding nothing of it, a holding all but c's last transaction: that is the fence, and the last
+        // transaction is refused.
+        let cID = try await offPool { try shoal("id", "--db", cPath) }.stdout.split(separator: "\n").last.map(String.init)
+        for path in [bPath, aPath] {
+            let removed = try await offPool { try shoal("trust", "remove", cID ?? "", "--db", path) }
+            #expect(removed.status == 0, "\(removed.stderr)")
+        }
+        // a and b sync through the relay alone: b takes c's first write of x from a's snapshot, not from c's range.
+        try await world.serve("a")
+        let b = try await world.serve("b")
+        #expect(try await world.converge(["a", "b"], within: 90), "\(world.outputs)")
+        let rows = "SELECT k, quote(v), typeof(v) FROM kv ORDER BY k"
+        let aRows = try await offPool { try sqlite3Shell(aPath, rows) }.stdout
+        #expect(aRows == "x|'first'|text\ny|1|integer\n")
+        #expect(try await offPool { try sqlite3Shell(bPath, rows) }.stdout == aRows)
+        let fences = "SELECT hex(site), seq FROM shoal_fences"
+        #expect(try await offPool { try sqlite3Shell(bPath, fences) }.stdout == "\(cSite.hex.uppercased())|\(last - 1)\n")
+        #expect(b.output.contains("runs past its fence"), "\(b.output)")
+        #expect(try await world.relayQuery("SELECT count(*) FROM snapshots") == "1\n")
     }
 }
