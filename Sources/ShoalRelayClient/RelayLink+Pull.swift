@@ -38,6 +38,7 @@ extension RelayLink {
                 let entries = try await api.pull(request, waitMilliseconds: wait)
                 session.answered(chunks: entries.count, after: clock.monotonicMilliseconds() &- asked)
                 let applied = try await RelayPullDriver.deliver(entries, &session, &endpoint)
+                await node.relayBrought(session.counted)
                 for problem in session.problems { note(problem) }
                 let now = clock.nowMilliseconds()
                 state.withLock { $0.pulled(chunks: entries.count, applied: applied, now: now) }

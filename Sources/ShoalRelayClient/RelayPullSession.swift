@@ -103,7 +103,7 @@ public struct RelayPullSession: Sendable {
     private var knownFences: [SiteID: UInt64] = [:]
     /// Per site, the end of the last range whose claim counted here: what its changes and the ranges it required
     /// brought is here, even where the store took the claim lower (its newest transactions were all overwritten).
-    private var counted = VersionVector()
+    public private(set) var counted = VersionVector()
     /// Sites whose range under way runs past their fence: applied, never claimed.
     private var pastFence: Set<SiteID> = []
     /// Per site, the furthest chunk used in the range under way: a page moved only if it went beyond.

@@ -135,8 +135,7 @@ extension SyncNode {
     /// travel through the relay like any change), so nothing it holds was collected elsewhere. (Members heard only
     /// through the relay hold collection back, so a cluster that meets only there never collects.)
     private func freshStateNeedsNoPeer() async -> Bool {
-        let local = worker.latestVersionVector.withLock { $0 }
-        guard !relayHeads.isEmpty, local.dominatesOrEquals(withinFences(relayHeads)),
+        guard !relayHeads.isEmpty, heldWithRelay.dominatesOrEquals(withinFences(relayHeads)),
             relayHeads.dominatesOrEquals(freshStateFloor)
         else { return false }
         return (try? await worker.knowsOfCollection()) == false
@@ -158,7 +157,7 @@ extension SyncNode {
             state.heads = withinFences(state.heads)
             // What the relay held when the read began: this node holds it all (it may hold more since, pulled from
             // the relay meanwhile: rows begun after the read stay, as rows no peer had seen would), and the floor.
-            let local = worker.latestVersionVector.withLock { $0 }
+            let local = heldWithRelay
             guard local.dominatesOrEquals(state.heads), state.heads.dominatesOrEquals(freshStateFloor) else {
                 configuration.logger.info(
                     "the relay's state read for a fresh state is not all this node holds yet; read again shortly",
@@ -219,9 +218,18 @@ extension SyncNode {
     /// all this node got from other sites (rows it holds from them are named there, unless collected) and the floor.
     private func relayMayGiveFreshState(heads: VersionVector) -> Bool {
         let local = worker.latestVersionVector.withLock { $0 }
-        return relayLinked && !heads.isEmpty && local.dominatesOrEquals(withinFences(heads))
+        return relayLinked && !heads.isEmpty && heldWithRelay.dominatesOrEquals(withinFences(heads))
             && heads.dominatesOrEquals(local, ignoring: [siteID, registry.localSite])
             && heads.dominatesOrEquals(freshStateFloor)
+    }
+
+    /// What this node holds the effect of: its version vector, and what the relay's ranges brought (``relayBrought``:
+    /// a former site of its own, say, whose last transaction was overwritten before any member sent it on, is never
+    /// claimed here, and it never writes again).
+    var heldWithRelay: VersionVector {
+        var held = worker.latestVersionVector.withLock { $0 }
+        held.merge(relayBrought)
+        return held
     }
 
     /// Reads the removal fences again for ``withinFences(_:)`` (kept as they were if the read fails).

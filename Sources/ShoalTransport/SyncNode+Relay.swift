@@ -16,6 +16,11 @@ extension SyncNode {
         relayLinked = true
     }
 
+    /// What the relay's ranges brought this node, as its link counted them (see ``relayBrought``).
+    public func relayBrought(_ vector: VersionVector) {
+        relayBrought = vector
+    }
+
     /// Sets how the node reads what the relay holds, whole, to take a fresh state through the relay alone (the relay
     /// link, while it runs; nil once it stopped).
     public func readsRelayState(_ reader: (@Sendable () async throws -> RelayStateKeys)?) {

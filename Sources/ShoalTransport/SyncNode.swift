@@ -39,6 +39,10 @@ public actor SyncNode: Service {
     var relayHeads = VersionVector() {
         didSet { wakeAcknowledgementWaiters() }
     }
+    /// What the relay's ranges brought this node, as its link counted them: the node holds the effect of every
+    /// transaction they cover, including those overwritten before they were sent, which its version vector may not
+    /// claim (a relay range never completes a claim).
+    var relayBrought = VersionVector()
     /// Who waits for an acknowledgement (``waitUntilAcknowledged(_:by:timeoutMilliseconds:)``).
     var acknowledgementWaiters: [Int: AsyncStream<Void>.Continuation] = [:]
     var nextAcknowledgementWaiter = 0

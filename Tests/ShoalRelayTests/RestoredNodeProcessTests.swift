@@ -52,6 +52,62 @@ extension RelayProcessTests {
         #expect(same)
     }
 
+    /// A member restored from a backup that reaches its cluster through the relay alone, whose last transaction
+    /// before the restore another member overwrote before sending it on: the relay's range of its former site ends
+    /// with a transaction none of its changes carry, so its version vector never claims it (that site never writes
+    /// again). What the relay's ranges brought counts for its fresh state, which it takes; rows compared outside
+    /// Shoal.
+    @Test func aRestoredMemberWhoseLastWriteWasOverwrittenBeforeItReachedTheRelayTakesItsFreshStateThere()
+        async throws
+    {
+        let world = try await RelayWorld("restored-overwritten", nodes: ["a", "b"])
+        defer { world.tearDown() }
+        let (pathA, pathB) = (world.paths["a"]!, world.paths["b"]!)
+        let backup = pathA + ".backup"
+        let holds = { (path: String, value: String) async throws -> Bool in
+            try await waitUntil(within: 30, checkingEvery: 100) {
+                try await offPool { try sqlite3Shell(path, "SELECT v FROM kv") }.stdout == value + "\n"
+            }
+        }
+        // a writes x and sends it to b over the LAN alone; a's file is backed up once it stopped.
+        try await world.serve("b", relay: false)
+        try await world.serve("a", relay: false, peers: ["b"])
+        let siteA = try #require(try await world.status("a")["site"] as? String)
+        try await world.write("a", "INSERT INTO kv VALUES ('x', 'zero')")
+        #expect(try await holds(pathB, "zero"))
+        try await world.stop("a")
+        try await world.write("a", "VACUUM INTO '\(backup)'")
+        // a updates x and sends that to b; b overwrites it, then uploads both sites to the relay.
+        try await world.serve("a", relay: false, peers: ["b"])
+        try await world.write("a", "UPDATE kv SET v = 'from a' WHERE k = 'x'")
+        #expect(try await holds(pathB, "from a"))
+        let last = try #require((try await world.status("a")["version_vector"] as? [String: Any])?[siteA] as? Int)
+        try await world.stop("a")
+        try await world.write("b", "UPDATE kv SET v = 'from b' WHERE k = 'x'")
+        try await world.stop("b")
+        try await world.serve("b")
+        let head = "SELECT head FROM heads WHERE site = \(world.blob(siteA.uppercased()))"
+        #expect(try await waitUntil(within: 30, checkingEvery: 100) { try await world.relayQuery(head) == "\(last)\n" })
+        // a is restored from before its update, and comes back through the relay alone.
+        let restored = try await offPool { try sqlite3Shell(pathA, ".restore '\(backup)'") }
+        #expect(restored.status == 0, "\(restored.stderr)")
+        try await world.serve("a")
+        #expect(
+            try await waitUntil(within: 30) { try await world.status("a")["awaits_fresh_state"] as? Bool == false },
+            "\(world.outputs)"
+        )
+        try await world.write("a", "INSERT INTO kv VALUES ('y', 'after the restore')")
+        #expect(try await world.converge(["a", "b"]), "\(world.outputs)")
+        let rows = "SELECT k, quote(v) FROM kv ORDER BY k"
+        let rowsA = try await offPool { try sqlite3Shell(pathA, rows) }.stdout
+        #expect(rowsA == "x|'from b'\ny|'after the restore'\n")
+        let same = try await offPool {
+            try SQLiteConnection(path: pathA).applicationTableContents()
+                == SQLiteConnection(path: pathB).applicationTableContents()
+        }
+        #expect(same)
+    }
+
     /// A member restored from a backup is asked to remove another member before it took its fresh state (members
     /// meet only through the relay, or only on direct links to b). Its removal would carry what the restored file
     /// held of the removed member, less than b holds, and it sends none of its writes before its fresh state: no
