@@ -52,6 +52,42 @@ extension RelayProcessTests {
         #expect(same)
     }
 
+    /// A backup taken while a write of the app's own connection waited unstamped in the outbox (no node ran since):
+    /// the original stamped it when it next ran, and a peer overwrote it since. The restored file stamps it again
+    /// under its fresh site, at the file's own time: the peer's later write stays on both, and no old value comes
+    /// back over it. Rows compared outside Shoal.
+    @Test func aRestoredBackupHoldingAWriteNotStampedYetLeavesWhatAPeerWroteSince() async throws {
+        let world = try await RelayWorld("restored-outbox", nodes: ["a", "b"])
+        defer { world.tearDown() }
+        let (pathA, pathB) = (world.paths["a"]!, world.paths["b"]!)
+        let backup = pathA + ".backup"
+        let holds = { (path: String, value: String) async throws -> Bool in
+            try await waitUntil(within: 30, checkingEvery: 100) {
+                try await offPool { try sqlite3Shell(path, "SELECT v FROM kv") }.stdout == value + "\n"
+            }
+        }
+        try await world.write("a", "INSERT INTO kv VALUES ('x', 'old')")
+        try await world.write("a", "VACUUM INTO '\(backup)'")
+        try await world.serve("b", relay: false)
+        try await world.serve("a", relay: false, peers: ["b"])
+        #expect(try await holds(pathB, "old"))
+        try await world.write("b", "UPDATE kv SET v = 'newer' WHERE k = 'x'")
+        #expect(try await holds(pathA, "newer"))
+        try await world.stop("a")
+        let restored = try await offPool { try sqlite3Shell(pathA, ".restore '\(backup)'") }
+        #expect(restored.status == 0, "\(restored.stderr)")
+        try await world.serve("a", relay: false, peers: ["b"])
+        #expect(try await world.converge(["a", "b"]), "\(world.outputs)")
+        for path in [pathA, pathB] {
+            #expect(try await offPool { try sqlite3Shell(path, "SELECT k, quote(v) FROM kv") }.stdout == "x|'newer'\n")
+        }
+        let same = try await offPool {
+            try SQLiteConnection(path: pathA).applicationTableContents()
+                == SQLiteConnection(path: pathB).applicationTableContents()
+        }
+        #expect(same)
+    }
+
     /// A member restored from a backup that reaches its cluster through the relay alone, whose last transaction
     /// before the restore another member overwrote before sending it on: the relay's range of its former site ends
     /// with a transaction none of its changes carry, so its version vector never claims it (that site never writes
