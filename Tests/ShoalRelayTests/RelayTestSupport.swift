@@ -191,6 +191,23 @@ final class RelayWorld: @unchecked Sendable {
         }
     }
 
+    /// Whether the one row of node `name`'s table `kv` holds `value` (read with the `sqlite3` shell), within 30 s.
+    func holds(_ name: String, _ value: String) async throws -> Bool {
+        let path = paths[name]!
+        return try await waitUntil(within: 30, checkingEvery: 100) {
+            try await offPool { try sqlite3Shell(path, "SELECT v FROM kv") }.stdout == value + "\n"
+        }
+    }
+
+    /// Whether nodes `first` and `second` hold the same rows in every application table, read outside Shoal (values
+    /// with their types and bytes).
+    func sameRows(_ first: String, _ second: String) async throws -> Bool {
+        let (a, b) = (paths[first]!, paths[second]!)
+        return try await offPool {
+            try SQLiteConnection(path: a).applicationTableContents() == SQLiteConnection(path: b).applicationTableContents()
+        }
+    }
+
     /// Node `name`'s `shoal status --json`.
     func status(_ name: String) async throws -> [String: Any] {
         let path = paths[name]!

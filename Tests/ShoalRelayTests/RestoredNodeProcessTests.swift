@@ -61,18 +61,13 @@ extension RelayProcessTests {
         defer { world.tearDown() }
         let (pathA, pathB) = (world.paths["a"]!, world.paths["b"]!)
         let backup = pathA + ".backup"
-        let holds = { (path: String, value: String) async throws -> Bool in
-            try await waitUntil(within: 30, checkingEvery: 100) {
-                try await offPool { try sqlite3Shell(path, "SELECT v FROM kv") }.stdout == value + "\n"
-            }
-        }
         try await world.write("a", "INSERT INTO kv VALUES ('x', 'old')")
         try await world.write("a", "VACUUM INTO '\(backup)'")
         try await world.serve("b", relay: false)
         try await world.serve("a", relay: false, peers: ["b"])
-        #expect(try await holds(pathB, "old"))
+        #expect(try await world.holds("b", "old"))
         try await world.write("b", "UPDATE kv SET v = 'newer' WHERE k = 'x'")
-        #expect(try await holds(pathA, "newer"))
+        #expect(try await world.holds("a", "newer"))
         try await world.stop("a")
         let restored = try await offPool { try sqlite3Shell(pathA, ".restore '\(backup)'") }
         #expect(restored.status == 0, "\(restored.stderr)")
@@ -81,11 +76,7 @@ extension RelayProcessTests {
         for path in [pathA, pathB] {
             #expect(try await offPool { try sqlite3Shell(path, "SELECT k, quote(v) FROM kv") }.stdout == "x|'newer'\n")
         }
-        let same = try await offPool {
-            try SQLiteConnection(path: pathA).applicationTableContents()
-                == SQLiteConnection(path: pathB).applicationTableContents()
-        }
-        #expect(same)
+        #expect(try await world.sameRows("a", "b"))
     }
 
     /// A member restored from a backup that reaches its cluster through the relay alone, whose last transaction
@@ -98,25 +89,20 @@ extension RelayProcessTests {
     {
         let world = try await RelayWorld("restored-overwritten", nodes: ["a", "b"])
         defer { world.tearDown() }
-        let (pathA, pathB) = (world.paths["a"]!, world.paths["b"]!)
+        let pathA = world.paths["a"]!
         let backup = pathA + ".backup"
-        let holds = { (path: String, value: String) async throws -> Bool in
-            try await waitUntil(within: 30, checkingEvery: 100) {
-                try await offPool { try sqlite3Shell(path, "SELECT v FROM kv") }.stdout == value + "\n"
-            }
-        }
         // a writes x and sends it to b over the LAN alone; a's file is backed up once it stopped.
         try await world.serve("b", relay: false)
         try await world.serve("a", relay: false, peers: ["b"])
         let siteA = try #require(try await world.status("a")["site"] as? String)
         try await world.write("a", "INSERT INTO kv VALUES ('x', 'zero')")
-        #expect(try await holds(pathB, "zero"))
+        #expect(try await world.holds("b", "zero"))
         try await world.stop("a")
         try await world.write("a", "VACUUM INTO '\(backup)'")
         // a updates x and sends that to b; b overwrites it, then uploads both sites to the relay.
         try await world.serve("a", relay: false, peers: ["b"])
         try await world.write("a", "UPDATE kv SET v = 'from a' WHERE k = 'x'")
-        #expect(try await holds(pathB, "from a"))
+        #expect(try await world.holds("b", "from a"))
         let last = try #require((try await world.status("a")["version_vector"] as? [String: Any])?[siteA] as? Int)
         try await world.stop("a")
         try await world.write("b", "UPDATE kv SET v = 'from b' WHERE k = 'x'")
@@ -137,11 +123,7 @@ extension RelayProcessTests {
         let rows = "SELECT k, quote(v) FROM kv ORDER BY k"
         let rowsA = try await offPool { try sqlite3Shell(pathA, rows) }.stdout
         #expect(rowsA == "x|'from b'\ny|'after the restore'\n")
-        let same = try await offPool {
-            try SQLiteConnection(path: pathA).applicationTableContents()
-                == SQLiteConnection(path: pathB).applicationTableContents()
-        }
-        #expect(same)
+        #expect(try await world.sameRows("a", "b"))
     }
 
     /// A member restored from a backup is asked to remove another member before it took its fresh state (members
