@@ -187,11 +187,6 @@ extension Store {
                         "UPDATE shoal_meta SET value = max(value, ?) WHERE key = 'hlc_high'", [.integer(last)]
                     )
                 }
-                // Writes another connection made before the file was copied, not stamped yet: see
-                // ``stampCopiedOutbox()``.
-                if try outboxHoldsRows(connection), case .integer(let high) = try meta("hlc_high") {
-                    try setMeta(outboxClockKey, .integer(high))
-                }
                 let made = IdentityChange(reason: reason, previousSite: site, site: fresh, atMilliseconds: now)
                 change = made
                 try setMeta("site_id", .blob(fresh.bytes))
@@ -243,49 +238,6 @@ extension Store {
     /// The `shoal_meta` key naming the old site whose transactions past a number are to be issued again under the
     /// fresh site, and that number: `"INDEX SEQ"`.
     static let reissueKey = "reissue_after"
-    /// The `shoal_meta` key holding the clock a copied or restored file's outbox is stamped just after
-    /// (``stampCopiedOutbox()``).
-    static let outboxClockKey = "outbox_clock"
-
-    /// Whether any replicated table's outbox holds writes not stamped yet.
-    static func outboxHoldsRows(_ connection: SQLiteConnection) throws(ShoalError) -> Bool {
-        let outboxes = try connection.rows(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'shoal_outbox_[0-9]*'"
-        )
-        for row in outboxes {
-            guard case .text(let name) = row[0] else { continue }
-            if case .integer(1) = try connection.scalar("SELECT EXISTS(SELECT 1 FROM \"\(name)\")") { return true }
-        }
-        return false
-    }
-
-    /// Stamps the writes another connection made before this file was copied or backed up, found in its outbox when
-    /// it moved to a fresh site, with a clock just after the last this file knew of, not with the clock of now. The
-    /// original file stamped the same writes as its own when it next opened, and sent them; stamped now, they would
-    /// overwrite what every peer wrote since (a restored backup would bring old values back over newer ones). At the
-    /// file's own time they keep their place: any later write wins over them, and over the original's stamp of them
-    /// they lose. Once, in one transaction, before the store writes anything else.
-    func stampCopiedOutbox() throws(ShoalError) {
-        guard case .integer(let clock) = try connection.scalar(
-            "SELECT value FROM shoal_meta WHERE key = ?", [.text(Self.outboxClockKey)]
-        ) else { return }
-        try beginWriting()
-        do throws(ShoalError) {
-            let last = try connection.scalar(
-                "SELECT coalesce(max(seq), 0) FROM shoal_log WHERE site = ?", [.integer(ownSiteIndex)]
-            ).integerValue ?? 0
-            transactionStamp = Stamp(
-                hlc: HLC(rawValue: UInt64(bitPattern: clock) &+ 1), site: siteID, seq: UInt64(last) + 1
-            )
-            try stampForeignWrites()
-            transactionStamp = nil
-            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.outboxClockKey)])
-            try connection.exec("COMMIT")
-        } catch {
-            abandonWrite()
-            throw error
-        }
-    }
     /// The `shoal_meta` key that marks a database given a new node key: it moves to a site of its own at its next
     /// open (``IdentityChange/Reason/newNodeKey``).
     static let newNodeKeyKey = "new_node_key"

@@ -196,8 +196,6 @@ public final class Store {
         // Writes a restored file made under numbers its peers hold, issued again under its fresh site. (A read-only
         // file only delays this.)
         do { try reissueForkedWrites() } catch { if error.sqlite?.isReadOnly != true { throw error } }
-        // Writes of another connection the copied or restored file held unstamped, at the file's own time.
-        do { try stampCopiedOutbox() } catch { if error.sqlite?.isReadOnly != true { throw error } }
         // A copy that holds less than this file once held (restored in place, its own writes all sent): see
         // ``noteLostHistory()``.
         do { try noteLostHistory() } catch { if error.sqlite?.isReadOnly != true { throw error } }

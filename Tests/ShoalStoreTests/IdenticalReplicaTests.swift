@@ -1034,41 +1034,6 @@ func sameContents(_ first: URL, _ second: URL) throws -> Bool {
         #expect(try sameContents(directory.appendingPathComponent("a.db"), directory.appendingPathComponent("peer.db")))
     }
 
-    /// A copy holding a write of the app's own connection not stamped yet: the original stamps it when it next
-    /// writes, a peer overwrites it later. The copy stamps it at the file's own time, not at its opening's, so the
-    /// peer's later write stays on every node (stamped at the opening, the old value came back over it everywhere).
-    @Test func aCopyStampsTheAppsUnstampedWriteAtTheFilesTimeNotOverAPeersLaterWrite() throws {
-        let directory = try temporaryDirectory("copied-outbox")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let clock = ManualWallClock(milliseconds: 1_700_000_000_000)
-        var options = StoreOptions()
-        options.clock = clock
-        let (aPath, copyPath) = (directory.appendingPathComponent("a.db"), directory.appendingPathComponent("copy.db"))
-        let a = try Store(path: aPath.path, options: options)
-        let peer = try Store(path: directory.appendingPathComponent("peer.db").path, options: options)
-        for store in [a, peer] { try makeItems(store) }
-        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
-        try RawConnection(path: aPath.path).exec("UPDATE items SET name = 'by the app' WHERE id = 1")
-        try RawConnection(path: aPath.path).exec("VACUUM INTO '\(copyPath.path)'")
-        clock.advance(by: 60_000)
-        #expect(try a.captureForeignWrites())
-        try sync(a, peer)
-        clock.advance(by: 60_000)
-        try peer.execute("UPDATE items SET name = 'by the peer' WHERE id = 1")
-        clock.advance(by: 60_000)
-        let copy = try Store(path: copyPath.path, options: options)
-        #expect(try copy.identityChange()?.reason == .copied)
-        try sync(peer, copy)
-        #expect(try takeFreshState(copy, from: peer) == FreshStateReport())
-        try sync(copy, peer)
-        try sync(peer, a)
-        for store in [a, copy, peer] {
-            #expect(try rows(store, "SELECT name FROM items") == [[.text("by the peer")]])
-            #expect(try store.digest() == peer.digest())
-        }
-        #expect(try sameContents(copyPath, directory.appendingPathComponent("peer.db")))
-    }
-
     // MARK: - One bad clock
 
     @Test func aSiteWhoseClockRanAheadHoldsBackOnlyItsOwnChanges() throws {
