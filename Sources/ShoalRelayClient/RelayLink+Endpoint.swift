@@ -27,7 +27,7 @@ extension RelayLink {
         func apply(
             _ batch: ChangeBatch,
             received: [SiteID: UInt64]
-        ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+        ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
             try await link.local { () throws(ShoalError) in try await link.apply(batch, received: received) }
         }
 

@@ -72,7 +72,7 @@ extension RelayLink {
     func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
-    ) async throws(ShoalError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+    ) async throws(ShoalError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
         let result = try await node.store.apply(batch, received: received, origin: .relay)
         if !result.conflictsByTable.isEmpty { NodeMetrics.countConflicts(result.conflictsByTable) }
         if let (site, hlc) = result.clockRefusals.first {
@@ -85,6 +85,6 @@ extension RelayLink {
                     + "than the \(allowed) ms allowed): they were left out, everything else was applied"
             )
         }
-        return (result.applied, result.versionVector, result.received)
+        return (result.applied, result.versionVector, result.received, result.fenced)
     }
 }

@@ -77,7 +77,7 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     mutating func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
-    ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+    ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
         var highest = received
         for change in batch.changes {
             keys[change.table, default: []].insert(SQLValue.encodeKey(change.primaryKey))
@@ -87,6 +87,6 @@ struct StateReadingEndpoint: RelayPullEndpoint {
         for (site, claimed) in batch.claim.entries {
             read.advance(site, to: min(claimed, max(read[site], highest[site] ?? 0)))
         }
-        return (batch.changes.count, covered, highest)
+        return (batch.changes.count, covered, highest, [])
     }
 }

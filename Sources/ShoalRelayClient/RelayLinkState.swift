@@ -218,8 +218,9 @@ struct RelayLinkState: Sendable {
     /// Of a removed member's site, what the relay holds counts up to its `fences` entry (what lies beyond reaches no
     /// member). When the relay holds more of it than the fence, the member's own ranges run past it: what they
     /// overwrote within the fence reaches the members that lack it only from a snapshot (``RelayPullSession``), so one
-    /// is due whenever the relay's covers less of that site than this node holds, whatever the sizes; and none is due
-    /// for the sizes alone (such a range stays uncovered for good).
+    /// is due whenever the relay's covers less of that site than this node holds, whatever the sizes. Such a range
+    /// stays uncovered for good, and its bytes with it: the sizes then make a snapshot due at most once every
+    /// ``pastFenceSnapshotSpacingMilliseconds`` after this node's last.
     func snapshotDue(
         held: VersionVector,
         heads: VersionVector,
@@ -232,9 +233,16 @@ struct RelayLinkState: Sendable {
         for (site, fence) in pastFences { reachable[site] = fence }
         guard held.compare(VersionVector(reachable)) == .equal else { return false }
         if let retry = snapshotRetryMs, now < retry { return false }
-        guard pastFences.isEmpty else { return pastFences.keys.contains { snapshotVector[$0] < held[$0] } }
+        if pastFences.keys.contains(where: { snapshotVector[$0] < held[$0] }) { return true }
+        if !pastFences.isEmpty, let last = status.lastSnapshotMs, now < last + Self.pastFenceSnapshotSpacingMilliseconds {
+            return false
+        }
         return uncoveredBytes >= max(minimumBytes, snapshotBytes)
     }
+
+    /// With a removed member's range past its fence in the relay, the least time between two snapshots this node
+    /// uploads for the sizes alone.
+    static let pastFenceSnapshotSpacingMilliseconds: UInt64 = 600_000
 
     /// How a snapshot upload ended.
     enum SnapshotEnd: Sendable, Equatable {

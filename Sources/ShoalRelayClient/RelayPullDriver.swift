@@ -16,11 +16,11 @@ protocol RelayPullEndpoint {
     mutating func relayServed(_ served: VersionVector)
     /// Applies `batch` through the node's store in one transaction (``RelayLink/apply(_:received:)``): the changes
     /// applied, what the node holds after (the claim the store took: the session counts a range's claim no further),
-    /// and `received` with the batch's highest seqs added.
+    /// `received` with the batch's highest seqs added, and the sites some of whose changes a removal fence left out.
     mutating func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
-    ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64])
+    ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>)
 }
 
 /// Carries out what the pull session (``RelayPullSession``) decides for a page: the session checks each chunk, the
@@ -72,7 +72,7 @@ enum RelayPullDriver {
         let served = session.takeServed()
         if !served.isEmpty { endpoint.relayServed(served) }
         let result = try await endpoint.apply(batch, received: received)
-        session.applied(envelope, received: result.received, held: result.held)
+        session.applied(envelope, received: result.received, held: result.held, fenced: result.fenced)
         return result.applied
     }
 }

@@ -275,6 +275,8 @@ public struct RelayPullSession: Sendable {
             }
         } else {
             guard envelope.index == 0 else { return restart(site) }
+            // A range starts: what an earlier one's batches showed of a fence is no part of it.
+            pastFence.remove(site)
             guard envelope.from <= cursor[site] else {
                 return .readHeld
             }
@@ -354,14 +356,17 @@ public struct RelayPullSession: Sendable {
             }
         }
         var claim = VersionVector()
-        if envelope.endsRange, let fence = knownFences[site], envelope.to > fence {
+        if envelope.endsRange, pastFence.contains(site) || knownFences[site].map({ envelope.to > $0 }) ?? false {
             // Its changes within the fence are applied; it claims nothing, and the site is asked from the snapshot.
+            // (A fence the store raised while the range came, which the session learns at the next pull, showed in
+            // what an earlier batch of the range had left out.)
             pastFence.insert(site)
             served.advance(site, to: envelope.to)
+            let fence = knownFences[site].map { " (\($0))" } ?? ""
             _ = block(
                 site, now: now,
                 "the relay's range \(envelope.from + 1)...\(envelope.to) of removed member \(site.hex.prefix(8)) runs "
-                    + "past its fence (\(fence)): what it overwrote within the fence can only come from a member or "
+                    + "past its fence\(fence): what it overwrote within the fence can only come from a member or "
                     + "the relay's snapshot; that site is asked from the snapshot, now and then"
             )
             return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: [:])
@@ -384,10 +389,17 @@ public struct RelayPullSession: Sendable {
         return .apply(ChangeBatch(changes: batch.changes, claim: claim), received: received[site].map { [site: $0] } ?? [:])
     }
 
-    /// The result of applying a batch of `envelope`'s site: what its range received so far, and the node's vector
-    /// after the apply (what the store claimed).
-    public mutating func applied(_ envelope: RelayEnvelope, received result: [SiteID: UInt64], held: VersionVector) {
+    /// The result of applying a batch of `envelope`'s site: what its range received so far, the node's vector after
+    /// the apply (what the store claimed), and the sites some of whose changes a removal fence left out (`fenced`: a
+    /// range of its own site that did runs past a fence, and its end claims nothing).
+    public mutating func applied(
+        _ envelope: RelayEnvelope,
+        received result: [SiteID: UInt64],
+        held: VersionVector,
+        fenced: Set<SiteID> = []
+    ) {
         let site = envelope.site
+        if fenced.contains(site), !envelope.endsRange { pastFence.insert(site) }
         if envelope.endsRange {
             received[site] = nil
             resume[site] = nil

@@ -200,10 +200,10 @@ public actor SerializedStore {
         origin: StoreCommit.Origin = .peer
     ) async throws(ShoalError) -> (
         applied: Int, versionVector: VersionVector, clockRefusals: [SiteID: HLC], received: [SiteID: UInt64],
-        conflictsByTable: [String: Int], withheld: Bool
+        conflictsByTable: [String: Int], withheld: Bool, fenced: Set<SiteID>
     ) {
         let held = try store.versionVector()
-        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:], false) }
+        if batch.changes.isEmpty && held.dominatesOrEquals(batch.claim) { return (0, held, [:], received, [:], false, []) }
         var slices = SlicedApply(batch, received: received, completing: completing)
         // Commits before this batch are the change watcher's to notice (``changedElsewhere()``); between its slices,
         // each slice boundary looks.
@@ -220,7 +220,8 @@ public actor SerializedStore {
         if report.applied > appliedSoFar { changed(origin) }
         return (
             report.applied, try versionVector(), report.clockRefusals,
-            received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable, report.withheldAny
+            received.merging(report.acceptedHighest) { max($0, $1) }, report.conflictsByTable, report.withheldAny,
+            Set(report.fenced.keys)
         )
     }
 

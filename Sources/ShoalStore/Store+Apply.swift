@@ -303,6 +303,7 @@ extension Store {
             try gateFences(changes)
             let unfenced: [Change]
             (unfenced, fenced) = try setAsideFenced(changes)
+            if !fenced.isEmpty { try noteFenceGaps(fenced.keys) }
             (changes, refusals) = setAsideFutureClocks(unfenced)
         }
         var lastDot: Dot?
@@ -528,16 +529,19 @@ extension Store {
         if !replaying, changes.contains(where: { $0.table == Self.schemaTable }), try executeSchemaRecords() {
             try replayHeldInTransaction()
         }
-        if !fenced.isEmpty { try noteFenceGaps(fenced.keys) }
         if since != nil || !claim.isEmpty {
             let upsert = try statement(
                 "INSERT INTO shoal_claims(site, seq) VALUES (?, ?) "
                     + "ON CONFLICT(site) DO UPDATE SET seq = max(seq, excluded.seq)"
             )
-            let highest = Self.highestSeqs(accepted).merging(carried) { max($0, $1) }
-            let withheld = Set(fenced.keys).union(refusals.keys)
             // A site some of whose changes a fence left out takes no claim from them: a sender sends only what still
-            // has an effect, so what its transactions within the fence lost to the ones beyond never came.
+            // has an effect, so what its transactions within the fence lost to the ones beyond never came. Nor do the
+            // changes of earlier batches prove anything of such a site (its fence gap): a fence may have left out
+            // some of theirs.
+            let gaps = carried.isEmpty ? [:] : try fenceGaps()
+            let proving = carried.filter { fenced[$0.key] == nil && gaps[$0.key] == nil }
+            let highest = Self.highestSeqs(accepted).merging(proving) { max($0, $1) }
+            let withheld = Set(fenced.keys).union(refusals.keys)
             let claimable = fenced.isEmpty ? claim : VersionVector(claim.entries.filter { fenced[$0.key] == nil })
             for (site, seq) in Self.claimed(
                 claimable, highest: highest, held: held, completing: completing, withheld: withheld

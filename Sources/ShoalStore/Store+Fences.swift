@@ -38,33 +38,51 @@ extension Store {
         guard !fences.isEmpty else { return vector }
         let gaps = try fenceGaps()
         let logged = try statement("SELECT max(seq) FROM shoal_log WHERE site = ? AND seq <= ?")
-        for (site, fence) in fences where vector[site] < fence && !gaps.contains(site) {
+        for (site, fence) in fences where vector[site] < fence {
             guard let index = sites.existingIndex(of: site) else { continue }
             try logged.bind([.integer(Int64(index)), .integer(Int64(bitPattern: fence))])
-            if try logged.step(), case .integer(let seq) = logged.column(0) { vector.advance(site, to: UInt64(seq)) }
+            if try logged.step(), case .integer(let seq) = logged.column(0) {
+                vector.advance(site, to: min(UInt64(seq), gaps[site] ?? .max))
+            }
             logged.reset()
         }
         return vector
     }
 
-    /// Sites some of whose changes a fence left out of an apply: what this database holds of them beyond its claim
-    /// may lack what their transactions within the fence lost to the ones beyond (a sender sends only what still has
-    /// an effect), so it is not sent as if whole (``servableVector()``). Such holdings come from a range the removed
-    /// member itself cut past its fence, or from a member whose fence was higher for a while.
-    func fenceGaps() throws(ShoalError) -> Set<SiteID> {
-        var gaps: Set<SiteID> = []
-        for row in try connection.rows("SELECT site FROM shoal_fence_gaps") {
-            if case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes) { gaps.insert(site) }
+    /// The table of ``fenceGaps()``.
+    static let fenceGapsTable =
+        "CREATE TABLE IF NOT EXISTS shoal_fence_gaps(site BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID"
+
+    /// Removed members' sites some of whose changes a fence left out of an apply, each with what this database could
+    /// send of it before: what it holds of such a site beyond that may lack what its transactions within the fence
+    /// lost to the ones beyond (a sender sends only what still has an effect), so it is neither sent as if whole
+    /// (``servableVector()``) nor proven by changes of earlier batches (``applyInTransaction(_:claim:since:carried:completing:replaying:)``).
+    /// Such holdings come from a range the removed member itself cut past its fence, or from a member whose fence was
+    /// higher for a while. (A file of an older build opened read-only has no such table: it has none.)
+    func fenceGaps() throws(ShoalError) -> [SiteID: UInt64] {
+        let exists = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'shoal_fence_gaps'"
+        guard case .integer(1) = try connection.scalar(exists) else { return [:] }
+        var gaps: [SiteID: UInt64] = [:]
+        for row in try connection.rows("SELECT site, seq FROM shoal_fence_gaps") {
+            guard case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes), case .integer(let seq) = row[1] else {
+                continue
+            }
+            gaps[site] = UInt64(bitPattern: seq)
         }
         return gaps
     }
 
-    /// Notes `sites` as fence gaps (``fenceGaps()``), inside the apply's transaction.
+    /// Notes `sites` as fence gaps (``fenceGaps()``), inside the apply's transaction and before any of its changes is
+    /// merged: what could be sent of each until now stays sendable.
     func noteFenceGaps(_ sites: some Sequence<SiteID>) throws(ShoalError) {
-        let insert = try statement("INSERT OR IGNORE INTO shoal_fence_gaps(site) VALUES (?)")
+        let servable = try readServableVector()
+        try connection.exec(Self.fenceGapsTable)
+        let upsert = try statement(
+            "INSERT INTO shoal_fence_gaps(site, seq) VALUES (?, ?) ON CONFLICT(site) DO UPDATE SET seq = min(seq, excluded.seq)"
+        )
         for site in sites {
-            try insert.bind([.blob(site.bytes)])
-            try insert.run()
+            try upsert.bind([.blob(site.bytes), .integer(Int64(bitPattern: servable[site]))])
+            try upsert.run()
         }
     }
 

@@ -196,6 +196,9 @@ public final class Store {
         // Writes a restored file made under numbers its peers hold, issued again under its fresh site. (A read-only
         // file only delays this.)
         do { try reissueForkedWrites() } catch { if error.sqlite?.isReadOnly != true { throw error } }
+        // Made by the first open that may write (a read-only file of an older build opens as it is: see
+        // ``fenceGaps()``).
+        do { try connection.exec(Self.fenceGapsTable) } catch { if error.sqlite?.isReadOnly != true { throw error } }
         // A copy that holds less than this file once held (restored in place, its own writes all sent): see
         // ``noteLostHistory()``.
         do { try noteLostHistory() } catch { if error.sqlite?.isReadOnly != true { throw error } }
@@ -246,8 +249,8 @@ public final class Store {
     /// The metadata tables every Shoal database has from its first open.
     static let metadataTables = [
         "shoal_meta", "shoal_sites", "shoal_tables", "shoal_shapes", "shoal_digest", "shoal_row_hashes",
-        "shoal_digest_pending", "shoal_claims", "shoal_fences", "shoal_fence_gaps", "shoal_held", "shoal_log",
-        "shoal_peers", "shoal_conflicts",
+        "shoal_digest_pending", "shoal_claims", "shoal_fences", "shoal_held", "shoal_log", "shoal_peers",
+        "shoal_conflicts",
     ]
 
     /// The site of a database that already has all its metadata (and the node name asked for, if one was), read
@@ -290,7 +293,6 @@ public final class Store {
                 CREATE TABLE IF NOT EXISTS shoal_digest_pending(id INTEGER PRIMARY KEY, tbl INTEGER NOT NULL, keys BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_claims(site INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS shoal_fences(site BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
-                CREATE TABLE IF NOT EXISTS shoal_fence_gaps(site BLOB PRIMARY KEY) WITHOUT ROWID;
                 CREATE TABLE IF NOT EXISTS shoal_held(
                     tbl TEXT NOT NULL, col TEXT NOT NULL, pk BLOB NOT NULL, part INTEGER NOT NULL,
                     site INTEGER NOT NULL, seq INTEGER NOT NULL, hlc INTEGER NOT NULL, cl INTEGER NOT NULL,

@@ -192,6 +192,36 @@ import Testing
         #expect(request.vector[RelayAPI.key(removed)] == UInt64(Int64.max), "a site held up to its fence is not asked")
     }
 
+    /// A fence the store raised while a range came (a removal among the page's changes), which the session learns only
+    /// at its next pull: an earlier batch of the range showed it (the store left changes out), so the range's end,
+    /// a batch of the claim alone, claims nothing. Proven by the first batch's changes, the claim would cover the
+    /// removed member's write its refused later one overwrote.
+    @Test func aFenceTheStoreRaisedWhileARangeCameLeavesThatRangeUnclaimed() async throws {
+        var world = ModelWorld(seed: 8, sites: 1)
+        let removed = world.sites[0]
+        for key: Int64 in [1, 2, 3, 1] { try world.write(site: removed, key: key) }
+        // The removed member's stream: its surviving changes in one batch, then the claim in a batch of its own.
+        var chunker = RelayChunker(cluster: world.cluster, seal: world.seal, heads: VersionVector(), pieceBytes: 1024)
+        let changes = world.survivors.values.sorted { $0.stamp.dot < $1.stamp.dot }.map { write in
+            Change(
+                table: "kv", primaryKey: [.integer(write.key)], payload: .column("v", .integer(write.key)),
+                causalLength: 1, stamp: write.stamp
+            )
+        }
+        let envelopes = try chunker.envelopes(for: ChangeBatch(changes: changes, claim: VersionVector()))
+            + chunker.envelopes(for: ChangeBatch(changes: [], claim: VersionVector([removed: 4])))
+        world.relay.store(envelopes)
+        #expect(world.relay.head(removed) == 4)
+        let request = world.session.request(held: world.node.vector, now: world.now, wait: 0, maximumBytes: 1 << 20)
+        world.node.fences = [removed: 3]
+        try await world.deliver(
+            world.relay.page(asked: try RelayAPI.vector(request.vector), resume: [:], maximumChunks: 100)
+        )
+        #expect(world.node.vector[removed] == 0, "\(world.trace.suffix(10))")
+        #expect(world.session.blocked[removed] != nil)
+        try world.checkClaims()
+    }
+
     private func session(_ session: inout RelayPullSession, asks seq: UInt64, for site: SiteID, holding: VersionVector) {
         let request = session.request(held: holding, now: 0, wait: 0, maximumBytes: 1 << 20)
         #expect(request.vector[RelayAPI.key(site)] ?? 0 == seq)
@@ -295,7 +325,10 @@ struct ModelNode {
     /// holds), as a store with a fence the session does not know of would.
     var shortClaims: Set<SiteID> = []
 
-    mutating func apply(_ batch: ChangeBatch, received: [SiteID: UInt64]) -> (vector: VersionVector, received: [SiteID: UInt64]) {
+    mutating func apply(
+        _ batch: ChangeBatch,
+        received: [SiteID: UInt64]
+    ) -> (vector: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
         var highest = received
         var fenced: Set<SiteID> = []
         for change in batch.changes {
@@ -313,7 +346,7 @@ struct ModelNode {
             if shortClaims.contains(site), proven > vector[site] { proven -= 1 }
             vector.advance(site, to: proven)
         }
-        return (vector, highest)
+        return (vector, highest, fenced)
     }
 
     /// The first of `writes` the node claims without holding its effect, or what overwrote it (and what it holds of
@@ -360,7 +393,7 @@ struct ModelPuller: RelayPullEndpoint {
     mutating func apply(
         _ batch: ChangeBatch,
         received: [SiteID: UInt64]
-    ) throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64]) {
+    ) throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
         for change in batch.changes {
             #expect(writes.contains(ModelWrite(stamp: change.stamp, key: change.primaryKey[0].integerValue!)))
         }
@@ -370,7 +403,7 @@ struct ModelPuller: RelayPullEndpoint {
         if node.unheldClaim(writes) != nil {
             throw .local(ShoalError(code: .malformedMessage, message: "the node claims what it lacks"))
         }
-        return (batch.changes.count, result.vector, result.received)
+        return (batch.changes.count, result.vector, result.received, result.fenced)
     }
 }
 

@@ -195,6 +195,41 @@ import Testing
         #expect(try reader.execute("SELECT count(*) FROM kv").rows == [[.integer(0)]])
     }
 
+    /// A range past the fence (the removed node's own, say) leaves what it brought unsendable as whole (it may lack
+    /// what the refused changes overwrote), but what the member could send before stays sendable: the only holder of
+    /// a transaction within the fence still sends it.
+    @Test func aRangePastTheFenceLeavesWhatAMemberCouldSendBeforeSendable() throws {
+        let directory = try temporaryDirectory("fence-gap")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let removed = try Store(path: directory.appendingPathComponent("removed.db").path)
+        let holder = try Store(path: directory.appendingPathComponent("holder.db").path)
+        for store in [removed, holder] {
+            try store.execute("CREATE TABLE kv(k TEXT PRIMARY KEY, v)")
+            try store.replicate(table: "kv")
+        }
+        try removed.execute("INSERT INTO kv VALUES ('a', 1)")
+        try removed.execute("INSERT INTO kv VALUES ('b', 2)")
+        for batch in try removed.changes(since: VersionVector()) {
+            try holder.apply(batch.changes, claim: batch.claim, since: VersionVector())
+        }
+        try removed.execute("UPDATE kv SET v = 3 WHERE k = 'a'")
+        let third = try removed.changes(since: try holder.versionVector()).flatMap(\.changes)
+        try holder.apply(third, claim: VersionVector(), since: try holder.versionVector())
+        try holder.raiseFences([removed.siteID: 3])
+        #expect(try holder.servableVector()[removed.siteID] == 3)
+        // The removed node writes on; its range from 2 holds its third transaction's row only as its fifth wrote it.
+        try removed.execute("INSERT INTO kv VALUES ('c', 4)")
+        try removed.execute("UPDATE kv SET v = 5 WHERE k = 'a'")
+        let past = try removed.changes(since: try holder.versionVector()).flatMap(\.changes)
+        let report = try holder.apply(past, claim: try removed.versionVector(), since: try holder.versionVector())
+        #expect(report.fenced == [removed.siteID: 2])
+        #expect(try holder.versionVector()[removed.siteID] == 2)
+        #expect(try holder.servableVector()[removed.siteID] == 3)
+        #expect(try holder.execute("SELECT k, v FROM kv ORDER BY k").rows == [
+            [.text("a"), .integer(3)], [.text("b"), .integer(2)],
+        ])
+    }
+
     /// A member may hold a removed node's transaction it could not claim (the range it came in was cut off, and the
     /// relay that had the rest lost its storage): its fence covers it, so it must still reach every member, or that
     /// member alone keeps it for good.
