@@ -10,14 +10,19 @@ import ShoalCore
 extension Store {
     /// The fence of every fenced site: its changes beyond the seq are refused.
     public func fences() throws(ShoalError) -> [SiteID: UInt64] {
-        var fences: [SiteID: UInt64] = [:]
-        for row in try connection.rows("SELECT site, seq FROM shoal_fences") {
+        try seqsBySite("SELECT site, seq FROM shoal_fences")
+    }
+
+    /// The rows of `query`, a site id and a seq each, as a map.
+    private func seqsBySite(_ query: String) throws(ShoalError) -> [SiteID: UInt64] {
+        var seqs: [SiteID: UInt64] = [:]
+        for row in try connection.rows(query) {
             guard case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes), case .integer(let seq) = row[1] else {
                 continue
             }
-            fences[site] = UInt64(bitPattern: seq)
+            seqs[site] = UInt64(bitPattern: seq)
         }
-        return fences
+        return seqs
     }
 
     /// What this database can send: its version vector, with each fenced site taken up to what is logged of it
@@ -62,21 +67,13 @@ extension Store {
     func fenceGaps() throws(ShoalError) -> [SiteID: UInt64] {
         let exists = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'shoal_fence_gaps'"
         guard case .integer(1) = try connection.scalar(exists) else { return [:] }
-        var gaps: [SiteID: UInt64] = [:]
-        for row in try connection.rows("SELECT site, seq FROM shoal_fence_gaps") {
-            guard case .blob(let bytes) = row[0], let site = SiteID(bytes: bytes), case .integer(let seq) = row[1] else {
-                continue
-            }
-            gaps[site] = UInt64(bitPattern: seq)
-        }
-        return gaps
+        return try seqsBySite("SELECT site, seq FROM shoal_fence_gaps")
     }
 
     /// Notes `sites` as fence gaps (``fenceGaps()``), inside the apply's transaction and before any of its changes is
-    /// merged: what could be sent of each until now stays sendable.
+    /// merged: what could be sent of each until now stays sendable. (The table is made when the store opens.)
     func noteFenceGaps(_ sites: some Sequence<SiteID>) throws(ShoalError) {
         let servable = try readServableVector()
-        try connection.exec(Self.fenceGapsTable)
         let upsert = try statement(
             "INSERT INTO shoal_fence_gaps(site, seq) VALUES (?, ?) ON CONFLICT(site) DO UPDATE SET seq = min(seq, excluded.seq)"
         )
