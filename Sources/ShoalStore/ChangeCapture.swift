@@ -103,6 +103,14 @@ final class ChangeCapture {
         return pending
     }
 
+    /// Puts back net writes handed over by ``takePending()`` while nothing else is pending.
+    func restorePending(_ taken: [PendingTable]) {
+        guard !taken.isEmpty else { return }
+        precondition(!hasPending, "restoring captured writes over others")
+        pending = taken
+        hasPending = true
+    }
+
     /// Adds a write made on the store's own behalf (rows already in a table when it becomes replicated): by
     /// default a new row whose counters hold `counterDelta`; for a row whose metadata was kept when the table was
     /// unreplicated, whether it `existed` then, whether it `exists` now, and what its counters moved meanwhile.

@@ -271,6 +271,7 @@ extension Store {
     func endTransaction() {
         capture.discardPending()
         transactionStamp = nil
+        foreignWriteTime = nil
     }
 
     /// The stamp of the open transaction's local changes: the next sequence number, and a clock after
@@ -317,7 +318,14 @@ extension Store {
             warnedClockAhead = false
         }
         hybridClock = HybridClock(latest: latest, maximumDriftMilliseconds: options.maximumClockDriftMilliseconds)
-        let stamp = Stamp(hlc: hybridClock.tick(now: now), site: siteID, seq: seq)
+        // Other connections' writes found only now (made while no node ran, or in a file copied or restored since)
+        // are stamped at the time they were made, so that a peer's write made in between still wins over them; never
+        // later than now (a writer's clock that ran ahead), and never before what this file had seen by then:
+        // `latest` holds every clock applied before them (every apply stamps the outbox first), so the stamp still
+        // follows whatever the writer could have read.
+        let made = foreignWriteTime.map { min(now, $0) } ?? now
+        foreignWriteTime = nil
+        let stamp = Stamp(hlc: hybridClock.tick(now: made), site: siteID, seq: seq)
         transactionStamp = stamp
         return stamp
     }
@@ -374,8 +382,17 @@ extension Store {
             capture.discardPending()
             return
         }
-        // Foreign writes committed before this transaction took its write lock come first.
-        if capture.hasPendingWrites { try drainOutbox() }
+        // Foreign writes committed before this transaction took its write lock come first: a transaction of their own,
+        // stamped when they were made (``localStamp()``), unless this one is stamped already; then they join it.
+        if capture.hasPendingWrites, try outboxMayHoldRows() {
+            if transactionStamp == nil {
+                let own = capture.takePending()
+                try stampForeignWrites()
+                capture.restorePending(own)
+            } else {
+                try drainOutbox()
+            }
+        }
         let pending = capture.takePending()
         guard !pending.isEmpty else { return }
         try refreshSites()

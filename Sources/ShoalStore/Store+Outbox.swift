@@ -127,9 +127,11 @@ extension Store {
         var statements: [String] = []
         statements.append(
             "CREATE TABLE IF NOT EXISTS \(outbox)(seq INTEGER PRIMARY KEY, op INTEGER NOT NULL, "
-                + (keys + ["changed"] + counterColumns + zeroColumns.map(\.name)).joined(separator: ", ") + ")"
+                + (keys + ["changed"] + counterColumns + [Self.writeTimeColumn] + zeroColumns.map(\.name))
+                .joined(separator: ", ") + ")"
         )
-        let baseColumns = (["op"] + keys + ["changed"] + counterColumns).joined(separator: ", ")
+        let baseColumns = (["op"] + keys + ["changed"] + counterColumns + [Self.writeTimeColumn])
+            .joined(separator: ", ")
         let insertColumns = ([baseColumns] + zeroColumns.map(\.name)).joined(separator: ", ")
         func row(op: String, _ side: String, changed: String, old: Bool, new: Bool) -> String {
             let keyValues = table.keyColumns.map { "\(side).\(quote($0))" }
@@ -147,7 +149,8 @@ extension Store {
                         + "THEN \(before) * \(after) END"
                     : "NULL"
             }
-            return ([op] + keyValues + [changed] + counterValues + zeroValues).joined(separator: ", ")
+            return ([op] + keyValues + [changed] + counterValues + [Self.writeTime] + zeroValues)
+                .joined(separator: ", ")
         }
         // Whether a value differs, byte for byte and by storage class (a column's collation must not hide it).
         func differs(_ column: String) -> String {
@@ -215,7 +218,8 @@ extension Store {
             statements.append(
                 "CREATE TRIGGER IF NOT EXISTS \(prefix)_replace BEFORE INSERT ON \(name) \(when) BEGIN "
                     + "INSERT INTO \(outbox)(\(baseColumns)) SELECT "
-                    + (["4"] + table.keyColumns.map(quote) + ["NULL"] + oldCounters).joined(separator: ", ")
+                    + (["4"] + table.keyColumns.map(quote) + ["NULL"] + oldCounters + [Self.writeTime])
+                    .joined(separator: ", ")
                     + " FROM \(name) WHERE \(keyMatch); END"
             )
             // Counters merge by adding increments: anything but an integer cannot be merged, on any connection.
@@ -259,12 +263,21 @@ extension Store {
         table.columns.indices.filter { !table.isCounter[$0] }.map { ("z\($0)", $0) }
     }
 
-    /// The version of the capture triggers this build installs: 2 records the sign of zeros.
-    static let captureVersion: Int64 = 2
+    /// The version of the capture triggers this build installs: 2 records the sign of zeros, 3 the time of each write.
+    static let captureVersion: Int64 = 3
+
+    /// The outbox column that holds when the writing statement ran, in Unix milliseconds by the writer's wall clock.
+    static let writeTimeColumn = "t"
+
+    /// The time a capture trigger records: SQLite's `'now'`, read once per statement (`sqlite3_step`), in Unix
+    /// milliseconds (SQLite 3.40 has no `unixepoch('subsec')`; SQLite keeps whole milliseconds, which the Julian day's
+    /// floating point only rounds).
+    static let writeTime = "CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
 
     /// Brings the capture triggers of a database made by an earlier build to ``captureVersion``: adds the outbox's
-    /// zero-sign columns and re-creates the update trigger, in one transaction (no other connection's write can fall
-    /// between the old trigger and the new).
+    /// zero-sign and write-time columns and re-creates the triggers that fill them, in one transaction (no other
+    /// connection's write can fall between the old trigger and the new). Rows the earlier triggers recorded keep no
+    /// time; they are stamped at the time they are found, as before.
     func upgradeCaptureTriggers() throws(ShoalError) {
         guard try capturesForeignWrites else { return }
         let version = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'").integerValue ?? 1
@@ -278,10 +291,13 @@ extension Store {
                         if case .text(let name) = row.first { name } else { nil }
                     }
                 )
-                for column in Self.zeroSignColumns(table) where !existing.contains(column.name) {
-                    try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column.name)")
+                for column in [Self.writeTimeColumn] + Self.zeroSignColumns(table).map(\.name)
+                where !existing.contains(column) {
+                    try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column)")
                 }
-                try connection.exec("DROP TRIGGER IF EXISTS \(quote("shoal_capture_\(table.id)_update"))")
+                for trigger in ["insert", "update", "delete", "replace"] {
+                    try connection.exec("DROP TRIGGER IF EXISTS \(quote("shoal_capture_\(table.id)_\(trigger)"))")
+                }
                 for sql in captureSchema(table) { try connection.exec(sql) }
             }
             try connection.rows(
@@ -446,6 +462,9 @@ extension Store {
         let checkedAt = version.columnInt64(0)
         version.reset()
         var own: [PendingTable]?
+        // When the drained writes were made (the latest), unless a row has no time (recorded by an earlier build).
+        var latestWrite: UInt64?
+        var untimed = false
         for (number, table) in capture.tables.enumerated() {
             let outbox = Self.outboxTable(table.id)
             let counters = table.columns.indices.filter { table.isCounter[$0] }
@@ -456,9 +475,11 @@ extension Store {
             let select = try statement(
                 "SELECT "
                     + (["op"] + table.keyColumns.indices.map { "k\($0)" } + ["changed"]
-                    + counters.flatMap { ["o\($0)", "n\($0)"] } + zeroColumns.map(\.name)).joined(separator: ", ")
+                    + counters.flatMap { ["o\($0)", "n\($0)"] } + zeroColumns.map(\.name) + [Self.writeTimeColumn])
+                    .joined(separator: ", ")
                     + " FROM \(outbox) ORDER BY seq"
             )
+            let timeAt = keyCount + 2 + 2 * counters.count + zeroColumns.count
             var events: [CapturedEvent] = []
             var replaced: (key: PendingKey, counters: [Int64])?
             do {
@@ -474,6 +495,11 @@ extension Store {
                             values[index] = select.column(keyCount + 2 + 2 * position + (new ? 1 : 0)).integerValue ?? 0
                         }
                         return values
+                    }
+                    if case .integer(let time) = select.column(timeAt), time > 0 {
+                        latestWrite = max(latestWrite ?? 0, UInt64(time))
+                    } else {
+                        untimed = true
                     }
                     let pendingReplace = replaced
                     replaced = nil
@@ -561,6 +587,8 @@ extension Store {
         }
         outboxCheckedAt = checkedAt
         guard let own else { return false }
+        // Writes found with nothing else pending are stamped at the time they were made, not found (``localStamp()``).
+        foreignWriteTime = own.allSatisfy(\.isEmpty) && !untimed ? latestWrite : nil
         capture.foldAfter(own)
         return true
     }

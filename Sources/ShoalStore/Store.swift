@@ -84,6 +84,9 @@ public final class Store {
     var hybridClock: HybridClock
     /// The stamp of the open transaction's local changes, once it has any.
     var transactionStamp: Stamp?
+    /// When the writes of other connections that the open transaction drained from the outbox were made (the
+    /// latest), while they are all it has to stamp: ``localStamp()`` stamps them then, not now.
+    var foreignWriteTime: UInt64?
     var schemaVersion: Int64 = -1
     /// ``schemaFingerprint()`` as computed at a schema version.
     var fingerprintCache: (version: Int64, text: String)?

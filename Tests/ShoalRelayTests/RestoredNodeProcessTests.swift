@@ -52,6 +52,33 @@ extension RelayProcessTests {
         #expect(same)
     }
 
+    /// A backup taken while a write of the app's own connection waited unstamped in the outbox (no node ran since):
+    /// the original stamped it when it next ran, and a peer overwrote it since. The restored file stamps it again,
+    /// under its fresh site, at the time the app made it: the peer's later write stays on both, and no old value comes
+    /// back over it. Rows compared outside Shoal.
+    @Test func aRestoredBackupHoldingAWriteNotStampedYetLeavesWhatAPeerWroteSince() async throws {
+        let world = try await RelayWorld("restored-outbox", nodes: ["a", "b"])
+        defer { world.tearDown() }
+        let pathA = world.paths["a"]!
+        let backup = pathA + ".backup"
+        try await world.write("a", "INSERT INTO kv VALUES ('x', 'old')")
+        try await world.write("a", "VACUUM INTO '\(backup)'")
+        try await world.serve("b", relay: false)
+        try await world.serve("a", relay: false, peers: ["b"])
+        #expect(try await world.holds("b", "old"))
+        try await world.write("b", "UPDATE kv SET v = 'newer' WHERE k = 'x'")
+        #expect(try await world.holds("a", "newer"))
+        try await world.stop("a")
+        let restored = try await offPool { try sqlite3Shell(pathA, ".restore '\(backup)'") }
+        #expect(restored.status == 0, "\(restored.stderr)")
+        try await world.serve("a", relay: false, peers: ["b"])
+        #expect(try await world.converge(["a", "b"]), "\(world.outputs)")
+        for path in [pathA, world.paths["b"]!] {
+            #expect(try await offPool { try sqlite3Shell(path, "SELECT k, quote(v) FROM kv") }.stdout == "x|'newer'\n")
+        }
+        #expect(try await world.sameRows("a", "b"))
+    }
+
     /// A member restored from a backup that reaches its cluster through the relay alone, whose last transaction
     /// before the restore another member overwrote before sending it on: the relay's range of its former site ends
     /// with a transaction none of its changes carry, so its version vector never claims it (that site never writes

@@ -46,7 +46,7 @@ import Testing
         let directory = try temporaryDirectory("zero-sign-upgrade")
         defer { try? FileManager.default.removeItem(at: directory) }
         var (a, b, path) = try pair(directory)
-        // As an earlier build left it: no zero-sign columns, an update trigger without them, no capture version.
+        // As an earlier build left it: no zero-sign or write-time columns, an update trigger without them, no capture version.
         let app = try SQLiteConnection(path: path)
         let outbox = try #require(
             try app.rows("SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'shoal_outbox_%'").first?.first
@@ -58,13 +58,14 @@ import Testing
             DROP TRIGGER shoal_capture_\(id)_update;
             ALTER TABLE \(name) DROP COLUMN z0;
             ALTER TABLE \(name) DROP COLUMN z1;
+            ALTER TABLE \(name) DROP COLUMN t;
             DELETE FROM shoal_meta WHERE key = 'capture_version';
             CREATE TRIGGER shoal_capture_\(id)_update AFTER UPDATE ON t BEGIN
                 INSERT INTO \(name)(op, k0, changed) VALUES (3, NEW.k, '00'); END;
             """
         )
         a = try Store(path: path)
-        #expect(try app.rows("SELECT value FROM shoal_meta WHERE key = 'capture_version'") == [[.integer(2)]])
+        #expect(try app.rows("SELECT value FROM shoal_meta WHERE key = 'capture_version'") == [[.integer(Store.captureVersion)]])
         try a.execute("INSERT INTO t VALUES (1, 0.0, 0.0)")
         try sync(a, b)
         try app.rows("UPDATE t SET x = -0.0 WHERE k = 1")

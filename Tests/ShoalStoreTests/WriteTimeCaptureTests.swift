@@ -1,0 +1,148 @@
+import Foundation
+import ShoalTestSupport
+import Testing
+
+@testable import ShoalCore
+@testable import ShoalStore
+
+/// A write of the app's own connection made while no node ran (or held in a file copied or restored since) was
+/// stamped at the time Shoal next found it, so it won over a peer's write made in between, and an old value came
+/// back on every node. The capture triggers now record when each write was made, and the store stamps writes it
+/// finds alone at that time. The triggers read SQLite's own clock, so these tests run their stores' clocks from the
+/// machine's time (an injected clock decides only when the store looks).
+@Suite struct WriteTimeCaptureTests {
+    /// The machine's wall clock now, in milliseconds.
+    private func machineMilliseconds() -> UInt64 { UInt64(Date().timeIntervalSince1970 * 1000) }
+
+    private func stores(_ directory: URL, _ clock: ManualWallClock, _ names: [String]) throws -> [Store] {
+        var options = StoreOptions()
+        options.clock = clock
+        return try names.map { name in
+            let store = try Store(path: directory.appendingPathComponent("\(name).db").path, options: options)
+            try makeItems(store)
+            return store
+        }
+    }
+
+    /// The clock of a store's latest own transaction, read outside Shoal.
+    private func latestOwnClock(_ store: Store) throws -> HLC {
+        let value = try SQLiteConnection(path: store.path).scalar(
+            "SELECT hlc FROM shoal_log WHERE site = ? ORDER BY seq DESC LIMIT 1", [.integer(store.ownSiteIndex)]
+        )
+        return HLC(rawValue: UInt64(bitPattern: try #require(value.integerValue)))
+    }
+
+    /// The app writes while its node is down; a peer writes the same cell a minute later; the node comes back a
+    /// minute after that and finds the app's write. The peer's later write stays on both, compared outside Shoal.
+    @Test func aWriteMadeWhileNoNodeRanLosesToAPeersLaterWrite() throws {
+        let directory = try temporaryDirectory("write-time")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let clock = ManualWallClock(milliseconds: machineMilliseconds())
+        let stores = try stores(directory, clock, ["a", "peer"])
+        let (a, peer) = (stores[0], stores[1])
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try sync(a, peer)
+        let before = machineMilliseconds()
+        try SQLiteConnection(path: a.path).exec("UPDATE items SET name = 'by the app' WHERE id = 1")
+        let after = machineMilliseconds()
+        clock.advance(by: 60_000)
+        try peer.execute("UPDATE items SET name = 'by the peer' WHERE id = 1")
+        clock.advance(by: 60_000)
+        #expect(try a.captureForeignWrites())
+        let stamped = try latestOwnClock(a).milliseconds
+        #expect(stamped >= before && stamped <= after, "stamped at \(stamped), written in \(before)...\(after)")
+        try sync(a, peer)
+        try sync(peer, a)
+        for store in [a, peer] {
+            #expect(try rows(store, "SELECT name FROM items") == [[.text("by the peer")]])
+        }
+        #expect(try a.digest() == peer.digest())
+        #expect(try sameContents(URL(fileURLWithPath: a.path), URL(fileURLWithPath: peer.path)))
+    }
+
+    /// A copy holding a write of the app's own connection not stamped yet: the original stamps it when it next
+    /// writes, a peer overwrites it later. The copy stamps it, under its fresh site, at the time it was made, so the
+    /// peer's later write stays on every node.
+    @Test func aCopyStampsTheAppsUnstampedWriteWhenItWasMadeNotOverAPeersLaterWrite() throws {
+        let directory = try temporaryDirectory("write-time-copy")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let clock = ManualWallClock(milliseconds: machineMilliseconds())
+        let stores = try stores(directory, clock, ["a", "peer"])
+        let (a, peer) = (stores[0], stores[1])
+        let copyPath = directory.appendingPathComponent("copy.db")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        let app = try SQLiteConnection(path: a.path)
+        try app.exec("UPDATE items SET name = 'by the app' WHERE id = 1")
+        try app.exec("VACUUM INTO '\(copyPath.path)'")
+        clock.advance(by: 60_000)
+        #expect(try a.captureForeignWrites())
+        try sync(a, peer)
+        clock.advance(by: 60_000)
+        try peer.execute("UPDATE items SET name = 'by the peer' WHERE id = 1")
+        clock.advance(by: 60_000)
+        var options = StoreOptions()
+        options.clock = clock
+        let copy = try Store(path: copyPath.path, options: options)
+        #expect(try copy.identityChange()?.reason == .copied)
+        try sync(peer, copy)
+        #expect(try takeFreshState(copy, from: peer) == FreshStateReport())
+        try sync(copy, peer)
+        try sync(peer, a)
+        for store in [a, copy, peer] {
+            #expect(try rows(store, "SELECT name FROM items") == [[.text("by the peer")]])
+            #expect(try store.digest() == peer.digest())
+        }
+        #expect(try sameContents(copyPath, URL(fileURLWithPath: peer.path)))
+    }
+
+    /// The write time moves a stamp back only: a writer whose clock ran ahead is stamped now, a row recorded by an
+    /// earlier build's trigger (no time) is stamped when found, and a stamp never goes before the site's last one.
+    /// Writes found when the node writes are stamped apart from its own, before them.
+    @Test func aRecordedTimeOnlyEverMovesAStampBackAndNeverBeforeWhatTheFileHadSeen() throws {
+        let directory = try temporaryDirectory("write-time-bounds")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let clock = ManualWallClock(milliseconds: machineMilliseconds())
+        let a = try stores(directory, clock, ["a"])[0]
+        let app = try SQLiteConnection(path: a.path)
+        let found = try app.scalar("SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'shoal_outbox_%'")
+        guard case .text(let outbox) = found else {
+            Issue.record("no outbox: \(found)")
+            return
+        }
+        // Ahead of the node's clock by an hour: stamped at the node's time.
+        try app.exec("INSERT INTO items(id, name, qty) VALUES (1, 'ahead', 1)")
+        try app.exec("UPDATE \(outbox) SET t = t + 3600000")
+        clock.advance(by: 60_000)
+        #expect(try a.captureForeignWrites())
+        #expect(try latestOwnClock(a).milliseconds == clock.nowMilliseconds())
+        // No time (an earlier build's trigger): stamped when found.
+        try app.exec("INSERT INTO items(id, name, qty) VALUES (2, 'untimed', 1)")
+        try app.exec("UPDATE \(outbox) SET t = NULL")
+        clock.advance(by: 60_000)
+        #expect(try a.captureForeignWrites())
+        #expect(try latestOwnClock(a).milliseconds == clock.nowMilliseconds())
+        // Made before the site's last stamp (the clock above ran two minutes ahead of the machine's): just after it.
+        let last = try latestOwnClock(a)
+        try app.exec("INSERT INTO items(id, name, qty) VALUES (3, 'earlier', 1)")
+        clock.advance(by: 60_000)
+        #expect(try a.captureForeignWrites())
+        #expect(try latestOwnClock(a) == HLC(rawValue: last.rawValue + 1))
+        // Found by a write of the node's own: a transaction of their own, before it and stamped when made (here, just
+        // after the site's last stamp); the node's write is stamped now.
+        let beforeOwn = try latestOwnClock(a)
+        let seq = try #require(a.versionVector()[a.siteID])
+        try app.exec("INSERT INTO items(id, name, qty) VALUES (4, 'beside', 1)")
+        clock.advance(by: 60_000)
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (5, 'own', 1)")
+        let log = try SQLiteConnection(path: a.path).rows(
+            "SELECT seq, hlc FROM shoal_log WHERE site = ? AND seq > ? ORDER BY seq",
+            [.integer(a.ownSiteIndex), .integer(Int64(seq))]
+        )
+        #expect(
+            log == [
+                [.integer(Int64(seq) + 1), .integer(Int64(bitPattern: beforeOwn.rawValue + 1))],
+                [.integer(Int64(seq) + 2), .integer(Int64(bitPattern: HLC(milliseconds: clock.nowMilliseconds(), logical: 0).rawValue))],
+            ]
+        )
+    }
+}
