@@ -208,8 +208,15 @@ extension Store {
         switch control {
         case .commit, .savepoint, .release:
             try flushCaptured()
-        case .rollback, .rollbackTo:
+        case .rollback:
             capture.discardPending()
+        case .rollbackTo:
+            capture.discardPending()
+            // What the rolled-back part stamped may be undone with it (a change set of the outbox's writes, found
+            // there again, and the one this transaction's writes took): the next flush drains and numbers afresh.
+            transactionStamp = nil
+            foreignWriteTime = nil
+            outboxCheckedAt = nil
         case .begin, nil:
             break
         }
@@ -387,7 +394,15 @@ extension Store {
         if capture.hasPendingWrites, try outboxMayHoldRows() {
             if transactionStamp == nil {
                 let own = capture.takePending()
-                try stampForeignWrites()
+                do throws(ShoalError) {
+                    try stampForeignWrites()
+                } catch {
+                    // Nothing of this transaction's own is lost: it follows whatever the drain gathered, as before.
+                    transactionStamp = nil
+                    foreignWriteTime = nil
+                    capture.foldAfter(own)
+                    throw error
+                }
                 capture.restorePending(own)
             } else {
                 try drainOutbox()

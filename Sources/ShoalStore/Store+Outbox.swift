@@ -278,21 +278,43 @@ extension Store {
     /// zero-sign and write-time columns and re-creates the triggers that fill them, in one transaction (no other
     /// connection's write can fall between the old trigger and the new). Rows the earlier triggers recorded keep no
     /// time; they are stamped at the time they are found, as before.
+    ///
+    /// Looked at in every open, table by table, not only by the version: a table paused when the file was upgraded (its
+    /// shape changed behind Shoal's back) kept its earlier triggers, and gets these once it is replicated again; every
+    /// outbox, a paused table's too, gets the write-time column the drain reads.
     func upgradeCaptureTriggers() throws(ShoalError) {
         guard try capturesForeignWrites else { return }
         let version = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'").integerValue ?? 1
-        guard version < Self.captureVersion else { return }
+        func columns(_ outbox: String) throws(ShoalError) -> Set<String> {
+            Set(
+                try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
+                    if case .text(let name) = row.first { name } else { nil }
+                }
+            )
+        }
+        var untimed: [String] = []
+        for row in try connection.rows(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name GLOB 'shoal_outbox_[0-9]*'"
+        ) {
+            guard case .text(let outbox) = row.first else { continue }
+            if try !columns(outbox).contains(Self.writeTimeColumn) { untimed.append(outbox) }
+        }
+        var stale: [ReplicatedTable] = []
+        for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
+            let timed = try connection.scalar(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name IN (?, ?, ?) AND instr(sql, ?) > 0",
+                ["insert", "update", "delete"].map { .text("shoal_capture_\(table.id)_\($0)") } + [.text(Self.writeTime)]
+            )
+            if timed.integerValue != 3 { stale.append(table) }
+        }
+        guard version < Self.captureVersion || !untimed.isEmpty || !stale.isEmpty else { return }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
-            for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
+            for outbox in untimed { try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(Self.writeTimeColumn)") }
+            for table in stale {
                 let outbox = Self.outboxTable(table.id)
-                let existing = Set(
-                    try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
-                        if case .text(let name) = row.first { name } else { nil }
-                    }
-                )
-                for column in [Self.writeTimeColumn] + Self.zeroSignColumns(table).map(\.name)
-                where !existing.contains(column) {
+                let existing = try columns(outbox)
+                for column in Self.zeroSignColumns(table).map(\.name) where !existing.contains(column) {
                     try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column)")
                 }
                 for trigger in ["insert", "update", "delete", "replace"] {

@@ -195,7 +195,8 @@ public final class Store {
         installHooks()
         try refreshSchema()
         try installMissingCaptureTriggers()
-        try upgradeCaptureTriggers()
+        // (A read-only file of an older build opens as it is: nothing can be captured into it.)
+        do { try upgradeCaptureTriggers() } catch { if error.sqlite?.isReadOnly != true { throw error } }
         // Writes a restored file made under numbers its peers hold, issued again under its fresh site. (A read-only
         // file only delays this.)
         do { try reissueForkedWrites() } catch { if error.sqlite?.isReadOnly != true { throw error } }
@@ -412,6 +413,7 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.discardPending()
                 store.transactionStamp = nil
+                store.foreignWriteTime = nil
                 store.outboxCheckedAt = nil
                 // Sites this transaction allocated were rolled back with it (SQL cannot run inside the hook).
                 if store.sites.allocatedSinceLoad { store.sitesNeedReload = true }
@@ -531,6 +533,7 @@ public final class Store {
         capture.discardPending()
         try? connection.exec("ROLLBACK")
         transactionStamp = nil
+        foreignWriteTime = nil
         schemaVersion = -1
     }
 

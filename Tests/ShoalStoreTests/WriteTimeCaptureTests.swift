@@ -145,4 +145,131 @@ import Testing
             ]
         )
     }
+
+    // MARK: - Files of earlier builds, and transactions that fail or roll back
+
+    /// The id of table `items` in `path`.
+    private func itemsID(_ path: String) throws -> Int64 {
+        try #require(try SQLiteConnection(path: path).scalar("SELECT id FROM shoal_tables WHERE name = 'items'").integerValue)
+    }
+
+    /// Turns table `items` of `path` back into what capture version 2 made: no write-time column, triggers without it.
+    private func makeVersion2(_ path: String) throws {
+        let id = try itemsID(path)
+        let raw = try RawConnection(path: path)
+        let triggers = try SQLiteConnection(path: path).rows(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND name LIKE 'shoal_capture_\(id)_%' "
+                + "AND instr(sql, ?) > 0",
+            [.text(Store.writeTime)]
+        )
+        #expect(triggers.count >= 3)
+        for row in triggers {
+            guard case .text(let name) = row[0], case .text(let sql) = row[1] else { continue }
+            try raw.exec("DROP TRIGGER \"\(name)\"")
+            try raw.exec(
+                sql.replacingOccurrences(of: ", t,", with: ",").replacingOccurrences(of: ", t)", with: ")")
+                    .replacingOccurrences(of: ", \(Store.writeTime)", with: "")
+            )
+        }
+        try raw.exec("ALTER TABLE shoal_outbox_\(id) DROP COLUMN t")
+        try raw.exec("UPDATE shoal_meta SET value = 2 WHERE key = 'capture_version'")
+    }
+
+    /// A file of the build before (capture version 2) still opens read-only, and is upgraded when opened to write.
+    @Test func aFileOfTheBuildBeforeOpensReadOnlyAndIsUpgradedWhenItMayBeWritten() throws {
+        let directory = try temporaryDirectory("write-time-read-only")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db").path
+        try makeItems(try Store(path: path))
+        try makeVersion2(path)
+        try RawConnection(path: path).exec("INSERT INTO items(id, name, qty) VALUES (1, 'by the app', 1)")
+        let readOnly = try Store(path: "file:\(path)?mode=ro")
+        #expect(try rows(readOnly, "SELECT name FROM items") == [[.text("by the app")]])
+        let version = { () throws -> SQLValue in
+            try SQLiteConnection(path: path).scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'")
+        }
+        #expect(try version() == .integer(2))
+        let store = try Store(path: path)
+        #expect(try version() == .integer(Store.captureVersion))
+        // The row the earlier trigger recorded has no time: stamped when found.
+        #expect(try store.captureForeignWrites())
+        try RawConnection(path: path).exec("UPDATE items SET name = 'again' WHERE id = 1")
+        let recorded = try SQLiteConnection(path: path).scalar("SELECT t FROM shoal_outbox_\(try itemsID(path))")
+        #expect(recorded.integerValue != nil)
+    }
+
+    /// A table paused when its file was upgraded (a unique index added behind Shoal's back) kept its earlier triggers
+    /// and outbox; replicated again (the index dropped), it captures and stamps the app's writes, at their time.
+    @Test func aTablePausedWhenTheFileWasUpgradedCapturesWithTimesOnceItIsReplicatedAgain() throws {
+        let directory = try temporaryDirectory("write-time-paused")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("a.db").path
+        try makeItems(try Store(path: path))
+        try makeVersion2(path)
+        let raw = try RawConnection(path: path)
+        try raw.exec("CREATE UNIQUE INDEX items_name ON items(name)")
+        do {
+            let store = try Store(path: path)
+            #expect(store.pausedTableList.map(\.name) == ["items"])
+        }
+        try raw.exec("DROP INDEX items_name")
+        let store = try Store(path: path)
+        #expect(store.pausedTableList.isEmpty)
+        try raw.exec("INSERT INTO items(id, name, qty) VALUES (1, 'by the app', 1)")
+        let recorded = try SQLiteConnection(path: path).scalar("SELECT t FROM shoal_outbox_\(try itemsID(path))")
+        #expect(recorded.integerValue != nil)
+        #expect(try store.captureForeignWrites())
+        try store.execute("INSERT INTO items(id, name, qty) VALUES (2, 'own', 1)")
+        #expect(try rows(store, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(2)]])
+        #expect(try outboxRows(store) == 0)
+    }
+
+    /// A transaction of the node's own whose COMMIT finds an outbox it cannot stamp (a row no trigger writes) fails,
+    /// and fails again when retried, its writes still waiting for their metadata: never committed without it.
+    @Test func aCommitThatCannotStampTheOutboxNeverCommitsItsOwnWritesWithoutMetadata() throws {
+        let directory = try temporaryDirectory("write-time-drain-error")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let outbox = Store.outboxTable(try itemsID(a.path))
+        try RawConnection(path: a.path).exec("INSERT INTO \(outbox)(op, k0, changed) VALUES (9, 1, NULL)")
+        try a.execute("BEGIN")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (5, 'own', 1)")
+        for _ in 1...2 {
+            #expect(throws: ShoalError.self) { try a.execute("COMMIT") }
+            #expect(!a.connection.isAutocommit)
+            #expect(a.capture.hasPendingWrites)
+        }
+        try a.execute("ROLLBACK")
+        #expect(try rows(a, "SELECT id FROM items").isEmpty)
+    }
+
+    /// ROLLBACK TO a savepoint taken before a flush that stamped the outbox's writes apart from the transaction's own:
+    /// both are undone, the outbox's writes are found again, and the node's transactions keep consecutive numbers.
+    @Test func rollingBackToASavepointUndoesBothChangeSetsAndNumbersAfresh() throws {
+        let directory = try temporaryDirectory("write-time-rollback-to")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try RawConnection(path: a.path).exec("UPDATE items SET name = 'by the app' WHERE id = 1")
+        try a.execute("BEGIN")
+        try a.execute("SAVEPOINT outer_point")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (2, 'rolled back', 1)")
+        try a.execute("SAVEPOINT inner_point")
+        try a.execute("ROLLBACK TO outer_point")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (3, 'kept', 1)")
+        try a.execute("COMMIT")
+        #expect(try outboxRows(a) == 0)
+        let seqs = try SQLiteConnection(path: a.path).rows(
+            "SELECT DISTINCT seq FROM shoal_log WHERE site = ? ORDER BY seq", [.integer(a.ownSiteIndex)]
+        )
+        #expect(seqs == (1...3).map { [.integer($0)] })
+        try sync(a, b)
+        #expect(
+            try rows(b, "SELECT id, name FROM items ORDER BY id")
+                == [[.integer(1), .text("by the app")], [.integer(3), .text("kept")]]
+        )
+        #expect(try a.digest() == b.digest())
+        #expect(try sameContents(URL(fileURLWithPath: a.path), URL(fileURLWithPath: b.path)))
+    }
 }
