@@ -317,8 +317,10 @@ extension WireMessage {
         var pieced: [UInt32] = []
         changes.reserveCapacity(Int(count))
         var table = ""
+        // Every change names its column (and a new run its table): the few names of a batch are decoded once each.
+        var names = NameCache()
         for _ in 0..<count {
-            let name = try reader.readString()
+            let name = try names.read(&reader)
             if !name.isEmpty { table = name }
             guard !table.isEmpty else { throw malformed("a change without a table") }
             let keyCount = try reader.readVarint()
@@ -328,14 +330,14 @@ extension WireMessage {
             let payload: Change.Payload
             switch try reader.readByte() {
             case 0: payload = .row
-            case 1: payload = .column(try reader.readString(), try SQLValue.decode(from: &reader))
+            case 1: payload = .column(try names.read(&reader), try SQLValue.decode(from: &reader))
             case 3:
                 // The value comes in pieces; NULL stands for it until the session puts it back.
-                payload = .column(try reader.readString(), .null)
+                payload = .column(try names.read(&reader), .null)
                 pieced.append(UInt32(changes.count))
             case 2:
                 payload = .counter(
-                    try reader.readString(),
+                    try names.read(&reader),
                     increments: try reader.readVarint(),
                     decrements: try reader.readVarint()
                 )
@@ -433,9 +435,18 @@ extension ByteReader {
     }
 
     mutating func readString() throws(ShoalError) -> String {
+        try Self.string(try readStringBytes())
+    }
+
+    /// The bytes of a string (its length, then them), not decoded.
+    mutating func readStringBytes() throws(ShoalError) -> ArraySlice<UInt8> {
         let count = try readVarint()
         guard count <= UInt64(remaining) else { throw ShoalError.corruptMetadata("string longer than the frame") }
-        let bytes = try readBytes(Int(count))
+        return try readBytes(Int(count))
+    }
+
+    /// `bytes` as a string, refused unless they are UTF-8.
+    static func string(_ bytes: ArraySlice<UInt8>) throws(ShoalError) -> String {
         guard let string = String(validating: bytes, as: UTF8.self) else {
             throw ShoalError.corruptMetadata("a string that is not UTF-8")
         }
@@ -453,6 +464,25 @@ extension ByteReader {
             vector.advance(site, to: try readVarint())
         }
         return vector
+    }
+}
+
+/// The table and column names a batch's changes repeat, each decoded (and checked as UTF-8) once: the same name is then
+/// the same string, which later comparisons of it find equal at once.
+struct NameCache {
+    private var entries: [(bytes: ArraySlice<UInt8>, name: String)] = []
+    /// Beyond this many names, the rest are decoded each time (a batch of a few tables has far fewer).
+    static let capacity = 64
+
+    /// Reads a string (its length, then its bytes), the one decoded before when the bytes are the same.
+    mutating func read(_ reader: inout ByteReader) throws(ShoalError) -> String {
+        let bytes = try reader.readStringBytes()
+        for entry in entries where entry.bytes.count == bytes.count && entry.bytes.elementsEqual(bytes) {
+            return entry.name
+        }
+        let name = try ByteReader.string(bytes)
+        if entries.count < Self.capacity { entries.append((bytes, name)) }
+        return name
     }
 }
 

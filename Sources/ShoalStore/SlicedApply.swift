@@ -36,6 +36,8 @@ package struct SlicedApply {
     /// Sites a slice refused for a clock too far ahead: their later changes in the batch are left out too (a site's
     /// clocks grow with its seq), so that no later slice proves a claim over the refused ones.
     private var refusedSites: Set<SiteID> = []
+    /// The schema version the whole batch was checked at, before its first slice.
+    private var validatedAt: Int64?
     private(set) var finished = false
     /// The slices' reports added up.
     package private(set) var report = ApplyReport()
@@ -71,7 +73,7 @@ package struct SlicedApply {
         }
         if position == 0, slicesCommitted == 0, !changes.isEmpty {
             // Refused whole, before anything is written, as one transaction would be.
-            try store.validateBeforeSlices(changes, claim: claim)
+            validatedAt = try store.validateBeforeSlices(changes, claim: claim)
         }
         guard position < changes.count else {
             add(try store.apply([], claim: claim, received: carried, completing: completing && !report.withheldAny))
@@ -82,7 +84,7 @@ package struct SlicedApply {
         var slice = Array(changes[position..<end])
         if !refusedSites.isEmpty { slice.removeAll { refusedSites.contains($0.stamp.site) } }
         let started = ContinuousClock.now
-        let sliceReport = try store.apply(slice, claim: VersionVector(), received: [:])
+        let sliceReport = try store.apply(slice, claim: VersionVector(), received: [:], validatedAt: validatedAt)
         let elapsed = (ContinuousClock.now - started).components
         let milliseconds = Double(elapsed.seconds) * 1_000 + Double(elapsed.attoseconds) / 1e15
         add(sliceReport)

@@ -74,13 +74,17 @@ extension Store {
     /// `completing`: these are the last changes of a whole answer, every earlier batch of which was applied with
     /// nothing withheld (``ApplyReport/withheldAny``). The claim is then taken whole for every site none of these
     /// changes was withheld from (see ``claimed(_:highest:held:completing:withheld:)``).
+    ///
+    /// `validatedAt`: the changes were checked whole (``validateBeforeSlices(_:claim:)``) at this schema version; while
+    /// the schema is the same they are not checked again (a slice of a batch, with no claim).
     @discardableResult
     public func apply(
         _ changes: [Change],
         claim: VersionVector = VersionVector(),
         since: VersionVector? = nil,
         received: [SiteID: UInt64] = [:],
-        completing: Bool = false
+        completing: Bool = false,
+        validatedAt: Int64? = nil
     ) throws(ShoalError) -> ApplyReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")
@@ -103,7 +107,8 @@ extension Store {
         do throws(ShoalError) {
             try replayHeldInTransaction()
             let report = try applyInTransaction(
-                changes, claim: claim, since: since, carried: received, completing: completing
+                changes, claim: claim, since: since, carried: received, completing: completing,
+                validatedAt: claim.isEmpty && since == nil ? validatedAt : nil
             )
             try connection.exec("COMMIT")
             // After the commit: another process opening the file meanwhile must not find more recorded than it holds.
@@ -118,10 +123,13 @@ extension Store {
     /// Checks `changes` and `claim` as an apply would before writing anything (see ``apply(_:claim:since:received:)``),
     /// without writing: a batch applied in slices (``SlicedApply``) is refused whole, before its first slice, as one
     /// applied at once is.
-    func validateBeforeSlices(_ changes: [Change], claim: VersionVector) throws(ShoalError) {
-        try inReadSnapshot { () throws(ShoalError) in
+    /// Returns the schema version it checked them against: slices applied while it stays the same are not checked again
+    /// (``apply(_:claim:since:received:completing:validatedAt:)``).
+    func validateBeforeSlices(_ changes: [Change], claim: VersionVector) throws(ShoalError) -> Int64 {
+        try inReadSnapshot { () throws(ShoalError) -> Int64 in
             try refreshSites()
             _ = try validate(changes, claim: claim, since: nil)
+            return schemaVersion
         }
     }
 
@@ -292,7 +300,8 @@ extension Store {
         since: VersionVector?,
         carried: [SiteID: UInt64] = [:],
         completing: Bool = false,
-        replaying: Bool = false
+        replaying: Bool = false,
+        validatedAt: Int64? = nil
     ) throws(ShoalError) -> ApplyReport {
         try refreshSites()
         var changes = changes
@@ -307,8 +316,12 @@ extension Store {
             (changes, refusals) = setAsideFutureClocks(unfenced)
         }
         var lastDot: Dot?
+        var lastTable: String?
         for change in changes {
-            committedTables.insert(change.table)
+            if change.table != lastTable {
+                lastTable = change.table
+                committedTables.insert(change.table)
+            }
             if change.stamp.dot != lastDot {
                 lastDot = change.stamp.dot
                 committedDots.insert(change.stamp.dot)
@@ -336,7 +349,12 @@ extension Store {
         {
             try prepareMemberReportsTableInTransaction()
         }
-        let maxHLC = try validate(changes, claim: claim, since: since)
+        let maxHLC: Int64
+        if let validatedAt, validatedAt == schemaVersion {
+            maxHLC = Int64(bitPattern: changes.reduce(HLC.zero) { max($0, $1.stamp.hlc) }.rawValue)
+        } else {
+            maxHLC = try validate(changes, claim: claim, since: since)
+        }
         let held = try versionVector()
         if let since, !held.dominatesOrEquals(since) {
             throw ShoalError(
