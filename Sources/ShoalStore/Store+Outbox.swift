@@ -285,19 +285,12 @@ extension Store {
     func upgradeCaptureTriggers() throws(ShoalError) {
         guard try capturesForeignWrites else { return }
         let version = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'").integerValue ?? 1
-        func columns(_ outbox: String) throws(ShoalError) -> Set<String> {
-            Set(
-                try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
-                    if case .text(let name) = row.first { name } else { nil }
-                }
-            )
-        }
         var untimed: [String] = []
         for row in try connection.rows(
             "SELECT name FROM sqlite_schema WHERE type = 'table' AND name GLOB 'shoal_outbox_[0-9]*'"
         ) {
             guard case .text(let outbox) = row.first else { continue }
-            if try !columns(outbox).contains(Self.writeTimeColumn) { untimed.append(outbox) }
+            if try !outboxColumns(outbox).contains(Self.writeTimeColumn) { untimed.append(outbox) }
         }
         var stale: [ReplicatedTable] = []
         for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
@@ -313,7 +306,7 @@ extension Store {
             for outbox in untimed { try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(Self.writeTimeColumn)") }
             for table in stale {
                 let outbox = Self.outboxTable(table.id)
-                let existing = try columns(outbox)
+                let existing = try outboxColumns(outbox)
                 for column in Self.zeroSignColumns(table).map(\.name) where !existing.contains(column) {
                     try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column)")
                 }
@@ -338,17 +331,22 @@ extension Store {
     /// if missing.
     func extendOutbox(of table: ReplicatedTable) throws(ShoalError) {
         let outbox = Self.outboxTable(table.id)
-        let existing = Set(
-            try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
-                if case .text(let name) = row.first { name } else { nil }
-            }
-        )
+        let existing = try outboxColumns(outbox)
         guard !existing.isEmpty else { return }
         // A counter column added has its old and new values; any other, the sign of its zeros.
         let counterColumns = table.columns.indices.filter { table.isCounter[$0] }.flatMap { ["o\($0)", "n\($0)"] }
         for column in counterColumns + Self.zeroSignColumns(table).map(\.name) where !existing.contains(column) {
             try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(column)")
         }
+    }
+
+    /// The names of outbox table `outbox`'s columns (none when it does not exist).
+    func outboxColumns(_ outbox: String) throws(ShoalError) -> Set<String> {
+        Set(
+            try connection.rows("SELECT name FROM pragma_table_info('\(outbox)')").compactMap { row -> String? in
+                if case .text(let name) = row.first { name } else { nil }
+            }
+        )
     }
 
     /// Whether table `tableID`'s capture triggers exist.
