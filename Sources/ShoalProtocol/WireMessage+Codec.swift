@@ -1,5 +1,9 @@
 import ShoalCore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension WireMessage {
     /// Encodes the message as a frame payload: a type byte, then its fields.
     public func encoded() -> [UInt8] {
@@ -469,16 +473,26 @@ extension ByteReader {
 
 /// The table and column names a batch's changes repeat, each decoded (and checked as UTF-8) once: the same name is then
 /// the same string, which later comparisons of it find equal at once.
+///
+/// Bounded so that a hostile frame costs little more than decoding every name: at most ``capacity`` names of at most
+/// ``longestName`` bytes are kept, and a longer name is decoded each time.
 struct NameCache {
     private var entries: [(bytes: ArraySlice<UInt8>, name: String)] = []
     /// Beyond this many names, the rest are decoded each time (a batch of a few tables has far fewer).
-    static let capacity = 64
+    static let capacity = 16
+    /// Names longer than this are decoded each time.
+    static let longestName = 64
 
     /// Reads a string (its length, then its bytes), the one decoded before when the bytes are the same.
     mutating func read(_ reader: inout ByteReader) throws(ShoalError) -> String {
         let bytes = try reader.readStringBytes()
-        for entry in entries where entry.bytes.count == bytes.count && entry.bytes.elementsEqual(bytes) {
-            return entry.name
+        guard bytes.count <= Self.longestName else { return try ByteReader.string(bytes) }
+        for entry in entries where entry.bytes.count == bytes.count {
+            if bytes.isEmpty { return entry.name }
+            let same = entry.bytes.withUnsafeBytes { cached in
+                bytes.withUnsafeBytes { read in memcmp(cached.baseAddress!, read.baseAddress!, read.count) == 0 }
+            }
+            if same { return entry.name }
         }
         let name = try ByteReader.string(bytes)
         if entries.count < Self.capacity { entries.append((bytes, name)) }

@@ -103,6 +103,11 @@ final class ChangeCapture {
         return pending
     }
 
+    /// The net writes pending now, kept as they are (``restorePending(_:)`` puts them back after a failed flush).
+    func savedPending() -> [PendingTable] {
+        hasPending ? pending : []
+    }
+
     /// Puts back net writes handed over by ``takePending()`` while nothing else is pending.
     func restorePending(_ taken: [PendingTable]) {
         guard !taken.isEmpty else { return }

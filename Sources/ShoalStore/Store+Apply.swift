@@ -74,17 +74,28 @@ extension Store {
     /// `completing`: these are the last changes of a whole answer, every earlier batch of which was applied with
     /// nothing withheld (``ApplyReport/withheldAny``). The claim is then taken whole for every site none of these
     /// changes was withheld from (see ``claimed(_:highest:held:completing:withheld:)``).
-    ///
-    /// `validatedAt`: the changes were checked whole (``validateBeforeSlices(_:claim:)``) at this schema version; while
-    /// the schema is the same they are not checked again (a slice of a batch, with no claim).
     @discardableResult
     public func apply(
         _ changes: [Change],
         claim: VersionVector = VersionVector(),
         since: VersionVector? = nil,
         received: [SiteID: UInt64] = [:],
+        completing: Bool = false
+    ) throws(ShoalError) -> ApplyReport {
+        try apply(changes, claim: claim, since: since, received: received, completing: completing, validatedAt: nil)
+    }
+
+    /// ``apply(_:claim:since:received:completing:)``; `validatedAt`: the changes were checked whole
+    /// (``validateBeforeSlices(_:claim:)``) at this schema version, and while the schema is the same they are not
+    /// checked again (a slice of a batch, with no claim).
+    @discardableResult
+    package func apply(
+        _ changes: [Change],
+        claim: VersionVector = VersionVector(),
+        since: VersionVector? = nil,
+        received: [SiteID: UInt64] = [:],
         completing: Bool = false,
-        validatedAt: Int64? = nil
+        validatedAt: Int64?
     ) throws(ShoalError) -> ApplyReport {
         guard connection.isAutocommit, !capture.hasUncommittedWork else {
             throw ShoalError(code: .invalidArgument, message: "apply changes outside of any open transaction")

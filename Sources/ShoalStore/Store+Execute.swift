@@ -212,11 +212,6 @@ extension Store {
             capture.discardPending()
         case .rollbackTo:
             capture.discardPending()
-            // What the rolled-back part stamped may be undone with it (a change set of the outbox's writes, found
-            // there again, and the one this transaction's writes took): the next flush drains and numbers afresh.
-            transactionStamp = nil
-            foreignWriteTime = nil
-            outboxCheckedAt = nil
         case .begin, nil:
             break
         }
@@ -236,6 +231,7 @@ extension Store {
             }
             if let refusal = capture.refusal { throw refusal }
             capture.statementSucceeded()
+            if control == .rollbackTo { try afterRollbackToSavepoint() }
             if wrap {
                 try flushCaptured()
                 try connection.exec("COMMIT")
@@ -273,6 +269,22 @@ extension Store {
         guard message.hasPrefix(prefix) else { return nil }
         let text = String(message.dropFirst(prefix.count))
         return ShoalError(code: text.hasPrefix("counter") ? .counterNotInteger : .valueTooLarge, message: text)
+    }
+
+    /// After `ROLLBACK TO` a savepoint: what the rolled-back part stamped may be undone with it. The outbox's writes a
+    /// flush there stamped are back in the outbox (the next flush drains it again), and the transaction's stamp is
+    /// kept only if its change log rows are still there (it was taken before the savepoint), so its writes stay one
+    /// change set, and the next one never skips a number.
+    private func afterRollbackToSavepoint() throws(ShoalError) {
+        foreignWriteTime = nil
+        outboxCheckedAt = nil
+        if sites.allocatedSinceLoad { sitesNeedReload = true }
+        guard let stamp = transactionStamp else { return }
+        let kept = try connection.scalar(
+            "SELECT EXISTS(SELECT 1 FROM shoal_log WHERE site = ? AND seq = ?)",
+            [.integer(ownSiteIndex), .integer(Int64(bitPattern: stamp.seq))]
+        )
+        if kept.integerValue != 1 { transactionStamp = nil }
     }
 
     func endTransaction() {
@@ -384,25 +396,43 @@ extension Store {
     }
 
     /// Turns the writes captured so far in this transaction into metadata: clock rows and the change log.
+    ///
+    /// All or nothing: inside a savepoint of its own, so a failure part-way (a full disk, an outbox row no trigger
+    /// wrote) undoes what it wrote and drained, and the captured writes wait as they were. A retried COMMIT then
+    /// flushes them again, or fails again; it never commits writes without their metadata.
     func flushCaptured() throws(ShoalError) {
         guard !connection.isAutocommit else {
             capture.discardPending()
             return
         }
+        guard capture.hasPendingWrites else { return try flushCapturedWrites() }
+        let captured = capture.savedPending()
+        let stamp = transactionStamp
+        try connection.exec("SAVEPOINT shoal_flush")
+        do throws(ShoalError) {
+            try flushCapturedWrites()
+            try connection.exec("RELEASE shoal_flush")
+        } catch {
+            try? connection.exec("ROLLBACK TO shoal_flush")
+            try? connection.exec("RELEASE shoal_flush")
+            capture.discardPending()
+            capture.restorePending(captured)
+            transactionStamp = stamp
+            foreignWriteTime = nil
+            outboxCheckedAt = nil
+            if sites.allocatedSinceLoad { sitesNeedReload = true }
+            throw error
+        }
+    }
+
+    /// ``flushCaptured()``'s work, inside its savepoint.
+    private func flushCapturedWrites() throws(ShoalError) {
         // Foreign writes committed before this transaction took its write lock come first: a transaction of their own,
         // stamped when they were made (``localStamp()``), unless this one is stamped already; then they join it.
         if capture.hasPendingWrites, try outboxMayHoldRows() {
             if transactionStamp == nil {
                 let own = capture.takePending()
-                do throws(ShoalError) {
-                    try stampForeignWrites()
-                } catch {
-                    // Nothing of this transaction's own is lost: it follows whatever the drain gathered, as before.
-                    transactionStamp = nil
-                    foreignWriteTime = nil
-                    capture.foldAfter(own)
-                    throw error
-                }
+                try stampForeignWrites()
                 capture.restorePending(own)
             } else {
                 try drainOutbox()

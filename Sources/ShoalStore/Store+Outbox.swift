@@ -284,25 +284,38 @@ extension Store {
     /// outbox, a paused table's too, gets the write-time column the drain reads.
     func upgradeCaptureTriggers() throws(ShoalError) {
         guard try capturesForeignWrites else { return }
-        let version = try connection.scalar("SELECT value FROM shoal_meta WHERE key = 'capture_version'").integerValue ?? 1
-        var untimed: [String] = []
-        for row in try connection.rows(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name GLOB 'shoal_outbox_[0-9]*'"
-        ) {
-            guard case .text(let outbox) = row.first else { continue }
-            if try !outboxColumns(outbox).contains(Self.writeTimeColumn) { untimed.append(outbox) }
+        // What needs doing, read again once the write lock is held: another process may have upgraded the file between.
+        func pending() throws(ShoalError) -> (version: Int64, untimed: [String], stale: [ReplicatedTable]) {
+            let version = try connection.scalar(
+                "SELECT value FROM shoal_meta WHERE key = 'capture_version'"
+            ).integerValue ?? 1
+            var untimed: [String] = []
+            for row in try connection.rows(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name GLOB 'shoal_outbox_[0-9]*'"
+            ) {
+                guard case .text(let outbox) = row.first else { continue }
+                if try !outboxColumns(outbox).contains(Self.writeTimeColumn) { untimed.append(outbox) }
+            }
+            var stale: [ReplicatedTable] = []
+            for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
+                let timed = try connection.scalar(
+                    "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name IN (?, ?, ?) AND instr(sql, ?) > 0",
+                    ["insert", "update", "delete"].map { .text("shoal_capture_\(table.id)_\($0)") }
+                        + [.text(Self.writeTime)]
+                )
+                if timed.integerValue != 3 { stale.append(table) }
+            }
+            return (version, untimed, stale)
         }
-        var stale: [ReplicatedTable] = []
-        for table in capture.tables where try hasCaptureTriggers(tableID: table.id) {
-            let timed = try connection.scalar(
-                "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name IN (?, ?, ?) AND instr(sql, ?) > 0",
-                ["insert", "update", "delete"].map { .text("shoal_capture_\(table.id)_\($0)") } + [.text(Self.writeTime)]
-            )
-            if timed.integerValue != 3 { stale.append(table) }
+        func due(_ work: (version: Int64, untimed: [String], stale: [ReplicatedTable])) -> Bool {
+            // A file a later build upgraded further is left to it: its triggers are not ours to rewrite.
+            work.version <= Self.captureVersion
+                && (work.version < Self.captureVersion || !work.untimed.isEmpty || !work.stale.isEmpty)
         }
-        guard version < Self.captureVersion || !untimed.isEmpty || !stale.isEmpty else { return }
+        guard due(try pending()) else { return }
         try connection.exec("BEGIN IMMEDIATE")
         do throws(ShoalError) {
+            let (_, untimed, stale) = try pending()
             for outbox in untimed { try connection.exec("ALTER TABLE \(outbox) ADD COLUMN \(Self.writeTimeColumn)") }
             for table in stale {
                 let outbox = Self.outboxTable(table.id)

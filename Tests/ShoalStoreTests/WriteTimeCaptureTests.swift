@@ -272,4 +272,61 @@ import Testing
         #expect(try a.digest() == b.digest())
         #expect(try sameContents(URL(fileURLWithPath: a.path), URL(fileURLWithPath: b.path)))
     }
+
+    /// Makes the next inserts into `a`'s change log fail (a TEMP trigger on its own connection) until `heal` is called.
+    private func failLogInserts(_ a: Store) throws -> () throws -> Void {
+        try a.connection.exec("CREATE TEMP TABLE failing(x)")
+        try a.connection.exec("INSERT INTO temp.failing VALUES (1)")
+        try a.connection.exec(
+            "CREATE TEMP TRIGGER fail_log BEFORE INSERT ON main.shoal_log WHEN (SELECT count(*) FROM temp.failing) > 0 "
+                + "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END"
+        )
+        return { try a.connection.exec("DELETE FROM temp.failing") }
+    }
+
+    /// A flush that fails part-way (here its change log insert, as a full disk would) undoes what it wrote and
+    /// drained: the COMMIT fails, and retried once the cause is gone, it commits the transaction's writes and the
+    /// app's with their metadata. Both nodes end with the same rows, compared outside Shoal.
+    @Test(arguments: [false, true])
+    func aFlushThatFailsPartWayLeavesEveryWriteToTheRetriedCommit(appWrote: Bool) throws {
+        let directory = try temporaryDirectory("write-time-partial-flush")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let b = try makeFileStore(directory, "b")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try sync(a, b)
+        if appWrote { try RawConnection(path: a.path).exec("INSERT INTO items(id, name, qty) VALUES (10, 'by the app', 1)") }
+        let heal = try failLogInserts(a)
+        try a.execute("BEGIN")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (5, 'own', 1)")
+        #expect(throws: ShoalError.self) { try a.execute("COMMIT") }
+        try heal()
+        try a.execute("COMMIT")
+        #expect(try outboxRows(a) == 0)
+        try sync(a, b)
+        let expected: [[SQLValue]] = [[.integer(1)], [.integer(5)]] + (appWrote ? [[.integer(10)]] : [])
+        #expect(try rows(b, "SELECT id FROM items ORDER BY id") == expected)
+        #expect(try a.digest() == b.digest())
+        #expect(try sameContents(URL(fileURLWithPath: a.path), URL(fileURLWithPath: b.path)))
+    }
+
+    /// ROLLBACK TO a savepoint taken after the transaction's writes were stamped (at the SAVEPOINT) undoes none of
+    /// that stamp: the transaction stays one change set.
+    @Test func rollingBackToASavepointAfterTheStampKeepsTheTransactionOneChangeSet() throws {
+        let directory = try temporaryDirectory("write-time-rollback-to-after")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        try a.execute("BEGIN")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (1, 'one', 1)")
+        try a.execute("SAVEPOINT after_stamp")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (2, 'rolled back', 1)")
+        try a.execute("ROLLBACK TO after_stamp")
+        try a.execute("INSERT INTO items(id, name, qty) VALUES (3, 'three', 1)")
+        try a.execute("COMMIT")
+        let seqs = try SQLiteConnection(path: a.path).rows(
+            "SELECT DISTINCT seq FROM shoal_log WHERE site = ? ORDER BY seq", [.integer(a.ownSiteIndex)]
+        )
+        #expect(seqs == [[.integer(1)]])
+        #expect(try rows(a, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
+    }
 }
