@@ -208,9 +208,7 @@ extension Store {
         switch control {
         case .commit, .savepoint, .release:
             try flushCaptured()
-        case .rollback:
-            capture.discardPending()
-        case .rollbackTo:
+        case .rollback, .rollbackTo:
             capture.discardPending()
         case .begin, nil:
             break
@@ -276,15 +274,21 @@ extension Store {
     /// kept only if its change log rows are still there (it was taken before the savepoint), so its writes stay one
     /// change set, and the next one never skips a number.
     private func afterRollbackToSavepoint() throws(ShoalError) {
-        foreignWriteTime = nil
-        outboxCheckedAt = nil
-        if sites.allocatedSinceLoad { sitesNeedReload = true }
+        forgetUndoneWork()
         guard let stamp = transactionStamp else { return }
         let kept = try connection.scalar(
             "SELECT EXISTS(SELECT 1 FROM shoal_log WHERE site = ? AND seq = ?)",
             [.integer(ownSiteIndex), .integer(Int64(bitPattern: stamp.seq))]
         )
         if kept.integerValue != 1 { transactionStamp = nil }
+    }
+
+    /// What a rollback (whole or to a savepoint) may have undone: the found writes' time, that the outbox was drained,
+    /// sites allocated since the table was read (SQL cannot run here: the rollback hook calls this too).
+    func forgetUndoneWork() {
+        foreignWriteTime = nil
+        outboxCheckedAt = nil
+        if sites.allocatedSinceLoad { sitesNeedReload = true }
     }
 
     func endTransaction() {
@@ -405,7 +409,7 @@ extension Store {
             capture.discardPending()
             return
         }
-        guard capture.hasPendingWrites else { return try flushCapturedWrites() }
+        guard capture.hasPendingWrites else { return }
         let captured = capture.savedPending()
         let stamp = transactionStamp
         try connection.exec("SAVEPOINT shoal_flush")
@@ -418,9 +422,7 @@ extension Store {
             capture.discardPending()
             capture.restorePending(captured)
             transactionStamp = stamp
-            foreignWriteTime = nil
-            outboxCheckedAt = nil
-            if sites.allocatedSinceLoad { sitesNeedReload = true }
+            forgetUndoneWork()
             throw error
         }
     }

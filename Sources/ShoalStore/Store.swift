@@ -413,10 +413,7 @@ public final class Store {
                 let store = Unmanaged<Store>.fromOpaque(context).takeUnretainedValue()
                 store.capture.discardPending()
                 store.transactionStamp = nil
-                store.foreignWriteTime = nil
-                store.outboxCheckedAt = nil
-                // Sites this transaction allocated were rolled back with it (SQL cannot run inside the hook).
-                if store.sites.allocatedSinceLoad { store.sitesNeedReload = true }
+                store.forgetUndoneWork()
             },
             context
         )

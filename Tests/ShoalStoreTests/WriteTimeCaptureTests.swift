@@ -24,6 +24,13 @@ import Testing
         }
     }
 
+    /// The seqs of a store's own transactions in its change log, read outside Shoal.
+    private func ownSeqs(_ store: Store) throws -> [[SQLValue]] {
+        try SQLiteConnection(path: store.path).rows(
+            "SELECT DISTINCT seq FROM shoal_log WHERE site = ? ORDER BY seq", [.integer(store.ownSiteIndex)]
+        )
+    }
+
     /// The clock of a store's latest own transaction, read outside Shoal.
     private func latestOwnClock(_ store: Store) throws -> HLC {
         let value = try SQLiteConnection(path: store.path).scalar(
@@ -260,9 +267,7 @@ import Testing
         try a.execute("INSERT INTO items(id, name, qty) VALUES (3, 'kept', 1)")
         try a.execute("COMMIT")
         #expect(try outboxRows(a) == 0)
-        let seqs = try SQLiteConnection(path: a.path).rows(
-            "SELECT DISTINCT seq FROM shoal_log WHERE site = ? ORDER BY seq", [.integer(a.ownSiteIndex)]
-        )
+        let seqs = try ownSeqs(a)
         #expect(seqs == (1...3).map { [.integer($0)] })
         try sync(a, b)
         #expect(
@@ -323,9 +328,7 @@ import Testing
         try a.execute("ROLLBACK TO after_stamp")
         try a.execute("INSERT INTO items(id, name, qty) VALUES (3, 'three', 1)")
         try a.execute("COMMIT")
-        let seqs = try SQLiteConnection(path: a.path).rows(
-            "SELECT DISTINCT seq FROM shoal_log WHERE site = ? ORDER BY seq", [.integer(a.ownSiteIndex)]
-        )
+        let seqs = try ownSeqs(a)
         #expect(seqs == [[.integer(1)]])
         #expect(try rows(a, "SELECT id FROM items ORDER BY id") == [[.integer(1)], [.integer(3)]])
     }
