@@ -17,6 +17,12 @@ extension RelayLink {
         )
         var session = configuration.pullSession(site: node.siteID)
         var endpoint = StateReadingEndpoint(link: Endpoint(link: self, api: api))
+        // Its own writes made while suspended name rows they may have written after those were collected.
+        endpoint.ownSuspendedWrites = try await local { () throws(ShoalError) in
+            try await node.store.read { store throws(ShoalError) in
+                try store.ownSuspendedWritesAfter().map { (store.siteID, $0) }
+            }
+        }
         var stalled = 0
         while !endpoint.covers(heads), stalled < Self.stateReadStalledPages {
             let before = endpoint.covered
@@ -54,6 +60,9 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     /// transactions were all overwritten (a notice rewritten by another node, say) is never proven further by the
     /// changes read: every change of those ranges was read all the same.
     var served = VersionVector()
+    /// This node's site, and the seq after which its writes were made while it was suspended: they prove no row lives
+    /// (``Store/ownSuspendedWritesAfter()``).
+    var ownSuspendedWrites: (site: SiteID, after: UInt64)?
 
     /// What the read covers: what the changes proved, and the ranges served whole. (A range's claim counts in a
     /// node's store only once the ranges of the other sites it names are applied; read from the empty vector, many
@@ -80,8 +89,9 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     ) async throws(RelayCallError) -> (applied: Int, held: VersionVector, received: [SiteID: UInt64], fenced: Set<SiteID>) {
         var highest = received
         for change in batch.changes {
-            keys[change.table, default: []].insert(SQLValue.encodeKey(change.primaryKey))
             highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
+            if let own = ownSuspendedWrites, change.stamp.site == own.site, change.stamp.seq > own.after { continue }
+            keys[change.table, default: []].insert(SQLValue.encodeKey(change.primaryKey))
         }
         // A claim is taken only as far as the changes received prove it.
         for (site, claimed) in batch.claim.entries {

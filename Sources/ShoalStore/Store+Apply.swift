@@ -16,6 +16,9 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
     /// Changes left out per site because a removed member made them after its removal (``Store/fences()``): not
     /// applied, not claimed.
     public var fenced: [SiteID: Int] = [:]
+    /// Changes a member made while suspended for collection, left out because they would have brought back a row
+    /// collected here (see `Store+SuspendedWrites.swift`): counted in ``alreadyKnown`` too, and claimed.
+    public var suspendedWritesLeftOut = 0
     /// The highest seq per site of the changes applied (those refused left out): pass it, merged over the batches
     /// of one answer, as the next batch's `received` (see ``Store/apply(_:claim:since:received:)``).
     public internal(set) var acceptedHighest: [SiteID: UInt64] = [:]
@@ -35,6 +38,7 @@ public struct ApplyReport: Sendable, Hashable, CustomStringConvertible {
         conflictsByTable.merge(part.conflictsByTable, uniquingKeysWith: +)
         clockRefusals.merge(part.clockRefusals) { max($0, $1) }
         fenced.merge(part.fenced, uniquingKeysWith: +)
+        suspendedWritesLeftOut += part.suspendedWritesLeftOut
         acceptedHighest.merge(part.acceptedHighest) { max($0, $1) }
     }
 
@@ -389,6 +393,12 @@ extension Store {
             try reopenCollection(for: changes)
         }
         let accepted = changes
+        if !replaying {
+            // Writes a suspended member made while away, to rows collected here: counted as beaten, and claimed.
+            let leftOut = try leaveOutSuspendedWrites(&changes)
+            report.alreadyKnown += leftOut
+            report.suspendedWritesLeftOut = leftOut
+        }
         // Whether each change is held (decided once: see ``mustHold(_:)``); changes of unknown tables go only there.
         var holding = mustHold(changes)
         var toHold = zip(changes, holding).compactMap { $1 ? $0 : nil }

@@ -104,6 +104,8 @@ extension Store {
         }
         var report = FreshStateReport()
         guard try awaitsFreshState(), !keys.isEmpty else { return report }
+        // Its own writes made while suspended may be claimed by a peer that left them out: none counts as held.
+        let peerVector = try withoutOwnSuspendedWrites(peerVector)
         try refreshSchema()
         guard let number = capture.tableNumbers[name] else { return report }
         guard openCursors.count == 0 else {
@@ -232,7 +234,7 @@ extension Store {
     /// Ends the life begun here of the row under `key` at `floor` (even) and writes it again as a new life, from the
     /// data row as it is (counters from their current values), inside the caller's write transaction: flushed with
     /// the transaction's other captured writes, under one new dot.
-    private func liftAbove(_ floor: UInt64, table number: Int, key: [SQLValue]) throws(ShoalError) {
+    func liftAbove(_ floor: UInt64, table number: Int, key: [SQLValue]) throws(ShoalError) {
         let table = capture.tables[number]
         var ended = RowState(columnCount: table.columns.count)
         ended.causalLength = floor

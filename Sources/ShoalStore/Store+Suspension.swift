@@ -240,6 +240,8 @@ extension Store {
         for suspension in unsettled { floor.merge(suspension.cut) }
         let own: Set<SiteID> = [siteID, identitySiteID]
         floor = VersionVector(floor.entries.filter { !own.contains($0.key) })
+        // Its writes past the lowest cut of it were made while suspended (``ownSuspendedWritesAfter()``).
+        try noteOwnSuspendedWrites(after: unsettled.map { $0.cut[siteID] }.min() ?? 0)
         try connection.rows(
             "INSERT OR IGNORE INTO shoal_meta(key, value) VALUES (?, ?)",
             [.text(Self.freshStateKey), .integer(Int64(clamping: options.clock.nowMilliseconds()))]
@@ -304,16 +306,45 @@ extension Store {
             own.contains($0.site) && covers.dominatesOrEquals($0.cut, ignoring: own)
         }
         guard !settled.isEmpty else { return 0 }
-        let taken = try freshStatesTaken()
+        let records = try connection.rows(
+            "SELECT site, cut FROM \(Self.suspendedTable) WHERE site = by"
+        ).reduce(into: [SiteID: String]()) { texts, row in
+            if case .blob(let site) = row[0], let site = SiteID(bytes: site), case .text(let text) = row[1] {
+                texts[site] = text
+            }
+        }
+        // Its writes since the lowest cut of it, up to here, were made while suspended (see
+        // `Store+SuspendedWrites.swift`): the lives they began below a floor are written again above it, in this
+        // transaction, and its record says which writes they were.
+        let through = try versionVector()[siteID]
+        let after = try ownSuspendedWritesAfter() ?? settled.map { $0.cut[siteID] }.min() ?? through
+        let written = SuspendedWrites(site: siteID, after: after, through: through)
+        var lifted = 0
         try writingOwnChanges { () throws(ShoalError) in
+            lifted = try liftOwnSuspendedLives(after: after, through: through)
             try deleteNotices(settled)
-            for site in Set(settled.map(\.site)).sorted() where taken[site] != covers {
+            for site in Set(settled.map(\.site)).sorted() {
+                var carried = Self.suspendedWrites(inRecord: records[site] ?? "")
+                if through > after, !carried.contains(written) { carried.append(written) }
+                let text = ([Self.vectorText(covers)] + carried.map(\.text)).filter { !$0.isEmpty }
+                    .joined(separator: ",")
+                guard text != records[site] else { continue }
                 try connection.rows(
                     "INSERT OR REPLACE INTO \(Self.suspendedTable)(site, by, cut) VALUES (?, ?, ?)",
-                    [.blob(site.bytes), .blob(site.bytes), .text(Self.vectorText(covers))]
+                    [.blob(site.bytes), .blob(site.bytes), .text(text)]
                 )
                 capture.statementSucceeded()
             }
+            try connection.rows("DELETE FROM shoal_meta WHERE key = ?", [.text(Self.suspendedWritesAfterKey)])
+        }
+        if lifted > 0 {
+            options.logger.notice(
+                """
+                rows this node began while suspended for collection were written again above the tombstones peers \
+                collected in their table meanwhile, so that every node keeps them
+                """,
+                metadata: ["rows": "\(lifted)"]
+            )
         }
         return settled.count
     }

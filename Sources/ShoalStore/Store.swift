@@ -142,6 +142,8 @@ public final class Store {
     /// Per fenced site: when changes it made beyond its fence were last logged as refused, and how many were refused
     /// since (a removed member that keeps writing is refused at every batch: one warning a minute per site).
     var fencedWarnings: [SiteID: (loggedAt: UInt64, refused: Int)] = [:]
+    /// When writes a member made while suspended were last logged as left out (``leaveOutSuspendedWrites(_:)``).
+    var suspendedWritesWarnedAt: UInt64?
     /// The transactions (dots) committed since the last ``takeCommittedTables()``, alongside their tables.
     var committedDots: Set<Dot> = []
     /// Columns added to replicated tables that this node has not adopted yet (see ``adoptSchemaChanges()``).
