@@ -179,4 +179,80 @@ import Testing
         let conflicts = try await offPool { try shoal(arguments: ["conflicts", "--db", cPath]) }
         #expect(conflicts.stdout.contains("orphaned while offline"), "\(conflicts.stdout)")
     }
+
+    /// c, back through the relay, uploads what it wrote while away before anything tells it that it was suspended:
+    /// the relay was down while a deleted rows and a and b collected them without c, and they were stopped before it
+    /// came back, so the relay held neither the deletes nor the notice. a downloads c's range when it comes back: c's
+    /// update of a row a collected once came back on a as a row new to it, then on b, and c (taking its fresh state
+    /// from b, which held that row too) kept it: the row was back everywhere. a leaves it out; the row c began while
+    /// away, which a leaves out too, is written again by c when it settles. Every node ends with the same rows,
+    /// compared outside Shoal.
+    @Test func writesAMemberUploadedBeforeItKnewItWasSuspendedBringNoCollectedRowBack() async throws {
+        let fast = ["--round-interval", "200", "--gc-horizon-unchecked-ms", "1500", "--no-compression"]
+        let world = try await Self.lanOfTwoAndARelayedMember("relay-suspended-upload", extra: fast)
+        defer { world.tearDown() }
+        try await world.write(
+            "a",
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
+            """
+        )
+        #expect(try await world.converge(["a", "b", "c"]))
+        let heard = try await waitUntil(within: 30) {
+            let members = try await world.status("a")["members"] as? [[String: Any]] ?? []
+            return members.contains { $0["name"] as? String == "c" && $0["source"] as? String == "report" }
+        }
+        #expect(heard)
+        try await world.stop("c")
+        try await world.write(
+            "c", "UPDATE kv SET v = 'c while away' WHERE k = 'row05'; INSERT INTO kv VALUES ('c-new', 'begun by c')"
+        )
+        // The relay goes down; a deletes, and a and b collect without c.
+        try await world.stopRelay()
+        try await world.write("a", "DELETE FROM kv WHERE v <= 10")
+        func collection(_ name: String) async throws -> [String: Any] {
+            try await world.status(name)["collection"] as? [String: Any] ?? [:]
+        }
+        let collected = try await waitUntil(within: 60) {
+            let (a, b) = (try await collection("a"), try await collection("b"))
+            return a["tombstones"] as? Int == 0 && b["tombstones"] as? Int == 0
+                && (a["suspended"] as? [[String: Any]])?.count == 1
+        }
+        let state = try await collection("a")
+        #expect(collected, "\(state)")
+        try await world.stop("b")
+        try await world.stop("a")
+        // c comes back through the relay: its pull brings nothing new, so it uploads what it wrote.
+        try await world.startRelay()
+        try await world.serve("c", extra: fast)
+        let cUploaded = try await waitUntil(within: 30, checkingEvery: 200) {
+            let relay = try await world.relayStatus("c")
+            return relay["lacking"] as? Int == 0 && relay["lastPushMs"] != nil
+        }
+        #expect(cUploaded, "\(world.outputs)")
+        #expect(try await world.status("c")["awaits_fresh_state"] as? Bool == false)
+        try await world.stop("c")
+        // a pulls that range before it uploads anything; then b comes back, and c with a link to b.
+        try await world.serve("a", extra: fast)
+        let aPulled = try await waitUntil(within: 30, checkingEvery: 200) {
+            try await world.relayStatus("a")["lacking"] as? Int == 0
+        }
+        #expect(aPulled, "\(world.outputs)")
+        try await world.serve("b", relay: false, peers: ["a"], extra: fast)
+        try await world.serve("c", peers: ["b"], extra: fast)
+        #expect(try await world.converge(["a", "b", "c"], within: 90), "\(world.outputs)")
+        #expect(try await waitUntil(within: 30) { try await world.status("c")["awaits_fresh_state"] as? Bool == false })
+        #expect(world.outputs.contains("left out writes a member made while suspended"), "\(world.outputs)")
+        var contents: [String] = []
+        for name in ["a", "b", "c"] {
+            let path = world.paths[name]!
+            contents.append(try await offPool { try sqlite3Shell(path, "SELECT k, hex(v) FROM kv ORDER BY k") }.stdout)
+        }
+        #expect(contents[0] == contents[1] && contents[1] == contents[2], "\(contents)")
+        let begun = "c-new|" + Data("begun by c".utf8).map { String(format: "%02X", $0) }.joined()
+        #expect(contents[0].contains(begun), "\(contents[0])")
+        for index in 1...10 { #expect(!contents[0].contains("row\(String(format: "%02d", index))|"), "\(contents[0])") }
+        for index in 11...20 { #expect(contents[0].contains("row\(index)|"), "\(contents[0])") }
+    }
 }
