@@ -153,7 +153,7 @@ public final class NodeSecurity: PeerAuthorizer {
             let gone = trust.replaceRoster(roster)
             // Deletes are collected once every current member holds them (members that showed their admission
             // included: the trust store's roster).
-            await node.setMembers(Self.memberSites(trust.roster))
+            await node.setMembers(Self.memberSites(trust.roster), boundSites: Self.boundSites(trust.roster))
             if !gone.isEmpty {
                 let closed = await node.closeConnections(of: gone)
                 // Not dialled again either (its remembered address is forgotten).
@@ -175,6 +175,17 @@ public final class NodeSecurity: PeerAuthorizer {
     /// The sites the current members' memberships name (removed nodes left out).
     static func memberSites(_ roster: Roster) -> Set<SiteID> {
         Set(roster.members.values.filter { roster.removed[$0.nodeID] == nil }.compactMap(\.siteID))
+    }
+
+    /// Per current member (by the site its membership names), the other sites it signed that it writes under (it
+    /// moved to a fresh site: restored, or copied).
+    static func boundSites(_ roster: Roster) -> [SiteID: Set<SiteID>] {
+        var bound: [SiteID: Set<SiteID>] = [:]
+        for member in roster.members.values where roster.removed[member.nodeID] == nil {
+            guard let site = member.siteID, let sites = roster.boundSites[member.nodeID], !sites.isEmpty else { continue }
+            bound[site] = sites
+        }
+        return bound
     }
 
     // MARK: - PeerAuthorizer
@@ -323,7 +334,7 @@ public final class NodeSecurity: PeerAuthorizer {
             let roster = Roster(records: records.compactMap { try? RosterRecord(decoding: $0) }, clusterID: cluster)
             trust.replaceRoster(roster)
             // The device counts for collection from now on, before its first sync.
-            await node.setMembers(Self.memberSites(roster))
+            await node.setMembers(Self.memberSites(roster), boundSites: Self.boundSites(roster))
             let welcome = JoinWelcome(cluster: keyFile.cluster, records: records)
             let sealed = try ChaChaPoly.seal(welcome.encoded, using: confirmation.sessionKey).combined
             try await outbound.write(.join(.welcome(sealed: Array(sealed))))

@@ -49,15 +49,18 @@ public struct CollectionStatus: Sendable, Hashable {
 }
 
 /// Tombstones collected exactly when every member holds the delete (see ``Store/collectTombstones(upTo:maxRows:)``):
-/// the members come from the roster (``setMembers(_:)``), what each holds from ``MemberDirectory``.
+/// the members come from the roster (``setMembers(_:boundSites:)``), what each holds from ``MemberDirectory``.
 extension SyncNode {
     /// Sets the cluster's current members, by the sites their memberships name (the security layer calls this with
     /// the roster, and again whenever it changes). Removed members stop counting, and what they reported is forgotten;
-    /// a member added counts at once, so collection waits for its first report.
-    public func setMembers(_ memberSites: Set<SiteID>) {
+    /// a member added counts at once, so collection waits for its first report. `boundSites`: per member, the other
+    /// sites it signed that it writes under (its report rows are written under one of them once it moved to a fresh
+    /// site).
+    public func setMembers(_ memberSites: Set<SiteID>, boundSites: [SiteID: Set<SiteID>] = [:]) {
         let current = memberSites.union([siteID])
         for site in members.entries.keys where !current.contains(site) { members.forget(site) }
         collectionMembers = current
+        memberWritingSites = boundSites.filter { current.contains($0.key) }
         // Members' report rows the database already holds count from now on (see ``foldMemberReports()``).
         if writesMemberReports {
             Task { await self.foldMemberReports() }

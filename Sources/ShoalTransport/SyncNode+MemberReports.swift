@@ -66,16 +66,16 @@ extension SyncNode {
 
     /// Records each other member's report row not folded yet in ``members`` (as of when it was written, never later
     /// than now), and wakes collection when one holds more than known. Only a current member's row, written by that
-    /// member itself: a row another node wrote (an app writing the table on its own file, say) is passed over. (A
-    /// member that moved to a fresh site writes as that site: its rows are passed over too, and it holds collection
-    /// back until it is met on a link.)
+    /// member itself (as the site its membership names, or one it signed that it writes under, having moved to a
+    /// fresh site): a row another node wrote (an app writing the table on its own file, say) is passed over.
     func foldMemberReports() async {
         guard let reports = try? await worker.memberReports(), let current = collectionMembers else { return }
         let now = configuration.clock.nowMilliseconds()
         var moved = false
         for report in reports
         where report.site != registry.localSite && report.site != siteID && current.contains(report.site)
-            && report.writtenBy == report.site
+            && (report.writtenBy == report.site
+                || report.writtenBy.map { memberWritingSites[report.site]?.contains($0) == true } == true)
         {
             guard foldedMemberReports[report.site] != report.reportedAtMs else { continue }
             foldedMemberReports[report.site] = report.reportedAtMs

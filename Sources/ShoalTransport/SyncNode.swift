@@ -79,9 +79,12 @@ public actor SyncNode: Service {
     var uncomparedDigests: Set<SiteID> = []
     /// What every member was last known to hold (``MemberDirectory``).
     var members = MemberDirectory()
-    /// The cluster's current members (the sites their memberships name), when known (``setMembers(_:)``): tombstones
+    /// The cluster's current members (the sites their memberships name), when known (``setMembers(_:boundSites:)``): tombstones
     /// are collected only then.
     var collectionMembers: Set<SiteID>?
+    /// Per member, the other sites it signed that it writes under (``setMembers(_:boundSites:)``): its report rows
+    /// written under one of them count as its own.
+    var memberWritingSites: [SiteID: Set<SiteID>] = [:]
     /// What collection did since the node started (``collectionStatus()``).
     var collection = CollectionProgress()
     /// Whether the database awaits its fresh state (``Store/awaitsFreshState()``), as read at start.

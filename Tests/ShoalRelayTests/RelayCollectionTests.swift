@@ -255,4 +255,49 @@ import Testing
         for index in 1...10 { #expect(!contents[0].contains("row\(String(format: "%02d", index))|"), "\(contents[0])") }
         for index in 11...20 { #expect(contents[0].contains("row\(index)|"), "\(contents[0])") }
     }
+
+    /// a and c meet only through the relay; c's file is restored from a backup, so it writes as a fresh site (and signs
+    /// that it does). Its report rows are then written under that site: a passed them over as rows another node wrote,
+    /// so c held collection back for good (it is never met on a link). a now takes them as c's, and the deletes made
+    /// after the restore are collected on both.
+    @Test func aMemberRestoredAndMetOnlyThroughTheRelayStillLetsDeletesBeCollected() async throws {
+        let fast = ["--round-interval", "200"]
+        let world = try await RelayWorld("relay-restored-reports", nodes: ["a", "c"])
+        defer { world.tearDown() }
+        try await world.serve("a", extra: fast)
+        try await world.serve("c", extra: fast)
+        try await world.write(
+            "a",
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
+            """
+        )
+        #expect(try await world.converge(["a", "c"]))
+        let pathC = world.paths["c"]!
+        let backup = pathC + ".backup"
+        try await world.write("c", "VACUUM INTO '\(backup)'")
+        // What c writes after the backup reaches a: the backup holds less than c had sent.
+        try await world.write("c", "INSERT INTO kv VALUES ('after-backup', 'c')")
+        #expect(try await world.converge(["a", "c"]))
+        try await world.stop("c")
+        let restored = try await offPool { try sqlite3Shell(pathC, ".restore '\(backup)'") }
+        #expect(restored.status == 0, "\(restored.stderr)")
+        try await world.serve("c", extra: fast)
+        #expect(try await world.converge(["a", "c"], within: 60), "\(world.outputs)")
+        let status = try await world.status("c")
+        #expect((status["identity_change"] as? [String: Any])?["reason"] as? String == "restored", "\(status)")
+        try await world.write("a", "DELETE FROM kv WHERE v <= 10")
+        func tombstones(_ name: String) async throws -> Int? {
+            (try await world.status(name)["collection"] as? [String: Any])?["tombstones"] as? Int
+        }
+        let collected = try await waitUntil(within: 60) {
+            let (a, c) = (try await tombstones("a"), try await tombstones("c"))
+            return a == 0 && c == 0
+        }
+        let state = try await world.status("a")["collection"] as? [String: Any] ?? [:]
+        #expect(collected, "\(state)")
+        #expect(try await world.converge(["a", "c"]))
+        #expect(try await world.sameRows("a", "c"))
+    }
 }

@@ -60,7 +60,7 @@ struct ShoalChaos: AsyncParsableCommand {
     @Flag(help: "All of --relay-losses, --removal and --tampering (and --relay-restores on SQLite).")
     var relayHostile = false
     @Option(
-        help: "The LAN path: nodes collect deletes without a member silent longer than this many milliseconds, and once a run one node is cut off from all others for three horizons, writing all the while; it must come back without bringing a collected row back."
+        help: "Nodes collect deletes without a member silent longer than this many milliseconds, and once a run one node is cut off from all others for three horizons (on the relay path: stopped, its app writing to its file), writing all the while; it must come back without bringing a collected row back."
     )
     var horizonMs: UInt64?
 
@@ -173,7 +173,7 @@ struct ShoalChaos: AsyncParsableCommand {
             relayToken: relayServer?.token
         )
         defer { cluster.stopAll() }
-        cluster.horizonMilliseconds = relay ? nil : horizonMs
+        cluster.horizonMilliseconds = horizonMs
         for node in 0..<nodes { try await cluster.start(node) }
         var written = try WrittenValues()
         var removed: Removal?
@@ -210,13 +210,19 @@ struct ShoalChaos: AsyncParsableCommand {
                 schemaChangeAt = nil
                 counts["schema changes", default: 0] += 1
             }
-            for restart in restarts where restart.at <= now { try await cluster.start(restart.node) }
-            restarts.removeAll { $0.at <= now }
+            // On the relay path the node cut off is stopped (nodes meet only there); it starts again when it is due.
+            let stopped = relay && isolating ? isolation?.node : nil
+            for restart in restarts where restart.at <= now && restart.node != stopped { try await cluster.start(restart.node) }
+            restarts.removeAll { $0.at <= now && $0.node != stopped }
             if let at = relayRestart, at <= now {
                 try relayServer?.start()
                 relayRestart = nil
             }
             if let cut = isolation, !isolating, cut.from <= now, now < cut.until {
+                if relay {
+                    cluster.kill(cut.node)
+                    restarts.removeAll { $0.node == cut.node }
+                }
                 for other in 0..<nodes where other != cut.node { await faults.partition(cut.node, other) }
                 print(String(format: "node\(cut.node) cut off from every other node for %.1f s", cut.until.timeIntervalSince(now)))
                 isolating = true
@@ -224,6 +230,7 @@ struct ShoalChaos: AsyncParsableCommand {
             }
             if let cut = isolation, isolating, cut.until <= now {
                 for other in 0..<nodes where other != cut.node { await faults.heal(cut.node, other) }
+                if relay, !cluster.isRunning(cut.node) { try await cluster.start(cut.node) }
                 isolating = false
                 isolation = nil
             }
@@ -249,7 +256,7 @@ struct ShoalChaos: AsyncParsableCommand {
                     log.append(write)
                 }
                 counts["writes", default: 0] += 1
-            case 75..<80 where cluster.isRunning(node) && restarts.count < nodes - 1:
+            case 75..<80 where cluster.isRunning(node) && restarts.count < nodes - 1 && node != stopped:
                 cluster.kill(node)
                 restarts.append((node, now.addingTimeInterval(Double.random(in: 0.2...1.5, using: &random))))
                 counts["kill -9", default: 0] += 1
@@ -307,7 +314,7 @@ struct ShoalChaos: AsyncParsableCommand {
                 // Every node dies at once: no version vector may claim what its node does not hold.
                 for index in 0..<nodes { cluster.kill(index) }
                 try checkClaims(stores: stores, log: log)
-                for index in 0..<nodes { try await cluster.start(index) }
+                for index in 0..<nodes where index != stopped { try await cluster.start(index) }
                 restarts = []
                 counts["crash-all checks", default: 0] += 1
             case 91..<92 where backups[node] == nil && removed?.node != node:
@@ -315,7 +322,7 @@ struct ShoalChaos: AsyncParsableCommand {
                 try foreignWriters[node].run("VACUUM INTO ?", [.text(Array(backup.utf8))])
                 backups[node] = backup
                 counts["backups", default: 0] += 1
-            case 91..<92 where removed?.node != node:
+            case 91..<92 where removed?.node != node && node != stopped:
                 // The node's file is replaced by its older backup (the node stopped first, as an operator would): it
                 // must move to a fresh site and take back from peers what it had sent. Writes it made after the
                 // backup and never sent are gone with the restore; every other acknowledged write must survive.
