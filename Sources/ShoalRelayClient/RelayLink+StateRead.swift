@@ -60,8 +60,8 @@ struct StateReadingEndpoint: RelayPullEndpoint {
     /// transactions were all overwritten (a notice rewritten by another node, say) is never proven further by the
     /// changes read: every change of those ranges was read all the same.
     var served = VersionVector()
-    /// This node's site, and the seq after which its writes were made while it was suspended: they prove no row lives
-    /// (``Store/ownSuspendedWritesAfter()``).
+    /// This node's site, and the seq after which its writes were made while it was suspended: its updates since prove
+    /// no row lives (``Store/ownSuspendedWritesAfter()``).
     var ownSuspendedWrites: (site: SiteID, after: UInt64)?
 
     /// What the read covers: what the changes proved, and the ranges served whole. (A range's claim counts in a
@@ -90,7 +90,14 @@ struct StateReadingEndpoint: RelayPullEndpoint {
         var highest = received
         for change in batch.changes {
             highest[change.stamp.site] = max(highest[change.stamp.site] ?? 0, change.stamp.seq)
-            if let own = ownSuspendedWrites, change.stamp.site == own.site, change.stamp.seq > own.after { continue }
+            // Its own updates made while suspended prove nothing: a collector may have left them out.
+            if let own = ownSuspendedWrites, change.stamp.site == own.site, change.stamp.seq > own.after {
+                switch change.payload {
+                case .counter: continue
+                case .column where change.previous != nil: continue
+                default: break
+                }
+            }
             keys[change.table, default: []].insert(SQLValue.encodeKey(change.primaryKey))
         }
         // A claim is taken only as far as the changes received prove it.

@@ -104,8 +104,8 @@ extension Store {
         }
         var report = FreshStateReport()
         guard try awaitsFreshState(), !keys.isEmpty else { return report }
-        // Its own writes made while suspended may be claimed by a peer that left them out: none counts as held.
-        let peerVector = try withoutOwnSuspendedWrites(peerVector)
+        // Its own updates made while suspended may be claimed by a peer that left them out: none counts as held.
+        let suspendedAfter = try ownSuspendedWritesAfter()
         try refreshSchema()
         guard let number = capture.tableNumbers[name] else { return report }
         guard openCursors.count == 0 else {
@@ -135,7 +135,8 @@ extension Store {
                 guard key.count == table.keyColumns.count, let state = try loadState(table: table, key: key),
                     state.isAlive, try dataRowExists(table: table, key: key)
                 else { continue }
-                let unseen = state.dots.filter { !peerVector.covers($0) }
+                var unseen = state.dots.filter { !peerVector.covers($0) }
+                if let suspendedAfter { unseen.formUnion(ownUpdatesWhileSuspended(in: state, after: suspendedAfter)) }
                 if !unseen.isEmpty {
                     // A life the peer holds: its first (no stamp) when the peer holds a write of it, or one a write
                     // made here overwrote.

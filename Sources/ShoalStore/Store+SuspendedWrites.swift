@@ -9,19 +9,21 @@ import ShoalCore
 /// or caught up from one that had, holds nothing of them and would take such a write for a row new to it: the row came
 /// back. So every node leaves those writes out where they could do that, and the member writes again what of them
 /// must live:
-/// - **Where they are left out.** A change of a member's site in a range written while it was suspended (after the
-///   cut a notice naming it holds of it; up to where the member settled, as its record says), to a row of an app's
-///   table this database holds no metadata of, at a causal length no higher than the table's floor (the highest any
-///   node collected there), and that no other change of the same apply touches. It is counted as held (beaten), and
-///   claimed: at worst it was a write to a row collected here, which the delete beat. (A row new to a node that knows
-///   the floor starts its life above it, so only a life begun before it is ever left out.)
-/// - **What the member does.** Its fresh state counts none of its own writes since the cut as held by the peer, which
-///   may claim them having left them out: a row it wrote to whose life the peer holds, and the row not, was collected
-///   (its writes go to the conflict log); a row it began meanwhile stays. When it settles, each row whose life began
-///   with its writes since the cut, below the floor, is written again as a new life above it (one transaction, with
-///   the settling), so that the nodes that left the first life out take this one; and its record says which of its
-///   seqs were written while suspended, so that a node never told of the notice (one that caught up later, through the
-///   relay) leaves out the same writes when they arrive from a range uploaded back then.
+/// - **Where they are left out.** A member's transaction's changes to one row, in a range written while it was
+///   suspended (after the cut of it a notice naming it holds; up to where it settled, as its record says), to a row of
+///   an app's table this database holds no metadata of, that no other change of the same apply touches, when they
+///   update a value this database holds the write of (it held the row, and collected it, or caught up from a node that
+///   had); or, counters alone, when the row's causal length is at or below the table's floor and this database holds
+///   all the collector held. They count as held (beaten), and are claimed. A row the member began meanwhile is kept; so
+///   is every write at a node that lacks the row for want of its first write (a newcomer catching up).
+/// - **What the member does.** Its fresh state counts its own updates since the cut as not held by the peer, which may
+///   claim them having left them out: a row it updated whose life the peer holds, and the row not, was collected (its
+///   writes go to the conflict log). When it settles, each row whose life began with its writes since the cut, below
+///   the floor, is written again as a new life above it (one transaction, with the settling: a node that collected a
+///   key and one that keeps its tombstone must agree on the row), and its record says which of its seqs were written
+///   while suspended, so that a node never told of the notice (one that caught up later, through the relay) leaves out
+///   the same writes when they arrive from a range uploaded back then. A collector writing its notice again keeps the
+///   member's own entry of the cut where it was: past it, the writes were made while suspended.
 extension Store {
     /// The `shoal_meta` key of the seq of this database's own site after which its writes were made while suspended
     /// (the lowest cut of it a notice naming it holds), from when it learns it was suspended until it settles.
@@ -32,6 +34,20 @@ extension Store {
         var site: SiteID
         var after: UInt64
         var through: UInt64
+        /// What the collector held when it collected without the member (a notice's cut), or what the member's
+        /// fresh state covered (its record's): a node that holds it holds every delete collected without the member.
+        /// Not in ``text``, nor compared.
+        var cut = VersionVector()
+
+        static func == (lhs: Self, rhs: Self) -> Bool {
+            lhs.site == rhs.site && lhs.after == rhs.after && lhs.through == rhs.through
+        }
+
+        func hash(into hasher: inout Hasher) {
+            hasher.combine(site)
+            hasher.combine(after)
+            hasher.combine(through)
+        }
 
         func contains(_ seq: UInt64) -> Bool { seq > after && seq <= through }
 
@@ -39,8 +55,8 @@ extension Store {
         /// which a vector's reader passes over).
         var text: String { "~\(site.hex):\(after):\(through)" }
 
-        init(site: SiteID, after: UInt64, through: UInt64) {
-            (self.site, self.after, self.through) = (site, after, through)
+        init(site: SiteID, after: UInt64, through: UInt64, cut: VersionVector = VersionVector()) {
+            (self.site, self.after, self.through, self.cut) = (site, after, through, cut)
         }
 
         init?(text: Substring) {
@@ -82,24 +98,30 @@ extension Store {
         }
         guard !rows.isEmpty else { return [:] }
         var ranges: [SiteID: [SuspendedWrites]] = [:]
-        var settled: [SiteID: (covers: VersionVector, through: UInt64)] = [:]
+        var settled: [SiteID: (covers: VersionVector, carried: [SuspendedWrites])] = [:]
         for row in rows where row.site == row.by {
-            let carried = Self.suspendedWrites(inRecord: row.text)
-            for range in carried { ranges[range.site, default: []].append(range) }
             let covers = Self.vector(fromText: row.text)
-            let through = carried.filter { $0.site == row.site }.map(\.through).max() ?? 0
+            let carried = Self.suspendedWrites(inRecord: row.text).map { range in
+                var range = range
+                range.cut = covers
+                return range
+            }
+            for range in carried { ranges[range.site, default: []].append(range) }
             if let known = settled[row.site], known.covers.dominatesOrEquals(covers) { continue }
-            settled[row.site] = (covers, through)
+            settled[row.site] = (covers, carried)
         }
         for row in rows where row.site != row.by {
             let cut = Self.vector(fromText: row.text)
+            let after = cut[row.site]
             var through = UInt64.max
-            // A notice the member's record covers (held alive here after it settled) ends where the member settled.
+            // A notice the member's record covers (held alive here after it settled) ends where the member settled
+            // the suspension it began.
             if let record = settled[row.site], record.covers.dominatesOrEquals(cut, ignoring: [row.site]) {
-                through = record.through
+                let own = record.carried.filter { $0.site == row.site }
+                through = (own.first { $0.after == after } ?? own.max { $0.through < $1.through })?.through ?? after
             }
-            guard through > cut[row.site] else { continue }
-            ranges[row.site, default: []].append(SuspendedWrites(site: row.site, after: cut[row.site], through: through))
+            guard through > after else { continue }
+            ranges[row.site, default: []].append(SuspendedWrites(site: row.site, after: after, through: through, cut: cut))
         }
         return ranges
     }
@@ -113,36 +135,65 @@ extension Store {
         let ranges = try suspendedWriteRanges(arriving: changes)
         guard !ranges.isEmpty else { return 0 }
         let internalTables = Self.internalReplicatedTables.union([Self.rosterTable])
-        var floors: [String: UInt64] = [:]
-        var candidates: [Int] = []
+        // A member's transaction's changes to one row, in a range written while suspended.
+        var groups: [RowWrite: (indices: [Int], range: SuspendedWrites)] = [:]
         for (index, change) in changes.enumerated() {
-            guard let site = ranges[change.stamp.site], site.contains(where: { $0.contains(change.stamp.seq) }),
+            guard let range = ranges[change.stamp.site]?.first(where: { $0.contains(change.stamp.seq) }),
                 !internalTables.contains(change.table), capture.tableNumbers[change.table] != nil
             else { continue }
-            let floor: UInt64
-            if let known = floors[change.table] {
-                floor = known
-            } else {
-                floor = try causalLengthFloor(change.table)
-                floors[change.table] = floor
-            }
-            if change.causalLength <= floor { candidates.append(index) }
+            groups[RowWrite(dot: change.dot, table: change.table, key: change.primaryKey), default: ([], range)]
+                .indices.append(index)
         }
-        guard !candidates.isEmpty else { return 0 }
+        guard !groups.isEmpty else { return 0 }
         // A row another change of this apply touches gets metadata from it: the write is merged with it.
-        let candidateSet = Set(candidates)
+        let candidates = Set(groups.values.flatMap(\.indices))
         var touched: Set<RowIdentity> = []
-        for (index, change) in changes.enumerated() where !candidateSet.contains(index) {
+        for (index, change) in changes.enumerated() where !candidates.contains(index) {
             touched.insert(RowIdentity(table: change.table, key: change.primaryKey))
         }
+        let held = try versionVector()
+        let arrivingFloors = Self.arrivingFloors(changes)
         var leftOut: Set<Int> = []
-        for index in candidates {
-            let change = changes[index]
-            guard !touched.contains(RowIdentity(table: change.table, key: change.primaryKey)),
-                let number = capture.tableNumbers[change.table],
-                try loadState(table: capture.tables[number], key: change.primaryKey) == nil
+        for (write, group) in groups {
+            guard !touched.contains(RowIdentity(table: write.table, key: write.key)),
+                let number = capture.tableNumbers[write.table],
+                try loadState(table: capture.tables[number], key: write.key) == nil
             else { continue }
-            leftOut.insert(index)
+            // This database holds nothing of the row. An update of a write it holds: it held the row, and collected
+            // it. A row begun by the write (no write overwritten): kept (the member writes it again above the floor
+            // when it settles, if it began below). Counters alone say neither: left out where the row's causal length
+            // is at or below the floor and this database holds all the collector held, so that a node still catching
+            // up, which lacks the row for want of its first write, keeps them.
+            var begins = false
+            var overwritesHeld = false
+            var values = false
+            var counters = false
+            for index in group.indices {
+                switch changes[index].payload {
+                case .column:
+                    values = true
+                    if let previous = changes[index].previous {
+                        if held.covers(previous) { overwritesHeld = true }
+                    } else {
+                        begins = true
+                    }
+                case .counter: counters = true
+                case .row: break
+                }
+            }
+            let out: Bool
+            if begins || !counters && !overwritesHeld {
+                out = false
+            } else if overwritesHeld {
+                out = true
+            } else if values {
+                out = false
+            } else {
+                let length = changes[group.indices[0]].causalLength
+                let floor = max(try causalLengthFloor(write.table), arrivingFloors[write.table] ?? 0)
+                out = length <= floor && held.dominatesOrEquals(group.range.cut)
+            }
+            if out { leftOut.formUnion(group.indices) }
         }
         guard !leftOut.isEmpty else { return 0 }
         var kept: [Change] = []
@@ -161,14 +212,27 @@ extension Store {
             suspendedWritesWarnedAt = now
             options.logger.notice(
                 """
-                left out writes a member made while suspended for collection, to rows this node holds nothing of \
-                (collected here, or by the node it caught up from): they would have brought deleted rows back; the \
-                member writes again what of them lives (at most one line a minute)
+                left out writes a member made while suspended for collection, to rows this node held and collected \
+                (or the node it caught up from did): they would have brought deleted rows back (at most one line a \
+                minute)
                 """,
                 metadata: ["changes": "\(sites.sorted { $0.key < $1.key }.map { "\($0.key.hex.prefix(8)):\($0.value)" })"]
             )
         }
         return leftOut.count
+    }
+
+    /// The highest floor per table among `changes` (rows of ``collectedTable`` arriving with them).
+    static func arrivingFloors(_ changes: [Change]) -> [String: UInt64] {
+        var floors: [String: UInt64] = [:]
+        for change in changes where change.table == collectedTable {
+            guard case .column("cl", .integer(let floor)) = change.payload, floor > 0,
+                case .text(let table) = change.primaryKey.first
+            else { continue }
+            let even = UInt64(floor) &+ UInt64(floor) % 2
+            floors[table] = max(floors[table] ?? 0, even)
+        }
+        return floors
     }
 
     /// The seq of this database's own site after which its writes were made while it was suspended, from when it
@@ -189,11 +253,27 @@ extension Store {
         )
     }
 
-    /// `peerVector` with this database's own site taken down to ``ownSuspendedWritesAfter()``: a peer that left out
-    /// its writes since then still claims them, but holds nothing of them.
-    func withoutOwnSuspendedWrites(_ peerVector: VersionVector) throws(ShoalError) -> VersionVector {
-        guard let after = try ownSuspendedWritesAfter(), peerVector[siteID] > after else { return peerVector }
-        return VersionVector(peerVector.entries.merging([siteID: after]) { min($0, $1) })
+    /// The writes of this database made while it was suspended (after `after`) that a peer may have left out and
+    /// still claim, in `state`: its updates of a value it held, and its counter entries (see
+    /// ``leaveOutSuspendedWrites(_:)``).
+    func ownUpdatesWhileSuspended(in state: RowState, after: UInt64) -> Set<Dot> {
+        func written(_ stamp: Stamp) -> Bool { stamp.site == siteID && stamp.seq > after }
+        // A row this database began meanwhile was kept wherever it went: none of its writes was left out.
+        if let life = state.lengthStamp, written(life) { return [] }
+        let begun = state.cells.contains { cell in
+            if case .value(let stamp, nil) = cell { written(stamp) } else { false }
+        }
+        if begun { return [] }
+        var dots: Set<Dot> = []
+        for cell in state.cells {
+            switch cell {
+            case .value(let stamp, .some) where stamp.site == siteID && stamp.seq > after: dots.insert(stamp.dot)
+            case .counter(let entries):
+                if let own = entries[siteID], own.seq > after { dots.insert(Dot(site: siteID, seq: own.seq)) }
+            default: break
+            }
+        }
+        return dots
     }
 
     /// Writes again, as new lives above their table's floor, the rows alive whose life began with this database's own
@@ -230,20 +310,20 @@ extension Store {
                     let state = try loadState(table: table, key: key), state.isAlive, state.causalLength <= floor
                 else { continue }
                 // Its life began with a write of those: the life's own stamp, or (a first life) a cell those wrote
-                // first; counters alone cannot tell, and count as begun there.
+                // first, or (counters alone) every counter entry one of those.
                 let begun: Bool
                 if let life = state.lengthStamp {
                     begun = written(life.dot)
-                } else {
-                    let values = state.cells.contains { if case .value = $0 { true } else { false } }
+                } else if state.cells.contains(where: { if case .value = $0 { true } else { false } }) {
                     begun = state.cells.contains { cell in
-                        switch cell {
-                        case .value(let stamp, let previous): previous == nil && written(stamp.dot)
-                        case .counter(let entries):
-                            !values && entries.contains { written(Dot(site: $0.key, seq: $0.value.seq)) }
-                        case .empty: false
-                        }
+                        if case .value(let stamp, nil) = cell { written(stamp.dot) } else { false }
                     }
+                } else {
+                    let entries = state.cells.flatMap { cell -> [Dot] in
+                        guard case .counter(let entries) = cell else { return [] }
+                        return entries.map { Dot(site: $0.key, seq: $0.value.seq) }
+                    }
+                    begun = !entries.isEmpty && entries.allSatisfy(written)
                 }
                 guard begun, try dataRowExists(table: table, key: key) else { continue }
                 try liftAbove(floor, table: number, key: key)
@@ -256,6 +336,13 @@ extension Store {
 
 /// A row of a table, by name and key.
 private struct RowIdentity: Hashable {
+    var table: String
+    var key: [SQLValue]
+}
+
+/// One transaction's changes to one row.
+private struct RowWrite: Hashable {
+    var dot: Dot
     var table: String
     var key: [SQLValue]
 }

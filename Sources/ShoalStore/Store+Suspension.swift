@@ -84,6 +84,12 @@ extension Store {
         for site in sites.sorted() {
             var merged = own[site] ?? VersionVector()
             merged.merge(cut)
+            // The member's own entry stays where this node first collected without it: past it, its writes were made
+            // while suspended (``suspendedWriteRanges(arriving:)``). This node claims those it left out, and a cut
+            // moved past them would hide them from the member's fresh state.
+            if let first = own[site] ?? recorded.first(where: { $0.site == site })?.cut {
+                merged = VersionVector(merged.entries.merging([site: first[site]]) { _, pinned in pinned })
+            }
             // What the member was told already: this node's notice; else its own record; else what the member's last
             // fresh state covered. A cut that moved beyond it only by Shoal's own rows, or by the member's own writes
             // (it holds those), collected nothing the member may hold alive: no notice with a cut that moves at every
