@@ -33,6 +33,8 @@ enum ConnectionEvent: Sendable {
     case evicted
     /// The peer was removed from the roster: closed at once.
     case revoked
+    /// A pull of this node's ended on another connection: a pull this link put off may be due now.
+    case pullsEnded
 }
 
 /// Who a ``ConnectionDriver`` reports to: the node (its peer records, events and log), or a test.
@@ -72,11 +74,22 @@ protocol ConnectionDelegate: Sendable {
     func connectionPeerTookFreshState(peer: SiteID, _ vector: VersionVector) async
     /// What the last fresh state this node took covers, to tell its peers; nil if it took none.
     func freshStateCoverage() async -> VersionVector?
+    /// A pull starts on connection `id`, which brings at least `expecting` (what its peer showed it holds).
+    func pullStarting(_ id: Int, expecting: VersionVector) async
+    /// The pull on connection `id` ended: it finished, failed, or the connection closed.
+    func pullEnded(_ id: Int) async
+    /// Whether a pull under way on another connection than `id` brings at least `vector`: the link then puts its own
+    /// pull off until that one ends (a write every peer passes on is pulled once, not from each of them).
+    func pullUnderWay(covering vector: VersionVector, except id: Int) async -> Bool
 }
 
 extension ConnectionDelegate {
     /// Answers every inspection.
     func inspectionStarted(_ id: Int, peer: Hello, address: String) async -> Admission { .accepted }
+    /// Keeps no record of pulls: every link pulls what its peer announces.
+    func pullStarting(_ id: Int, expecting: VersionVector) async {}
+    func pullEnded(_ id: Int) async {}
+    func pullUnderWay(covering vector: VersionVector, except id: Int) async -> Bool { false }
 
     /// Handles of their own, labelled with the peer's site id.
     func metrics(for peer: SiteID) async -> PeerMetrics { PeerMetrics(label: peer.hex) }

@@ -80,6 +80,12 @@ struct ConnectionDriver {
     /// connection. A commit here is announced to it only when it lacks something of the local vector, so a change
     /// applied from this peer is not announced back to it.
     private var peerHolds = VersionVector()
+    /// The request of our pull under way on this link, as the node knows of it
+    /// (``ConnectionDelegate/pullStarting(_:expecting:)``).
+    private var pulling: UInt64?
+    /// What the peer announced holding that we lack, while a pull on another link brings it: pulled here only if that
+    /// one did not.
+    private var putOff: VersionVector?
     /// The generation of the member reports this link last passed on (``MemberDirectory/generation``), and how many
     /// periodic ticks went by since it passed them on whatever their generation (so ages stay fresh).
     private var membersPassedOn: Int?
@@ -152,6 +158,14 @@ struct ConnectionDriver {
             var lastTick = (real: ContinuousClock.now, clock: now)
             while true {
                 await perform(&actions, session: &session, stream: stream, gate: gate, outcome: &outcome)
+                if session.outstandingRequest != pulling {
+                    pulling = session.outstandingRequest
+                    if pulling != nil {
+                        await delegate.pullStarting(id, expecting: peerHolds)
+                    } else {
+                        await delegate.pullEnded(id)
+                    }
+                }
                 pace.milliseconds = session.isQuiet ? quietTick : tick
                 if handlingMessage {
                     gate.handled()
@@ -223,11 +237,22 @@ struct ConnectionDriver {
                     )
                 case .ended(let error):
                     actions = session.streamEnded(error)
+                case .pullsEnded:
+                    actions = []
+                    guard let vector = putOff else { break }
+                    putOff = nil
+                    guard !worker.latestVersionVector.withLock({ $0 }).dominatesOrEquals(vector) else { break }
+                    if await delegate.pullUnderWay(covering: vector, except: id) {
+                        putOff = vector
+                    } else {
+                        actions = [.wantRound]
+                    }
                 }
             }
             gate.close()
             group.cancelAll()
         }
+        if pulling != nil { await delegate.pullEnded(id) }
         stream.finish()
         outcome.healthy =
             outcome.established && roundsFinished > 0 && outcome.refusal == nil && !outcome.failedHere
@@ -322,7 +347,13 @@ struct ConnectionDriver {
                     // Settles nothing: only our own pull tells that the peer holds nothing new for us, and only its
                     // acknowledgement carries its digest.
                     let local = try await worker.versionVector()
-                    if !local.dominatesOrEquals(vector) { actions.append(.wantRound) }
+                    if !local.dominatesOrEquals(vector) {
+                        if session.outstandingRequest == nil, await delegate.pullUnderWay(covering: vector, except: id) {
+                            putOff = putOff.map { $0.merging(vector) } ?? vector
+                        } else {
+                            actions.append(.wantRound)
+                        }
+                    }
                 case .peerReports(let reports):
                     if let peer { await delegate.connectionMemberReports(peer: peer, reports) }
                 case .peerTookFreshState(let vector):

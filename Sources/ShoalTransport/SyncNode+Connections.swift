@@ -190,6 +190,22 @@ extension SyncNode {
 
 /// What the connections' drivers report.
 extension SyncNode: ConnectionDelegate {
+    func pullStarting(_ id: Int, expecting: VersionVector) {
+        pullsUnderWay[id] = expecting
+    }
+
+    func pullEnded(_ id: Int) {
+        guard pullsUnderWay.removeValue(forKey: id) != nil, pullsPutOff else { return }
+        pullsPutOff = false
+        broadcast(.pullsEnded)
+    }
+
+    func pullUnderWay(covering vector: VersionVector, except id: Int) -> Bool {
+        let covered = pullsUnderWay.contains { $0.key != id && $0.value.dominatesOrEquals(vector) }
+        if covered { pullsPutOff = true }
+        return covered
+    }
+
     /// Records an established connection, unless it duplicates a live one or the node is full.
     ///
     /// Of two connections between the same pair, both sides keep the one dialled by the smaller site id.

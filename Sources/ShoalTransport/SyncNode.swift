@@ -85,6 +85,10 @@ public actor SyncNode: Service {
     /// Per member, the other sites it signed that it writes under (``setMembers(_:boundSites:)``): its report rows
     /// written under one of them count as its own.
     var memberWritingSites: [SiteID: Set<SiteID>] = [:]
+    /// The pulls under way, by connection, with what each brings at least (``pullUnderWay(covering:except:)``).
+    var pullsUnderWay: [Int: VersionVector] = [:]
+    /// Whether a link put its pull off for one of those: the next to end tells every link.
+    var pullsPutOff = false
     /// What collection did since the node started (``collectionStatus()``).
     var collection = CollectionProgress()
     /// Whether the database awaits its fresh state (``Store/awaitsFreshState()``), as read at start.
