@@ -304,6 +304,7 @@ public actor SerializedStore {
 
     /// See ``Store/knowsOfCollection()``.
     package func knowsOfCollection() throws(ShoalError) -> Bool { try store.knowsOfCollection() }
+    package func unsettledSuspensions() throws(ShoalError) -> [Suspension] { try store.unsettledSuspensions() }
 
     /// See ``Store/freshStateTaken(covering:)``; then settles the suspensions it covers.
     package func freshStateTaken(covering covers: VersionVector) throws(ShoalError) {

@@ -86,6 +86,13 @@ struct ConnectionDriver {
     /// What the peer announced holding that we lack, while a pull on another link brings it: pulled here only if that
     /// one did not.
     private var putOff: VersionVector?
+    /// When the pull was put off: after ``putOffLimitMilliseconds`` it is made whatever the other pull does (a peer
+    /// that stopped answering, or a link busy with something else, must not hold this one back).
+    private var putOffAt: UInt64 = 0
+    /// Whether a tick is on its way for the pull put off.
+    private var putOffTimed = false
+    /// The longest a link puts its pull off for another link's.
+    static let putOffLimitMilliseconds: UInt64 = 250
     /// The generation of the member reports this link last passed on (``MemberDirectory/generation``), and how many
     /// periodic ticks went by since it passed them on whatever their generation (so ages stay fresh).
     private var membersPassedOn: Int?
@@ -166,7 +173,16 @@ struct ConnectionDriver {
                         await delegate.pullEnded(id)
                     }
                 }
-                pace.milliseconds = session.isQuiet ? quietTick : tick
+                pace.milliseconds = session.isQuiet && putOff == nil ? quietTick : tick
+                if putOff != nil, !putOffTimed {
+                    // A quiet link's next tick may be seconds away: one comes when the limit is up.
+                    putOffTimed = true
+                    group.addTask {
+                        try? await Task.sleep(for: .milliseconds(Self.putOffLimitMilliseconds))
+                        events.yield(.tick)
+                    }
+                }
+                if putOff == nil { putOffTimed = false }
                 if handlingMessage {
                     gate.handled()
                     handlingMessage = false
@@ -193,6 +209,12 @@ struct ConnectionDriver {
                     }
                     lastTick = seen
                     actions = session.tick(now: seen.clock)
+                    if let vector = putOff, seen.clock &- putOffAt >= Self.putOffLimitMilliseconds {
+                        putOff = nil
+                        if !worker.latestVersionVector.withLock({ $0 }).dominatesOrEquals(vector) {
+                            actions.append(.wantRound)
+                        }
+                    }
                 case .localChange:
                     settled.committed()
                     actions = session.committed()
@@ -349,6 +371,7 @@ struct ConnectionDriver {
                     let local = try await worker.versionVector()
                     if !local.dominatesOrEquals(vector) {
                         if session.outstandingRequest == nil, await delegate.pullUnderWay(covering: vector, except: id) {
+                            if putOff == nil { putOffAt = now }
                             putOff = putOff.map { $0.merging(vector) } ?? vector
                         } else {
                             actions.append(.wantRound)

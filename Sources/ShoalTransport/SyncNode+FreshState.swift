@@ -133,11 +133,14 @@ extension SyncNode {
     /// Whether a node that reaches its cluster through the relay alone may take its fresh state without a peer: it
     /// holds all the relay holds, and no node ever collected a tombstone in a table it knows of (a collector's floors
     /// travel through the relay like any change), so nothing it holds was collected elsewhere. (Members heard only
-    /// through the relay hold collection back, so a cluster that meets only there never collects.)
+    /// through the relay hold collection back, so a cluster that meets only there never collects.) Never while a
+    /// notice names it: a collector wrote it before collecting, and its floors may not have come yet (a member back
+    /// took its "fresh state" so, between a collector's notice and its floor, and kept the collected rows).
     private func freshStateNeedsNoPeer() async -> Bool {
         guard !relayHeads.isEmpty, heldWithRelay.dominatesOrEquals(withinFences(relayHeads)),
             relayHeads.dominatesOrEquals(freshStateFloor)
         else { return false }
+        guard (try? await worker.unsettledSuspensions())?.isEmpty == true else { return false }
         return (try? await worker.knowsOfCollection()) == false
     }
 
