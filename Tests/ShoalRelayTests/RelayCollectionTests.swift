@@ -20,6 +20,24 @@ import Testing
         return world
     }
 
+    /// a writes rows row01…row20 (v = 1…20), every node holds them, and a has heard from c (its report row, through
+    /// the relay): c can be silent to it from then on.
+    private static func twentyRowsEverywhereAndCHeard(_ world: RelayWorld) async throws {
+        try await world.write(
+            "a",
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
+            """
+        )
+        #expect(try await world.converge(["a", "b", "c"]))
+        let heard = try await waitUntil(within: 30) {
+            let members = try await world.status("a")["members"] as? [[String: Any]] ?? []
+            return members.contains { $0["name"] as? String == "c" && $0["source"] as? String == "report" }
+        }
+        #expect(heard)
+    }
+
     /// a and b are a LAN (b dials a, and has no relay link); c reaches them only through the relay, and a is the only
     /// LAN node with a relay link. Each member writes what it holds as a replicated row after commits, so c learns
     /// what a and b hold (b's row crosses the LAN to a, then the relay), and they learn what c holds: every node
@@ -116,20 +134,7 @@ import Testing
         try await world.serve("a", extra: fast)
         try await world.serve("b", relay: false, peers: ["a"], extra: fast)
         try await world.serve("c", extra: fast)
-        try await world.write(
-            "a",
-            """
-            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
-            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
-            """
-        )
-        #expect(try await world.converge(["a", "b", "c"]))
-        // a has heard from c (its report row, through the relay): c can be silent to it from now on.
-        let heard = try await waitUntil(within: 30) {
-            let members = try await world.status("a")["members"] as? [[String: Any]] ?? []
-            return members.contains { $0["name"] as? String == "c" && $0["source"] as? String == "report" }
-        }
-        #expect(heard)
+        try await Self.twentyRowsEverywhereAndCHeard(world)
         try await world.stop("c")
         let aSite = try #require(try await world.status("a")["site"] as? String)
         let cVector = try await world.status("c")["version_vector"] as? [String: Any] ?? [:]
@@ -191,19 +196,7 @@ import Testing
         let fast = ["--round-interval", "200", "--gc-horizon-unchecked-ms", "1500", "--no-compression"]
         let world = try await Self.lanOfTwoAndARelayedMember("relay-suspended-upload", extra: fast)
         defer { world.tearDown() }
-        try await world.write(
-            "a",
-            """
-            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
-            INSERT INTO kv SELECT 'row' || printf('%02d', i), i FROM n;
-            """
-        )
-        #expect(try await world.converge(["a", "b", "c"]))
-        let heard = try await waitUntil(within: 30) {
-            let members = try await world.status("a")["members"] as? [[String: Any]] ?? []
-            return members.contains { $0["name"] as? String == "c" && $0["source"] as? String == "report" }
-        }
-        #expect(heard)
+        try await Self.twentyRowsEverywhereAndCHeard(world)
         try await world.stop("c")
         try await world.write(
             "c", "UPDATE kv SET v = 'c while away' WHERE k = 'row05'; INSERT INTO kv VALUES ('c-new', 'begun by c')"
