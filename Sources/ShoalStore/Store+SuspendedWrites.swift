@@ -28,6 +28,8 @@ extension Store {
     /// The `shoal_meta` key of the seq of this database's own site after which its writes were made while suspended
     /// (the lowest cut of it a notice naming it holds), from when it learns it was suspended until it settles.
     static let suspendedWritesAfterKey = "suspended_writes_after"
+    /// Shoal's own replicated tables and the roster: their rows are neither left out nor written again.
+    static let notAppTables = internalReplicatedTables.union([rosterTable])
 
     /// A member's transactions written while it was suspended: seqs `after + 1 ... through` of `site`.
     struct SuspendedWrites: Hashable, Sendable {
@@ -77,18 +79,7 @@ extension Store {
     /// Per site, its ranges written while suspended, as the notices and members' records held here say, and those
     /// arriving among `changes` (an apply's, so that a snapshot carrying a notice counts it for its other changes).
     func suspendedWriteRanges(arriving changes: [Change] = []) throws(ShoalError) -> [SiteID: [SuspendedWrites]] {
-        var rows: [(site: SiteID, by: SiteID, text: String)] = []
-        if capture.tableNumbers[Self.suspendedTable] != nil {
-            let select = try statement("SELECT site, by, cut FROM \(Self.suspendedTable)")
-            defer { select.reset() }
-            while try select.step() {
-                guard case .blob(let site) = select.column(0), let site = SiteID(bytes: site),
-                    case .blob(let by) = select.column(1), let by = SiteID(bytes: by),
-                    case .text(let text) = select.column(2)
-                else { continue }
-                rows.append((site, by, text))
-            }
-        }
+        var rows = try suspendedRowTexts()
         for change in changes where change.table == Self.suspendedTable {
             guard case .column("cut", .text(let text)) = change.payload, change.primaryKey.count == 2,
                 case .blob(let site) = change.primaryKey[0], let site = SiteID(bytes: site),
@@ -134,12 +125,11 @@ extension Store {
         else { return 0 }
         let ranges = try suspendedWriteRanges(arriving: changes)
         guard !ranges.isEmpty else { return 0 }
-        let internalTables = Self.internalReplicatedTables.union([Self.rosterTable])
         // A member's transaction's changes to one row, in a range written while suspended.
         var groups: [RowWrite: (indices: [Int], range: SuspendedWrites)] = [:]
         for (index, change) in changes.enumerated() {
             guard let range = ranges[change.stamp.site]?.first(where: { $0.contains(change.stamp.seq) }),
-                !internalTables.contains(change.table), capture.tableNumbers[change.table] != nil
+                !Self.notAppTables.contains(change.table), capture.tableNumbers[change.table] != nil
             else { continue }
             groups[RowWrite(dot: change.dot, table: change.table, key: change.primaryKey), default: ([], range)]
                 .indices.append(index)
@@ -282,7 +272,6 @@ extension Store {
     func liftOwnSuspendedLives(after: UInt64, through: UInt64) throws(ShoalError) -> Int {
         guard through > after else { return 0 }
         try refreshSites()
-        let internalTables = Self.internalReplicatedTables.union([Self.rosterTable])
         let select = try statement(
             "SELECT DISTINCT tbl, keys FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ?"
         )
@@ -300,7 +289,7 @@ extension Store {
         for (tableID, keys) in logged {
             guard let number = numbers[tableID] else { continue }
             let table = capture.tables[number]
-            guard !internalTables.contains(table.name) else { continue }
+            guard !Self.notAppTables.contains(table.name) else { continue }
             let floor = try causalLengthFloor(table.name)
             guard floor > 0 else { continue }
             var reader = ByteReader(keys)

@@ -207,13 +207,24 @@ extension Store {
     /// Every row of ``suspendedTable``.
     private func suspendedRows() throws(ShoalError) -> [Suspension] {
         try refreshSchema()
+        return try suspendedRowTexts().map { Suspension(site: $0.site, by: $0.by, cut: Self.vector(fromText: $0.text)) }
+    }
+
+    /// Every row of ``suspendedTable`` as stored: the member, the collector, and the cut as text (a member's own
+    /// record carries, after the vector, the ranges it wrote while suspended: `Store+SuspendedWrites.swift`).
+    func suspendedRowTexts() throws(ShoalError) -> [(site: SiteID, by: SiteID, text: String)] {
         guard capture.tableNumbers[Self.suspendedTable] != nil else { return [] }
-        return try connection.rows("SELECT site, by, cut FROM \(Self.suspendedTable)").compactMap { row in
-            guard case .blob(let site) = row[0], let site = SiteID(bytes: site), case .blob(let by) = row[1],
-                let by = SiteID(bytes: by), case .text(let cut) = row[2]
-            else { return nil }
-            return Suspension(site: site, by: by, cut: Self.vector(fromText: cut))
+        let select = try statement("SELECT site, by, cut FROM \(Self.suspendedTable)")
+        defer { select.reset() }
+        var rows: [(site: SiteID, by: SiteID, text: String)] = []
+        while try select.step() {
+            guard case .blob(let site) = select.column(0), let site = SiteID(bytes: site),
+                case .blob(let by) = select.column(1), let by = SiteID(bytes: by),
+                case .text(let text) = select.column(2)
+            else { continue }
+            rows.append((site, by, text))
         }
+        return rows
     }
 
     /// What the last fresh state this database took covers (empty if it took none).
@@ -312,13 +323,9 @@ extension Store {
             own.contains($0.site) && covers.dominatesOrEquals($0.cut, ignoring: own)
         }
         guard !settled.isEmpty else { return 0 }
-        let records = try connection.rows(
-            "SELECT site, cut FROM \(Self.suspendedTable) WHERE site = by"
-        ).reduce(into: [SiteID: String]()) { texts, row in
-            if case .blob(let site) = row[0], let site = SiteID(bytes: site), case .text(let text) = row[1] {
-                texts[site] = text
-            }
-        }
+        let records = Dictionary(
+            try suspendedRowTexts().filter { $0.site == $0.by }.map { ($0.site, $0.text) }
+        ) { first, _ in first }
         // Its writes since the lowest cut of it, up to here, were made while suspended (see
         // `Store+SuspendedWrites.swift`): the lives they began below a floor are written again above it, in this
         // transaction, and its record says which writes they were.
