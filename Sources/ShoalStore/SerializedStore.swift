@@ -306,6 +306,9 @@ public actor SerializedStore {
     package func knowsOfCollection() throws(ShoalError) -> Bool { try store.knowsOfCollection() }
     package func unsettledSuspensions() throws(ShoalError) -> [Suspension] { try store.unsettledSuspensions() }
 
+    /// See ``Store/memberWritingSites``.
+    package func setMemberWritingSites(_ sites: [SiteID: Set<SiteID>]) { store.memberWritingSites = sites }
+
     /// See ``Store/freshStateTaken(covering:)``; then settles the suspensions it covers.
     package func freshStateTaken(covering covers: VersionVector) throws(ShoalError) {
         try store.freshStateTaken(covering: covers)

@@ -199,8 +199,16 @@ extension Store {
                 // It may hold rows its peers deleted and collected since: see
                 // ``takeFreshState(table:keys:peerVector:)``.
                 try setMeta(freshStateKey, .integer(Int64(clamping: now)))
-                let floor = freshStateFloorText(readSentRecord(path), own: [site, fresh, identity])
-                try setMeta(freshStateFloorKey, .text(floor))
+                // A file that awaited its fresh state already (a copy of a restored file, taken before it took it)
+                // keeps the floor it had: its own record is not beside the copy, and with no floor it took its
+                // fresh state from a peer as stale as itself (another such copy), and kept rows collected meanwhile.
+                var floor = vector(fromText: freshStateFloorText(readSentRecord(path), own: [site, fresh, identity]))
+                if case .text(let inherited) = try connection.scalar(
+                    "SELECT value FROM shoal_meta WHERE key = ?", [.text(freshStateFloorKey)]
+                ) {
+                    floor.merge(vector(fromText: inherited))
+                }
+                try setMeta(freshStateFloorKey, .text(vectorText(floor)))
                 // The digest's bookkeeping follows the local site's sequence numbers: it is rebuilt.
                 try connection.exec(
                     """

@@ -111,8 +111,23 @@ extension Store {
                 let own = record.carried.filter { $0.site == row.site }
                 through = (own.first { $0.after == after } ?? own.max { $0.through < $1.through })?.through ?? after
             }
-            guard through > after else { continue }
-            ranges[row.site, default: []].append(SuspendedWrites(site: row.site, after: after, through: through, cut: cut))
+            if through > after {
+                ranges[row.site, default: []].append(
+                    SuspendedWrites(site: row.site, after: after, through: through, cut: cut)
+                )
+            }
+            // The member's writes under a fresh site it signed (restored or copied): the notice names it by its
+            // membership, its record by the site it writes under.
+            for site in memberWritingSites[row.site] ?? [] where site != row.site {
+                let after = cut[site]
+                var through = UInt64.max
+                if let record = settled[row.site], record.covers.dominatesOrEquals(cut, ignoring: [row.site, site]) {
+                    let own = record.carried.filter { $0.site == site }
+                    through = (own.first { $0.after == after } ?? own.max { $0.through < $1.through })?.through ?? after
+                }
+                guard through > after else { continue }
+                ranges[site, default: []].append(SuspendedWrites(site: site, after: after, through: through, cut: cut))
+            }
         }
         return ranges
     }

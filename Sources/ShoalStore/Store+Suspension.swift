@@ -87,8 +87,11 @@ extension Store {
             // The member's own entry stays where this node first collected without it: past it, its writes were made
             // while suspended (``suspendedWriteRanges(arriving:)``). This node claims those it left out, and a cut
             // moved past them would hide them from the member's fresh state.
+            // So do its entries of the sites it signed that it writes under (``memberWritingSites``).
+            let writing = (memberWritingSites[site] ?? []).union([site])
             if let first = own[site] ?? recorded.first(where: { $0.site == site })?.cut {
-                merged = VersionVector(merged.entries.merging([site: first[site]]) { _, pinned in pinned })
+                let pinned = Dictionary(uniqueKeysWithValues: writing.map { ($0, first[$0]) })
+                merged = VersionVector(merged.entries.merging(pinned) { _, pinned in pinned })
             }
             // What the member was told already: this node's notice; else its own record; else what the member's last
             // fresh state covered. A cut that moved beyond it only by Shoal's own rows, or by the member's own writes
@@ -97,7 +100,7 @@ extension Store {
             // stands is written again as it was.)
             let notice = recorded.first { $0.site == site }?.cut
             if let told = notice ?? own[site] ?? taken[site],
-                try !movesBeyondInternalWrites(from: told, to: merged, ignoring: [site])
+                try !movesBeyondInternalWrites(from: told, to: merged, ignoring: writing)
             {
                 if notice == nil, let record = own[site] { due.append((site, record)) }
                 continue

@@ -104,6 +104,10 @@ public final class Store {
     var durableLocalSeq: UInt64 = 0
     /// Replicated tables another tool changed or dropped (see ``pausedTables()``).
     var pausedTableList: [PausedTable] = []
+    /// Per member (the site its membership names), the other sites it signed that it writes under (a fresh site,
+    /// once restored or copied), from the roster: a notice naming the member covers its writes under them too
+    /// (``suspendedWriteRanges(arriving:)``). Set by the sync layer (``SerializedStore/setMemberWritingSites(_:)``).
+    public var memberWritingSites: [SiteID: Set<SiteID>] = [:]
     var statements: [String: SQLiteStatement] = [:]
     /// Per replicated table id: its metadata statements, prepared once.
     var clockStatements: [Int64: ClockStatements] = [:]

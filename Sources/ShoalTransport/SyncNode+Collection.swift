@@ -46,6 +46,8 @@ public struct CollectionStatus: Sendable, Hashable {
     /// Fresh states this node took since it started: one per return after it was collected without (or after a
     /// restore or a copy), unless peers collected more without it meanwhile.
     public var freshStatesTaken = 0
+    /// Whether deletes every member holds wait for the relay to hold them too (``SyncNode/collectionCut(held:)``).
+    public var waitsForRelay = false
 }
 
 /// Tombstones collected exactly when every member holds the delete (see ``Store/collectTombstones(upTo:maxRows:)``):
@@ -61,6 +63,8 @@ extension SyncNode {
         for site in members.entries.keys where !current.contains(site) { members.forget(site) }
         collectionMembers = current
         memberWritingSites = boundSites.filter { current.contains($0.key) }
+        let (writing, worker) = (memberWritingSites, worker)
+        Task { await worker.setMemberWritingSites(writing) }
         // Members' report rows the database already holds count from now on (see ``foldMemberReports()``).
         if writesMemberReports {
             Task { await self.foldMemberReports() }
@@ -90,18 +94,39 @@ extension SyncNode {
         }
         let entries = members.entries
         let silent = silentMembers()
+        let (cut, waitsForRelay) = collectionCut(held: held, without: silent)
         let described = { (site: SiteID) in
             CollectionStatus.Waiting(siteID: site, name: self.members.names[site], lastReportMs: entries[site]?.reportedAtMs)
         }
         return CollectionStatus(
             membersKnown: true,
-            cut: members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held),
+            cut: cut,
             collected: collection.collected,
             lastCollectedAtMs: collection.lastCollectedAtMs,
             waitingFor: await membersHoldingBack(held: held).filter { !silent.contains($0) }.map(described),
             suspended: silent.sorted().map(described),
-            freshStatesTaken: collection.freshStatesTaken
+            freshStatesTaken: collection.freshStatesTaken,
+            waitsForRelay: waitsForRelay
         )
+    }
+
+    /// How far this node may collect, holding `held`, with the members but `silent` (``collectionMembers``): the
+    /// members' stable cut (``MemberReports/stableCut(members:own:held:)``), no further than what the relay holds when
+    /// this node has a relay link; and whether the relay held it back.
+    ///
+    /// A delete collected before any member uploaded it never reaches the relay: a member that syncs through the
+    /// relay alone and was collected without (``silentMembers()``) then reads the relay's whole state for its fresh
+    /// state, finds the collected row named by the change that wrote it and no delete, and keeps it for good. A node
+    /// linked to the relay holds such deletes until the relay holds them too. (A LAN-only collector does not wait:
+    /// the members with a relay link hold the delete, and upload it.)
+    func collectionCut(held: VersionVector, without silent: Set<SiteID>) -> (cut: VersionVector, waitsForRelay: Bool) {
+        guard let current = collectionMembers else { return (VersionVector(), false) }
+        let cut = members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held)
+        guard relayLinked || relayStateReader != nil else { return (cut, false) }
+        var within: [SiteID: UInt64] = [:]
+        for (site, seq) in cut.entries where relayHeads[site] > 0 { within[site] = min(seq, relayHeads[site]) }
+        let limited = VersionVector(within)
+        return (limited, limited != cut)
     }
 
     /// The members (but this node) silent longer than the horizon: not connected to this node, and no report of what
@@ -178,10 +203,10 @@ extension SyncNode {
     /// One look, and the collection it calls for (for tests, too).
     func collectOnce() async throws {
         // A node awaiting its fresh state may hold alive what others collected: it collects nothing until it took it.
-        guard let current = collectionMembers, !awaitingFreshState else { return }
+        guard collectionMembers != nil, !awaitingFreshState else { return }
         let held = worker.latestVersionVector.withLock { $0 }
         let silent = silentMembers()
-        let cut = members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held)
+        let cut = collectionCut(held: held, without: silent).cut
         guard !cut.entries.isEmpty, cut != collection.cut else { return }
         if !silent.isEmpty {
             // Recorded before the first pass that leaves them out, in a transaction of its own: the notice reaches

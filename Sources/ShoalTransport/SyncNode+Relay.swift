@@ -11,9 +11,12 @@ extension SyncNode {
 
     /// What a relay holds (its heads, as the relay link last read them): it acknowledges this node's writes like a
     /// peer, in ``pendingLocalChanges()`` and the queue-depth metric. A relay that lost its storage reports less.
+    /// Deletes that waited for the relay to hold them are looked at again (``collectionCut(held:without:)``).
     public func relayHolds(_ heads: VersionVector) {
+        let moved = heads != relayHeads
         relayHeads = heads
         relayLinked = true
+        if moved, collectsAmongMembers { collectionWaker.yield() }
     }
 
     /// What the relay's ranges brought this node, as its link counted them (see ``relayBrought``).

@@ -89,6 +89,8 @@ struct LiveStatus: Codable {
         var suspended: [Waiting]? = nil
         /// Fresh states this node took since it started (after a restore or a copy, or collected without).
         var freshStatesTaken: Int? = nil
+        /// Whether deletes every member holds wait for the relay to hold them too (this node has a relay link).
+        var waitsForRelay: Bool? = nil
     }
 
     /// A device that connected with a key the roster does not hold.

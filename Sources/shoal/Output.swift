@@ -133,6 +133,7 @@ enum Output {
                     "waiting_for": collection.waitingFor.map(member),
                     "suspended": (collection.suspended ?? []).map(member),
                     "fresh_states_taken": collection.freshStatesTaken ?? 0,
+                    "waits_for_relay": collection.waitsForRelay == true && status.tables.contains { $0.tombstones > 0 },
                 ] as [String: Any]
             } ?? NSNull(),
             "site": status.siteID.hex,
@@ -341,6 +342,10 @@ enum Output {
                 + "this node holds: bring \(who.count == 1 ? "it" : "them") online"
                 + (nodes.isEmpty ? "" : ", or remove \(who.count == 1 ? "it" : "them") from the cluster ("
                     + nodes.map { "shoal trust remove \($0)" }.joined(separator: "; ") + ")") + "\n"
+        } else if tombstones > 0, collection.waitsForRelay == true {
+            text += "deletes: \(tombstones) tombstones wait for the relay to hold their deletes (every member holds "
+                + "them): this node has a relay link, and a member that syncs through the relay alone may read its "
+                + "state there; they are collected once this node's uploads reach it\n"
         } else if collection.collected > 0 {
             text += "deletes: \(collection.collected) tombstones collected since the node started"
                 + (tombstones > 0 ? ", \(tombstones) more once every member holds their deletes" : "") + "\n"

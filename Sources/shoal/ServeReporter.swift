@@ -72,7 +72,8 @@ final class ServeReporter: Service, Sendable {
                 lastCollectedAtMs: collection.lastCollectedAtMs,
                 waitingFor: collection.waitingFor.map(described),
                 suspended: collection.suspended.map(described),
-                freshStatesTaken: collection.freshStatesTaken
+                freshStatesTaken: collection.freshStatesTaken,
+                waitsForRelay: collection.waitsForRelay
             )
             status.writeLock = node.store.writeLockHolds
             for index in status.peers.indices {

@@ -186,12 +186,14 @@ import Testing
     }
 
     /// c, back through the relay, uploads what it wrote while away before anything tells it that it was suspended:
-    /// the relay was down while a deleted rows and a and b collected them without c, and they were stopped before it
-    /// came back, so the relay held neither the deletes nor the notice. a downloads c's range when it comes back: c's
-    /// update of a row a collected once came back on a as a row new to it, then on b, and c (taking its fresh state
-    /// from b, which held that row too) kept it: the row was back everywhere. a leaves it out; the row c began while
-    /// away, which a leaves out too, is written again by c when it settles. Every node ends with the same rows,
-    /// compared outside Shoal.
+    /// the relay was down while a deleted rows and b (a LAN node with no relay link) collected them without c. a,
+    /// linked to the relay, keeps them until the relay holds the deletes (a member that syncs through the relay alone
+    /// reads its state there for its fresh state: a delete collected before any member uploaded it never reaches the
+    /// relay, and the row stayed alive at c for good). a and b stop; c comes back through the relay and uploads its
+    /// writes. b, back with a relay link, downloads c's range: c's update of a row b collected once came back on b as
+    /// a row new to it, then everywhere. b leaves it out. c, back through the relay alone, takes its fresh state
+    /// there; the row it began while away, which b leaves out too, it writes again when it settles. Every node ends
+    /// with the same rows, compared outside Shoal.
     @Test func writesAMemberUploadedBeforeItKnewItWasSuspendedBringNoCollectedRowBack() async throws {
         let fast = ["--round-interval", "200", "--gc-horizon-unchecked-ms", "1500", "--no-compression"]
         let world = try await Self.lanOfTwoAndARelayedMember("relay-suspended-upload", extra: fast)
@@ -201,7 +203,7 @@ import Testing
         try await world.write(
             "c", "UPDATE kv SET v = 'c while away' WHERE k = 'row05'; INSERT INTO kv VALUES ('c-new', 'begun by c')"
         )
-        // The relay goes down; a deletes, and a and b collect without c.
+        // The relay goes down; a deletes. b collects without c; a waits for the relay.
         try await world.stopRelay()
         try await world.write("a", "DELETE FROM kv WHERE v <= 10")
         func collection(_ name: String) async throws -> [String: Any] {
@@ -209,11 +211,14 @@ import Testing
         }
         let collected = try await waitUntil(within: 60) {
             let (a, b) = (try await collection("a"), try await collection("b"))
-            return a["tombstones"] as? Int == 0 && b["tombstones"] as? Int == 0
-                && (a["suspended"] as? [[String: Any]])?.count == 1
+            return b["tombstones"] as? Int == 0 && (b["suspended"] as? [[String: Any]])?.count == 1
+                && a["waits_for_relay"] as? Bool == true
         }
-        let state = try await collection("a")
-        #expect(collected, "\(state)")
+        let states = [try await collection("a"), try await collection("b")]
+        #expect(collected, "\(states)")
+        #expect(states[0]["tombstones"] as? Int == 10, "\(states[0])")
+        let text = try await world.statusText("a")
+        #expect(text.contains("wait for the relay"), "\(text)")
         try await world.stop("b")
         try await world.stop("a")
         // c comes back through the relay: its pull brings nothing new, so it uploads what it wrote.
@@ -226,17 +231,22 @@ import Testing
         #expect(cUploaded, "\(world.outputs)")
         #expect(try await world.status("c")["awaits_fresh_state"] as? Bool == false)
         try await world.stop("c")
-        // a pulls that range before it uploads anything; then b comes back, and c with a link to b.
-        try await world.serve("a", extra: fast)
-        let aPulled = try await waitUntil(within: 30, checkingEvery: 200) {
-            try await world.relayStatus("a")["lacking"] as? Int == 0
+        // b comes back with a relay link and downloads c's range; a uploads the deletes and collects them; c comes
+        // back through the relay alone.
+        try await world.serve("b", peers: ["a"], extra: fast)
+        let bPulled = try await waitUntil(within: 30, checkingEvery: 200) {
+            try await world.relayStatus("b")["lacking"] as? Int == 0
         }
-        #expect(aPulled, "\(world.outputs)")
-        try await world.serve("b", relay: false, peers: ["a"], extra: fast)
-        try await world.serve("c", peers: ["b"], extra: fast)
+        #expect(bPulled, "\(world.outputs)")
+        try await world.serve("a", extra: fast)
+        try await world.serve("c", extra: fast)
         #expect(try await world.converge(["a", "b", "c"], within: 90), "\(world.outputs)")
         #expect(try await waitUntil(within: 30) { try await world.status("c")["awaits_fresh_state"] as? Bool == false })
         #expect(world.outputs.contains("left out writes a member made while suspended"), "\(world.outputs)")
+        let aCollected = try await waitUntil(within: 60) { try await collection("a")["tombstones"] as? Int == 0 }
+        let aState = try await collection("a")
+        #expect(aCollected, "\(aState)")
+        #expect(try await world.converge(["a", "b", "c"], within: 60), "\(world.outputs)")
         var contents: [String] = []
         for name in ["a", "b", "c"] {
             let path = world.paths[name]!

@@ -215,6 +215,12 @@ final class RelayWorld: @unchecked Sendable {
         return (try JSONSerialization.jsonObject(with: Data(output.stdout.utf8))) as? [String: Any] ?? [:]
     }
 
+    /// Node `name`'s `shoal status`, as an operator reads it.
+    func statusText(_ name: String) async throws -> String {
+        let path = paths[name]!
+        return try await offPool { try shoal("status", "--db", path) }.stdout
+    }
+
     /// The relay part of node `name`'s status.
     func relayStatus(_ name: String) async throws -> [String: Any] {
         try await status(name)["relay"] as? [String: Any] ?? [:]

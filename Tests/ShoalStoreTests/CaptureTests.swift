@@ -54,7 +54,9 @@ func takeFreshState(_ restored: Store, from peer: Store) throws -> FreshStateRep
 
 /// ``takeFreshState(_:from:)`` when a node would: `store` awaits its fresh state and holds all `peer` holds.
 func freshStateIfDue(_ store: Store, from peer: Store) throws {
-    guard try store.awaitsFreshState(), try store.versionVector().dominatesOrEquals(peer.versionVector()) else { return }
+    guard try store.awaitsFreshState(), try store.versionVector().dominatesOrEquals(peer.versionVector()),
+        try peer.versionVector().dominatesOrEquals(store.freshStateFloor())
+    else { return }
     try takeFreshState(store, from: peer)
 }
 

@@ -373,6 +373,52 @@ import Testing
         #expect(try !Store(path: path).awaitsFreshState())
     }
 
+    /// The restored member's file is copied to a new device before it took its fresh state. The copy keeps the floor
+    /// (it had none once: its own record is not beside the copy), so another copy as stale as itself cannot give it
+    /// its fresh state, and the peer that can removes the collected rows. (Found by the convergence property test,
+    /// seed 14761741236704783655: a copy took its fresh state from another copy and kept a collected row.)
+    @Test func aCopyOfARestoredFileAwaitingItsFreshStateKeepsTheFloor() throws {
+        let directory = try temporaryDirectory("restore-then-copy")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let path = directory.appendingPathComponent("b.db").path
+        let backup = directory.appendingPathComponent("b-backup.db").path
+        var heldOfA: UInt64 = 0
+        do {
+            let b = try makeFileStore(directory, "b")
+            try a.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+            try sync(a, b)
+            try RawConnection(path: path).exec("VACUUM INTO '\(backup)'")
+            try a.execute("DELETE FROM items WHERE id = 1")
+            try sync(a, b)
+            for store in [a, b] { #expect(try store.collectTombstones(upTo: a.versionVector()).collected == 1) }
+            heldOfA = try b.versionVector()[a.siteID]
+        }
+        try restoreInPlace(path, from: backup)
+        let b = try Store(path: path)
+        #expect(try b.awaitsFreshState())
+        let floor = try b.freshStateFloor()
+        #expect(floor == VersionVector([a.siteID: heldOfA]))
+        // Two copies of it, each moved to a site of its own: both await, with the floor.
+        var copies: [Store] = []
+        for name in ["copy1", "copy2"] {
+            let copyPath = directory.appendingPathComponent("\(name).db").path
+            try RawConnection(path: path).exec("VACUUM INTO '\(copyPath)'")
+            let copy = try Store(path: copyPath)
+            #expect(try copy.siteID != b.siteID && copy.awaitsFreshState())
+            #expect(try copy.freshStateFloor() == floor)
+            copies.append(copy)
+        }
+        // One copy cannot take its fresh state from the other; from a, it can, and row 1 goes.
+        try freshStateIfDue(copies[0], from: copies[1])
+        #expect(try copies[0].awaitsFreshState())
+        try sync(a, copies[0])
+        try freshStateIfDue(copies[0], from: a)
+        #expect(try !copies[0].awaitsFreshState())
+        #expect(try rows(copies[0], "SELECT id FROM items ORDER BY id") == [[.integer(2)]])
+        #expect(try copies[0].digest() == a.digest())
+    }
+
     /// A member restored from a backup that predates its peers' collection begins, before its fresh state, a row whose
     /// key they had deleted: it does not know their floor yet, so the row's life starts below the delete. Collectors
     /// hold no tombstone of the key and would take that life, a node still keeping the tombstone would not. The fresh

@@ -273,4 +273,47 @@ import Testing
         #expect(try rows(newcomer, "SELECT a, v FROM pairs ORDER BY a") == [[.text("live"), .text("new")]])
         #expect(try newcomer.digest() == collector.digest())
     }
+    /// A member that writes under a fresh site it signed (restored or copied before) is named in a notice by its
+    /// membership: with the roster's binding of that site (``Store/memberWritingSites``), a collector leaves out its
+    /// update of a collected row all the same (without it, nothing named the writing site, and the row came back),
+    /// and a notice written again keeps that site's entry of the cut where it was.
+    @Test func writesUnderAFreshSiteTheMemberSignedAreLeftOutToo() throws {
+        let directory = try temporaryDirectory("probe-fresh-site")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let collector = try makeFileStore(directory, "c")
+        let member = try makeFileStore(directory, "m")
+        let membership = SiteID(high: 0x5EED, low: 1)
+        try collector.execute("INSERT INTO items(id, name) VALUES (1, 'one'), (2, 'two')")
+        try sync(collector, member)
+        try member.execute("INSERT INTO items(id, name) VALUES (3, 'three')")
+        try sync(member, collector)
+        // Away: the member updates row 1, under its writing site.
+        try member.execute("UPDATE items SET name = 'ONE' WHERE id = 1")
+        let uploaded = try member.changes(since: collector.versionVector())
+        try collector.execute("DELETE FROM items WHERE id = 1")
+        let cut = try collector.versionVector()
+        #expect(try collector.suspend([membership], cut: cut) == [membership])
+        #expect(try collector.collectTombstones(upTo: cut).collected == 1)
+        #expect(try collector.suspendedWriteRanges()[member.siteID] == nil)
+        collector.memberWritingSites = [membership: [member.siteID]]
+        let expected = [Store.SuspendedWrites(site: member.siteID, after: cut[member.siteID], through: .max)]
+        #expect(try collector.suspendedWriteRanges()[member.siteID] == expected)
+        var leftOut = 0
+        var received: [SiteID: UInt64] = [:]
+        for batch in uploaded {
+            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
+            received.merge(report.acceptedHighest) { max($0, $1) }
+            leftOut += report.suspendedWritesLeftOut
+        }
+        #expect(leftOut == 1)
+        #expect(try rows(collector, "SELECT id FROM items ORDER BY id") == [[.integer(2)], [.integer(3)]])
+        // The collector claims the update it left out, and writes its notice again past a write of its own: the
+        // member's writing site stays where it first collected without it.
+        #expect(try collector.versionVector()[member.siteID] > cut[member.siteID])
+        try collector.execute("INSERT INTO items(id, name) VALUES (4, 'four')")
+        try collector.execute("DELETE FROM items WHERE id = 2")
+        #expect(try collector.suspend([membership], cut: try collector.versionVector()) == [membership])
+        #expect(try collector.suspendedWriteRanges()[member.siteID] == expected)
+        #expect(try collector.verify().isConsistent)
+    }
 }

@@ -15,12 +15,17 @@ private enum Report: Sendable {
     case progress
     case acknowledged
     case roundFailed(String)
+    /// The driver asked whether a pull under way elsewhere covers what its peer announced, and was told so.
+    case putOff
+    case pullStarting
 }
 
 /// A delegate that admits every connection and streams what it is told.
 private final class Recorder: ConnectionDelegate {
     let reports: AsyncStream<Report>
     private let sink: AsyncStream<Report>.Continuation
+    /// Whether a pull under way on another link (there is none: the test says so) covers whatever is asked.
+    let coveringPullUnderWay = Mutex(false)
 
     init() {
         (reports, sink) = AsyncStream.makeStream(of: Report.self)
@@ -37,6 +42,12 @@ private final class Recorder: ConnectionDelegate {
         sink.yield(.progress)
     }
     func connectionAcknowledged(peer: SiteID, _ ack: Ack) async { sink.yield(.acknowledged) }
+    func pullStarting(_ id: Int, expecting: VersionVector) async { sink.yield(.pullStarting) }
+    func pullUnderWay(covering vector: VersionVector, except id: Int) async -> Bool {
+        let covering = coveringPullUnderWay.withLock { $0 }
+        if covering { sink.yield(.putOff) }
+        return covering
+    }
     func connectionRoundFailed(peer: SiteID, reason: String) async { sink.yield(.roundFailed(reason)) }
     func connectionClockView(peer: SiteID, aheadMilliseconds: Int64) async {}
     func describeClockRefusal(_ error: ShoalError, batch: ChangeBatch, peer: SiteID?) async -> ShoalError { error }
@@ -375,5 +386,51 @@ private func exchange(
         clock.advance(by: Int64(a.settings.session.idleTimeout) + 1)
         let outcome = try await run.value
         #expect(outcome.error?.code == .timeout)
+    }
+    /// b announces a write while a pull under way on another of a's links (the test's word for it) brings it: a puts
+    /// its own pull off. When that pull ends and did not bring it, a pulls (`.pullsEnded`); and a pull put off behind
+    /// one that stopped moving is made all the same once ``ConnectionDriver/putOffLimitMilliseconds`` passed on a's
+    /// clock (moved by hand here: nothing else makes it pull).
+    @Test(arguments: [false, true])
+    func aPullPutOffForAnotherLinksIsMadeWhenThatOneEndsOrAfterTheLimit(waitsForTheLimit: Bool) async throws {
+        let directory = try temporaryDirectory("driver-put-off")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var a = try Side(directory, "a")
+        let b = try Side(directory, "b")
+        let clock = ManualWallClock(milliseconds: 1_000_000)
+        a.settings.clock = clock
+        let (left, right) = InMemoryMessageStream.pair()
+        let runA = a.run(over: left)
+        let runB = b.run(over: right)
+        // Both empty: each side's one pull at the handshake ended, and the link is quiet (no answer under way brings
+        // what b writes next).
+        #expect(await a.recorder.wait { if case .roundFinished = $0 { true } else { false } })
+        #expect(await b.recorder.wait { if case .roundFinished = $0 { true } else { false } })
+        // From now on, another link's pull covers whatever b announces.
+        a.recorder.coveringPullUnderWay.withLock { $0 = true }
+        try await b.write("INSERT INTO kv(k, v) VALUES ('2', 'second')")
+        b.signals.yield(.localChange)
+        #expect(await a.recorder.wait { if case .putOff = $0 { true } else { false } })
+        let lacking = try await a.worker.versionVector()
+        #expect(try await !lacking.dominatesOrEquals(b.worker.versionVector()))
+        if waitsForTheLimit {
+            // The other pull never ends: a's clock passes the limit, and its next tick pulls.
+            clock.advance(by: Int64(ConnectionDriver.putOffLimitMilliseconds))
+        } else {
+            // The other pull ended without bringing it.
+            a.recorder.coveringPullUnderWay.withLock { $0 = false }
+            a.signals.yield(.pullsEnded)
+        }
+        #expect(await a.recorder.wait { if case .pullStarting = $0 { true } else { false } })
+        var converged = false
+        for _ in 0..<50 where !converged {
+            converged = try await a.worker.digest() == b.worker.digest()
+            if !converged { _ = await a.recorder.wait(within: 0.5) { if case .roundFinished = $0 { true } else { false } } }
+        }
+        #expect(converged)
+        #expect(try await a.worker.versionVector() == b.worker.versionVector())
+        a.signals.yield(.shutdown)
+        _ = try await runA.value
+        _ = try await runB.value
     }
 }
