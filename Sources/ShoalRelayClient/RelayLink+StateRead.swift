@@ -8,9 +8,17 @@ import ShoalTransport
 /// and collected before the snapshot was taken (a snapshot holds every other row, alive or as a tombstone).
 extension RelayLink {
     /// Reads the relay's whole state for a fresh state: its heads when the read began, and the keys of every row its
-    /// changes name. Fails unless the read reached those heads (a site it could not open, say).
-    func readStateForFreshState(_ api: RelayAPIClient) async throws(RelayCallError) -> RelayStateKeys {
+    /// changes name. Fails unless the read reached those heads (a site it could not open, say). Reads nothing unless
+    /// the relay's snapshot covers `snapshotCovering` (the answer then says what it covers, and names no row).
+    func readStateForFreshState(
+        _ api: RelayAPIClient,
+        snapshotCovering: VersionVector
+    ) async throws(RelayCallError) -> RelayStateKeys {
         let heads = try await fetchHeads(api)
+        let snapshot = state.withLock { $0.snapshotVector }
+        guard snapshot.dominatesOrEquals(snapshotCovering) else {
+            return RelayStateKeys(heads: heads, keys: [:], snapshot: snapshot)
+        }
         configuration.logger.notice(
             "reading what the relay holds, from the start, to take a fresh state through it",
             metadata: ["heads": "\(heads)"]
@@ -26,10 +34,17 @@ extension RelayLink {
         var stalled = 0
         while !endpoint.covers(heads), stalled < Self.stateReadStalledPages {
             let before = endpoint.covered
-            let request = session.request(
+            var request = session.request(
                 held: before, now: configuration.clock.nowMilliseconds(), wait: 0,
                 maximumBytes: configuration.pageBytes
             )
+            // Every site from the snapshot first: the change log's first ranges may still be kept, and they name rows
+            // collected since, whose deletes may never have reached the relay.
+            var sites = Set(request.snapshotSites ?? [])
+            for site in snapshot.entries.keys.sorted() where sites.count < RelayPullRequest.maximumSnapshotSites {
+                sites.insert(RelayAPI.key(site))
+            }
+            request.snapshotSites = sites.isEmpty ? nil : sites.sorted()
             let entries = try await api.pull(request, waitMilliseconds: 0)
             _ = try await RelayPullDriver.deliver(entries, &session, &endpoint)
             if entries.isEmpty { break }
@@ -41,7 +56,7 @@ extension RelayLink {
                 "the relay's state could not be read whole (read \(endpoint.read), served \(endpoint.served), heads \(heads))"
             )
         }
-        return RelayStateKeys(heads: heads, keys: endpoint.keys)
+        return RelayStateKeys(heads: heads, keys: endpoint.keys, snapshot: snapshot)
     }
 
     /// Pages in a row that moved the read no further end a read of the relay's state.

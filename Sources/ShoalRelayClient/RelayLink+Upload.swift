@@ -172,8 +172,11 @@ extension RelayLink {
         }
         let now = configuration.clock.nowMilliseconds()
         let minimum = configuration.snapshotMinimumBytes
+        guard let owed = await node.relaySnapshotOwed(covering: state.withLock({ $0.snapshotVector })) else {
+            return false
+        }
         return state.withLock {
-            $0.snapshotDue(held: held, heads: heads, fences: fences, minimumBytes: minimum, now: now)
+            $0.snapshotDue(held: held, heads: heads, fences: fences, minimumBytes: minimum, owed: owed, now: now)
         }
     }
 

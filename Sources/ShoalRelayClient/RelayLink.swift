@@ -72,9 +72,9 @@ public final class RelayLink: Service, Sendable {
             route: { self.state.withLock { ($0.instance, $0.credentials.token) } },
             answered: { used, ok, boot in self.markReachable(used, ok: ok, boot: boot) }
         )
-        await node.readsRelayState { () async throws in
+        await node.readsRelayState { covering in
             do {
-                return try await self.readStateForFreshState(reader)
+                return try await self.readStateForFreshState(reader, snapshotCovering: covering)
             } catch {
                 throw ShoalError(code: .relay, message: "\(error)")
             }

@@ -221,11 +221,16 @@ struct RelayLinkState: Sendable {
     /// is due whenever the relay's covers less of that site than this node holds, whatever the sizes. Such a range
     /// stays uncovered for good, and its bytes with it: the sizes then make a snapshot due at most once every
     /// ``pastFenceSnapshotSpacingMilliseconds`` after this node's last.
+    ///
+    /// `owed`: a member suspended for collection needs a snapshot covering what was collected without it
+    /// (``SyncNode/relaySnapshotOwed(covering:)``): one is due whatever the sizes, at most once every
+    /// ``owedSnapshotSpacingMilliseconds``.
     func snapshotDue(
         held: VersionVector,
         heads: VersionVector,
         fences: [SiteID: UInt64] = [:],
         minimumBytes: Int64,
+        owed: Bool = false,
         now: UInt64
     ) -> Bool {
         let pastFences = fences.filter { heads[$0.key] > $0.value }
@@ -233,6 +238,7 @@ struct RelayLinkState: Sendable {
         for (site, fence) in pastFences { reachable[site] = fence }
         guard held.compare(VersionVector(reachable)) == .equal else { return false }
         if let retry = snapshotRetryMs, now < retry { return false }
+        if owed, status.lastSnapshotMs.map({ now >= $0 + Self.owedSnapshotSpacingMilliseconds }) ?? true { return true }
         if pastFences.keys.contains(where: { snapshotVector[$0] < held[$0] }) { return true }
         if !pastFences.isEmpty, let last = status.lastSnapshotMs, now < last + Self.pastFenceSnapshotSpacingMilliseconds {
             return false
@@ -243,6 +249,8 @@ struct RelayLinkState: Sendable {
     /// With a removed member's range past its fence in the relay, the least time between two snapshots this node
     /// uploads for the sizes alone.
     static let pastFenceSnapshotSpacingMilliseconds: UInt64 = 600_000
+    /// The least time between two snapshots this node uploads for a member suspended for collection.
+    static let owedSnapshotSpacingMilliseconds: UInt64 = 60_000
 
     /// How a snapshot upload ended.
     enum SnapshotEnd: Sendable, Equatable {

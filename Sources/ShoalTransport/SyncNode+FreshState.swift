@@ -156,7 +156,22 @@ extension SyncNode {
         guard now >= relayStateReadDueMs else { return }
         relayStateReadDueMs = now + Self.relayStateReadIntervalMilliseconds
         do {
-            var state = try await reader()
+            // A row collected without this node is named by its first write in the change log still, and its delete
+            // may never have reached the relay (a collector uploaded the delete's transaction without it): only a
+            // snapshot taken since, by a node that holds every cut it was collected up to, leaves it out.
+            let collectedWithout = withinFences(try await suspensionCuts())
+            var state = try await reader(collectedWithout)
+            guard state.snapshot.dominatesOrEquals(collectedWithout) else {
+                configuration.logger.info(
+                    """
+                    the relay's snapshot does not cover yet the deletes collected without this node: a peer that holds \
+                    them uploads one; looking again shortly
+                    """,
+                    metadata: ["snapshot": "\(state.snapshot)", "collected up to": "\(collectedWithout)"]
+                )
+                relayStateReadDueMs = configuration.clock.monotonicMilliseconds() + Self.relaySnapshotWaitMilliseconds
+                return
+            }
             state.heads = withinFences(state.heads)
             // What the relay held when the read began: this node holds it all (it may hold more since, pulled from
             // the relay meanwhile: rows begun after the read stay, as rows no peer had seen would), and the floor.
@@ -214,6 +229,27 @@ extension SyncNode {
 
     /// How long after a read of the relay's whole state that failed the next may start.
     static let relayStateReadIntervalMilliseconds: UInt64 = 30_000
+    /// How long after a read whose snapshot did not cover the deletes collected without this node the next may start.
+    static let relaySnapshotWaitMilliseconds: UInt64 = 3_000
+
+    /// The cuts of the notices naming this node that it has not settled, merged (its own sites left out): what a
+    /// source of its fresh state must hold.
+    func suspensionCuts() async throws -> VersionVector {
+        let own: Set<SiteID> = [siteID, registry.localSite]
+        var cuts = VersionVector()
+        for suspension in try await worker.unsettledSuspensions() { cuts.merge(suspension.cut) }
+        return VersionVector(cuts.entries.filter { !own.contains($0.key) })
+    }
+
+    /// Whether this node should upload a snapshot to the relay, which holds one covering `snapshot`: it awaits no fresh
+    /// state itself, and a member is suspended for collection with a cut the snapshot does not cover. That member,
+    /// back through the relay alone, reads its fresh state from the snapshot (``takeFreshStateFromTheRelay()``).
+    /// `nil`: this node must upload none (it awaits its fresh state: it may hold alive rows collected elsewhere).
+    public func relaySnapshotOwed(covering snapshot: VersionVector) -> Bool? {
+        guard !awaitingFreshState else { return nil }
+        let mine: Set<SiteID> = [siteID, registry.localSite]
+        return suspendedSites.contains { !mine.contains($0.key) && !snapshot.dominatesOrEquals($0.value) }
+    }
     /// How long after a read this node did not hold all of yet the next may start.
     static let relayStateRereadMilliseconds: UInt64 = 1_000
 
@@ -286,11 +322,14 @@ public struct RelayStateKeys: Sendable {
     /// Per table, the encoded keys (``SQLValue/encodeKey(_:)``) of the rows its changes name, in its snapshot or its
     /// change log.
     public var keys: [String: Set<[UInt8]>]
+    /// What the relay's snapshot the read started from covers (empty: it had none).
+    public var snapshot: VersionVector
 
     /// What a read of the relay found.
-    public init(heads: VersionVector, keys: [String: Set<[UInt8]>]) {
+    public init(heads: VersionVector, keys: [String: Set<[UInt8]>], snapshot: VersionVector = VersionVector()) {
         self.heads = heads
         self.keys = keys
+        self.snapshot = snapshot
     }
 }
 

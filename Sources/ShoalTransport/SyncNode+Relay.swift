@@ -26,7 +26,8 @@ extension SyncNode {
 
     /// Sets how the node reads what the relay holds, whole, to take a fresh state through the relay alone (the relay
     /// link, while it runs; nil once it stopped).
-    public func readsRelayState(_ reader: (@Sendable () async throws -> RelayStateKeys)?) {
+    /// The reader reads nothing unless the relay's snapshot covers the vector it is given (see ``RelayStateKeys``).
+    public func readsRelayState(_ reader: (@Sendable (VersionVector) async throws -> RelayStateKeys)?) {
         relayStateReader = reader
     }
 

@@ -109,7 +109,7 @@ public actor SyncNode: Service {
     /// Whether a relay link reported what the relay holds (``relayHolds(_:)``).
     var relayLinked = false
     /// Reads what the relay holds, whole, for a fresh state through it (``readsRelayState(_:)``).
-    var relayStateReader: (@Sendable () async throws -> RelayStateKeys)?
+    var relayStateReader: (@Sendable (VersionVector) async throws -> RelayStateKeys)?
     /// No read of the relay's state for a fresh state before then (monotonic milliseconds).
     var relayStateReadDueMs: UInt64 = 0
     /// When each member's report row this node folded into ``members`` was written (theirs, by site).

@@ -257,6 +257,12 @@ import Testing
         #expect(contents[0].contains(begun), "\(contents[0])")
         for index in 1...10 { #expect(!contents[0].contains("row\(String(format: "%02d", index))|"), "\(contents[0])") }
         for index in 11...20 { #expect(contents[0].contains("row\(index)|"), "\(contents[0])") }
+        // The relay's change log names rows 1–10 by their inserts, and holds a's delete without them (b uploaded it
+        // having collected them): c took its fresh state from a snapshot uploaded for it, which leaves them out, and
+        // its write to row05 is in its conflict log.
+        #expect(world.outputs.contains("uploaded a snapshot"), "\(world.outputs)")
+        let conflicts = try await offPool { try shoal(arguments: ["conflicts", "--db", world.paths["c"]!]) }
+        #expect(conflicts.stdout.contains("orphaned while offline"), "\(conflicts.stdout)")
     }
 
     /// a and c meet only through the relay; c's file is restored from a backup, so it writes as a fresh site (and signs

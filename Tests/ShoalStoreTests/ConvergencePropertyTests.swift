@@ -294,7 +294,13 @@ private func runScenario(seed: UInt64) throws {
                 backup = (path, site, seq)
             }
         }
-        if let foreignDirectory, let foreign = replicas[0].foreign, copies < 2, Int.random(in: 0..<12, using: &random) == 0 {
+        // (Not while it holds writes of its own it made awaiting its fresh state: the copy would hold them too, and
+        // serve them as its original's, unlifted: a known limit, see docs/guarantees.md.)
+        let holdsUnsentWrites = try replicas[0].store.awaitsFreshState()
+            && replicas[0].store.versionVector()[replicas[0].store.siteID] > 0
+        if let foreignDirectory, let foreign = replicas[0].foreign, copies < 2, Int.random(in: 0..<12, using: &random) == 0,
+            !holdsUnsentWrites
+        {
             // The file replica is copied (a consistent copy, as a backup tool makes) and the copy joins as a replica of
             // its own: it must write as a fresh site, or its writes and the original's would share dots.
             copies += 1
