@@ -74,7 +74,8 @@ extension RelayLink {
     /// said.
     func fetchHeads(_ api: RelayAPIClient) async throws(RelayCallError) -> VersionVector {
         let (heads, vector) = try await api.heads(cluster: configuration.clusterID)
-        state.withLock { $0.read(heads) }
+        let now = configuration.clock.nowMilliseconds()
+        state.withLock { $0.read(heads, now: now) }
         if let forged = RelayLinkState.forgedRange(heads: vector, held: try await held(), site: node.siteID) {
             note(forged)
         }

@@ -52,6 +52,10 @@ struct RelayLinkState: Sendable {
     var snapshotBytes: Int64 = 0
     /// What the relay's snapshot covers, as last read.
     var snapshotVector = VersionVector()
+    /// When the relay's snapshot was last seen to change (any node's), or this node's completed (Unix milliseconds).
+    private(set) var snapshotChangedMs: UInt64?
+    /// Whether the relay's heads were read once: the first reading tells nothing of when its snapshot changed.
+    private var snapshotKnown = false
     /// No snapshot is tried before then (Unix milliseconds): a minute after an attempt began, 10 s after another
     /// node's snapshot completed first.
     private(set) var snapshotRetryMs: UInt64?
@@ -179,11 +183,14 @@ struct RelayLinkState: Sendable {
     // MARK: Heads and snapshots
 
     /// The relay's heads were read: what they say of its sizes is kept, and what it served before them is in them.
-    mutating func read(_ heads: RelayHeads) {
+    mutating func read(_ heads: RelayHeads, now: UInt64 = 0) {
         served = VersionVector()
         uncoveredBytes = heads.uncoveredBytes ?? 0
         snapshotBytes = heads.snapshot?.bytes ?? 0
-        snapshotVector = heads.snapshot.flatMap { try? RelayAPI.vector($0.vector) } ?? VersionVector()
+        let vector = heads.snapshot.flatMap { try? RelayAPI.vector($0.vector) } ?? VersionVector()
+        if snapshotKnown, vector != snapshotVector { snapshotChangedMs = now }
+        snapshotKnown = true
+        snapshotVector = vector
     }
 
     /// What to say when the relay's `heads` claim more of this node's own `site` than it `held`: nobody holds more of
@@ -223,8 +230,8 @@ struct RelayLinkState: Sendable {
     /// ``pastFenceSnapshotSpacingMilliseconds`` after this node's last.
     ///
     /// `owed`: a member suspended for collection needs a snapshot covering what was collected without it
-    /// (``SyncNode/relaySnapshotOwed(covering:)``): one is due whatever the sizes, at most once every
-    /// ``owedSnapshotSpacingMilliseconds``.
+    /// (``SyncNode/relaySnapshotOwed(covering:)``): one is due whatever the sizes, once the relay's snapshot last
+    /// changed ``owedSnapshotSpacingMilliseconds`` ago or more.
     func snapshotDue(
         held: VersionVector,
         heads: VersionVector,
@@ -238,7 +245,7 @@ struct RelayLinkState: Sendable {
         for (site, fence) in pastFences { reachable[site] = fence }
         guard held.compare(VersionVector(reachable)) == .equal else { return false }
         if let retry = snapshotRetryMs, now < retry { return false }
-        if owed, status.lastSnapshotMs.map({ now >= $0 + Self.owedSnapshotSpacingMilliseconds }) ?? true { return true }
+        if owed, snapshotChangedMs.map({ now >= $0 + Self.owedSnapshotSpacingMilliseconds }) ?? true { return true }
         if pastFences.keys.contains(where: { snapshotVector[$0] < held[$0] }) { return true }
         if !pastFences.isEmpty, let last = status.lastSnapshotMs, now < last + Self.pastFenceSnapshotSpacingMilliseconds {
             return false
@@ -249,8 +256,10 @@ struct RelayLinkState: Sendable {
     /// With a removed member's range past its fence in the relay, the least time between two snapshots this node
     /// uploads for the sizes alone.
     static let pastFenceSnapshotSpacingMilliseconds: UInt64 = 600_000
-    /// The least time between two snapshots this node uploads for a member suspended for collection.
-    static let owedSnapshotSpacingMilliseconds: UInt64 = 60_000
+    /// The least time between the relay's snapshot changing (whoever uploaded it) and a snapshot this node uploads for
+    /// a member suspended for collection: while the member stays away, the cluster's writes move the cuts it was
+    /// collected without, and each move would make one due (a whole snapshot a minute, from every node, once).
+    static let owedSnapshotSpacingMilliseconds: UInt64 = 300_000
 
     /// How a snapshot upload ended.
     enum SnapshotEnd: Sendable, Equatable {
@@ -273,6 +282,7 @@ struct RelayLinkState: Sendable {
         switch end {
         case .completed:
             status.lastSnapshotMs = now
+            snapshotChangedMs = now
             uncoveredBytes = 0
             snapshotRetryMs = nil
         case .empty:

@@ -401,7 +401,18 @@ struct ConnectionDriver {
                         )
                         break
                     }
-                    actions += session.served(request, localVersionVector: local)
+                    // The peer's request shows a write this node lacks: pulled now, unless a pull under way on
+                    // another link brings it (as for an announcement, ``SyncSession/Action/peerHolds(_:)``).
+                    var after = session.served(request, localVersionVector: local)
+                    if after.contains(where: { if case .wantRound = $0 { true } else { false } }),
+                        session.outstandingRequest == nil,
+                        await delegate.pullUnderWay(covering: request.versionVector, except: id)
+                    {
+                        if putOff == nil { putOffAt = now }
+                        putOff = putOff.map { $0.merging(request.versionVector) } ?? request.versionVector
+                        after.removeAll { if case .wantRound = $0 { true } else { false } }
+                    }
+                    actions += after
                 case .apply(let message):
                     actions += try await apply(message, session: &session, stream: stream)
                 case .roundFinished:

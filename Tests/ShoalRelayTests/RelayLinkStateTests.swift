@@ -128,6 +128,36 @@ import Testing
         #expect(link.status.lacking == 1 && link.status.lackingSinceMs == 7)
     }
 
+    /// A member suspended for collection reads its fresh state from a snapshot covering what was collected without
+    /// it: one is due whatever the sizes, at once when the relay's snapshot has not changed since this node first read
+    /// its heads, then only once it last changed 5 minutes ago (while the member stays away, every write moves the
+    /// cuts: a whole snapshot a minute from every node once). Never while this node lacks some of what the relay holds.
+    @Test func aSnapshotOwedToASuspendedMemberIsDueAtOnceThenSpacedFromTheRelaysLastChange() {
+        var link = state()
+        let site = SiteID.random()
+        let heads = VersionVector([site: 5])
+        func snapshot(_ seq: UInt64) -> RelayHeads {
+            RelayHeads(heads: [:], snapshot: RelaySnapshotInfo(
+                id: "\(seq)", vector: [RelayAPI.key(site): seq], bytes: 1 << 20, createdMs: 1
+            ), uncoveredBytes: 0)
+        }
+        link.read(snapshot(3), now: 50_000)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, now: 100_000), "the sizes alone")
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 100_000))
+        #expect(
+            !link.snapshotDue(held: VersionVector([site: 4]), heads: heads, minimumBytes: 8_000, owed: true, now: 100_000)
+        )
+        // Another node's snapshot lands: the next owed one waits 5 minutes from then.
+        link.read(snapshot(4), now: 200_000)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 499_999))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 500_000))
+        // So does this node's own.
+        link.snapshotStarted(now: 500_000)
+        link.snapshotEnded(.completed, now: 510_000)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 809_999))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 810_000))
+    }
+
     /// A removed member's site counts up to its fence. The relay holding more of it (the member's own range past the
     /// fence) makes a snapshot due whenever the relay's covers less of that site than this node holds, whatever the
     /// sizes; and for the sizes (that range stays uncovered for good) at most every 10 minutes.
