@@ -91,6 +91,7 @@ public final class ShoalNode: Service, Sendable {
             security = secured
         }
         options.configure?(&configuration)
+        configuration.relayLinked = options.relay != nil
         let node = try await SyncNode(configuration: configuration)
         security?.attach(node)
         self.node = node

@@ -258,8 +258,9 @@ struct RelayLinkState: Sendable {
     static let pastFenceSnapshotSpacingMilliseconds: UInt64 = 600_000
     /// The least time between the relay's snapshot changing (whoever uploaded it) and a snapshot this node uploads for
     /// a member suspended for collection: while the member stays away, the cluster's writes move the cuts it was
-    /// collected without, and each move would make one due (a whole snapshot a minute, from every node, once).
-    static let owedSnapshotSpacingMilliseconds: UInt64 = 300_000
+    /// collected without, and each move makes one due (once from every node a minute; now about one a minute in all,
+    /// and the member back waits about that long).
+    static let owedSnapshotSpacingMilliseconds: UInt64 = 60_000
 
     /// How a snapshot upload ended.
     enum SnapshotEnd: Sendable, Equatable {

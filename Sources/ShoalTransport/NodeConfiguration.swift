@@ -46,6 +46,10 @@ public struct NodeConfiguration: Sendable {
     /// `Store+MemberReports.swift`) at most this often, and only after commits other than such reports: so members
     /// that reach each other only through the relay learn what each holds. 0 turns it off.
     public var memberReportIntervalMilliseconds: UInt64 = 10_000
+    /// Whether a relay link runs beside the node (``ShoalNode`` sets it): from its start, the node collects no delete
+    /// the relay is not known to hold (see ``SyncNode/collectionCut(held:without:)``), even before the link first
+    /// reached the relay.
+    public var relayLinked = false
     /// How often the node updates the metrics it samples rather than counts (queue depth, each peer's staleness and
     /// gap, connected peers: see ``SyncNode``); 0 turns that off. Cheap: no database access.
     public var metricsIntervalMilliseconds: UInt64 = 1_000

@@ -85,7 +85,7 @@ extension SyncNode {
         let held = (try? await worker.versionVector()) ?? VersionVector()
         members.heard(siteID, holds: held, at: configuration.clock.nowMilliseconds(), from: .local)
         let enabled = configuration.collectionIntervalMilliseconds > 0
-        guard enabled, let current = collectionMembers else {
+        guard enabled, collectionMembers != nil else {
             return CollectionStatus(
                 enabled: enabled, membersKnown: collectionMembers != nil, cut: VersionVector(),
                 collected: collection.collected, lastCollectedAtMs: collection.lastCollectedAtMs, waitingFor: [],
@@ -122,7 +122,7 @@ extension SyncNode {
     func collectionCut(held: VersionVector, without silent: Set<SiteID>) -> (cut: VersionVector, waitsForRelay: Bool) {
         guard let current = collectionMembers else { return (VersionVector(), false) }
         let cut = members.reports.stableCut(members: current.subtracting(silent), own: registry.localSite, held: held)
-        guard relayLinked || relayStateReader != nil else { return (cut, false) }
+        guard configuration.relayLinked || relayLinked || relayStateReader != nil else { return (cut, false) }
         var within: [SiteID: UInt64] = [:]
         for (site, seq) in cut.entries where relayHeads[site] > 0 { within[site] = min(seq, relayHeads[site]) }
         let limited = VersionVector(within)

@@ -130,8 +130,9 @@ import Testing
 
     /// A member suspended for collection reads its fresh state from a snapshot covering what was collected without
     /// it: one is due whatever the sizes, at once when the relay's snapshot has not changed since this node first read
-    /// its heads, then only once it last changed 5 minutes ago (while the member stays away, every write moves the
-    /// cuts: a whole snapshot a minute from every node once). Never while this node lacks some of what the relay holds.
+    /// its heads, then only once it last changed a minute ago, whoever uploaded it (while the member stays away, every
+    /// write moves the cuts: every node uploaded one a minute once). Never while this node lacks some of what the relay
+    /// holds.
     @Test func aSnapshotOwedToASuspendedMemberIsDueAtOnceThenSpacedFromTheRelaysLastChange() {
         var link = state()
         let site = SiteID.random()
@@ -147,15 +148,15 @@ import Testing
         #expect(
             !link.snapshotDue(held: VersionVector([site: 4]), heads: heads, minimumBytes: 8_000, owed: true, now: 100_000)
         )
-        // Another node's snapshot lands: the next owed one waits 5 minutes from then.
+        // Another node's snapshot lands: the next owed one waits a minute from then.
         link.read(snapshot(4), now: 200_000)
-        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 499_999))
-        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 500_000))
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 259_999))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 260_000))
         // So does this node's own.
-        link.snapshotStarted(now: 500_000)
-        link.snapshotEnded(.completed, now: 510_000)
-        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 809_999))
-        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 810_000))
+        link.snapshotStarted(now: 260_000)
+        link.snapshotEnded(.completed, now: 270_000)
+        #expect(!link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 329_999))
+        #expect(link.snapshotDue(held: heads, heads: heads, minimumBytes: 8_000, owed: true, now: 330_000))
     }
 
     /// A removed member's site counts up to its fence. The relay holding more of it (the member's own range past the

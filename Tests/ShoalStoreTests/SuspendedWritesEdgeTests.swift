@@ -52,11 +52,7 @@ import Testing
         try collector.suspend([member.siteID], cut: try collector.versionVector())
         #expect(try collector.collectTombstones(upTo: try collector.versionVector()).collected == 1)
         // The collector downloads the member's range: it holds the row, and takes the update.
-        var received: [SiteID: UInt64] = [:]
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-        }
+        try applyDownloaded(uploaded, to: collector)
         #expect(try rows(collector, "SELECT a, v FROM pairs ORDER BY a") == [[.text("live"), .text("new")]])
         // A newcomer catches up from the collector, one transaction per batch.
         let report = try syncBatched(collector, newcomer, size: 1)
@@ -88,11 +84,7 @@ import Testing
         try collector.execute("DELETE FROM items WHERE id = 1")
         try collector.suspend([member.siteID], cut: try collector.versionVector())
         #expect(try collector.collectTombstones(upTo: try collector.versionVector()).collected == 1)
-        var received: [SiteID: UInt64] = [:]
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-        }
+        try applyDownloaded(uploaded, to: collector)
         try syncBatched(collector, newcomer, size: 1)
         let expected = try rows(collector, "SELECT id, name, qty FROM items ORDER BY id")
         #expect(try rows(newcomer, "SELECT id, name, qty FROM items ORDER BY id") == expected)
@@ -119,14 +111,7 @@ import Testing
         try sync(collector, keeper)
         try collector.suspend([member.siteID], cut: try collector.versionVector())
         #expect(try collector.collectTombstones(upTo: try collector.versionVector()).collected == 1)
-        var received: [SiteID: UInt64] = [:]
-        var leftOut = 0
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-            leftOut += report.suspendedWritesLeftOut
-        }
-        #expect(leftOut == 0)
+        #expect(try applyDownloaded(uploaded, to: collector) == 0)
         // A later pass: others wrote meanwhile, the collector records the member again (its cut moved).
         try collector.execute("INSERT INTO items(id, name) VALUES (20, 'twenty')")
         let rewritten = try collector.suspend([member.siteID], cut: try collector.versionVector())
@@ -188,12 +173,11 @@ import Testing
         for _ in 0..<2 {
             for from in stores { for to in stores where to !== from { try sync(from, to) } }
         }
-        for (name, store) in zip(["collector", "keeper", "member"], stores) {
-        }
         for store in stores {
             #expect(try rows(store, "SELECT id FROM items WHERE id = 9") == [])
         }
     }
+
     /// A member suspended twice; a node that still holds the first notice alive (it was away since) catches up in one
     /// answer carrying the member's second record: the first notice's range ends where the first suspension was
     /// settled, so the member's writes made between the two suspensions are kept there.
@@ -252,11 +236,7 @@ import Testing
         try collector.execute("DELETE FROM pairs WHERE a = 'gone'")
         try collector.suspend([member.siteID], cut: try collector.versionVector())
         #expect(try collector.collectTombstones(upTo: try collector.versionVector()).collected == 1)
-        var received: [SiteID: UInt64] = [:]
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-        }
+        try applyDownloaded(uploaded, to: collector)
         try sync(collector, member)
         #expect(try member.awaitFreshStateIfSuspended())
         try takeFreshState(member, from: collector)
@@ -267,8 +247,6 @@ import Testing
         // The cluster goes on: the collector writes more rows.
         try collector.execute("INSERT INTO items(id, name) VALUES (100, 'a'), (101, 'b'), (102, 'c')")
         // Later, a newcomer catches up from the collector (the protocol's batches of 7 changes).
-        for batch in try collector.changes(since: newcomer.versionVector(), maxChangesPerBatch: 7) {
-        }
         let report = try sync(collector, newcomer)
         #expect(try rows(newcomer, "SELECT a, v FROM pairs ORDER BY a") == [[.text("live"), .text("new")]])
         #expect(try newcomer.digest() == collector.digest())
@@ -298,14 +276,7 @@ import Testing
         collector.memberWritingSites = [membership: [member.siteID]]
         let expected = [Store.SuspendedWrites(site: member.siteID, after: cut[member.siteID], through: .max)]
         #expect(try collector.suspendedWriteRanges()[member.siteID] == expected)
-        var leftOut = 0
-        var received: [SiteID: UInt64] = [:]
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-            leftOut += report.suspendedWritesLeftOut
-        }
-        #expect(leftOut == 1)
+        #expect(try applyDownloaded(uploaded, to: collector) == 1)
         #expect(try rows(collector, "SELECT id FROM items ORDER BY id") == [[.integer(2)], [.integer(3)]])
         // The collector claims the update it left out, and writes its notice again past a write of its own: the
         // member's writing site stays where it first collected without it.

@@ -49,14 +49,7 @@ import Testing
         // The collector downloads the member's range, and the keeper passes on what it holds: neither brings row 1
         // back (it once came back here, a row new to this node, and from here on every node). Row 9, begun by the
         // member, is kept.
-        var leftOut = 0
-        var received: [SiteID: UInt64] = [:]
-        for batch in uploaded {
-            let report = try collector.apply(batch.changes, claim: batch.claim, received: received)
-            received.merge(report.acceptedHighest) { max($0, $1) }
-            leftOut += report.suspendedWritesLeftOut
-        }
-        #expect(leftOut == 1)
+        #expect(try applyDownloaded(uploaded, to: collector) == 1)
         try sync(keeper, collector)
         #expect(try rows(collector, "SELECT id FROM items ORDER BY id") == kept)
         #expect(try collector.versionVector()[member.siteID] == away)
@@ -110,4 +103,19 @@ import Testing
             #expect(try rows(member, "SELECT count(*) FROM shoal_conflicts WHERE local_value = 'ONE'") == [[.integer(1)]])
         }
     }
+}
+
+/// Applies `batches` (a member's range downloaded from the relay) to `store` in order, each batch's claim taken as far
+/// as the changes received so far prove it, as the relay link does; returns how many changes it left out as a
+/// suspended member's writes made while away.
+@discardableResult
+func applyDownloaded(_ batches: [ChangeBatch], to store: Store) throws -> Int {
+    var leftOut = 0
+    var received: [SiteID: UInt64] = [:]
+    for batch in batches {
+        let report = try store.apply(batch.changes, claim: batch.claim, received: received)
+        received.merge(report.acceptedHighest) { max($0, $1) }
+        leftOut += report.suspendedWritesLeftOut
+    }
+    return leftOut
 }
