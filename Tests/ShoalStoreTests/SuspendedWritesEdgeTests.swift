@@ -127,8 +127,6 @@ import Testing
         for _ in 0..<2 {
             for from in stores { for to in stores where to !== from { try sync(from, to) } }
         }
-        for (name, store) in zip(["collector", "keeper", "member"], stores) {
-        }
         // The member's row 9 (nobody deleted it) should live on every node.
         for store in stores {
             #expect(try rows(store, "SELECT id FROM items WHERE id = 9") == [[.integer(9)]])
