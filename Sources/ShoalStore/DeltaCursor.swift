@@ -79,6 +79,9 @@ public final class DeltaCursor {
     /// transaction and the later ones still applies; the receiver claims them once a later answer, whose version
     /// holds the newer write, sends it.
     var ceilings: [SiteID: UInt64] = [:]
+    /// Whether this database's own writes past what the asker holds are held back (it awaits its fresh state): one of
+    /// them may be what overwrote a transaction whose overwriters the log no longer names.
+    var holdsBackOwnWrites = false
 
     /// Transactions sent (or skipped) whose claim waits, per site in order: part of what they wrote may have been
     /// overwritten by a transaction this answer has not sent yet (`needs`; `nil` when unknown, for transactions
@@ -105,8 +108,10 @@ public final class DeltaCursor {
             let firstUnmet = list.firstIndex { wait in
                 guard let needs = wait.needs else {
                     // Unknown overwriters lie within what the answer holds: met once all of it was sent, unless part
-                    // was held back (a ceiling), which might be one of them.
-                    return !(isFinished && ceilings.isEmpty)
+                    // was held back (a ceiling, or this database's own writes awaiting its fresh state), which might
+                    // be one of them. (An awaiting copy claimed another site's write it had overwritten with one of
+                    // its own held back: the asker never got either.)
+                    return !(isFinished && ceilings.isEmpty && !holdsBackOwnWrites)
                 }
                 return !needs.allSatisfy { claim.covers($0) }
             }
@@ -151,7 +156,8 @@ extension Store {
     public func deltaCursor(since: VersionVector) throws(ShoalError) -> DeltaCursor {
         try refreshSchema()
         try captureForeignWritesIfIdle()
-        var held = try readServableVector()
+        let servable = try readServableVector()
+        var held = servable
         if since[siteID] > held[siteID] {
             // The asker holds more of this database's own history than this database does: this file was restored
             // from an older copy (in a way its opening did not see: under a running node, or without the file that
@@ -172,8 +178,26 @@ extension Store {
             // `Store+FreshState.swift`), neither sent nor claimed.
             held = VersionVector(held.entries.merging([siteID: since[siteID]]) { $1 })
         }
+        let holdsBack = held[siteID] < servable[siteID]
         if held[siteID] > since[siteID] { try makeLocalCommitsDurable(upTo: held[siteID]) }
         let cursor = DeltaCursor(since: since, held: held, sites: sites.all)
+        cursor.holdsBackOwnWrites = holdsBack
+        if holdsBack {
+            // A transaction of another site the log no longer lists was overwritten whole, perhaps by one of the
+            // writes held back: not claimed past it (a peer that took its claim would hold neither). Peers claim it
+            // from nodes that send what overwrote it, or from this one once its own writes go.
+            let seqs = try statement("SELECT DISTINCT seq FROM shoal_log WHERE site = ? AND seq > ? AND seq <= ? ORDER BY seq")
+            for (index, site, _) in cursor.sites where site != siteID && held[site] > since[site] {
+                try seqs.bind([
+                    .integer(Int64(index)), .integer(Int64(bitPattern: since[site])),
+                    .integer(Int64(bitPattern: held[site])),
+                ])
+                var next = since[site] + 1
+                while try seqs.step(), case .integer(let seq) = seqs.column(0), UInt64(seq) == next { next += 1 }
+                seqs.reset()
+                if next <= held[site] { cursor.ceilings[site] = next - 1 }
+            }
+        }
         cursor.lease = CursorLease(openCursors)
         // The rows listed, from the lists' bytes and the bytes a key takes in the first list (a key of one integer
         // takes 3-4 bytes, one written before or of other values more); each row listed carries about one change per
@@ -381,7 +405,11 @@ extension Store {
                             // what beat this transaction when it claims it.
                             let stamp = Stamp(hlc: cursor.dotHLC, site: dot.site, seq: dot.seq)
                             for overwriter in state.possibleOverwriters(of: stamp) where !cursor.since.covers(overwriter) {
-                                if cursor.held.covers(overwriter) {
+                                // A write of this database's own held back (it awaits its fresh state) neither
+                                // travels nor is met: the transaction it overwrote is not claimed.
+                                if cursor.held.covers(overwriter)
+                                    || cursor.holdsBackOwnWrites && overwriter.site == siteID
+                                {
                                     cursor.dotNeeds.insert(overwriter)
                                 } else {
                                     _ = try collect(dot: overwriter, table: table, key: key, into: &rowChanges)
@@ -459,6 +487,9 @@ extension Store {
         guard let state else { return false }
         let newer = state.dots.filter { !cursor.held.covers($0) }
         guard !newer.isEmpty else { return true }
+        // This database's own writes held back until its fresh state are not carried (an awaiting copy sent one so,
+        // and claimed the write of another site it had overwritten).
+        if cursor.holdsBackOwnWrites, newer.contains(where: { $0.site == siteID }) { return false }
         guard cursor.extensions < DeltaCursor.maximumExtensions else { return false }
         let current = try versionVector()
         guard newer.allSatisfy({ current.covers($0) }) else { return false }

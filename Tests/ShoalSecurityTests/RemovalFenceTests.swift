@@ -350,6 +350,16 @@ extension RemovalFenceTests {
         let restored = try Store(path: c)
         #expect(restored.siteID != cSite, "the restored file writes under a fresh site")
         let fresh = restored.siteID
+        // Awaiting its fresh state, it sends none of what it wrote since the restore (it once did, as rewrites of its
+        // old site's row carried beside): the members hold nothing of the fresh site.
+        #expect(try restored.awaitsFreshState())
+        for member in [a, b] {
+            _ = try Self.stream(c, member)
+            #expect(try Store(path: member).versionVector()[fresh] == 0)
+        }
+        // Once it sends them (here its fresh state is marked taken by hand: a removed member gets none), every member
+        // refuses them all the same.
+        try restored.freshStateTaken()
         for member in [a, b] {
             let said = try Self.stream(c, member)
             #expect(said.contains("refused ") && said.contains("made after their node was removed"), "\(said)")

@@ -561,3 +561,38 @@ import Testing
         #expect(try a.fullScanDigest() == a.digest())
     }
 }
+
+/// A copy awaiting its fresh state answers a peer: another site's update that the copy overwrote with a write of its
+/// own (held back until its fresh state) is not claimed, and that write does not travel. It once did both (the write
+/// travelled as a rewrite the answer carried, or as an overwriter held but not claimed), found by the horizon chaos:
+/// the peer held neither the update nor, later, anything that beat it, and no node ever sent it the update again.
+@Suite struct AwaitingClaimTests {
+    @Test func anAwaitingCopyClaimsNoUpdateItsHeldBackWriteOverwrote() throws {
+        let directory = try temporaryDirectory("awaiting-claim")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let writer = try makeFileStore(directory, "writer")
+        let originalPath = directory.appendingPathComponent("original.db").path
+        let copyPath = directory.appendingPathComponent("copy.db").path
+        do {
+            let original = try makeFileStore(directory, "original")
+            try writer.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            try sync(writer, original)
+        }
+        try RawConnection(path: originalPath).exec("VACUUM INTO '\(copyPath)'")
+        let copy = try Store(path: copyPath)
+        #expect(try copy.awaitsFreshState())
+        try writer.execute("UPDATE items SET name = 'from the writer' WHERE id = 1")
+        let update = Dot(site: writer.siteID, seq: try writer.versionVector()[writer.siteID])
+        try sync(writer, copy)
+        try copy.execute("UPDATE items SET name = 'from the copy' WHERE id = 1")
+        while try !copy.compactLog(maxEntries: 100).reachedEnd {}
+        let peer = try makeFileStore(directory, "peer")
+        try sync(copy, peer)
+        let name = try rows(peer, "SELECT name FROM items WHERE id = 1")
+        // The peer holds the update, or does not claim it (the writer sends it later); it never claims it without it.
+        let claimed = try peer.versionVector().covers(update)
+        #expect(name == [[.text("from the writer")]] || !claimed, "\(name)")
+        try sync(writer, peer)
+        #expect(try rows(peer, "SELECT name FROM items WHERE id = 1") == [[.text("from the writer")]])
+    }
+}
