@@ -449,9 +449,12 @@ extension Store {
     /// shows it) holds less, and then takes a fresh state (``noteLostHistory()``). `resetting` replaces the record with
     /// what the file holds now (once its fresh state is taken).
     func recordHolds(resetting: Bool = false) {
-        guard Self.isOnDisk(path), let vector = try? readVersionVector(),
-            resetting || !recordedHolds.dominatesOrEquals(vector)
-        else { return }
+        // Not its own writing site: writes held back there (awaiting a fresh state) reach no peer, and once restored
+        // again, from an older copy, the file's floor named that site, which no peer could ever hold (it awaited for
+        // good). What it sent of its own is in the record's other lines.
+        guard Self.isOnDisk(path), let all = try? readVersionVector() else { return }
+        let vector = VersionVector(all.entries.filter { $0.key != siteID })
+        guard resetting || !recordedHolds.dominatesOrEquals(vector) else { return }
         var record = Self.readSentRecord(path)
         if resetting {
             record.holds = vector.entries

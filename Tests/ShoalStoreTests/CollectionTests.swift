@@ -373,6 +373,48 @@ import Testing
         #expect(try !Store(path: path).awaitsFreshState())
     }
 
+    /// A member restored from a backup writes while it awaits its fresh state (held back, under its fresh site), and is
+    /// restored again from the same backup: its floor names no site of its own. It once named the first fresh site,
+    /// whose writes no peer ever got, so no peer could give it its fresh state: it awaited for good (horizon chaos).
+    @Test func aFileRestoredTwiceHasNoFloorOfItsOwnHeldBackWrites() throws {
+        let directory = try temporaryDirectory("restore-twice")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let a = try makeFileStore(directory, "a")
+        let path = directory.appendingPathComponent("b.db").path
+        let backup = directory.appendingPathComponent("b-backup.db").path
+        do {
+            let b = try makeFileStore(directory, "b")
+            try b.execute("INSERT INTO items(id, name) VALUES (1, 'one')")
+            try sync(b, a)
+            try RawConnection(path: path).exec("VACUUM INTO '\(backup)'")
+            try b.execute("INSERT INTO items(id, name) VALUES (2, 'two')")
+            try sync(b, a)
+        }
+        try restoreInPlace(path, from: backup)
+        var intermediate = SiteID(high: 0, low: 0)
+        do {
+            let b = try Store(path: path)
+            #expect(try b.awaitsFreshState())
+            intermediate = b.siteID
+            try sync(a, b)
+            try b.execute("INSERT INTO items(id, name) VALUES (3, 'three')")
+            #expect(try b.versionVector()[intermediate] == 1)
+            // It goes on taking its peer's writes (each apply records what it holds beside the file).
+            try a.execute("INSERT INTO items(id, name) VALUES (4, 'four')")
+            try sync(a, b)
+        }
+        try restoreInPlace(path, from: backup)
+        let b = try Store(path: path)
+        #expect(try b.awaitsFreshState() && b.siteID != intermediate)
+        let floor = try b.freshStateFloor()
+        #expect(floor[intermediate] == 0, "\(floor)")
+        // a holds the floor, so b takes its fresh state from it.
+        #expect(try a.versionVector().dominatesOrEquals(b.freshStateFloor()))
+        try sync(a, b)
+        try freshStateIfDue(b, from: a)
+        #expect(try !b.awaitsFreshState())
+    }
+
     /// The restored member's file is copied to a new device before it took its fresh state. The copy keeps the floor
     /// (it had none once: its own record is not beside the copy), so another copy as stale as itself cannot give it
     /// its fresh state, and the peer that can removes the collected rows. (Found by the convergence property test,
